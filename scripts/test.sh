@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole test suite: Release build + tests, ASan/UBSan build + tests, install, a downstream
+# example built against the installed package, and (once it exists) the Python package tests.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+bash scripts/install_deps.sh
+
+# With test sources present, "no tests found" is an error, so a broken glob cannot pass silently.
+if find tests -name '*_test.cc' -print -quit 2>/dev/null | grep -q .; then
+    no_tests=error
+else
+    no_tests=ignore
+fi
+
+# ---- 1. Release ------------------------------------------------------------------------------
+mcs_step "Release: configure + build (build/release)"
+mcs_configure_release
+cmake --build build/release -j"${JOBS}"
+
+mcs_step "Release: ctest"
+ctest --test-dir build/release --output-on-failure -j"${JOBS}" --no-tests="${no_tests}"
+
+# ---- 2. AddressSanitizer + UndefinedBehaviorSanitizer -----------------------------------------
+mcs_step "ASan/UBSan: configure + build (build/asan)"
+cmake -S . -B build/asan -G Ninja \
+    -DCMAKE_BUILD_TYPE=Debug \
+    -DMOONCAKE_SPARSE_BUILD_TESTS=ON \
+    -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF \
+    -DMOONCAKE_SPARSE_SANITIZE=address,undefined
+cmake --build build/asan -j"${JOBS}"
+
+mcs_step "ASan/UBSan: ctest"
+ASAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    ctest --test-dir build/asan --output-on-failure -j"${JOBS}" --no-tests="${no_tests}"
+
+# ---- 3. Install + downstream example ---------------------------------------------------------
+mcs_step "install build/release -> build/prefix"
+rm -rf build/prefix build/minimal_cpp
+cmake --install build/release --prefix build/prefix
+
+mcs_step "examples/minimal_cpp against build/prefix"
+cmake -S examples/minimal_cpp -B build/minimal_cpp -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="${ROOT}/build/prefix"
+cmake --build build/minimal_cpp -j"${JOBS}"
+build/minimal_cpp/minimal_cpp
+
+# ---- 4. Python package tests -----------------------------------------------------------------
+# PYTHON TESTS GO HERE: enabled once pyproject.toml (the python/ package) exists.
+if [[ -f pyproject.toml ]]; then
+    mcs_step "Python: pip install . + pytest tests/python"
+    mcs_pip install -q .
+    python3 -m pytest -q tests/python
+else
+    mcs_step "Python: skipped (no pyproject.toml yet)"
+fi
+
+mcs_step "test.sh: all passed"
