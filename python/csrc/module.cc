@@ -1,0 +1,14 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// mooncake.sparse._core: one registration function per concept.
+#include "arrays.h"
+
+namespace mooncake::sparse::py {
+void RegisterSparse(pyb::module_& m);
+}  // namespace mooncake::sparse::py
+
+PYBIND11_MODULE(_core, m) {
+    m.doc() = "mooncake-sparse native core (see mooncake.sparse for the public API)";
+    mooncake::sparse::py::RegisterErrors(m);
+    mooncake::sparse::py::RegisterSparse(m);
+}

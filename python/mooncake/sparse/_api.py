@@ -1,0 +1,224 @@
+"""The public Python API of mooncake.sparse (DESIGN.md §8)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Iterable, Mapping, Sequence
+
+from . import _core
+from ._arrays import as_core_array, values_out
+from ._errors import InvalidArgument, Unimplemented
+
+__all__ = [
+    "Target",
+    "Store",
+    "connect",
+    "default_store",
+    "encode_update",
+    "apply_sparse_object",
+    "default_tile_shape",
+]
+
+SourceInfo = _core.SourceInfo
+SparseObject = _core.SparseObject
+
+# Values of dtypes numpy lacks (bfloat16) come out as torch tensors when torch is in use.
+SparseObject.values = property(  # type: ignore[attr-defined]
+    lambda self: values_out(self._values_raw, self.value_dtype),
+    doc="Entry values ([nnz]); bfloat16 as a torch tensor when torch is imported, else uint16 bits.",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One inference-side consumer of one tensor: a rank's box in global coordinates."""
+
+    tensor_id: str
+    target_id: str
+    node_id: str
+    placement: Mapping[str, int]
+    global_offset: Sequence[int]
+    local_shape: Sequence[int]
+
+
+class Store:
+    """A handle on a store: the embedded one (default) or, later, a node daemon or Mooncake."""
+
+    def __init__(self, *, node_id: str = "node0", capacity_bytes: int = 0) -> None:
+        self._core = _core._Store(node_id=node_id, capacity_bytes=capacity_bytes)
+
+    # -- commit side ---------------------------------------------------------------------------
+    def put_sparse_object(
+        self,
+        tensor_id: str,
+        global_shape: Sequence[int],
+        indices: Any,
+        values: Any,
+        source_placement: Mapping[str, int] | None = None,
+        placement_policy: str | None = None,
+        generation: tuple[int, int] = (0, 1),
+        apply: str = "overwrite",
+        *,
+        tile_shape: Sequence[int] | None = None,
+        duplicates: str = "error",
+        global_offset: Sequence[int] | None = None,
+        local_shape: Sequence[int] | None = None,
+        hard_pin: bool = True,
+        num_threads: int = 0,
+        return_info: bool = False,
+    ) -> Any:
+        """Validates, encodes (sort by tile, tile index, narrow indices, checksums) and commits
+        ONE source object; returns its source_ref (or, with return_info=True, a dict with
+        source_ref, created, nnz and bytes). Idempotent for an identical retry (created=False).
+
+        Raises InvalidArgument, StaleGeneration, Conflict, ResourceExhausted; on error the
+        store is unchanged."""
+        result = self._core.put_sparse_object(
+            tensor_id,
+            tuple(global_shape),
+            as_core_array(indices),
+            as_core_array(values),
+            dict(source_placement or {}),
+            placement_policy,
+            _generation(generation),
+            apply,
+            None if tile_shape is None else tuple(tile_shape),
+            duplicates,
+            None if global_offset is None else tuple(global_offset),
+            None if local_shape is None else tuple(local_shape),
+            hard_pin,
+            num_threads,
+        )
+        return result if return_info else result["source_ref"]
+
+    def admit(
+        self,
+        tensor_id: str,
+        generation: tuple[int, int],
+        placement_policy: str | None,
+        source_placement: Mapping[str, int] | None,
+        writer_id: str,
+    ) -> bool:
+        """Single-owner admission: exactly one writer of a logical key gets True."""
+        return self._core.admit(
+            tensor_id, _generation(generation), placement_policy, dict(source_placement or {}), writer_id
+        )
+
+    def current_generation(self, tensor_id: str) -> tuple[int, int] | None:
+        return self._core.current_generation(tensor_id)
+
+    def manifest(self, generation: tuple[int, int]) -> list[SourceInfo]:
+        """Every source object committed for `generation`."""
+        return self._core.manifest(_generation(generation))
+
+    # -- read side -----------------------------------------------------------------------------
+    def read_sparse_objects(
+        self,
+        manifest: Sequence[SourceInfo],
+        targets: Iterable[Target],
+        *,
+        strategy: str = "sparse",
+        read_coalesce_gap: int = -1,
+        num_threads: int = 0,
+    ) -> list[SparseObject]:
+        """One target-local object per target, same order (DESIGN.md §4 steps 1-8).
+        strategy="full_source" is the baseline that GETs complete sources per target."""
+        return self._core.read_sparse_objects(
+            list(manifest), list(targets), strategy, read_coalesce_gap, num_threads
+        )
+
+    def metrics(self) -> dict[str, float]:
+        """The §4 counters (source_objects_put, range_gets, full_gets, ...)."""
+        return self._core.metrics()
+
+    def reset_metrics(self) -> None:
+        self._core.reset_metrics()
+
+    def clear_caches(self) -> None:
+        """Drops the node-local tile-index and range caches."""
+        self._core.clear_caches()
+
+    def store_counters(self) -> dict[str, int]:
+        return self._core.store_counters()
+
+    def list_keys(self, prefix: str = "") -> list[str]:
+        return self._core.list_keys(prefix)
+
+    # Module-level helpers, also reachable from a handle.
+    @staticmethod
+    def apply_sparse_object(weight: Any, obj: SparseObject, *, num_threads: int = 0) -> None:
+        apply_sparse_object(weight, obj, num_threads=num_threads)
+
+    @staticmethod
+    def encode_update(new: Any, old: Any, **kwargs: Any) -> tuple[Any, Any]:
+        return encode_update(new, old, **kwargs)
+
+
+def _generation(g: Any) -> tuple[int, int]:
+    try:
+        base, delta = g
+        return int(base), int(delta)
+    except (TypeError, ValueError):
+        raise InvalidArgument(f"generation must be a (base, delta) pair, got {g!r}") from None
+
+
+_default_lock = threading.Lock()
+_default: Store | None = None
+
+
+def default_store() -> Store:
+    """The process-wide embedded store behind the module-level functions."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Store()
+        return _default
+
+
+def connect(url: str | None = None, **kwargs: Any) -> Store:
+    """A store handle. None: a new embedded store (in-process, no daemon, no network)."""
+    if url is None or url in ("", "embedded", "embedded://"):
+        return Store(**kwargs)
+    if url.startswith("unix://") or url.startswith("mooncake://"):
+        raise Unimplemented(
+            f"{url.split(':', 1)[0]}:// stores are not available in this build yet; use connect() "
+            "for the embedded store"
+        )
+    raise InvalidArgument(f"unknown store URL {url!r} (expected None, unix:///PATH or mooncake://HOST:PORT)")
+
+
+def encode_update(
+    new: Any,
+    old: Any,
+    *,
+    apply: str = "overwrite",
+    threshold: float = 0.0,
+    tile_shape: Sequence[int] | None = None,
+    num_threads: int = 0,
+) -> tuple[Any, Any]:
+    """Dense (new, old) -> global COO (indices [nnz, ndim] narrowest unsigned dtype, values).
+
+    overwrite: coordinates whose bits differ, with the new values (bit-exact);
+    scatter_add: new - old where |new - old| > threshold. The result is already sorted by tile,
+    so put_sparse_object takes it without sorting."""
+    idx, vals, dtype_name = _core.encode_update(
+        as_core_array(new),
+        as_core_array(old),
+        apply,
+        float(threshold),
+        None if tile_shape is None else tuple(tile_shape),
+        num_threads,
+    )
+    return idx, values_out(vals, dtype_name)
+
+
+def apply_sparse_object(weight: Any, obj: SparseObject, *, num_threads: int = 0) -> None:
+    """Applies a target-local object to `weight` in place (numpy array or CPU torch tensor of
+    the object's local shape and value dtype): W[idx] = v (overwrite, bit-exact) or
+    W[idx] += v (scatter_add)."""
+    _core.apply_sparse_object(as_core_array(weight), obj, num_threads)
+
+
+def default_tile_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return _core.default_tile_shape(tuple(shape))

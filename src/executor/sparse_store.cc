@@ -1,0 +1,733 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "executor/sparse_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+namespace mooncake::sparse {
+namespace {
+
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr std::string_view kSourcePrefix = "mcs/src/";
+constexpr std::string_view kManifestPrefix = "mcs/manifest/";
+constexpr std::string_view kHeadPrefix = "mcs/head/";
+constexpr std::string_view kAdmitPrefix = "mcs/admit/";
+
+double Seconds(Clock::time_point since) {
+    return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+std::string GenerationTag(Generation g) {
+    return std::to_string(g.base) + "-" + std::to_string(g.delta);
+}
+
+std::string ManifestPrefix(Generation g) {
+    return std::string(kManifestPrefix) + GenerationTag(g) + "/";
+}
+
+std::string JoinShape(std::span<const Index> v) {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i) s += "_";
+        s += std::to_string(v[i]);
+    }
+    return s;
+}
+
+Json ShapeJson(std::span<const Index> v) { return Json(std::vector<Index>(v.begin(), v.end())); }
+
+Result<Shape> ShapeFromJson(const Json& j, std::string_view what) {
+    if (!j.is_array()) return InvalidArgument(std::string(what) + " is not an array");
+    Shape s;
+    for (const auto& e : j) {
+        if (!e.is_number_integer()) return InvalidArgument(std::string(what) + " has a non-integer");
+        s.push_back(e.get<Index>());
+    }
+    return s;
+}
+
+std::string LogicalKeyOf(std::string_view tensor_id, Generation generation,
+                         const PlacementPolicy& policy, const NamedAxes& placement) {
+    std::string key(tensor_id);
+    key += "/g" + GenerationTag(generation) + "/" + policy.ToString();
+    if (policy.kind() == PlacementPolicy::Kind::kOwner) {
+        key += "/" + policy.axis() + "=" + std::to_string(*placement.Get(policy.axis()));
+    }
+    return key;
+}
+
+/// Runs fn(i) for i in [0, n) on up to `threads` threads (contiguous chunks).
+template <typename Fn>
+void ParallelFor(std::size_t n, int threads, Fn&& fn) {
+    std::size_t t = threads > 0 ? std::size_t(threads) : std::max(1u, std::thread::hardware_concurrency());
+    t = std::min(t, n);
+    if (t <= 1) {
+        for (std::size_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const std::size_t chunk = (n + t - 1) / t;
+    for (std::size_t k = 0; k < t; ++k) {
+        const std::size_t lo = k * chunk, hi = std::min(n, lo + chunk);
+        if (lo >= hi) break;
+        pool.emplace_back([&, lo, hi] {
+            for (std::size_t i = lo; i < hi; ++i) fn(i);
+        });
+    }
+    for (auto& th : pool) th.join();
+}
+
+using Buffer = std::shared_ptr<const std::vector<std::byte>>;
+
+/// Entry data a region reads from: a physical read (or a cached one that contains it).
+struct ReadData {
+    Buffer indices;
+    Buffer values;
+    std::uint64_t base = 0;  ///< Entry offset of the buffers' first row.
+};
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> SparseMetrics::Items() const {
+    return {
+        {"source_objects_put", double(source_objects_put)},
+        {"source_bytes_put", double(source_bytes_put)},
+        {"index_gets", double(index_gets)},
+        {"range_gets", double(range_gets)},
+        {"range_bytes_read", double(range_bytes_read)},
+        {"full_gets", double(full_gets)},
+        {"dense_fallbacks", double(dense_fallbacks)},
+        {"nd_fallbacks", double(nd_fallbacks)},
+        {"cache_hits", double(cache_hits)},
+        {"fanout_bytes", double(fanout_bytes)},
+        {"target_objects_published", double(target_objects_published)},
+        {"target_bytes", double(target_bytes)},
+        {"idempotent_commits", double(idempotent_commits)},
+        {"index_cache_hits", double(index_cache_hits)},
+        {"range_cache_hits", double(range_cache_hits)},
+        {"planned_ranges", double(planned_ranges)},
+        {"unique_ranges", double(unique_ranges)},
+        {"full_bytes_read", double(full_bytes_read)},
+        {"plan_seconds", plan_seconds},
+        {"read_seconds", read_seconds},
+        {"materialize_seconds", materialize_seconds},
+    };
+}
+
+std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
+                            const PlacementPolicy& policy, const NamedAxes& placement,
+                            const Box& box) {
+    return std::string(kSourcePrefix) + LogicalKeyOf(tensor_id, generation, policy, placement) +
+           "/at" + JoinShape(box.origin());
+}
+
+std::string EncodeObjectMetadata(const SparseObject& o) {
+    const SourceDescriptor& d = o.desc;
+    Json placement = Json::object();
+    for (const auto& [axis, ordinal] : d.placement.entries()) placement[axis] = ordinal;
+    Json j = {
+        {"schema", std::string(kSparseObjectSchema)},
+        {"version", kSparseObjectVersion},
+        {"tensor_id", d.tensor_id},
+        {"global_shape", d.global_shape},
+        {"global_offset", ShapeJson(d.box.origin())},
+        {"local_shape", ShapeJson(d.box.shape())},
+        {"coordinate_space", o.coordinate_space},
+        {"base_generation", d.generation.base},
+        {"delta_generation", d.generation.delta},
+        {"source_placement", placement},
+        {"placement_policy", d.policy.ToString()},
+        {"tile_shape", d.tile_shape},
+        {"nnz", d.nnz},
+        {"num_tiles", d.num_tiles},
+        {"apply", std::string(ApplyModeName(d.apply))},
+        {"index_dtype", std::string(DTypeName(d.index_dtype))},
+        {"value_dtype", std::string(DTypeName(d.value_dtype))},
+        {"members",
+         {{"indices",
+           {{"dtype", std::string(DTypeName(d.index_dtype))},
+            {"shape", {d.nnz, d.rank()}},
+            {"checksum", o.checksum_indices}}},
+          {"values",
+           {{"dtype", std::string(DTypeName(d.value_dtype))},
+            {"shape", {d.nnz}},
+            {"checksum", o.checksum_values}}},
+          {"tile_coords",
+           {{"dtype", "uint32"}, {"shape", {d.num_tiles, d.rank()}}, {"checksum", o.checksum_tile_coords}}},
+          {"tile_ptr",
+           {{"dtype", "uint64"}, {"shape", {d.num_tiles + 1}}, {"checksum", o.checksum_tile_ptr}}}}},
+    };
+    return j.dump();
+}
+
+Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::string_view text) {
+    Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+        return InvalidArgument("metadata of " + std::string(source_ref) + " is not a JSON object");
+    }
+    auto field = [&](const char* name) -> const Json* {
+        auto it = j.find(name);
+        return it == j.end() ? nullptr : &*it;
+    };
+    for (const char* name : {"schema", "version", "tensor_id", "global_shape", "global_offset",
+                             "local_shape", "base_generation", "delta_generation",
+                             "source_placement", "placement_policy", "tile_shape", "nnz",
+                             "num_tiles", "apply", "index_dtype", "value_dtype"}) {
+        if (!field(name)) {
+            return InvalidArgument("metadata of " + std::string(source_ref) + " lacks '" + name + "'");
+        }
+    }
+    if (!j["schema"].is_string() || j["schema"].get<std::string>() != kSparseObjectSchema ||
+        !j["version"].is_number_integer() || j["version"].get<int>() != kSparseObjectVersion) {
+        return InvalidArgument(std::string(source_ref) + " is not a mooncake.sparse_object v1");
+    }
+    try {
+        SourceDescriptor d;
+        d.source_ref = std::string(source_ref);
+        d.tensor_id = j["tensor_id"].get<std::string>();
+        MCS_ASSIGN_OR_RETURN(d.global_shape, ShapeFromJson(j["global_shape"], "global_shape"));
+        MCS_ASSIGN_OR_RETURN(Shape offset, ShapeFromJson(j["global_offset"], "global_offset"));
+        MCS_ASSIGN_OR_RETURN(Shape local, ShapeFromJson(j["local_shape"], "local_shape"));
+        MCS_ASSIGN_OR_RETURN(d.box, Box::Make(offset, local));
+        d.generation = {j["base_generation"].get<std::uint64_t>(),
+                        j["delta_generation"].get<std::uint64_t>()};
+        std::vector<NamedAxes::Entry> axes;
+        for (auto& [k, v] : j["source_placement"].items()) axes.emplace_back(k, v.get<std::int64_t>());
+        MCS_ASSIGN_OR_RETURN(d.placement, NamedAxes::Make(std::move(axes)));
+        MCS_ASSIGN_OR_RETURN(d.policy, PlacementPolicy::Parse(j["placement_policy"].get<std::string>()));
+        MCS_ASSIGN_OR_RETURN(d.tile_shape, ShapeFromJson(j["tile_shape"], "tile_shape"));
+        d.nnz = j["nnz"].get<std::uint64_t>();
+        d.num_tiles = j["num_tiles"].get<std::uint64_t>();
+        MCS_ASSIGN_OR_RETURN(d.apply, ParseApplyMode(j["apply"].get<std::string>()));
+        MCS_ASSIGN_OR_RETURN(d.index_dtype, ParseDType(j["index_dtype"].get<std::string>()));
+        MCS_ASSIGN_OR_RETURN(d.value_dtype, ParseDType(j["value_dtype"].get<std::string>()));
+        return SourceDescriptor::Make(std::move(d));
+    } catch (const Json::exception& e) {
+        return InvalidArgument("metadata of " + std::string(source_ref) + ": " + e.what());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Node-local caches: tile indexes per source object, and range reads per source object.
+// ---------------------------------------------------------------------------------------------
+struct SparseStore::Caches {
+    struct IndexEntry {
+        std::shared_ptr<const TileIndex> index;
+        std::uint64_t bytes = 0;
+        std::list<std::string>::iterator lru;
+    };
+    struct RangeEntry {
+        std::uint64_t end = 0;
+        Buffer indices, values;
+        std::uint64_t bytes = 0;
+        std::list<std::pair<std::string, std::uint64_t>>::iterator lru;
+    };
+
+    std::mutex mu;
+    std::unordered_map<std::string, IndexEntry> index;
+    std::list<std::string> index_lru;
+    std::uint64_t index_bytes = 0;
+    std::unordered_map<std::string, std::map<std::uint64_t, RangeEntry>> ranges;
+    std::list<std::pair<std::string, std::uint64_t>> range_lru;
+    std::uint64_t range_bytes = 0;
+
+    std::shared_ptr<const TileIndex> FindIndex(const std::string& ref) {
+        auto it = index.find(ref);
+        if (it == index.end()) return nullptr;
+        index_lru.splice(index_lru.begin(), index_lru, it->second.lru);
+        return it->second.index;
+    }
+    void AddIndex(const std::string& ref, std::shared_ptr<const TileIndex> idx, std::uint64_t cap) {
+        if (index.count(ref)) return;
+        const std::uint64_t bytes = idx->MemoryBytes();
+        index_lru.push_front(ref);
+        index.emplace(ref, IndexEntry{std::move(idx), bytes, index_lru.begin()});
+        index_bytes += bytes;
+        while (index_bytes > cap && index_lru.size() > 1) {
+            auto victim = index.find(index_lru.back());
+            index_bytes -= victim->second.bytes;
+            index.erase(victim);
+            index_lru.pop_back();
+        }
+    }
+    /// A cached read of `ref` containing [start, end), if any.
+    std::optional<ReadData> FindRange(const std::string& ref, std::uint64_t start, std::uint64_t end) {
+        auto it = ranges.find(ref);
+        if (it == ranges.end()) return std::nullopt;
+        auto& m = it->second;
+        auto e = m.upper_bound(start);
+        if (e == m.begin()) return std::nullopt;
+        --e;
+        if (e->second.end < end) return std::nullopt;
+        range_lru.splice(range_lru.begin(), range_lru, e->second.lru);
+        return ReadData{e->second.indices, e->second.values, e->first};
+    }
+    void AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end, Buffer idx,
+                  Buffer val, std::uint64_t cap) {
+        auto& m = ranges[ref];
+        if (m.count(start)) return;
+        const std::uint64_t bytes = idx->size() + val->size();
+        range_lru.emplace_front(ref, start);
+        m.emplace(start, RangeEntry{end, std::move(idx), std::move(val), bytes, range_lru.begin()});
+        range_bytes += bytes;
+        while (range_bytes > cap && range_lru.size() > 1) {
+            auto [vref, vstart] = range_lru.back();
+            auto vm = ranges.find(vref);
+            auto ve = vm->second.find(vstart);
+            range_bytes -= ve->second.bytes;
+            vm->second.erase(ve);
+            if (vm->second.empty()) ranges.erase(vm);
+            range_lru.pop_back();
+        }
+    }
+    void Clear() {
+        index.clear();
+        index_lru.clear();
+        index_bytes = 0;
+        ranges.clear();
+        range_lru.clear();
+        range_bytes = 0;
+    }
+};
+
+SparseStore::SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions options)
+    : store_(std::move(store)), options_(std::move(options)), caches_(std::make_unique<Caches>()) {}
+
+SparseStore::~SparseStore() = default;
+
+SparseMetrics SparseStore::Metrics() const {
+    std::lock_guard lock(metrics_mu_);
+    return metrics_;
+}
+
+void SparseStore::ResetMetrics() {
+    std::lock_guard lock(metrics_mu_);
+    metrics_ = {};
+}
+
+void SparseStore::ClearCaches() {
+    std::lock_guard lock(caches_->mu);
+    caches_->Clear();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commit side.
+// ---------------------------------------------------------------------------------------------
+Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", req.tensor_id));
+    MCS_RETURN_IF_ERROR(ValidateShape(req.global_shape));
+    MCS_ASSIGN_OR_RETURN(Generation generation, Generation::Make(req.generation.base, req.generation.delta));
+    Shape offset = req.global_offset.value_or(Shape(req.global_shape.size(), 0));
+    Shape local = req.local_shape.value_or(req.global_shape);
+    auto box = Box::Make(offset, local);
+    if (!box.ok()) return box.status().WithContext("source box of " + req.tensor_id);
+    SourceDescriptor desc;
+    desc.tensor_id = req.tensor_id;
+    desc.global_shape = req.global_shape;
+    desc.box = *box;
+    desc.generation = generation;
+    desc.placement = req.source_placement;
+    desc.policy = req.placement_policy;
+    desc.apply = req.apply;
+    MCS_RETURN_IF_ERROR(desc.policy.ValidateSource(desc.placement));
+    desc.source_ref = SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
+    MCS_ASSIGN_OR_RETURN(SparseObject object,
+                         BuildSparseObject(std::move(desc), req.indices, req.values, req.encode));
+    return CommitSparseObject(std::move(object), req.hard_pin);
+}
+
+Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_view tensor_id) {
+    auto info = store_->Stat(std::string(kHeadPrefix) + std::string(tensor_id));
+    if (!info.ok()) {
+        if (info.status().code() == StatusCode::kNotFound) return std::optional<Generation>();
+        return info.status();
+    }
+    Json j = Json::parse(info->metadata, nullptr, false);
+    if (j.is_discarded() || !j.contains("base") || !j.contains("delta")) {
+        return DataLoss("generation head of " + std::string(tensor_id) + " is corrupt");
+    }
+    return std::optional<Generation>(Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
+}
+
+Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
+    SourceDescriptor& d = object.desc;
+    if (object.coordinate_space != "global") {
+        return InvalidArgument("only global-coordinate objects are committed as sources");
+    }
+    d.source_ref = SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box);
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor checked, SourceDescriptor::Make(d));
+    const std::string metadata = EncodeObjectMetadata(object);
+    CommitResult result{d.source_ref, false, d.nnz, object.PayloadBytes()};
+
+    std::lock_guard lock(commit_mu_);
+    // Idempotence first: a retry of a committed step must succeed even after the tensor moved on.
+    if (auto existing = store_->Stat(d.source_ref); existing.ok()) {
+        auto prev = DecodeObjectMetadata(d.source_ref, existing->metadata);
+        const MemberInfo* idx = existing->FindMember("indices");
+        const MemberInfo* val = existing->FindMember("values");
+        const bool same = prev.ok() && idx && val && prev->nnz == d.nnz &&
+                          prev->apply == d.apply && prev->value_dtype == d.value_dtype &&
+                          prev->box == d.box && prev->global_shape == d.global_shape &&
+                          idx->checksum == object.checksum_indices &&
+                          val->checksum == object.checksum_values;
+        if (!same) {
+            return Conflict("a different payload is already committed for " + d.source_ref);
+        }
+        std::lock_guard mlock(metrics_mu_);
+        ++metrics_.idempotent_commits;
+        return result;
+    } else if (existing.status().code() != StatusCode::kNotFound) {
+        return existing.status();
+    }
+
+    MCS_ASSIGN_OR_RETURN(std::optional<Generation> head, CurrentGeneration(d.tensor_id));
+    // Fencing: the first writer of a step moves the head from base to delta; the other writers
+    // of the same step (other experts, other boxes) find it at exactly (base, delta).
+    if (head && head->delta != d.generation.base && *head != d.generation) {
+        return StaleGeneration("tensor '" + d.tensor_id + "' is at generation " +
+                               head->ToString() + "; commit " + d.generation.ToString() +
+                               " does not extend it");
+    }
+
+    const auto bytes = [](const auto& v) {
+        return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
+                                          v.size() * sizeof(v[0]));
+    };
+    std::vector<MemberData> members = {
+        {"indices", d.index_dtype, {Index(d.nnz), Index(d.rank())}, bytes(object.indices), object.checksum_indices},
+        {"values", d.value_dtype, {Index(d.nnz)}, bytes(object.values), object.checksum_values},
+        {"tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())}, bytes(object.tile_coords),
+         object.checksum_tile_coords},
+        {"tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, bytes(object.tile_ptr), object.checksum_tile_ptr},
+    };
+    MCS_RETURN_IF_ERROR(store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin}));
+    const std::string manifest_key =
+        ManifestPrefix(d.generation) + d.source_ref.substr(kSourcePrefix.size());
+    Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
+    if (s.ok() && (!head || *head != d.generation)) {
+        Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
+        s = store_->Put(std::string(kHeadPrefix) + d.tensor_id, h.dump(), {}, {PutMode::kUpsert, true});
+    }
+    if (!s.ok()) {
+        // Leave the store as it was: nothing of a failed commit stays visible.
+        (void)store_->Remove(manifest_key);
+        (void)store_->Remove(d.source_ref);
+        return s;
+    }
+    result.created = true;
+    std::lock_guard mlock(metrics_mu_);
+    ++metrics_.source_objects_put;
+    metrics_.source_bytes_put += result.bytes;
+    return result;
+}
+
+Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generation,
+                                const PlacementPolicy& policy, const NamedAxes& source_placement,
+                                std::string_view writer_id) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", tensor_id));
+    MCS_RETURN_IF_ERROR(internal::ValidateId("writer_id", writer_id));
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    MCS_RETURN_IF_ERROR(policy.ValidateSource(source_placement));
+    const std::string key =
+        std::string(kAdmitPrefix) + LogicalKeyOf(tensor_id, generation, policy, source_placement);
+    Status s = store_->Put(key, writer_id, {}, {PutMode::kCreate, false});
+    if (s.ok()) return true;
+    if (s.code() != StatusCode::kConflict) return s;
+    MCS_ASSIGN_OR_RETURN(ObjectInfo info, store_->Stat(key));
+    return info.metadata == writer_id;
+}
+
+Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generation) {
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    const std::string prefix = ManifestPrefix(generation);
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(prefix));
+    std::vector<SourceDescriptor> out;
+    out.reserve(keys.size());
+    for (const std::string& key : keys) {
+        auto info = store_->Stat(key);
+        if (!info.ok()) {
+            if (info.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
+            return info.status();
+        }
+        const std::string ref = std::string(kSourcePrefix) + key.substr(prefix.size());
+        MCS_ASSIGN_OR_RETURN(SourceDescriptor d, DecodeObjectMetadata(ref, info->metadata));
+        out.push_back(std::move(d));
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Read side.
+// ---------------------------------------------------------------------------------------------
+Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDescriptor& src) {
+    {
+        std::lock_guard lock(caches_->mu);
+        if (auto hit = caches_->FindIndex(src.source_ref)) {
+            std::lock_guard mlock(metrics_mu_);
+            ++metrics_.cache_hits;
+            ++metrics_.index_cache_hits;
+            return hit;
+        }
+    }
+    std::vector<TileCoord> coords(src.num_tiles * src.rank());
+    std::vector<std::uint64_t> ptr(src.num_tiles + 1);
+    MCS_RETURN_IF_ERROR(store_->ReadMember(
+        src.source_ref, "tile_coords",
+        {reinterpret_cast<std::byte*>(coords.data()), coords.size() * sizeof(TileCoord)}));
+    MCS_RETURN_IF_ERROR(store_->ReadMember(
+        src.source_ref, "tile_ptr",
+        {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
+    {
+        std::lock_guard mlock(metrics_mu_);
+        ++metrics_.index_gets;
+    }
+    MCS_ASSIGN_OR_RETURN(TileIndex index, TileIndex::Make(src, std::move(coords), std::move(ptr)));
+    auto shared = std::make_shared<const TileIndex>(std::move(index));
+    std::lock_guard lock(caches_->mu);
+    caches_->AddIndex(src.source_ref, shared, options_.index_cache_capacity_bytes);
+    return shared;
+}
+
+namespace {
+
+/// Reads whole `indices`/`values` members of a source (the baseline and the fallback).
+Status ReadFullSource(ObjectStore& store, const SourceDescriptor& src, ReadData& out) {
+    auto idx = std::make_shared<std::vector<std::byte>>(src.nnz * src.rank() * DTypeSize(src.index_dtype));
+    auto val = std::make_shared<std::vector<std::byte>>(src.nnz * DTypeSize(src.value_dtype));
+    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "indices", *idx));
+    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "values", *val));
+    out = {std::move(idx), std::move(val), 0};
+    return Status::Ok();
+}
+
+struct Piece {
+    std::size_t source_index;
+    EntryRange range;  ///< Entry offsets into the source.
+    Box overlap;
+    const ReadData* data;
+};
+
+/// Filters, rebases and builds one target-local object from its pieces.
+Result<TargetObject> Materialize(std::span<const SourceDescriptor> manifest,
+                                 const TargetDescriptor& target,
+                                 std::span<const SourceMatch> matches, std::span<const Piece> pieces,
+                                 std::uint64_t& fanout_bytes) {
+    if (matches.empty()) return Internal("target " + target.target_id + " has no source");
+    const SourceDescriptor& first = manifest[matches.front().source_index];
+    for (const SourceMatch& m : matches) {
+        const SourceDescriptor& s = manifest[m.source_index];
+        if (s.apply != first.apply || s.value_dtype != first.value_dtype) {
+            return InvalidArgument("target " + target.target_id +
+                                   " reads sources with different apply modes or value dtypes");
+        }
+    }
+    Shape local(target.box.shape().begin(), target.box.shape().end());
+    const DType out_index = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
+    std::vector<std::byte> indices, values;
+    for (const Piece& p : pieces) {
+        const SourceDescriptor& s = manifest[p.source_index];
+        const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
+        const std::size_t vsz = DTypeSize(s.value_dtype);
+        const std::uint64_t row = p.range.start - p.data->base;
+        const std::uint64_t count = p.range.size();
+        if ((row + count) * isz > p.data->indices->size() || (row + count) * vsz > p.data->values->size()) {
+            return Internal("range read does not hold the planned region");
+        }
+        std::span<const std::byte> in_idx(p.data->indices->data() + row * isz, count * isz);
+        std::span<const std::byte> in_val(p.data->values->data() + row * vsz, count * vsz);
+        FilterRebase(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
+                     p.range.exact_coordinate_filter, target.box.origin(), out_index, indices, values);
+        fanout_bytes += count * (isz + vsz);
+    }
+    SourceDescriptor desc;
+    desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
+    desc.tensor_id = target.tensor_id;
+    desc.global_shape = local;
+    MCS_ASSIGN_OR_RETURN(desc.box, Box::Whole(local));
+    desc.generation = first.generation;
+    desc.placement = target.placement;
+    desc.apply = first.apply;
+    const std::uint64_t nnz = values.size() / DTypeSize(first.value_dtype);
+    HostArray idx_arr{out_index, {Index(nnz), Index(local.size())}, indices};
+    HostArray val_arr{first.value_dtype, {Index(nnz)}, values};
+    EncodeOptions enc;
+    Shape tile(first.tile_shape);
+    for (std::size_t d = 0; d < tile.size(); ++d) tile[d] = std::min(tile[d], local[d]);
+    enc.tile_shape = tile;
+    enc.num_threads = 1;
+    auto built = BuildSparseObject(std::move(desc), idx_arr, val_arr, enc);
+    if (!built.ok()) return built.status().WithContext("materializing " + target.target_id);
+    TargetObject out{target.target_id, target.node_id, target.box, std::move(built).value()};
+    out.object.coordinate_space = "local";
+    return out;
+}
+
+}  // namespace
+
+Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
+    std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    const auto t0 = Clock::now();
+    MCS_ASSIGN_OR_RETURN(SourceSelection selection, SelectSources(manifest, targets));
+    SparseMetrics m;  // this call's contribution
+
+    std::vector<std::vector<Piece>> pieces(targets.size());
+    std::vector<ReadData> reads;            // sparse path: one per unique read
+    std::vector<ReadData> full(manifest.size());  // baseline / fallback: per source
+    bool fallback = false;
+
+    if (options.strategy == ReadStrategy::kSparseRanges) {
+        // Step 3: index-only GETs, cached per node.
+        std::vector<std::shared_ptr<const TileIndex>> indexes(manifest.size());
+        for (std::size_t si : selection.needed_sources) {
+            MCS_ASSIGN_OR_RETURN(indexes[si], LoadIndex(manifest[si]));
+        }
+        // Steps 4-5: plan and dedup.
+        auto plan = PlanBatch(manifest, targets, selection,
+                              [&](std::size_t si) { return indexes[si].get(); }, options.plan);
+        if (!plan.ok() && plan.status().code() != StatusCode::kResourceExhausted) return plan.status();
+        m.plan_seconds = Seconds(t0);
+        if (plan.ok()) {
+            m.nd_fallbacks = plan->stats.query.nd_path;
+            m.planned_ranges = plan->stats.regions;
+            m.unique_ranges = plan->reads.size();
+            // Step 6: one physical read per unique range (or a node-cache hit).
+            const auto t1 = Clock::now();
+            reads.resize(plan->reads.size());
+            std::vector<RangeRead> batch;
+            std::vector<std::size_t> missing;
+            std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
+            {
+                std::lock_guard lock(caches_->mu);
+                for (std::size_t r = 0; r < plan->reads.size(); ++r) {
+                    const UniqueRead& u = plan->reads[r];
+                    if (auto hit = caches_->FindRange(manifest[u.source_index].source_ref, u.start, u.end)) {
+                        reads[r] = *hit;
+                        ++m.cache_hits;
+                        ++m.range_cache_hits;
+                    } else {
+                        missing.push_back(r);
+                    }
+                }
+            }
+            for (std::size_t r : missing) {
+                const UniqueRead& u = plan->reads[r];
+                const SourceDescriptor& s = manifest[u.source_index];
+                auto ib = std::make_shared<std::vector<std::byte>>(u.size() * s.rank() * DTypeSize(s.index_dtype));
+                auto vb = std::make_shared<std::vector<std::byte>>(u.size() * DTypeSize(s.value_dtype));
+                batch.push_back({s.source_ref, "indices", u.start, u.end, *ib});
+                batch.push_back({s.source_ref, "values", u.start, u.end, *vb});
+                m.range_bytes_read += ib->size() + vb->size();
+                idx_bufs.push_back(ib);
+                val_bufs.push_back(vb);
+            }
+            if (!batch.empty()) {
+                Status s = store_->ReadRanges(batch);
+                if (!s.ok()) return s.WithContext("range reads");
+            }
+            m.range_gets += missing.size();
+            {
+                std::lock_guard lock(caches_->mu);
+                for (std::size_t k = 0; k < missing.size(); ++k) {
+                    const UniqueRead& u = plan->reads[missing[k]];
+                    reads[missing[k]] = {idx_bufs[k], val_bufs[k], u.start};
+                    caches_->AddRange(manifest[u.source_index].source_ref, u.start, u.end,
+                                      idx_bufs[k], val_bufs[k], options_.range_cache_capacity_bytes);
+                }
+            }
+            m.read_seconds = Seconds(t1);
+            for (std::size_t t = 0; t < targets.size(); ++t) {
+                for (const Region& r : plan->targets[t].regions) {
+                    pieces[t].push_back({r.source_index, r.range, r.overlap, &reads[r.read_index]});
+                }
+            }
+        } else {
+            fallback = true;  // over the planning budget: explicit, counted fallback below
+        }
+    }
+
+    const auto t2 = Clock::now();
+    std::vector<Result<TargetObject>> results(targets.size(), Result<TargetObject>(Internal("unset")));
+    std::vector<std::uint64_t> fanout(targets.size(), 0);
+    if (options.strategy == ReadStrategy::kFullSourcePerTarget) {
+        // Baseline for comparison: every target GETs each source it matches in full, no dedup.
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            std::vector<ReadData> own(selection.per_target[t].size());
+            for (std::size_t k = 0; k < own.size(); ++k) {
+                const SourceMatch& match = selection.per_target[t][k];
+                const SourceDescriptor& s = manifest[match.source_index];
+                MCS_RETURN_IF_ERROR(ReadFullSource(*store_, s, own[k]));
+                ++m.full_gets;
+                m.full_bytes_read += own[k].indices->size() + own[k].values->size();
+                if (s.nnz > 0) {
+                    pieces[t].push_back({match.source_index, {0, s.nnz, true}, match.overlap, &own[k]});
+                }
+            }
+            results[t] = Materialize(manifest, targets[t], selection.per_target[t], pieces[t], fanout[t]);
+        }
+        m.read_seconds = Seconds(t2);
+    } else {
+        if (fallback) {
+            // Over the planning budget: an explicit, counted fallback that reads each source in
+            // full once for the node and filters every entry.
+            const auto t1 = Clock::now();
+            for (std::size_t si : selection.needed_sources) {
+                MCS_RETURN_IF_ERROR(ReadFullSource(*store_, manifest[si], full[si]));
+                ++m.full_gets;
+                ++m.dense_fallbacks;
+                m.full_bytes_read += full[si].indices->size() + full[si].values->size();
+            }
+            for (std::size_t t = 0; t < targets.size(); ++t) {
+                for (const SourceMatch& match : selection.per_target[t]) {
+                    const SourceDescriptor& s = manifest[match.source_index];
+                    if (s.nnz > 0) {
+                        pieces[t].push_back({match.source_index, {0, s.nnz, true}, match.overlap,
+                                             &full[match.source_index]});
+                    }
+                }
+            }
+            m.read_seconds = Seconds(t1);
+        }
+        // Steps 7-8: filter, rebase, publish target-local objects.
+        ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
+            results[t] = Materialize(manifest, targets[t], selection.per_target[t], pieces[t], fanout[t]);
+        });
+    }
+    std::vector<TargetObject> out;
+    out.reserve(targets.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (!results[t].ok()) return results[t].status();
+        m.fanout_bytes += fanout[t];
+        m.target_bytes += results[t]->object.PayloadBytes();
+        ++m.target_objects_published;
+        out.push_back(std::move(results[t]).value());
+    }
+    m.materialize_seconds = Seconds(t2);
+
+    std::lock_guard mlock(metrics_mu_);
+    metrics_.index_gets += m.index_gets;
+    metrics_.range_gets += m.range_gets;
+    metrics_.range_bytes_read += m.range_bytes_read;
+    metrics_.full_gets += m.full_gets;
+    metrics_.full_bytes_read += m.full_bytes_read;
+    metrics_.dense_fallbacks += m.dense_fallbacks;
+    metrics_.nd_fallbacks += m.nd_fallbacks;
+    metrics_.cache_hits += m.cache_hits;
+    metrics_.range_cache_hits += m.range_cache_hits;
+    metrics_.fanout_bytes += m.fanout_bytes;
+    metrics_.target_objects_published += m.target_objects_published;
+    metrics_.target_bytes += m.target_bytes;
+    metrics_.planned_ranges += m.planned_ranges;
+    metrics_.unique_ranges += m.unique_ranges;
+    metrics_.plan_seconds += m.plan_seconds;
+    metrics_.read_seconds += m.read_seconds;
+    metrics_.materialize_seconds += m.materialize_seconds;
+    return out;
+}
+
+}  // namespace mooncake::sparse

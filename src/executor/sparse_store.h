@@ -1,0 +1,177 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// SparseStore: the sparse object layer over any ObjectStore (DESIGN.md §2-4). The commit side
+// (validation, encoding, generation fencing, idempotent commit by logical key, single-owner
+// admission, manifest entries) and the read side (read_sparse_objects: batch plan -> index-only
+// GETs cached per node -> dedup -> range reads, each unique range once per node -> boundary
+// filter + rebase -> target-local objects), with the §4 metrics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "codec/codec.h"
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/placement.h"
+#include "mooncake/sparse/planner.h"
+#include "mooncake/sparse/status.h"
+#include "store/object_store.h"
+
+namespace mooncake::sparse {
+
+/// The §4 counters (names fixed by DESIGN.md), plus planning detail.
+struct SparseMetrics {
+    std::uint64_t source_objects_put = 0;
+    std::uint64_t source_bytes_put = 0;
+    std::uint64_t index_gets = 0;
+    std::uint64_t range_gets = 0;
+    std::uint64_t range_bytes_read = 0;
+    std::uint64_t full_gets = 0;
+    std::uint64_t dense_fallbacks = 0;
+    std::uint64_t nd_fallbacks = 0;
+    std::uint64_t cache_hits = 0;
+    std::uint64_t fanout_bytes = 0;
+    std::uint64_t target_objects_published = 0;
+    std::uint64_t target_bytes = 0;
+    // Beyond the contract: useful to explain a run.
+    std::uint64_t idempotent_commits = 0;
+    std::uint64_t index_cache_hits = 0;
+    std::uint64_t range_cache_hits = 0;
+    std::uint64_t planned_ranges = 0;   ///< Regions planned (before dedup).
+    std::uint64_t unique_ranges = 0;    ///< Physical reads after dedup (incl. cache hits).
+    std::uint64_t full_bytes_read = 0;
+    double plan_seconds = 0;
+    double read_seconds = 0;
+    double materialize_seconds = 0;
+
+    /// (name, value) pairs in a stable order, for printing and for Python's metrics() dict.
+    std::vector<std::pair<std::string, double>> Items() const;
+};
+
+/// One put_sparse_object call.
+struct PutSparseRequest {
+    std::string tensor_id;
+    Shape global_shape;
+    std::optional<Shape> global_offset;  ///< Source box origin; default zeros.
+    std::optional<Shape> local_shape;    ///< Source box extents; default global_shape.
+    HostArray indices;                   ///< [nnz, rank] global coordinates, any integer dtype.
+    HostArray values;                    ///< [nnz].
+    NamedAxes source_placement;
+    PlacementPolicy placement_policy;
+    Generation generation;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    EncodeOptions encode;
+    bool hard_pin = true;  ///< Source objects are never evicted while referenced.
+};
+
+struct CommitResult {
+    std::string source_ref;
+    bool created = false;  ///< False when an identical commit already existed (idempotent).
+    std::uint64_t nnz = 0;
+    std::uint64_t bytes = 0;
+};
+
+/// A target-local object: entries in the target's local coordinates (its own tile index over
+/// [0, local_shape)), same apply mode as its sources.
+struct TargetObject {
+    std::string target_id;
+    std::string node_id;
+    Box target_box;  ///< Global box of the target (origin = what was subtracted).
+    SparseObject object;  ///< coordinate_space == "local"; desc.global_shape == local shape.
+};
+
+enum class ReadStrategy : std::uint8_t {
+    kSparseRanges = 0,   ///< The sparse path: planned range reads, deduped per node.
+    kFullSourcePerTarget = 1,  ///< Baseline: every target GETs its complete sources (full_gets).
+};
+
+struct ReadOptions {
+    PlanOptions plan;
+    ReadStrategy strategy = ReadStrategy::kSparseRanges;
+    int num_threads = 0;
+};
+
+struct SparseStoreOptions {
+    std::string node_id = "node0";
+    std::uint64_t index_cache_capacity_bytes = std::uint64_t{1} << 30;
+    std::uint64_t range_cache_capacity_bytes = std::uint64_t{1} << 30;
+};
+
+class SparseStore {
+public:
+    SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions options = {});
+    ~SparseStore();
+    SparseStore(const SparseStore&) = delete;
+    SparseStore& operator=(const SparseStore&) = delete;
+
+    /// Validates, encodes and commits one source object. Idempotent by logical key
+    /// (tensor_id, generation, policy, owner ordinal, box origin): a retry with the same payload
+    /// returns the same source_ref with created = false.
+    /// Errors: InvalidArgument (any bad input); StaleGeneration (base is not the tensor's current
+    /// generation); Conflict (a different payload under the same logical key);
+    /// ResourceExhausted. On error the store is unchanged.
+    Result<CommitResult> PutSparseObject(const PutSparseRequest& request);
+
+    /// Commits an object built by BuildSparseObject (same semantics as PutSparseObject).
+    Result<CommitResult> CommitSparseObject(SparseObject object, bool hard_pin = true);
+
+    /// Store-side single-owner admission: among writers racing for one logical key, exactly one
+    /// gets true (a retry by the winner gets true again).
+    /// Errors: InvalidArgument.
+    Result<bool> Admit(std::string_view tensor_id, Generation generation,
+                       const PlacementPolicy& policy, const NamedAxes& source_placement,
+                       std::string_view writer_id);
+
+    /// Every source object committed for `generation`, in a stable order.
+    /// Errors: InvalidArgument (corrupt manifest entry).
+    Result<std::vector<SourceDescriptor>> Manifest(Generation generation);
+
+    /// The tensor's current generation (the last committed delta), if any.
+    Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id);
+
+    /// DESIGN.md §4 steps 1-8: one target-local object per target, same order.
+    /// Errors: as SelectSources/PlanBatch; NotFound (a source vanished); DataLoss (checksum).
+    Result<std::vector<TargetObject>> ReadSparseObjects(std::span<const SourceDescriptor> manifest,
+                                                        std::span<const TargetDescriptor> targets,
+                                                        const ReadOptions& options = {});
+
+    SparseMetrics Metrics() const;
+    void ResetMetrics();
+    /// Drops the node-local index and range caches.
+    void ClearCaches();
+
+    ObjectStore& object_store() { return *store_; }
+    const SparseStoreOptions& options() const { return options_; }
+
+private:
+    struct Caches;
+
+    Result<std::shared_ptr<const TileIndex>> LoadIndex(const SourceDescriptor& source);
+
+    std::shared_ptr<ObjectStore> store_;
+    SparseStoreOptions options_;
+    std::mutex commit_mu_;
+    mutable std::mutex metrics_mu_;
+    SparseMetrics metrics_;
+    std::unique_ptr<Caches> caches_;
+};
+
+/// Key of the structured object for a logical key.
+std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
+                            const PlacementPolicy& policy, const NamedAxes& placement,
+                            const Box& box);
+
+/// Metadata JSON of a sparse object (DESIGN.md §2 fields) and its parser.
+std::string EncodeObjectMetadata(const SparseObject& object);
+Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::string_view json);
+
+}  // namespace mooncake::sparse
