@@ -1,0 +1,295 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "executor/sparse_store.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <thread>
+#include <random>
+#include <set>
+
+namespace mooncake::sparse {
+namespace {
+
+/// Wraps the real embedded store and records every member read, so tests can assert which
+/// bytes the executor asked for (the real store still serves them).
+class RecordingStore : public ObjectStore {
+public:
+    RecordingStore() : inner_(MakeEmbeddedStore()) {}
+    Status Put(std::string_view key, std::string_view metadata, std::span<const MemberData> members,
+               const PutOptions& options) override {
+        if (fail_puts_with_prefix_.size() && key.starts_with(fail_puts_with_prefix_)) {
+            return ResourceExhausted("injected failure");
+        }
+        return inner_->Put(key, metadata, members, options);
+    }
+    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+    Status ReadMember(std::string_view key, std::string_view member, std::span<std::byte> dst) override {
+        whole_reads.emplace_back(key, member);
+        return inner_->ReadMember(key, member, dst);
+    }
+    Status ReadRanges(std::span<const RangeRead> reads) override {
+        for (const RangeRead& r : reads) {
+            ranges.push_back({std::string(r.key), std::string(r.member), r.row_start, r.row_end});
+        }
+        return inner_->ReadRanges(reads);
+    }
+    Status Remove(std::string_view key) override { return inner_->Remove(key); }
+    Result<std::vector<std::string>> List(std::string_view prefix) override { return inner_->List(prefix); }
+    StoreCounters Counters() const override { return inner_->Counters(); }
+
+    struct Range {
+        std::string key, member;
+        std::uint64_t start, end;
+    };
+    std::vector<std::pair<std::string, std::string>> whole_reads;
+    std::vector<Range> ranges;
+    std::string fail_puts_with_prefix_;
+
+private:
+    std::unique_ptr<ObjectStore> inner_;
+};
+
+struct Coo {
+    std::vector<std::int64_t> idx;
+    std::vector<float> val;
+};
+
+Coo RandomCoo(std::mt19937_64& rng, const Shape& shape, std::size_t nnz) {
+    std::set<std::vector<std::int64_t>> seen;
+    Coo c;
+    while (seen.size() < nnz) {
+        std::vector<std::int64_t> p;
+        for (Index e : shape) p.push_back(std::int64_t(rng() % std::uint64_t(e)));
+        if (seen.insert(p).second) {
+            c.idx.insert(c.idx.end(), p.begin(), p.end());
+            c.val.push_back(float(seen.size()));
+        }
+    }
+    return c;
+}
+
+HostArray Arr(const std::vector<std::int64_t>& v, std::size_t rank) {
+    return {DType::kInt64, {Index(v.size() / rank), Index(rank)},
+            std::as_bytes(std::span(v))};
+}
+HostArray Arr(const std::vector<float>& v) {
+    return {DType::kFloat32, {Index(v.size())}, std::as_bytes(std::span(v))};
+}
+
+PutSparseRequest Request(const std::string& id, const Shape& shape, const Coo& c,
+                         const std::string& policy = "replicate(ep)", Generation g = {0, 1}) {
+    PutSparseRequest r;
+    r.tensor_id = id;
+    r.global_shape = shape;
+    r.indices = Arr(c.idx, shape.size());
+    r.values = Arr(c.val);
+    r.placement_policy = *PlacementPolicy::Parse(policy);
+    r.generation = g;
+    return r;
+}
+
+TargetDescriptor Target(const std::string& id, const std::string& tensor, const std::string& node,
+                        Shape offset, Shape local, std::vector<NamedAxes::Entry> axes = {}) {
+    return *TargetDescriptor::Make(id, node, tensor, *NamedAxes::Make(std::move(axes)), offset, local);
+}
+
+std::map<std::vector<std::int64_t>, float> Entries(const TargetObject& o) {
+    std::map<std::vector<std::int64_t>, float> out;
+    const auto& d = o.object.desc;
+    const std::size_t isz = DTypeSize(d.index_dtype);
+    for (std::uint64_t i = 0; i < d.nnz; ++i) {
+        std::vector<std::int64_t> p;
+        for (std::size_t k = 0; k < d.rank(); ++k) {
+            std::uint64_t v = 0;
+            std::memcpy(&v, o.object.indices.data() + (i * d.rank() + k) * isz, isz);
+            p.push_back(std::int64_t(v));
+        }
+        float f;
+        std::memcpy(&f, o.object.values.data() + i * 4, 4);
+        out[p] = f;
+    }
+    return out;
+}
+
+TEST(SparseStoreTest, NonEpEp2Tp2AcceptanceThroughExecutor) {
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(7);
+    const Shape shape{2048, 7168};
+    Coo coo = RandomCoo(rng, shape, 5000);
+    ASSERT_TRUE(store.PutSparseObject(Request("shared.w1", shape, coo)).ok());
+    auto manifest = store.Manifest({0, 1});
+    ASSERT_TRUE(manifest.ok());
+    ASSERT_EQ(manifest->size(), 1u);
+    std::vector<TargetDescriptor> targets;
+    for (int ep = 0; ep < 2; ++ep) {
+        for (int tp = 0; tp < 2; ++tp) {
+            targets.push_back(Target("node0/rank" + std::to_string(ep * 2 + tp), "shared.w1", "node0",
+                                     {tp * 1024, 0}, {1024, 7168}, {{"ep", ep}, {"tp", tp}}));
+        }
+    }
+    auto objs = store.ReadSparseObjects(*manifest, targets);
+    ASSERT_TRUE(objs.ok()) << objs.status().ToString();
+    const SparseMetrics m = store.Metrics();
+    EXPECT_EQ(m.source_objects_put, 1u);
+    EXPECT_EQ(m.range_gets, 2u);
+    EXPECT_EQ(m.full_gets, 0u);
+    EXPECT_EQ(m.index_gets, 1u);
+    EXPECT_EQ(m.target_objects_published, 4u);
+    // The store saw no whole read of indices/values, and no entry was read twice.
+    for (const auto& [key, member] : rec->whole_reads) {
+        EXPECT_THAT(member, ::testing::AnyOf("tile_coords", "tile_ptr"));
+    }
+    std::vector<int> hits(coo.val.size(), 0);
+    for (const auto& r : rec->ranges) {
+        if (r.member != "values") continue;
+        for (auto i = r.start; i < r.end; ++i) ++hits[i];
+    }
+    for (int h : hits) EXPECT_EQ(h, 1);
+    // EP replicas get identical content; TP halves partition the entries.
+    EXPECT_EQ(Entries((*objs)[0]), Entries((*objs)[2]));
+    EXPECT_EQ(Entries((*objs)[0]).size() + Entries((*objs)[1]).size(), coo.val.size());
+}
+
+TEST(SparseStoreTest, RangeDedupPerNodeNotAcrossNodes) {
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(8);
+    const Shape shape{256, 256};
+    const Coo coo = RandomCoo(rng, shape, 900);
+    ASSERT_TRUE(store.PutSparseObject(Request("w", shape, coo)).ok());
+    auto manifest = *store.Manifest({0, 1});
+    std::vector<TargetDescriptor> targets = {
+        Target("a0", "w", "nodeA", {0, 0}, {128, 256}), Target("a1", "w", "nodeA", {0, 0}, {128, 256}),
+        Target("b0", "w", "nodeB", {0, 0}, {128, 256})};
+    ASSERT_TRUE(store.ReadSparseObjects(manifest, targets).ok());
+    EXPECT_EQ(store.Metrics().range_gets, 2u);  // one per node
+}
+
+TEST(SparseStoreTest, SecondBatchHitsNodeCache) {
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(9);
+    const Shape shape{128, 512};
+    const Coo coo = RandomCoo(rng, shape, 700);
+    ASSERT_TRUE(store.PutSparseObject(Request("w", shape, coo)).ok());
+    auto manifest = *store.Manifest({0, 1});
+    ASSERT_TRUE(store.ReadSparseObjects(manifest, {{Target("r0", "w", "n", {0, 0}, {128, 256})}}).ok());
+    const auto first = store.Metrics();
+    ASSERT_TRUE(store.ReadSparseObjects(manifest, {{Target("r1", "w", "n", {0, 0}, {128, 256})}}).ok());
+    const auto second = store.Metrics();
+    EXPECT_EQ(second.range_gets, first.range_gets);
+    EXPECT_EQ(second.index_gets, 1u);
+    EXPECT_GT(second.cache_hits, first.cache_hits);
+}
+
+TEST(SparseStoreTest, FullSourceBaselineCountsFullGets) {
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(10);
+    const Shape shape{64, 64};
+    const Coo coo = RandomCoo(rng, shape, 100);
+    ASSERT_TRUE(store.PutSparseObject(Request("w", shape, coo)).ok());
+    auto manifest = *store.Manifest({0, 1});
+    ReadOptions opts;
+    opts.strategy = ReadStrategy::kFullSourcePerTarget;
+    auto objs = store.ReadSparseObjects(
+        manifest, {{Target("r0", "w", "n", {0, 0}, {32, 64}), Target("r1", "w", "n", {32, 0}, {32, 64})}}, opts);
+    ASSERT_TRUE(objs.ok());
+    EXPECT_EQ(store.Metrics().full_gets, 2u);
+    EXPECT_EQ(store.Metrics().range_gets, 0u);
+    EXPECT_EQ(Entries((*objs)[0]).size() + Entries((*objs)[1]).size(), 100u);
+}
+
+TEST(SparseStoreTest, PlanningBudgetFallsBackVisibly) {
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(11);
+    const Shape shape{64, 64};
+    Coo coo = RandomCoo(rng, shape, 300);
+    PutSparseRequest req = Request("w", shape, coo);
+    req.encode.tile_shape = Shape{4, 4};
+    ASSERT_TRUE(store.PutSparseObject(req).ok());
+    auto manifest = *store.Manifest({0, 1});
+    ReadOptions opts;
+    opts.plan.limits.max_tiles_per_query = 2;
+    auto objs = store.ReadSparseObjects(manifest, {{Target("r", "w", "n", {1, 1}, {40, 40})}}, opts);
+    ASSERT_TRUE(objs.ok()) << objs.status().ToString();
+    EXPECT_EQ(store.Metrics().dense_fallbacks, 1u);
+    EXPECT_EQ(store.Metrics().full_gets, 1u);
+    std::size_t inside = 0;
+    for (std::size_t i = 0; i < coo.val.size(); ++i) {
+        inside += coo.idx[2 * i] >= 1 && coo.idx[2 * i] < 41 && coo.idx[2 * i + 1] >= 1 && coo.idx[2 * i + 1] < 41;
+    }
+    EXPECT_EQ(Entries((*objs)[0]).size(), inside);
+}
+
+TEST(SparseStoreTest, FailedCommitLeavesStoreUnchanged) {
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(12);
+    const Shape shape{32, 32};
+    rec->fail_puts_with_prefix_ = "mcs/head/";
+    const Coo coo = RandomCoo(rng, shape, 10);
+    auto r = store.PutSparseObject(Request("w", shape, coo));
+    EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_TRUE(rec->List("")->empty());
+    EXPECT_EQ(store.Metrics().source_objects_put, 0u);
+}
+
+TEST(SparseStoreTest, StaleAndConflictingCommits) {
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(13);
+    const Shape shape{32, 32};
+    Coo coo = RandomCoo(rng, shape, 10);
+    ASSERT_TRUE(store.PutSparseObject(Request("w", shape, coo, "none", {0, 1})).ok());
+    ASSERT_TRUE(store.PutSparseObject(Request("w", shape, coo, "none", {1, 2})).ok());
+    EXPECT_EQ(store.PutSparseObject(Request("w", shape, coo, "none", {0, 3})).status().code(),
+              StatusCode::kStaleGeneration);
+    auto again = store.PutSparseObject(Request("w", shape, coo, "none", {1, 2}));
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(again->created);
+    Coo other = coo;
+    other.val[0] += 1;
+    EXPECT_EQ(store.PutSparseObject(Request("w", shape, other, "none", {1, 2})).status().code(),
+              StatusCode::kConflict);
+}
+
+TEST(SparseStoreTest, AdmissionRaceHasOneWinner) {
+    SparseStore store(MakeEmbeddedStore());
+    std::vector<std::thread> threads;
+    std::atomic<int> winners{0};
+    for (int r = 0; r < 8; ++r) {
+        threads.emplace_back([&, r] {
+            auto ok = store.Admit("w", {0, 1}, *PlacementPolicy::Parse("replicate(ep)"), {},
+                                  "rank" + std::to_string(r));
+            if (ok.ok() && *ok) ++winners;
+        });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(winners.load(), 1);
+}
+
+TEST(SparseStoreTest, MetadataRoundTrip) {
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(14);
+    const Shape shape{40, 50, 60};
+    const Coo coo = RandomCoo(rng, shape, 77);
+    PutSparseRequest req = Request("fused", shape, coo, "owner(expert)");
+    req.source_placement = *NamedAxes::Make({{"expert", 3}});
+    auto c = store.PutSparseObject(req);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    auto manifest = *store.Manifest({0, 1});
+    ASSERT_EQ(manifest.size(), 1u);
+    EXPECT_EQ(manifest[0].source_ref, c->source_ref);
+    EXPECT_EQ(manifest[0].nnz, 77u);
+    EXPECT_EQ(manifest[0].placement.Get("expert"), 3);
+    EXPECT_EQ(manifest[0].policy.ToString(), "owner(expert)");
+    EXPECT_EQ(DecodeObjectMetadata("x", "{").status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(DecodeObjectMetadata("x", "{\"schema\":\"other\"}").status().code(),
+              StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
