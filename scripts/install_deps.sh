@@ -10,7 +10,11 @@ APT_PACKAGES=(
     libgoogle-glog-dev libgflags-dev libyaml-cpp-dev libxxhash-dev nlohmann-json3-dev libdlpack-dev
     python3 python3-dev python3-pip
 )
-PY_MODULES=(numpy pytest matplotlib)
+# import name:pip requirement. torch 2.13.0 is the CPU build (bfloat16 tests and the demo).
+PY_MODULES=(
+    numpy:numpy pytest:pytest matplotlib:matplotlib tqdm:tqdm
+    scikit_build_core:scikit-build-core pybind11:pybind11 torch:torch==2.13.0
+)
 
 # A cmake >= 3.20 already on PATH (e.g. from pip) is kept; otherwise Debian's is installed.
 cmake_ok() {
@@ -53,8 +57,8 @@ if ((${#missing[@]} > 0)); then
 fi
 
 missing_py=()
-for mod in "${PY_MODULES[@]}"; do
-    python3 -c "import ${mod}" >/dev/null 2>&1 || missing_py+=("${mod}")
+for entry in "${PY_MODULES[@]}"; do
+    python3 -c "import ${entry%%:*}" >/dev/null 2>&1 || missing_py+=("${entry#*:}")
 done
 if ((${#missing_py[@]} > 0)); then
     echo "install_deps: pip install ${missing_py[*]}"

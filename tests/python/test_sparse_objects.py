@@ -29,7 +29,7 @@ def apply_all(objs, targets, base):
     shards = []
     for obj, t in zip(objs, targets):
         sl = tuple(slice(o, o + s) for o, s in zip(t.global_offset, t.local_shape))
-        shard = np.ascontiguousarray(base[sl])
+        shard = np.array(base[sl], order="C", copy=True)
         mcs.apply_sparse_object(shard, obj)
         shards.append((sl, shard))
     return shards

@@ -215,7 +215,8 @@ inline Status ValidateTileShape(std::span<const Index> tile_shape,
             return InvalidArgument("tile_shape " + internal::JoinIndices(tile_shape) +
                                    " has a non-positive extent");
         }
-        const Index tiles = (global_shape[d] + tile_shape[d] - 1) / tile_shape[d];
+        // Ceiling division without `extent + tile - 1`, which overflows near INT64_MAX.
+        const Index tiles = global_shape[d] / tile_shape[d] + (global_shape[d] % tile_shape[d] != 0);
         if (tiles > static_cast<Index>(std::numeric_limits<TileCoord>::max())) {
             return InvalidArgument("tile_shape " + internal::JoinIndices(tile_shape) +
                                    " gives more than 2^32-1 tiles in dim " + std::to_string(d));
@@ -245,7 +246,7 @@ inline Box TileElementBox(std::span<const T> tile, std::span<const Index> tile_s
     const std::size_t rank = tile.size();
     for (std::size_t d = 0; d < tile.size(); ++d) {
         origin[d] = static_cast<Index>(tile[d]) * tile_shape[d];
-        shape[d] = std::min(origin[d] + tile_shape[d], global_shape[d]) - origin[d];
+        shape[d] = std::min(tile_shape[d], global_shape[d] - origin[d]);
     }
     return Box::Unchecked({origin.data(), rank}, {shape.data(), rank});
 }
@@ -257,7 +258,7 @@ inline bool TileInside(std::span<const T> tile, std::span<const Index> tile_shap
                        std::span<const Index> global_shape, const Box& box) {
     for (std::size_t d = 0; d < tile.size(); ++d) {
         const Index lo = static_cast<Index>(tile[d]) * tile_shape[d];
-        const Index hi = std::min(lo + tile_shape[d], global_shape[d]);
+        const Index hi = lo + std::min(tile_shape[d], global_shape[d] - lo);  // no lo + t overflow
         if (lo < box.begin(d) || hi > box.end(d)) return false;
     }
     return true;

@@ -188,9 +188,11 @@ private:
                 const Index t = index.tile_shape_[d];
                 const Index first_lo = tiles.begin(d) * t;
                 const Index last_lo = (tiles.end(d) - 1) * t;
-                const Index last_hi = std::min(last_lo + t, index.global_shape_[d]);
+                // lo + min(t, G - lo) == min(lo + t, G) without overflowing near INT64_MAX.
+                const Index g = index.global_shape_[d];
+                const Index last_hi = last_lo + std::min(t, g - last_lo);
                 partial_lo[d] = first_lo < box.begin(d) ||
-                                std::min(first_lo + t, index.global_shape_[d]) > box.end(d);
+                                first_lo + std::min(t, g - first_lo) > box.end(d);
                 partial_hi[d] = last_lo < box.begin(d) || last_hi > box.end(d);
             }
             // full_from[d]: every dim >= d spans the whole tile grid of the source box, so the
@@ -361,7 +363,10 @@ private:
         return Status::Ok();
     }
 
-    /// 2-D column path: O(log C + selected columns * log R + K), then a sort of K tiles.
+    /// 2-D column path: O(log C + selected columns * log R + K log K). Tiles of different
+    /// columns interleave in entry order, so their ids are gathered and sorted as 4-byte keys;
+    /// a run of consecutive tile ids is one contiguous entry range (tile_ptr is strictly
+    /// increasing), so the ranges come out sorted and coalesced.
     Status ColumnPath(QueryState& q, std::vector<EntryRange>& out) const {
         BuildColumnGroups();
         const Lazy& l = *lazy_;
@@ -370,6 +375,7 @@ private:
         auto it = std::lower_bound(l.col_values.begin(), l.col_values.end(), c0,
                                    [](TileCoord v, Index c) { return Index(v) < c; });
         auto row_of = [&](std::uint32_t k) { return Coord(l.col_tiles[k], 0); };
+        std::vector<std::uint32_t> picked;
         for (std::size_t j = std::size_t(it - l.col_values.begin());
              j < l.col_values.size() && Index(l.col_values[j]) < c1; ++j) {
             std::uint32_t lo = l.col_begin[j], hi = l.col_begin[j + 1];
@@ -383,11 +389,20 @@ private:
             const std::uint32_t a = bound(lo, hi, r0);
             const std::uint32_t z = bound(a, hi, r1);
             MCS_RETURN_IF_ERROR(q.Charge(1, z - a));
-            const bool col_partial = q.EdgePartial(1, Index(l.col_values[j]));
-            for (std::uint32_t k = a; k < z; ++k) {
-                const std::uint32_t t = l.col_tiles[k];
-                out.push_back({ptr_[t], ptr_[t + 1], col_partial || q.EdgePartial(0, Coord(t, 0))});
+            picked.insert(picked.end(), l.col_tiles.begin() + a, l.col_tiles.begin() + z);
+        }
+        std::sort(picked.begin(), picked.end());
+        auto flag_of = [&](std::uint32_t t) {
+            return q.EdgePartial(1, Coord(t, 1)) || q.EdgePartial(0, Coord(t, 0));
+        };
+        for (std::size_t i = 0; i < picked.size();) {
+            std::size_t k = i + 1;
+            bool flag = flag_of(picked[i]);
+            for (; k < picked.size() && picked[k] == picked[k - 1] + 1; ++k) {
+                flag |= flag_of(picked[k]);
             }
+            out.push_back({ptr_[picked[i]], ptr_[picked[k - 1] + 1], flag});
+            i = k;
         }
         return Status::Ok();
     }
@@ -535,14 +550,10 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
         target_node[t] = it->second;
     }
 
-    // Requests: one per region, sorted later by (source, node, start) to form reads.
-    struct Request {
-        std::size_t source_index;
-        std::uint32_t node;
-        std::uint64_t start, end;
-        std::size_t target, region;
-    };
-    std::vector<Request> requests;
+    // Regions are made target by target. The unique reads are then formed source by source
+    // from compact region references bucketed by source (a counting sort), so that only each
+    // source's own requests are sorted by (node, start, end), never the whole batch.
+    std::vector<std::size_t> source_begin(manifest.size() + 1, 0);  // Counts, then offsets.
     std::vector<EntryRange> ranges;
     std::vector<bool> seen(manifest.size(), false);
     for (std::size_t t = 0; t < targets.size(); ++t) {
@@ -563,6 +574,10 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
             }
             ranges.clear();
             MCS_RETURN_IF_ERROR(index->Query(m.overlap, options.limits, ranges, plan.stats.query));
+            // Regions are large; grow to the exact size where one doubling would overshoot.
+            if (regions.capacity() < regions.size() + ranges.size()) {
+                regions.reserve(std::max(regions.size() + ranges.size(), 2 * regions.capacity()));
+            }
             for (const EntryRange& r : ranges) {
                 Region region;
                 region.source_index = m.source_index;
@@ -571,10 +586,10 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
                 region.range = r;
                 region.overlap = m.overlap;
                 region.apply = src.apply;
-                requests.push_back({m.source_index, target_node[t], r.start, r.end, t, regions.size()});
                 regions.push_back(region);
                 plan.stats.requested_entries += r.size();
             }
+            source_begin[m.source_index + 1] += ranges.size();
         }
         plan.stats.regions += regions.size();
         if (plan.stats.regions > options.limits.max_regions) {
@@ -583,26 +598,53 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
         }
     }
 
-    std::sort(requests.begin(), requests.end(), [](const Request& a, const Request& b) {
-        if (a.source_index != b.source_index) return a.source_index < b.source_index;
-        if (a.node != b.node) return a.node < b.node;
-        if (a.start != b.start) return a.start < b.start;
-        return a.end < b.end;
-    });
-    for (const Request& rq : requests) {
-        UniqueRead* last = plan.reads.empty() ? nullptr : &plan.reads.back();
-        const bool same_group = last && last->source_index == rq.source_index && last->node == rq.node;
-        const bool merge = same_group &&
-                           (rq.start < last->end ||
-                            (options.read_coalesce_gap >= 0 &&
-                             rq.start <= last->end + std::uint64_t(options.read_coalesce_gap)));
-        if (merge) {
-            last->end = std::max(last->end, rq.end);
-        } else {
-            plan.reads.push_back({rq.source_index, rq.node, rq.start, rq.end, 0});
+    struct RegionRef {
+        std::size_t target;
+        std::size_t region;
+    };
+    for (std::size_t s = 0; s < manifest.size(); ++s) source_begin[s + 1] += source_begin[s];
+    std::vector<RegionRef> refs(source_begin.back());
+    {
+        std::vector<std::size_t> cursor(source_begin.begin(), source_begin.end() - 1);
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            const auto& regions = plan.targets[t].regions;
+            for (std::size_t i = 0; i < regions.size(); ++i) {
+                refs[cursor[regions[i].source_index]++] = {t, i};
+            }
         }
-        plan.reads.back().consumers++;
-        plan.targets[rq.target].regions[rq.region].read_index = plan.reads.size() - 1;
+    }
+    // Requests of one source ordered by (node, start, end); equal requests share a read
+    // whichever comes first, so the order among them does not matter.
+    auto request_less = [&](const RegionRef& a, const RegionRef& b) {
+        const EntryRange& ra = plan.targets[a.target].regions[a.region].range;
+        const EntryRange& rb = plan.targets[b.target].regions[b.region].range;
+        const std::uint32_t na = target_node[a.target], nb = target_node[b.target];
+        if (na != nb) return na < nb;
+        if (ra.start != rb.start) return ra.start < rb.start;
+        return ra.end < rb.end;
+    };
+    for (std::size_t s = 0; s < manifest.size(); ++s) {
+        const auto first = refs.begin() + static_cast<std::ptrdiff_t>(source_begin[s]);
+        const auto last = refs.begin() + static_cast<std::ptrdiff_t>(source_begin[s + 1]);
+        if (last - first > 1) std::sort(first, last, request_less);
+        for (auto it = first; it != last; ++it) {
+            Region& region = plan.targets[it->target].regions[it->region];
+            const std::uint32_t node = target_node[it->target];
+            UniqueRead* prev = plan.reads.empty() ? nullptr : &plan.reads.back();
+            const bool same_group = prev && prev->source_index == s && prev->node == node;
+            const bool merge =
+                same_group &&
+                (region.range.start < prev->end ||
+                 (options.read_coalesce_gap >= 0 &&
+                  region.range.start <= prev->end + std::uint64_t(options.read_coalesce_gap)));
+            if (merge) {
+                prev->end = std::max(prev->end, region.range.end);
+            } else {
+                plan.reads.push_back({s, node, region.range.start, region.range.end, 0});
+            }
+            plan.reads.back().consumers++;
+            region.read_index = plan.reads.size() - 1;
+        }
     }
     for (const UniqueRead& r : plan.reads) {
         plan.stats.planned_entries += r.size();

@@ -133,9 +133,9 @@ class Backend:
         strided copy on CPU is far slower and would dominate the timings)."""
         sl = tuple(slice(o, o + s) for o, s in zip(offset, shape))
         if self.torch is not None:
-            bits = np.ascontiguousarray(w.view(self.torch.int16).numpy()[sl])
+            bits = np.array(w.view(self.torch.int16).numpy()[sl], order="C", copy=True)
             return self.torch.from_numpy(bits).view(self.torch.bfloat16)
-        return np.ascontiguousarray(w[sl])
+        return np.array(w[sl], order="C", copy=True)
 
     def bits(self, w: Any) -> np.ndarray:
         if self.torch is not None:
