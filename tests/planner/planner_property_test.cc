@@ -1,0 +1,406 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// Randomised (deterministically seeded) properties of the planner against a brute-force scan:
+// random shapes (1-D to 4-D), tile shapes, densities (empty, one entry, sparse, dense), source
+// boxes and query boxes (single elements, edges, tile-aligned, whole). Failures print the seed
+// and iteration so a case can be replayed.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "mooncake/sparse/planner.h"
+#include "test_util.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using ::mooncake::sparse::testing::Axes;
+using ::mooncake::sparse::testing::BruteForceScan;
+using ::mooncake::sparse::testing::BuildSource;
+using ::mooncake::sparse::testing::BuiltSource;
+using ::mooncake::sparse::testing::ExpectWellFormedRanges;
+using ::mooncake::sparse::testing::IsOk;
+using ::mooncake::sparse::testing::LookupOf;
+using ::mooncake::sparse::testing::MakeBox;
+using ::mooncake::sparse::testing::MakeTarget;
+using ::mooncake::sparse::testing::ManifestOf;
+using ::mooncake::sparse::testing::Policy;
+using ::mooncake::sparse::testing::RandomCoords;
+using ::mooncake::sparse::testing::SelectEntries;
+using ::mooncake::sparse::testing::SourceSpec;
+using ::mooncake::sparse::testing::ValueOrDie;
+
+Index Uniform(std::mt19937_64& rng, Index lo, Index hi) {  // inclusive
+    return std::uniform_int_distribution<Index>(lo, hi)(rng);
+}
+
+Shape RandomShape(std::mt19937_64& rng, std::size_t rank) {
+    const Index max_extent = rank == 1 ? 400 : rank == 2 ? 72 : rank == 3 ? 18 : 7;
+    Shape s(rank);
+    for (Index& e : s) e = Uniform(rng, 1, max_extent);
+    return s;
+}
+
+std::size_t RandomRank(std::mt19937_64& rng) {
+    // Mostly 2-D (the row/column paths) and 3-D (fused experts), some 1-D and 4-D.
+    static const std::size_t kRanks[] = {1, 2, 2, 2, 2, 3, 3, 3, 4};
+    return kRanks[Uniform(rng, 0, 8)];
+}
+
+Shape RandomTile(std::mt19937_64& rng, const Shape& shape) {
+    Shape t(shape.size());
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+        switch (Uniform(rng, 0, 5)) {
+            case 0: t[d] = 1; break;
+            case 1: t[d] = shape[d]; break;                        // one tile
+            case 2: t[d] = shape[d] + Uniform(rng, 1, 5); break;   // larger than the tensor
+            default: t[d] = Uniform(rng, 1, std::max<Index>(1, shape[d] / 2)); break;
+        }
+    }
+    return t;
+}
+
+/// A random box inside `outer`: general, a single element, touching an edge, tile-aligned, or
+/// the whole of `outer`.
+Box RandomBox(std::mt19937_64& rng, const Box& outer, const Shape& tile) {
+    const std::size_t rank = outer.rank();
+    Shape origin(rank), extent(rank);
+    const int kind = static_cast<int>(Uniform(rng, 0, 9));
+    for (std::size_t d = 0; d < rank; ++d) {
+        Index lo = Uniform(rng, outer.begin(d), outer.end(d) - 1);
+        Index hi = Uniform(rng, lo + 1, outer.end(d));
+        switch (kind) {
+            case 0: hi = lo + 1; break;                            // single element
+            case 1: lo = outer.begin(d); break;                    // low edge
+            case 2: hi = outer.end(d); break;                      // high edge
+            case 3: lo = outer.begin(d); hi = outer.end(d); break; // whole
+            case 4:                                                // whole in all dims but one
+                if (d != 0) { lo = outer.begin(d); hi = outer.end(d); }
+                break;
+            case 5: {                                              // snapped to tiles
+                const Index a = std::max(outer.begin(d), lo / tile[d] * tile[d]);
+                const Index b = std::min(outer.end(d), (hi + tile[d] - 1) / tile[d] * tile[d]);
+                lo = a;
+                hi = std::max(b, a + 1);
+                break;
+            }
+            default: break;
+        }
+        origin[d] = lo;
+        extent[d] = hi - lo;
+    }
+    return MakeBox(origin, extent);
+}
+
+/// Entry count for a box of `n` elements: empty, one entry, or a density from sparse to full.
+std::int64_t RandomCount(std::mt19937_64& rng, Index n) {
+    static const double kDensities[] = {0.0, -1.0, 0.002, 0.02, 0.1, 0.3, 0.7, 1.0};
+    const double density = kDensities[Uniform(rng, 0, 7)];
+    if (density < 0) return 1;
+    return static_cast<std::int64_t>(density * static_cast<double>(n));
+}
+
+/// A random sub-box of the tensor for a source (half the time the whole tensor).
+Box RandomSourceBox(std::mt19937_64& rng, const Shape& shape) {
+    const Box whole = ValueOrDie(Box::Whole(shape));
+    if (Uniform(rng, 0, 1) == 0) return whole;
+    Shape origin(shape.size()), extent(shape.size());
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+        const Index lo = Uniform(rng, 0, shape[d] - 1);
+        origin[d] = lo;
+        extent[d] = Uniform(rng, lo + 1, shape[d]) - lo;
+    }
+    return MakeBox(origin, extent);
+}
+
+TEST(PlannerPropertyTest, QueryMatchesBruteForce) {
+    constexpr std::uint64_t kSeed = 0x5eed0001;
+    std::mt19937_64 rng(kSeed);
+    std::map<std::string, int> paths;
+    int nonempty_queries = 0;
+    for (int iter = 0; iter < 300; ++iter) {
+        SCOPED_TRACE("seed " + std::to_string(kSeed) + " iteration " + std::to_string(iter));
+        SourceSpec spec;
+        spec.global_shape = RandomShape(rng, RandomRank(rng));
+        spec.tile_shape = RandomTile(rng, spec.global_shape);
+        const Box src_box = RandomSourceBox(rng, spec.global_shape);
+        spec.box_origin.assign(src_box.origin().begin(), src_box.origin().end());
+        spec.box_shape.assign(src_box.shape().begin(), src_box.shape().end());
+        const auto coords = RandomCoords(rng, src_box, RandomCount(rng, src_box.NumElements()));
+        auto built = BuildSource(spec, coords);
+        ASSERT_THAT(built, IsOk());
+        const BuiltSource& src = *built;
+        const std::size_t rank = spec.global_shape.size();
+        SCOPED_TRACE("shape " + MakeBox(Shape(rank, 0), spec.global_shape).ToString() +
+                     " tile " + MakeBox(Shape(rank, 0), spec.tile_shape).ToString() +
+                     " source " + src_box.ToString() + " nnz " + std::to_string(src.nnz()));
+
+        for (int q = 0; q < 12; ++q) {
+            const Box box = q == 0 ? src_box : RandomBox(rng, src_box, spec.tile_shape);
+            SCOPED_TRACE("box " + box.ToString());
+            std::vector<EntryRange> ranges;
+            QueryStats stats;
+            ASSERT_THAT(src.index->Query(box, {}, ranges, stats), IsOk());
+            EXPECT_EQ(stats.queries, 1u);
+            const std::uint64_t paths_taken =
+                stats.whole_source + stats.row_path + stats.column_path + stats.nd_path;
+            EXPECT_EQ(paths_taken, src.nnz() == 0 ? 0u : 1u);
+            if (src.nnz() != 0) {
+                // The O(1) path is taken exactly when the query covers the whole source box.
+                EXPECT_EQ(stats.whole_source == 1, box == src_box);
+                if (stats.whole_source) {
+                    EXPECT_TRUE(Contains(box, src_box));
+                    EXPECT_EQ(ranges, (std::vector<EntryRange>{{0, src.nnz(), false}}));
+                } else if (src.rank() == 2) {
+                    EXPECT_EQ(stats.nd_path, 0u);
+                } else {
+                    EXPECT_EQ(stats.nd_path, 1u);
+                }
+                paths[stats.whole_source ? "whole"
+                      : stats.row_path   ? "row"
+                      : stats.column_path ? "column"
+                                          : "nd"]++;
+            }
+            ExpectWellFormedRanges(src, ranges, box);
+            const auto selected = SelectEntries(src, ranges, box);
+            const auto expected = BruteForceScan(src, box);
+            ASSERT_EQ(selected, expected);
+            nonempty_queries += expected.empty() ? 0 : 1;
+            // The work done is bounded by the tiles planned, never by nnz.
+            std::uint64_t planned = 0;
+            for (const EntryRange& r : ranges) planned += r.size();
+            EXPECT_GE(planned, expected.size());
+        }
+    }
+    // The generator reached every path, and the checks were not vacuous.
+    EXPECT_GT(paths["whole"], 0);
+    EXPECT_GT(paths["row"], 0);
+    EXPECT_GT(paths["column"], 0);
+    EXPECT_GT(paths["nd"], 0);
+    EXPECT_GT(nonempty_queries, 1000);
+}
+
+TEST(PlannerPropertyTest, QueryUnderTightLimitsFailsClosedOrMatches) {
+    // With random small budgets a query either succeeds exactly or reports ResourceExhausted and
+    // leaves the output untouched; it never returns a partial plan.
+    constexpr std::uint64_t kSeed = 0x5eed0002;
+    std::mt19937_64 rng(kSeed);
+    int exhausted = 0, succeeded = 0;
+    for (int iter = 0; iter < 100; ++iter) {
+        SCOPED_TRACE("seed " + std::to_string(kSeed) + " iteration " + std::to_string(iter));
+        SourceSpec spec;
+        spec.global_shape = RandomShape(rng, RandomRank(rng));
+        spec.tile_shape = RandomTile(rng, spec.global_shape);
+        const Box whole = ValueOrDie(Box::Whole(spec.global_shape));
+        const BuiltSource src = ValueOrDie(
+            BuildSource(spec, RandomCoords(rng, whole, RandomCount(rng, whole.NumElements()))));
+        const Box box = RandomBox(rng, whole, spec.tile_shape);
+        PlanningLimits limits;
+        limits.max_groups_per_query = static_cast<std::uint64_t>(Uniform(rng, 0, 6));
+        limits.max_tiles_per_query = static_cast<std::uint64_t>(Uniform(rng, 0, 12));
+        std::vector<EntryRange> out = {{7, 8, false}};
+        QueryStats stats;
+        Status s = src.index->Query(box, limits, out, stats);
+        if (s.ok()) {
+            ++succeeded;
+            std::vector<EntryRange> ranges(out.begin() + 1, out.end());
+            EXPECT_EQ(SelectEntries(src, ranges, box), BruteForceScan(src, box));
+        } else {
+            ++exhausted;
+            EXPECT_EQ(s.code(), StatusCode::kResourceExhausted) << s.ToString();
+            EXPECT_EQ(out, (std::vector<EntryRange>{{7, 8, false}}));
+        }
+    }
+    EXPECT_GT(exhausted, 0);
+    EXPECT_GT(succeeded, 0);
+}
+
+/// Splits the tensor into `pieces` slabs along `dim` (as many as the extent allows).
+std::vector<Box> Slabs(const Shape& shape, std::size_t dim, Index pieces) {
+    pieces = std::min(pieces, shape[dim]);
+    std::vector<Index> cuts = {0};
+    for (Index p = 1; p < pieces; ++p) cuts.push_back(shape[dim] * p / pieces);
+    cuts.push_back(shape[dim]);
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<Box> out;
+    for (std::size_t i = 0; i + 1 < cuts.size(); ++i) {
+        Shape origin(shape.size(), 0), extent = shape;
+        origin[dim] = cuts[i];
+        extent[dim] = cuts[i + 1] - cuts[i];
+        out.push_back(MakeBox(origin, extent));
+    }
+    return out;
+}
+
+TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
+    constexpr std::uint64_t kSeed = 0x5eed0003;
+    std::mt19937_64 rng(kSeed);
+    std::uint64_t shared_reads = 0;
+    for (int iter = 0; iter < 150; ++iter) {
+        SCOPED_TRACE("seed " + std::to_string(kSeed) + " iteration " + std::to_string(iter));
+        const std::size_t rank = Uniform(rng, 0, 2) == 0 ? 3 : 2;
+        const Shape shape = RandomShape(rng, rank);
+        const Shape tile = RandomTile(rng, shape);
+        const std::string tensor = "w" + std::to_string(iter);
+
+        // Sources: one complete object, or disjoint slabs that together cover the tensor.
+        const auto boxes = Slabs(shape, static_cast<std::size_t>(Uniform(rng, 0, Index(rank) - 1)),
+                                 Uniform(rng, 1, 3));
+        std::vector<BuiltSource> sources;
+        for (std::size_t i = 0; i < boxes.size(); ++i) {
+            SourceSpec spec;
+            spec.source_ref = tensor + "/src" + std::to_string(i);
+            spec.tensor_id = tensor;
+            spec.global_shape = shape;
+            spec.box_origin.assign(boxes[i].origin().begin(), boxes[i].origin().end());
+            spec.box_shape.assign(boxes[i].shape().begin(), boxes[i].shape().end());
+            spec.tile_shape = tile;
+            const auto base = static_cast<std::uint64_t>(iter);
+            spec.generation = {base, base + 1};
+            spec.placement = Axes({{"ep", static_cast<std::int64_t>(i)}});
+            spec.policy = Policy(Uniform(rng, 0, 1) ? "replicate(ep)" : "none");
+            spec.apply = Uniform(rng, 0, 1) ? ApplyMode::kOverwrite : ApplyMode::kScatterAdd;
+            sources.push_back(ValueOrDie(BuildSource(
+                spec, RandomCoords(rng, boxes[i], RandomCount(rng, boxes[i].NumElements())))));
+        }
+        // A second tensor's object in the manifest that no target asks for.
+        {
+            SourceSpec other;
+            other.source_ref = tensor + "/other";
+            other.tensor_id = tensor + ".other";
+            other.global_shape = shape;
+            other.tile_shape = tile;
+            const Box whole = ValueOrDie(Box::Whole(shape));
+            sources.push_back(ValueOrDie(BuildSource(other, RandomCoords(rng, whole, 5))));
+        }
+        const auto manifest = ManifestOf(sources);
+
+        // Targets: random boxes on a few nodes, some of them repeated (EP replicas of one TP box).
+        const Box whole = ValueOrDie(Box::Whole(shape));
+        const int num_nodes = static_cast<int>(Uniform(rng, 1, 3));
+        std::vector<TargetDescriptor> targets;
+        const int num_targets = static_cast<int>(Uniform(rng, 1, 6));
+        for (int t = 0; t < num_targets; ++t) {
+            const Box box = (t > 0 && Uniform(rng, 0, 2) == 0) ? targets[Uniform(rng, 0, t - 1)].box
+                                                               : RandomBox(rng, whole, tile);
+            const std::string node = "node" + std::to_string(Uniform(rng, 0, num_nodes - 1));
+            targets.push_back(MakeTarget(node + "/rank" + std::to_string(t), node, tensor,
+                                         Axes({{"ep", t}, {"tp", 0}}),
+                                         Shape(box.origin().begin(), box.origin().end()),
+                                         Shape(box.shape().begin(), box.shape().end())));
+        }
+
+        PlanOptions options;
+        // Mostly -1 (overlaps only) and 0 (adjacent too), sometimes a wider gap.
+        options.read_coalesce_gap =
+            Uniform(rng, -1, 3) == 3 ? Uniform(rng, 1, 50) : Uniform(rng, -1, 0);
+        ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
+        ASSERT_OK_AND_ASSIGN(BatchPlan plan,
+                             PlanBatch(manifest, targets, sel, LookupOf(sources), options));
+
+        // Plan-level bookkeeping.
+        ASSERT_EQ(plan.targets.size(), targets.size());
+        EXPECT_EQ(plan.stats.sources_matched, sel.needed_sources.size());
+        EXPECT_EQ(plan.stats.unique_ranges, plan.reads.size());
+        std::uint64_t planned = 0, requested = 0, regions = 0, consumers = 0;
+        for (const UniqueRead& r : plan.reads) {
+            planned += r.size();
+            consumers += r.consumers;
+            EXPECT_LT(r.start, r.end);
+            EXPECT_LT(r.node, plan.nodes.size());
+            EXPECT_LE(r.end, sources[r.source_index].nnz());
+            shared_reads += r.consumers > 1 ? 1 : 0;
+        }
+        EXPECT_EQ(plan.stats.planned_entries, planned);
+
+        // Reads: sorted by (source, node, start); disjoint per (source, node), and farther apart
+        // than the coalescing gap.
+        for (std::size_t i = 1; i < plan.reads.size(); ++i) {
+            const UniqueRead& a = plan.reads[i - 1];
+            const UniqueRead& b = plan.reads[i];
+            ASSERT_LE(std::tie(a.source_index, a.node, a.start),
+                      std::tie(b.source_index, b.node, b.start));
+            if (a.source_index == b.source_index && a.node == b.node) {
+                EXPECT_GE(b.start, a.end) << "an entry is read twice on a node";
+                if (options.read_coalesce_gap >= 0) {
+                    const auto gap = static_cast<std::uint64_t>(options.read_coalesce_gap);
+                    EXPECT_GT(b.start, a.end + gap);
+                }
+            }
+        }
+
+        // Each read is exactly the union hull of the regions it serves.
+        std::vector<std::uint64_t> lo(plan.reads.size(), UINT64_MAX), hi(plan.reads.size(), 0);
+        std::vector<std::uint32_t> served(plan.reads.size(), 0);
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            SCOPED_TRACE("target " + targets[t].target_id + " " + targets[t].box.ToString());
+            const auto& regs = plan.targets[t].regions;
+            regions += regs.size();
+            std::map<std::size_t, std::vector<EntryRange>> by_source;
+            for (std::size_t k = 0; k < regs.size(); ++k) {
+                const Region& r = regs[k];
+                requested += r.range.size();
+                EXPECT_EQ(r.target_index, t);
+                ASSERT_LT(r.read_index, plan.reads.size());
+                const UniqueRead& read = plan.reads[r.read_index];
+                EXPECT_EQ(read.source_index, r.source_index);
+                EXPECT_EQ(plan.nodes[read.node], targets[t].node_id);
+                EXPECT_LE(read.start, r.range.start);
+                EXPECT_GE(read.end, r.range.end);
+                lo[r.read_index] = std::min(lo[r.read_index], r.range.start);
+                hi[r.read_index] = std::max(hi[r.read_index], r.range.end);
+                ++served[r.read_index];
+                const SourceDescriptor& src = manifest[r.source_index];
+                EXPECT_EQ(src.tensor_id, targets[t].tensor_id);
+                EXPECT_EQ(r.generation, src.generation);
+                EXPECT_EQ(r.apply, src.apply);
+                auto overlap = Intersect(src.box, targets[t].box);
+                ASSERT_TRUE(overlap.has_value());
+                EXPECT_EQ(r.overlap, *overlap);
+                if (k > 0) {
+                    ASSERT_LE(std::pair(regs[k - 1].source_index, regs[k - 1].range.start),
+                              std::pair(r.source_index, r.range.start));
+                }
+                by_source[r.source_index].push_back(r.range);
+            }
+            // Filtered regions select exactly the target's entries, source by source.
+            for (std::size_t s = 0; s + 1 < sources.size(); ++s) {
+                auto overlap = Intersect(sources[s].desc.box, targets[t].box);
+                const auto expected =
+                    overlap ? BruteForceScan(sources[s], *overlap) : std::vector<std::uint64_t>{};
+                const auto& ranges = by_source[s];
+                if (overlap) ExpectWellFormedRanges(sources[s], ranges, *overlap);
+                const auto selected = overlap ? SelectEntries(sources[s], ranges, *overlap)
+                                              : std::vector<std::uint64_t>{};
+                EXPECT_EQ(selected, expected) << "source " << s;
+                if (!overlap) {
+                    EXPECT_TRUE(ranges.empty());
+                }
+            }
+            EXPECT_TRUE(by_source.find(sources.size() - 1) == by_source.end())
+                << "the other tensor's object was planned";
+        }
+        EXPECT_EQ(plan.stats.requested_entries, requested);
+        EXPECT_EQ(plan.stats.regions, regions);
+        EXPECT_EQ(consumers, regions);
+        for (std::size_t i = 0; i < plan.reads.size(); ++i) {
+            EXPECT_EQ(served[i], plan.reads[i].consumers) << "read " << i;
+            EXPECT_EQ(lo[i], plan.reads[i].start) << "read " << i;
+            EXPECT_EQ(hi[i], plan.reads[i].end) << "read " << i;
+        }
+    }
+    EXPECT_GT(shared_reads, 0u);  // dedup across targets was exercised
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
