@@ -1,0 +1,418 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The embedded (in-process) ObjectStore: a sorted map of immutable objects behind a shared
+// mutex (DESIGN.md §6, "embedded default").
+//
+// Why it is built this way:
+// - An object is never modified once it is visible. Put copies the caller's bytes into a new
+//   object entirely outside the lock and then swaps one shared_ptr under the exclusive lock, so
+//   a reader sees the old object or the new one, never a mix, and the exclusive section is a
+//   map update (no memcpy, no allocation of payload, no free of payload).
+// - Readers take the shared lock only to copy shared_ptrs (snapshots); the payload copies run
+//   outside the lock, and the snapshots keep the bytes alive while a concurrent upsert or
+//   Remove replaces the map entry.
+// - ReadRanges resolves every key of the batch under ONE shared lock, so the whole batch sees
+//   one consistent state of the store, and validates every item before copying any byte.
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <shared_mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "store/object_store.h"
+
+namespace mooncake::sparse {
+namespace {
+
+/// Member payloads start on cache-line boundaries inside an object's single allocation.
+constexpr std::uint64_t kMemberAlignment = 64;
+
+std::string Quote(std::string_view s) {
+    constexpr std::size_t kMaxShown = 200;
+    std::string out = "'";
+    if (s.size() > kMaxShown) {
+        out.append(s.substr(0, kMaxShown));
+        out += "...";
+    } else {
+        out.append(s);
+    }
+    out += "'";
+    return out;
+}
+
+/// An immutable object: its table plus one allocation that holds every member's payload.
+struct Object {
+    ObjectInfo info;
+    std::vector<std::uint64_t> offsets;  ///< Per member (same order as info.members).
+    std::unique_ptr<std::byte[]> data;
+    std::uint64_t charged_bytes = 0;  ///< What it counts against capacity: metadata + members.
+
+    std::span<const std::byte> Bytes(std::size_t member_index) const {
+        const MemberInfo& m = info.members[member_index];
+        if (m.size_bytes == 0) return {};
+        return {data.get() + offsets[member_index], static_cast<std::size_t>(m.size_bytes)};
+    }
+
+    /// Index of a member in info.members, or -1.
+    std::ptrdiff_t MemberIndex(std::string_view name) const {
+        const MemberInfo* m = info.FindMember(name);
+        return m ? m - info.members.data() : -1;
+    }
+};
+
+using ObjectPtr = std::shared_ptr<const Object>;
+
+void CopyBytes(std::span<std::byte> dst, std::span<const std::byte> src) {
+    // memcpy with a null pointer is undefined even for zero bytes.
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+}
+
+class EmbeddedStore final : public ObjectStore {
+public:
+    explicit EmbeddedStore(const EmbeddedStoreOptions& options) : options_(options) {}
+
+    ~EmbeddedStore() override = default;
+    EmbeddedStore(const EmbeddedStore&) = delete;
+    EmbeddedStore& operator=(const EmbeddedStore&) = delete;
+
+    Status Put(std::string_view key, std::string_view metadata,
+               std::span<const MemberData> members, const PutOptions& options) override;
+    Result<ObjectInfo> Stat(std::string_view key) override;
+    Status ReadMember(std::string_view key, std::string_view member,
+                      std::span<std::byte> dst) override;
+    Status ReadRanges(std::span<const RangeRead> reads) override;
+    Status Remove(std::string_view key) override;
+    Result<std::vector<std::string>> List(std::string_view prefix) override;
+    StoreCounters Counters() const override;
+
+private:
+    /// What Validate learns about a request.
+    struct Plan {
+        std::vector<std::uint64_t> sizes;  ///< Per member.
+        std::uint64_t member_bytes = 0;
+        std::uint64_t charged = 0;       ///< Counted against capacity: metadata + members.
+        std::uint64_t padded_total = 0;  ///< The allocation, members aligned.
+    };
+
+    /// Checks a Put request without looking at the store's contents.
+    /// Errors: InvalidArgument; ResourceExhausted (larger than the whole capacity).
+    Result<Plan> Validate(std::string_view key, std::string_view metadata,
+                          std::span<const MemberData> members, const PutOptions& options) const;
+
+    /// Copies a validated request into a new, not yet versioned, object.
+    /// Errors: ResourceExhausted (allocation failed).
+    static Result<std::shared_ptr<Object>> Build(std::string_view key, std::string_view metadata,
+                                                 std::span<const MemberData> members,
+                                                 const PutOptions& options, const Plan& plan);
+
+    /// Whether `charged` more bytes fit once `released` bytes are given back. Needs mu_.
+    bool Fits(std::uint64_t charged, std::uint64_t released) const {
+        if (options_.capacity_bytes == 0) return true;
+        const std::uint64_t after = used_bytes_ - released;
+        return charged <= options_.capacity_bytes && after <= options_.capacity_bytes - charged;
+    }
+
+    Status CapacityError(std::string_view key, std::uint64_t charged,
+                         std::uint64_t released) const {
+        return ResourceExhausted("object " + Quote(key) + " needs " + std::to_string(charged) +
+                                 " bytes; the store holds " + std::to_string(used_bytes_) +
+                                 " of " + std::to_string(options_.capacity_bytes) +
+                                 " (replacing frees " + std::to_string(released) + ")");
+    }
+
+    ObjectPtr Snapshot(std::string_view key) const {
+        std::shared_lock lock(mu_);
+        auto it = objects_.find(key);
+        return it == objects_.end() ? nullptr : it->second;
+    }
+
+    const EmbeddedStoreOptions options_;
+
+    mutable std::shared_mutex mu_;
+    std::map<std::string, ObjectPtr, std::less<>> objects_;  // Guarded by mu_.
+    std::uint64_t used_bytes_ = 0;                            // Guarded by mu_.
+    /// The highest version any removed object had: a new key starts above it, so a key that is
+    /// removed and written again never repeats a version (no per-key tombstones are kept).
+    std::uint64_t removed_version_floor_ = 0;  // Guarded by mu_.
+
+    std::atomic<std::uint64_t> puts_{0};
+    std::atomic<std::uint64_t> bytes_put_{0};
+    std::atomic<std::uint64_t> member_gets_{0};
+    std::atomic<std::uint64_t> member_bytes_{0};
+    std::atomic<std::uint64_t> range_reads_{0};
+    std::atomic<std::uint64_t> range_bytes_{0};
+    std::atomic<std::uint64_t> removes_{0};
+};
+
+Result<EmbeddedStore::Plan> EmbeddedStore::Validate(std::string_view key,
+                                                    std::string_view metadata,
+                                                    std::span<const MemberData> members,
+                                                    const PutOptions& options) const {
+    MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(key));
+    if (options.mode != PutMode::kCreate && options.mode != PutMode::kUpsert) {
+        return InvalidArgument("unknown PutMode value " +
+                               std::to_string(static_cast<int>(options.mode)));
+    }
+    Plan plan;
+    plan.sizes.reserve(members.size());
+    plan.charged = metadata.size();
+    std::vector<std::string_view> names;
+    names.reserve(members.size());
+    for (const MemberData& m : members) {
+        MCS_ASSIGN_OR_RETURN(std::uint64_t size, internal::ValidateMemberData(m));
+        std::uint64_t padded = 0;
+        if (__builtin_add_overflow(plan.charged, size, &plan.charged) ||
+            __builtin_add_overflow(plan.padded_total, size + (kMemberAlignment - 1), &padded)) {
+            return InvalidArgument("object " + Quote(key) + ": total member size overflows");
+        }
+        plan.padded_total = padded / kMemberAlignment * kMemberAlignment;
+        plan.member_bytes += size;
+        plan.sizes.push_back(size);
+        names.push_back(m.name);
+    }
+    std::sort(names.begin(), names.end());
+    if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
+        return InvalidArgument("object " + Quote(key) + ": member name " + Quote(*dup) +
+                               " appears more than once");
+    }
+    if (options_.capacity_bytes != 0 && plan.charged > options_.capacity_bytes) {
+        return ResourceExhausted("object " + Quote(key) + " needs " +
+                                 std::to_string(plan.charged) +
+                                 " bytes, more than the store capacity of " +
+                                 std::to_string(options_.capacity_bytes));
+    }
+    return plan;
+}
+
+Result<std::shared_ptr<Object>> EmbeddedStore::Build(std::string_view key,
+                                                     std::string_view metadata,
+                                                     std::span<const MemberData> members,
+                                                     const PutOptions& options,
+                                                     const Plan& plan) {
+    auto object = std::make_shared<Object>();
+    object->charged_bytes = plan.charged;
+    if (plan.padded_total > 0) {
+        object->data.reset(new (std::nothrow) std::byte[plan.padded_total]);
+        if (!object->data) {
+            return ResourceExhausted("object " + Quote(key) + ": cannot allocate " +
+                                     std::to_string(plan.padded_total) + " bytes");
+        }
+    }
+    ObjectInfo& info = object->info;
+    info.key.assign(key);
+    info.metadata.assign(metadata);
+    info.hard_pinned = options.hard_pin;
+    info.members.reserve(members.size());
+    object->offsets.reserve(members.size());
+    std::uint64_t offset = 0;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+        const MemberData& m = members[i];
+        const std::uint64_t size = plan.sizes[i];
+        MemberInfo& mi = info.members.emplace_back();
+        mi.name = m.name;
+        mi.dtype = m.dtype;
+        mi.shape = m.shape;
+        mi.size_bytes = size;
+        mi.checksum = m.checksum;
+        object->offsets.push_back(offset);
+        if (size > 0) std::memcpy(object->data.get() + offset, m.bytes.data(), size);
+        offset = (offset + size + kMemberAlignment - 1) / kMemberAlignment * kMemberAlignment;
+    }
+    return object;
+}
+
+Status EmbeddedStore::Put(std::string_view key, std::string_view metadata,
+                          std::span<const MemberData> members, const PutOptions& options) {
+    MCS_ASSIGN_OR_RETURN(const Plan plan, Validate(key, metadata, members, options));
+
+    // Early rejection before the payload is copied. Each answer is true of one consistent state
+    // of the store; the decisive checks repeat under the exclusive lock below.
+    {
+        std::shared_lock lock(mu_);
+        auto it = objects_.find(key);
+        const bool exists = it != objects_.end();
+        if (exists && options.mode == PutMode::kCreate) {
+            return Conflict("object " + Quote(key) + " already exists");
+        }
+        const std::uint64_t released = exists ? it->second->charged_bytes : 0;
+        if (!Fits(plan.charged, released)) return CapacityError(key, plan.charged, released);
+    }
+
+    // The copy runs with no lock held.
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<Object> object,
+                         Build(key, metadata, members, options, plan));
+
+    ObjectPtr replaced;  // Released after the lock, so a large free never runs under it.
+    {
+        std::unique_lock lock(mu_);
+        auto it = objects_.find(key);
+        const bool exists = it != objects_.end();
+        if (exists && options.mode == PutMode::kCreate) {
+            return Conflict("object " + Quote(key) + " already exists");
+        }
+        const std::uint64_t released = exists ? it->second->charged_bytes : 0;
+        if (!Fits(plan.charged, released)) return CapacityError(key, plan.charged, released);
+
+        // Not yet visible to anyone: setting the version here is not a data race.
+        object->info.version = exists ? it->second->info.version + 1 : removed_version_floor_ + 1;
+        used_bytes_ = used_bytes_ - released + plan.charged;
+        if (exists) {
+            replaced = std::exchange(it->second, std::move(object));
+        } else {
+            objects_.emplace(std::string(key), std::move(object));
+        }
+    }
+    puts_.fetch_add(1, std::memory_order_relaxed);
+    bytes_put_.fetch_add(plan.member_bytes, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Result<ObjectInfo> EmbeddedStore::Stat(std::string_view key) {
+    ObjectPtr object = Snapshot(key);
+    if (!object) return NotFound("object " + Quote(key) + " not found");
+    return object->info;
+}
+
+Status EmbeddedStore::ReadMember(std::string_view key, std::string_view member,
+                                 std::span<std::byte> dst) {
+    ObjectPtr object = Snapshot(key);
+    if (!object) return NotFound("object " + Quote(key) + " not found");
+    const std::ptrdiff_t index = object->MemberIndex(member);
+    if (index < 0) {
+        return NotFound("object " + Quote(key) + " has no member " + Quote(member));
+    }
+    std::span<const std::byte> src = object->Bytes(static_cast<std::size_t>(index));
+    if (dst.size() != src.size()) {
+        return InvalidArgument("member " + Quote(member) + " of object " + Quote(key) + " is " +
+                               std::to_string(src.size()) + " bytes, destination is " +
+                               std::to_string(dst.size()));
+    }
+    CopyBytes(dst, src);
+    member_gets_.fetch_add(1, std::memory_order_relaxed);
+    member_bytes_.fetch_add(src.size(), std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status EmbeddedStore::ReadRanges(std::span<const RangeRead> reads) {
+    if (reads.empty()) return Status::Ok();
+
+    // 1. One shared lock: every key of the batch resolves against the same state of the store.
+    //    `holders` keeps each distinct snapshot alive; `objects` is per item.
+    std::vector<const Object*> objects(reads.size(), nullptr);
+    std::vector<ObjectPtr> holders;
+    std::size_t missing = reads.size();
+    {
+        std::shared_lock lock(mu_);
+        for (std::size_t i = 0; i < reads.size(); ++i) {
+            if (i > 0 && reads[i].key == reads[i - 1].key) {
+                objects[i] = objects[i - 1];
+            } else {
+                auto it = objects_.find(reads[i].key);
+                if (it != objects_.end()) {
+                    holders.push_back(it->second);
+                    objects[i] = it->second.get();
+                }
+            }
+            if (objects[i] == nullptr) {
+                missing = i;
+                break;
+            }
+        }
+    }
+    if (missing != reads.size()) {
+        return NotFound("range read " + std::to_string(missing) + ": object " +
+                        Quote(reads[missing].key) + " not found");
+    }
+
+    // 2. Validate every item before any destination is written.
+    std::vector<std::span<const std::byte>> sources(reads.size());
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < reads.size(); ++i) {
+        const RangeRead& r = reads[i];
+        const Object& object = *objects[i];
+        const std::string where = "range read " + std::to_string(i) + " (object " +
+                                  Quote(r.key) + ", member " + Quote(r.member) + ")";
+        const std::ptrdiff_t index = object.MemberIndex(r.member);
+        if (index < 0) return NotFound(where + ": no such member");
+        const MemberInfo& m = object.info.members[static_cast<std::size_t>(index)];
+        const auto rows = static_cast<std::uint64_t>(m.shape[0]);
+        if (r.row_start > r.row_end || r.row_end > rows) {
+            return OutOfRange(where + ": rows [" + std::to_string(r.row_start) + ", " +
+                              std::to_string(r.row_end) + ") are not within [0, " +
+                              std::to_string(rows) + ")");
+        }
+        const std::uint64_t row_bytes = m.RowBytes();
+        const std::uint64_t bytes = (r.row_end - r.row_start) * row_bytes;  // <= size_bytes
+        if (r.dst.size() != bytes) {
+            return InvalidArgument(where + ": rows [" + std::to_string(r.row_start) + ", " +
+                                   std::to_string(r.row_end) + ") are " + std::to_string(bytes) +
+                                   " bytes, destination is " + std::to_string(r.dst.size()));
+        }
+        sources[i] = object.Bytes(static_cast<std::size_t>(index))
+                         .subspan(static_cast<std::size_t>(r.row_start * row_bytes),
+                                  static_cast<std::size_t>(bytes));
+        total += bytes;
+    }
+
+    // 3. Copy, outside the lock: the snapshots are immutable and kept alive by `holders`.
+    for (std::size_t i = 0; i < reads.size(); ++i) CopyBytes(reads[i].dst, sources[i]);
+    range_reads_.fetch_add(reads.size(), std::memory_order_relaxed);
+    range_bytes_.fetch_add(total, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status EmbeddedStore::Remove(std::string_view key) {
+    ObjectPtr removed;  // Released after the lock.
+    {
+        std::unique_lock lock(mu_);
+        auto it = objects_.find(key);
+        if (it == objects_.end()) return NotFound("object " + Quote(key) + " not found");
+        removed = std::move(it->second);
+        objects_.erase(it);
+        used_bytes_ -= removed->charged_bytes;
+        removed_version_floor_ = std::max(removed_version_floor_, removed->info.version);
+    }
+    removes_.fetch_add(1, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Result<std::vector<std::string>> EmbeddedStore::List(std::string_view prefix) {
+    std::vector<std::string> keys;
+    std::shared_lock lock(mu_);
+    for (auto it = objects_.lower_bound(prefix);
+         it != objects_.end() && std::string_view(it->first).starts_with(prefix); ++it) {
+        keys.push_back(it->first);
+    }
+    return keys;
+}
+
+StoreCounters EmbeddedStore::Counters() const {
+    StoreCounters c;
+    c.puts = puts_.load(std::memory_order_relaxed);
+    c.bytes_put = bytes_put_.load(std::memory_order_relaxed);
+    c.member_gets = member_gets_.load(std::memory_order_relaxed);
+    c.member_bytes = member_bytes_.load(std::memory_order_relaxed);
+    c.range_reads = range_reads_.load(std::memory_order_relaxed);
+    c.range_bytes = range_bytes_.load(std::memory_order_relaxed);
+    c.removes = removes_.load(std::memory_order_relaxed);
+    return c;
+}
+
+}  // namespace
+
+std::unique_ptr<ObjectStore> MakeEmbeddedStore(const EmbeddedStoreOptions& options) {
+    return std::make_unique<EmbeddedStore>(options);
+}
+
+}  // namespace mooncake::sparse

@@ -1,0 +1,150 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// ObjectStore: the storage contract the sparse layer needs (DESIGN.md §2, §4, §6). A structured
+// object is metadata (bytes, opaque to the store) plus named members, each with dtype, shape
+// and checksum. The interface is deliberately small so that it maps onto upstream Mooncake's
+// public Store API: a member is a key written with put_from/batch_put_from_multi_buffers, the
+// metadata key is written last (atomic visibility), range reads map to get_into_ranges,
+// PutMode::kUpsert to upsert_from and hard_pin to ReplicateConfig.with_hard_pin.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/status.h"
+
+namespace mooncake::sparse {
+
+/// One member to write.
+struct MemberData {
+    std::string name;
+    DType dtype = DType::kUInt8;
+    Shape shape;  ///< Axis 0 is the row axis that range reads address.
+    std::span<const std::byte> bytes;
+    std::uint64_t checksum = 0;
+};
+
+/// One member as stored.
+struct MemberInfo {
+    std::string name;
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::uint64_t size_bytes = 0;
+    std::uint64_t checksum = 0;
+
+    /// Bytes of one row along axis 0 (the product of the other extents times the dtype size).
+    std::uint64_t RowBytes() const;
+};
+
+struct ObjectInfo {
+    std::string key;
+    std::string metadata;
+    std::vector<MemberInfo> members;
+    std::uint64_t version = 0;  ///< Increases with every successful Put of this key.
+    bool hard_pinned = false;
+
+    const MemberInfo* FindMember(std::string_view name) const;
+};
+
+enum class PutMode : std::uint8_t {
+    kCreate = 0,  ///< Fails with Conflict when the key exists (exclusive create: admission).
+    kUpsert = 1,  ///< Creates or replaces; readers see the old object or the new one, never a mix.
+};
+
+struct PutOptions {
+    PutMode mode = PutMode::kCreate;
+    bool hard_pin = false;  ///< Never evicted.
+};
+
+/// Copy rows [row_start, row_end) of one member into `dst` (exactly the rows' bytes).
+struct RangeRead {
+    std::string_view key;
+    std::string_view member;
+    std::uint64_t row_start = 0;
+    std::uint64_t row_end = 0;
+    std::span<std::byte> dst;
+};
+
+/// Traffic counters of a store (monotonic).
+struct StoreCounters {
+    std::uint64_t puts = 0;
+    std::uint64_t bytes_put = 0;
+    std::uint64_t member_gets = 0;     ///< Whole-member reads.
+    std::uint64_t member_bytes = 0;
+    std::uint64_t range_reads = 0;     ///< RangeRead items served.
+    std::uint64_t range_bytes = 0;
+    std::uint64_t removes = 0;
+};
+
+class ObjectStore {
+public:
+    virtual ~ObjectStore() = default;
+
+    /// Writes an object with atomic visibility. Member names must be unique and non-empty;
+    /// every member's bytes must equal prod(shape) * dtype size.
+    /// Errors: InvalidArgument; Conflict (kCreate on an existing key); ResourceExhausted.
+    virtual Status Put(std::string_view key, std::string_view metadata,
+                       std::span<const MemberData> members, const PutOptions& options) = 0;
+
+    /// Metadata and member table of an object.
+    /// Errors: NotFound.
+    virtual Result<ObjectInfo> Stat(std::string_view key) = 0;
+
+    /// Copies a whole member into `dst` (exactly its size): the index-only GET reads
+    /// tile_coords and tile_ptr this way.
+    /// Errors: NotFound; InvalidArgument (dst size).
+    virtual Status ReadMember(std::string_view key, std::string_view member,
+                              std::span<std::byte> dst) = 0;
+
+    /// Batched aligned range reads into caller buffers. Every item is validated against one
+    /// snapshot of the objects it names before any byte is copied: on error no destination
+    /// has been written, and a concurrent upsert never mixes two versions within one call.
+    /// Errors: NotFound; OutOfRange (rows past the member); InvalidArgument (dst size).
+    virtual Status ReadRanges(std::span<const RangeRead> reads) = 0;
+
+    /// Errors: NotFound.
+    virtual Status Remove(std::string_view key) = 0;
+
+    /// Keys starting with `prefix`, sorted.
+    virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
+
+    virtual StoreCounters Counters() const = 0;
+};
+
+namespace internal {
+
+inline constexpr std::size_t kMaxKeyBytes = 4096;
+inline constexpr std::size_t kMaxMemberNameBytes = 4096;
+
+/// Checks an object key: non-empty, at most kMaxKeyBytes, no NUL byte.
+/// Errors: InvalidArgument.
+Status ValidateObjectKey(std::string_view key);
+
+/// Checks one member and returns its byte size: a valid name, a known dtype, rank >= 1, axis 0
+/// >= 0 (an empty member has zero rows), every other extent >= 1, no overflow, and
+/// bytes.size() == prod(shape) * dtype size. Every store validates members with it.
+/// Errors: InvalidArgument.
+Result<std::uint64_t> ValidateMemberData(const MemberData& member);
+
+}  // namespace internal
+
+struct EmbeddedStoreOptions {
+    std::uint64_t capacity_bytes = 0;  ///< 0: unlimited. Put beyond it: ResourceExhausted.
+};
+
+/// The in-process default store: a map of immutable objects behind a shared mutex; an upsert
+/// swaps a pointer, so readers never see a torn object.
+///
+/// Embedded specifics: capacity counts metadata plus member bytes of every stored object (an
+/// upsert is charged its size minus the size of the object it replaces); nothing is evicted,
+/// so hard_pin is recorded but changes nothing. A new key starts at version 1, or above every
+/// version a removed object had, so a key written again after Remove never repeats a version.
+std::unique_ptr<ObjectStore> MakeEmbeddedStore(const EmbeddedStoreOptions& options = {});
+
+}  // namespace mooncake::sparse

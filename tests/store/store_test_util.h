@@ -1,0 +1,84 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// Helpers shared by the store tests.
+#pragma once
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/status.h"
+#include "store/object_store.h"
+
+namespace mooncake::sparse::testing {
+
+/// Matches a Status (or Result) whose code is `code`.
+MATCHER_P(StatusIs, code, "has status code " + std::string(StatusCodeName(code))) {
+    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
+    *result_listener << "status is " << s.ToString();
+    return s.code() == code;
+}
+
+/// Matches a Status (or Result) whose code is `code` and whose message contains `substr`.
+MATCHER_P2(StatusIsWithMessage, code, substr,
+           "has status code " + std::string(StatusCodeName(code)) + " and a message containing '" +
+               std::string(substr) + "'") {
+    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
+    *result_listener << "status is " << s.ToString();
+    return s.code() == code && s.message().find(substr) != std::string::npos;
+}
+
+#define MCS_EXPECT_OK(expr) \
+    EXPECT_THAT((expr),     \
+                ::mooncake::sparse::testing::StatusIs(::mooncake::sparse::StatusCode::kOk))
+#define MCS_ASSERT_OK(expr) \
+    ASSERT_THAT((expr),     \
+                ::mooncake::sparse::testing::StatusIs(::mooncake::sparse::StatusCode::kOk))
+
+/// Owns the bytes of one member and hands out a MemberData view of them.
+struct OwnedMember {
+    std::string name;
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::vector<std::byte> bytes;
+    std::uint64_t checksum = 0;
+
+    MemberData View() const {
+        return {name, dtype, shape, std::span<const std::byte>(bytes), checksum};
+    }
+};
+
+inline std::uint64_t ElementCount(const Shape& shape) {
+    std::uint64_t n = 1;
+    for (Index e : shape) n *= static_cast<std::uint64_t>(e);
+    return n;
+}
+
+/// A member whose byte i is (seed + i * 131) mod 256: distinct per position and per seed.
+inline OwnedMember PatternMember(std::string name, DType dtype, Shape shape, std::uint8_t seed,
+                                 std::uint64_t checksum = 0) {
+    OwnedMember m{std::move(name), dtype, std::move(shape), {}, checksum};
+    m.bytes.resize(ElementCount(m.shape) * DTypeSize(dtype));
+    for (std::size_t i = 0; i < m.bytes.size(); ++i) {
+        m.bytes[i] = static_cast<std::byte>((seed + i * 131) & 0xff);
+    }
+    return m;
+}
+
+inline std::vector<MemberData> Views(const std::vector<OwnedMember>& members) {
+    std::vector<MemberData> out;
+    out.reserve(members.size());
+    for (const OwnedMember& m : members) out.push_back(m.View());
+    return out;
+}
+
+inline PutOptions Create() { return {PutMode::kCreate, false}; }
+inline PutOptions Upsert() { return {PutMode::kUpsert, false}; }
+
+}  // namespace mooncake::sparse::testing
