@@ -1,0 +1,163 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The sparse codec (DESIGN.md §2): validation of a global COO, sort by (tile, element), the
+// compact tile index, index-dtype narrowing, member checksums, dense -> COO encoding of an
+// update, boundary filtering + rebasing of entry ranges, and the CPU apply kernels.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/geometry.h"
+#include "mooncake/sparse/status.h"
+
+namespace mooncake::sparse {
+
+/// A read-only host array: element type, shape and its bytes (C-contiguous).
+struct HostArray {
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::span<const std::byte> data;
+
+    std::size_t rows() const { return shape.empty() ? 0 : static_cast<std::size_t>(shape[0]); }
+};
+
+/// A writable host array (C-contiguous).
+struct MutableHostArray {
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::span<std::byte> data;
+};
+
+enum class DuplicatePolicy : std::uint8_t {
+    kError = 0,  ///< Duplicate coordinates are rejected (InvalidArgument).
+    kSum = 1,    ///< Coalesced by summing their values (scatter_add only).
+};
+
+struct EncodeOptions {
+    std::optional<Shape> tile_shape;  ///< Default: DefaultTileShape(global_shape).
+    DuplicatePolicy duplicates = DuplicatePolicy::kError;
+    int num_threads = 0;  ///< 0: all hardware threads.
+};
+
+/// The four members of a sparse object plus its descriptor. For a source object
+/// `coordinate_space` is "global"; for a target-local object it is "local" and `desc.box` is
+/// the target box (its origin is what was subtracted).
+struct SparseObject {
+    SourceDescriptor desc;
+    std::string coordinate_space = "global";
+    std::vector<std::byte> indices;      ///< [nnz, rank] of desc.index_dtype
+    std::vector<std::byte> values;       ///< [nnz] of desc.value_dtype
+    std::vector<TileCoord> tile_coords;  ///< [num_tiles, rank]
+    std::vector<std::uint64_t> tile_ptr; ///< [num_tiles + 1]
+    std::uint64_t checksum_indices = 0;  ///< XXH3-64 of each member's bytes
+    std::uint64_t checksum_values = 0;
+    std::uint64_t checksum_tile_coords = 0;
+    std::uint64_t checksum_tile_ptr = 0;
+
+    std::uint64_t PayloadBytes() const {
+        return indices.size() + values.size() + tile_coords.size() * sizeof(TileCoord) +
+               tile_ptr.size() * sizeof(std::uint64_t);
+    }
+};
+
+/// Per dim: the largest power of two <= extent / 16, at least 1. Keeps the grid near 16..32
+/// tiles per dim, so TP splits into 2, 4 or 8 parts of power-of-two dims fall on tile edges.
+Shape DefaultTileShape(std::span<const Index> global_shape);
+
+/// XXH3-64 of a byte span.
+std::uint64_t Checksum(std::span<const std::byte> bytes);
+
+/// Builds a source object from a global COO. `desc` supplies tensor_id, global_shape, box,
+/// generation, placement, policy and apply (its nnz, tile_shape, num_tiles and dtypes are
+/// filled in here). `indices` is [nnz, rank] of any integer dtype (signed values must be >= 0;
+/// for rank 1, [nnz] is accepted too), `values` is [nnz] of a numeric dtype. Every coordinate
+/// must lie in desc.box (a default-constructed, rank-0 box means the whole tensor). Entries are
+/// sorted by (tile, element) — skipped when the input already is — duplicates are rejected or
+/// summed (in input order; floats accumulate in float32 for 16-bit types and float64 for
+/// float32/float64, integers wrap), and indices are narrowed to NarrowestIndexDType(max extent).
+/// desc.source_ref may be empty (the store assigns it at commit); every other descriptor field
+/// is validated with SourceDescriptor::Make.
+/// Errors: InvalidArgument (shapes, dtypes, out-of-box coordinates with the first offender,
+/// duplicates, duplicates="sum" with overwrite or float8 values, bad tile shape, bad
+/// descriptor, negative num_threads).
+Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& indices,
+                                       const HostArray& values, const EncodeOptions& options = {});
+
+/// The result of EncodeUpdate: a global COO already sorted by (tile, element) for
+/// `tile_shape`, so BuildSparseObject takes it without sorting.
+struct EncodedUpdate {
+    DType index_dtype = DType::kUInt16;
+    DType value_dtype = DType::kBFloat16;
+    std::size_t rank = 0;
+    std::uint64_t nnz = 0;
+    Shape tile_shape;
+    std::vector<std::byte> indices;  ///< [nnz, rank] of index_dtype (narrowest)
+    std::vector<std::byte> values;   ///< [nnz] of value_dtype
+};
+
+struct EncodeUpdateOptions {
+    ApplyMode apply = ApplyMode::kOverwrite;
+    /// scatter_add only: keep |new - old| > threshold (0: every non-zero difference).
+    double threshold = 0.0;
+    std::optional<Shape> tile_shape;
+    int num_threads = 0;
+};
+
+/// Dense (new, old) -> global COO. Overwrite keeps coordinates whose bits differ, with the new
+/// values (bit-exact, NaN-safe); scatter_add keeps `new - old` where |new - old| > threshold,
+/// computed in float32 for 16-bit floats and rounded back to the value dtype (a delta that
+/// rounds to zero is dropped; a NaN delta is kept, so a weight turning NaN is not hidden;
+/// integer deltas wrap, so the wrapping apply restores `new` exactly, while the threshold
+/// compares the true |new - old|). Walks the tensor tile row by tile row and orders each tile
+/// row by tile, so the output is born sorted; multi-threaded over tile rows.
+/// Errors: InvalidArgument (shape/dtype mismatch, non-numeric dtype, overwrite with a
+/// threshold, a negative or NaN threshold, scatter_add of float8, negative num_threads).
+Result<EncodedUpdate> EncodeUpdate(const HostArray& new_values, const HostArray& old_values,
+                                   const EncodeUpdateOptions& options = {});
+
+/// Applies a COO in local coordinates to a weight in place: W[idx] = v (overwrite, bit-exact)
+/// or W[idx] += v (scatter_add; 16-bit floats accumulate in float32 and round to nearest even;
+/// integers wrap). `indices` is [nnz, rank] of an unsigned dtype ([nnz] for rank 1), `values`
+/// [nnz] of the weight's dtype. Repeated coordinates are applied in entry order (scatter_add
+/// sums them, overwrite keeps the last) for any `num_threads`: threads split the weight, not
+/// the entries, so the result is always that of a sequential apply.
+/// Errors: InvalidArgument (dtype or rank mismatch, a coordinate outside the weight — checked
+/// for every entry before any write, so a bad object leaves the weight unchanged — scatter_add
+/// of float8, negative num_threads).
+Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
+                   const HostArray& values, ApplyMode apply, int num_threads = 0);
+
+/// Appends to `out_indices`/`out_values` the entries `[0, count)` of a range read (indices of
+/// `in_index_dtype`, rank `rank`, values of `value_bytes` each) that lie in `overlap` (only
+/// tested when `filter`), rebased by `origin`, with indices written as `out_index_dtype`.
+/// Returns the number of entries kept. Preconditions: both dtypes unsigned (uint16/32/64),
+/// `origin` <= every kept coordinate, and rebased coordinates fit `out_index_dtype`; `count`
+/// is clamped to what the input spans hold. Rank 2 with 2-byte values has its own fast path.
+std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
+                           std::span<const std::byte> in_values, std::uint64_t count,
+                           std::size_t rank, DType in_index_dtype, std::size_t value_bytes,
+                           const Box& overlap, bool filter, std::span<const Index> origin,
+                           DType out_index_dtype, std::vector<std::byte>& out_indices,
+                           std::vector<std::byte>& out_values);
+
+/// Builds the tile index of an object whose indices are already sorted by (tile, element) for
+/// `tile_shape` (relative to coordinate 0 of its coordinate space); fills tile_coords/tile_ptr.
+/// Errors: InvalidArgument when the entries are not sorted.
+Status BuildTileIndex(SparseObject& object);
+
+/// Recomputes the four member checksums.
+void UpdateChecksums(SparseObject& object);
+
+/// Converts between 16-bit floats and float32 (round to nearest even).
+float BFloat16ToFloat(std::uint16_t v);
+std::uint16_t FloatToBFloat16(float v);
+float Float16ToFloat(std::uint16_t v);
+std::uint16_t FloatToFloat16(float v);
+
+}  // namespace mooncake::sparse

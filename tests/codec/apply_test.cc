@@ -1,0 +1,206 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// ApplySparse: overwrite is bit-exact, scatter_add rounds like the reference, a bad coordinate
+// anywhere leaves the weight untouched, repeated coordinates give the single-threaded result
+// whatever the thread count, and dtype/rank errors are typed.
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "codec/codec.h"
+#include "codec_test_util.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using codec_testing::MutableView;
+using codec_testing::StatusIs;
+using codec_testing::View;
+using ::testing::HasSubstr;
+
+TEST(ApplySparseTest, OverwriteIsBitExactForBFloat16) {
+    std::vector<std::uint16_t> w(6 * 8, 0x3f80);
+    const std::vector<std::uint16_t> idx = {0, 0, 5, 7, 2, 3, 1, 1};
+    const std::vector<std::uint16_t> val = {0xffc1, 0x8000, 0x7f81,
+                                            0x0001};  // -NaN, -0, sNaN, denormal
+    ASSERT_OK(ApplySparse(MutableView(w, {6, 8}, DType::kBFloat16), View(idx, {4, 2}),
+                          View(val, {4}, DType::kBFloat16), ApplyMode::kOverwrite));
+    EXPECT_EQ(w[0], 0xffc1);
+    EXPECT_EQ(w[5 * 8 + 7], 0x8000);
+    EXPECT_EQ(w[2 * 8 + 3], 0x7f81);
+    EXPECT_EQ(w[1 * 8 + 1], 0x0001);
+    EXPECT_EQ(w[1], 0x3f80);
+}
+
+TEST(ApplySparseTest, ScatterAddRoundsToNearestEvenThroughFloat32) {
+    std::mt19937_64 rng(2);
+    std::uniform_int_distribution<int> bits(0, 0xffff);
+    const std::size_t n = 4096;
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+        std::vector<std::uint16_t> w(n), v(n), want(n);
+        std::vector<std::uint32_t> idx(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            w[i] = static_cast<std::uint16_t>(bits(rng));
+            v[i] = static_cast<std::uint16_t>(bits(rng));
+            idx[i] = static_cast<std::uint32_t>(i);
+            want[i] = dtype == DType::kBFloat16
+                          ? FloatToBFloat16(BFloat16ToFloat(w[i]) + BFloat16ToFloat(v[i]))
+                          : FloatToFloat16(Float16ToFloat(w[i]) + Float16ToFloat(v[i]));
+        }
+        ASSERT_OK(ApplySparse(MutableView(w, {static_cast<Index>(n)}, dtype),
+                              View(idx, {static_cast<Index>(n), 1}),
+                              View(v, {static_cast<Index>(n)}, dtype), ApplyMode::kScatterAdd));
+        EXPECT_EQ(w, want) << DTypeName(dtype);
+    }
+}
+
+TEST(ApplySparseTest, ScatterAddNativeTypes) {
+    std::vector<float> wf = {1.0f, 2.0f, 3.0f};
+    ASSERT_OK(ApplySparse(MutableView(wf, {3}), View(std::vector<std::uint16_t>{2, 0}, {2, 1}),
+                          View(std::vector<float>{0.5f, -1.0f}, {2}), ApplyMode::kScatterAdd));
+    EXPECT_EQ(wf, (std::vector<float>{0.0f, 2.0f, 3.5f}));
+    std::vector<double> wd = {1.0, 2.0};
+    ASSERT_OK(ApplySparse(MutableView(wd, {2}), View(std::vector<std::uint64_t>{1}, {1, 1}),
+                          View(std::vector<double>{0.25}, {1}), ApplyMode::kScatterAdd));
+    EXPECT_EQ(wd, (std::vector<double>{1.0, 2.25}));
+    std::vector<std::int32_t> wi = {std::numeric_limits<std::int32_t>::max(), 5};
+    ASSERT_OK(ApplySparse(MutableView(wi, {2}), View(std::vector<std::uint16_t>{0, 1}, {2}),
+                          View(std::vector<std::int32_t>{1, -7}, {2}), ApplyMode::kScatterAdd));
+    EXPECT_EQ(wi, (std::vector<std::int32_t>{std::numeric_limits<std::int32_t>::min(), -2}));
+}
+
+TEST(ApplySparseTest, OutOfRangeCoordinateLeavesTheWeightUnchanged) {
+    std::mt19937_64 rng(4);
+    for (std::size_t n : {std::size_t{10}, std::size_t{200000}}) {  // single and multi-threaded
+        std::vector<float> w(512 * 512);
+        for (std::size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i);
+        const std::vector<float> before = w;
+        std::vector<std::uint16_t> idx(n * 2);
+        std::uniform_int_distribution<int> c(0, 511);
+        for (auto& x : idx) x = static_cast<std::uint16_t>(c(rng));
+        idx[(n - 1) * 2 + 1] = 512;  // the very last entry is out of range
+        const std::vector<float> val(n, 1.0f);
+        for (ApplyMode mode : {ApplyMode::kOverwrite, ApplyMode::kScatterAdd}) {
+            Status s =
+                ApplySparse(MutableView(w, {512, 512}), View(idx, {static_cast<Index>(n), 2}),
+                            View(val, {static_cast<Index>(n)}), mode, 4);
+            EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
+            EXPECT_THAT(s.message(), HasSubstr("entry " + std::to_string(n - 1) +
+                                               " coordinate 512 in dim 1 is outside the weight "
+                                               "shape [512, 512]"));
+            EXPECT_TRUE(w == before);
+        }
+    }
+}
+
+TEST(ApplySparseTest, RepeatedCoordinatesMatchSingleThreadedInAnyThreadCount) {
+    // Many repeats per element, entries in random order: scatter_add sums them in entry order
+    // (float32, so order matters bit-wise) and overwrite keeps the last.
+    std::mt19937_64 rng(8);
+    const Index rows = 300, cols = 257;
+    const std::size_t n = 400000;
+    std::uniform_int_distribution<int> r(0, rows - 1), c(0, cols - 1);
+    std::normal_distribution<float> v(0.0f, 1.0f);
+    std::vector<std::uint16_t> idx(n * 2);
+    std::vector<float> val(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        idx[2 * i] = static_cast<std::uint16_t>(r(rng));
+        idx[2 * i + 1] = static_cast<std::uint16_t>(c(rng));
+        val[i] = v(rng);
+    }
+    for (ApplyMode mode : {ApplyMode::kOverwrite, ApplyMode::kScatterAdd}) {
+        std::vector<float> reference(static_cast<std::size_t>(rows * cols), 1.0f);
+        for (std::size_t i = 0; i < n; ++i) {
+            float& x = reference[idx[2 * i] * static_cast<std::size_t>(cols) + idx[2 * i + 1]];
+            x = mode == ApplyMode::kOverwrite ? val[i] : x + val[i];
+        }
+        for (int threads : {1, 2, 3, 7}) {
+            std::vector<float> w(static_cast<std::size_t>(rows * cols), 1.0f);
+            ASSERT_OK(ApplySparse(MutableView(w, {rows, cols}),
+                                  View(idx, {static_cast<Index>(n), 2}),
+                                  View(val, {static_cast<Index>(n)}), mode, threads));
+            EXPECT_TRUE(w == reference) << ApplyModeName(mode) << " threads " << threads;
+        }
+    }
+}
+
+TEST(ApplySparseTest, ThreeDimensionalAndOneDimensional) {
+    std::vector<std::int16_t> w3(2 * 3 * 4, 0);
+    const std::vector<std::uint32_t> idx3 = {1, 2, 3, 0, 1, 2};
+    ASSERT_OK(ApplySparse(MutableView(w3, {2, 3, 4}), View(idx3, {2, 3}),
+                          View(std::vector<std::int16_t>{7, 9}, {2}), ApplyMode::kOverwrite));
+    EXPECT_EQ(w3[1 * 12 + 2 * 4 + 3], 7);
+    EXPECT_EQ(w3[0 * 12 + 1 * 4 + 2], 9);
+    std::vector<std::uint8_t> w1(5, 1);
+    ASSERT_OK(ApplySparse(MutableView(w1, {5}), View(std::vector<std::uint16_t>{4, 4}, {2}),
+                          View(std::vector<std::uint8_t>{200, 100}, {2}), ApplyMode::kScatterAdd));
+    EXPECT_EQ(w1, (std::vector<std::uint8_t>{1, 1, 1, 1, 45}));  // 1 + 200 + 100 wraps
+}
+
+TEST(ApplySparseTest, EmptyUpdateIsANoOp) {
+    std::vector<float> w(4, 2.0f);
+    EXPECT_OK(ApplySparse(MutableView(w, {2, 2}), View(std::vector<std::uint16_t>{}, {0, 2}),
+                          View(std::vector<float>{}, {0}), ApplyMode::kScatterAdd));
+    EXPECT_EQ(w, std::vector<float>(4, 2.0f));
+}
+
+TEST(ApplySparseTest, BadInputGetsInvalidArgument) {
+    std::vector<float> w(16);
+    std::vector<std::uint8_t> f8(16);
+    const std::vector<std::uint16_t> idx = {1, 1};
+    const std::vector<std::int32_t> sidx = {1, 1};
+    const std::vector<float> val = {1.0f};
+    struct Case {
+        const char* name;
+        Status s;
+        const char* message;
+    } cases[] = {
+        {"value_dtype",
+         ApplySparse(MutableView(w, {4, 4}), View(idx, {1, 2}), View(std::vector<double>{1}, {1}),
+                     ApplyMode::kOverwrite),
+         "values dtype float64 != weight dtype float32"},
+        {"signed_index",
+         ApplySparse(MutableView(w, {4, 4}), View(sidx, {1, 2}), View(val, {1}),
+                     ApplyMode::kOverwrite),
+         "indices dtype int32 is not uint16, uint32 or uint64"},
+        {"rank",
+         ApplySparse(MutableView(w, {16}), View(idx, {1, 2}), View(val, {1}),
+                     ApplyMode::kOverwrite),
+         "is not [nnz, 1]"},
+        {"length",
+         ApplySparse(MutableView(w, {4, 4}), View(idx, {1, 2}), View(std::vector<float>{1, 2}, {2}),
+                     ApplyMode::kOverwrite),
+         "values shape [2] is not [1]"},
+        {"weight_bytes",
+         ApplySparse(MutableView(w, {4, 5}), View(idx, {1, 2}), View(val, {1}),
+                     ApplyMode::kOverwrite),
+         "weight holds 64 bytes"},
+        {"float8_add",
+         ApplySparse(
+             MutableView(f8, {16}, DType::kFloat8E4M3), View(std::vector<std::uint16_t>{1}, {1, 1}),
+             View(std::vector<std::uint8_t>{1}, {1}, DType::kFloat8E4M3), ApplyMode::kScatterAdd),
+         "scatter_add is not supported for float8_e4m3fn"},
+        {"threads",
+         ApplySparse(MutableView(w, {4, 4}), View(idx, {1, 2}), View(val, {1}),
+                     ApplyMode::kOverwrite, -1),
+         "num_threads"},
+    };
+    for (const Case& c : cases) {
+        SCOPED_TRACE(c.name);
+        EXPECT_THAT(c.s, StatusIs(StatusCode::kInvalidArgument));
+        EXPECT_THAT(c.s.message(), HasSubstr(c.message));
+    }
+    // float8 overwrite copies bytes.
+    ASSERT_OK(ApplySparse(
+        MutableView(f8, {16}, DType::kFloat8E4M3), View(std::vector<std::uint16_t>{3}, {1, 1}),
+        View(std::vector<std::uint8_t>{0x7f}, {1}, DType::kFloat8E4M3), ApplyMode::kOverwrite));
+    EXPECT_EQ(f8[3], 0x7f);
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
