@@ -26,7 +26,11 @@ enum class StatusCode : int {
     kInternal = 9,           ///< An invariant broke: a bug.
     kUnimplemented = 10,     ///< A capability this build or machine lacks (e.g. no CUDA).
     kDataLoss = 11,          ///< A checksum mismatch or torn data was detected.
+    kPermissionDenied = 12,  ///< The caller may not do this (e.g. a socket peer of another uid).
 };
+
+/// The highest StatusCode value: loops over every code (e.g. the binding's code table) end here.
+inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
 
 constexpr std::string_view StatusCodeName(StatusCode code) {
     switch (code) {
@@ -42,6 +46,7 @@ constexpr std::string_view StatusCodeName(StatusCode code) {
         case StatusCode::kInternal: return "Internal";
         case StatusCode::kUnimplemented: return "Unimplemented";
         case StatusCode::kDataLoss: return "DataLoss";
+        case StatusCode::kPermissionDenied: return "PermissionDenied";
     }
     return "Unknown";
 }
@@ -95,6 +100,9 @@ inline Status Unavailable(std::string msg) { return {StatusCode::kUnavailable, s
 inline Status Internal(std::string msg) { return {StatusCode::kInternal, std::move(msg)}; }
 inline Status Unimplemented(std::string msg) { return {StatusCode::kUnimplemented, std::move(msg)}; }
 inline Status DataLoss(std::string msg) { return {StatusCode::kDataLoss, std::move(msg)}; }
+inline Status PermissionDenied(std::string msg) {
+    return {StatusCode::kPermissionDenied, std::move(msg)};
+}
 
 /// Either a value or a non-OK Status.
 template <typename T>
@@ -106,7 +114,7 @@ public:
     Result(Status status) : state_(std::in_place_index<0>, std::move(status)) {  // NOLINT implicit
         assert(!std::get<0>(state_).ok() && "Result constructed from an OK Status");
         if (std::get<0>(state_).ok()) {
-            std::get<0>(state_) = Internal("Result constructed from an OK status without a value");
+            state_.template emplace<0>(Internal("Result constructed from an OK status without a value"));
         }
     }
 

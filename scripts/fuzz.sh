@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with Clang in their own tree (build/fuzz) and fuzzes the node
+# daemon's wire codec for a bounded time, starting from the committed seed corpus. Fails on any
+# crash, sanitizer report, leak, timeout or out-of-memory.
+#
+#   FUZZ_SECONDS=60      fuzzing time (0: only replay the seed corpus)
+#   FUZZ_BUILD_DIR=build/fuzz
+#   FUZZ_ARGS="..."      extra libFuzzer flags (e.g. -jobs=4 -workers=4)
+#
+# The seed corpus (fuzz/corpus/wire, one encoded frame per message type) is regenerated with
+#   MCS_WIRE_CORPUS_DIR=fuzz/corpus/wire build/release/tests/store_test \
+#       --gtest_filter='WireTest.WriteFuzzCorpus'
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
+FUZZ_BUILD_DIR="${FUZZ_BUILD_DIR:-build/fuzz}"
+read -r -a FUZZ_EXTRA <<<"${FUZZ_ARGS:-}"
+
+if ! command -v clang++ >/dev/null 2>&1; then
+    echo "fuzz.sh: clang++ not found (bash scripts/install_deps.sh installs clang)" >&2
+    exit 1
+fi
+
+mcs_step "Fuzz: configure + build (${FUZZ_BUILD_DIR}, clang)"
+# Only the fuzzers: no tests, benchmarks, daemon, GPU code or Python module in this tree (each
+# fuzzer compiles the sources it tests itself, instrumented).
+CC=clang CXX=clang++ cmake -S . -B "${FUZZ_BUILD_DIR}" -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMOONCAKE_SPARSE_BUILD_FUZZERS=ON \
+    -DMOONCAKE_SPARSE_BUILD_TESTS=OFF \
+    -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF \
+    -DMOONCAKE_SPARSE_BUILD_PYTHON=OFF \
+    -DMOONCAKE_SPARSE_BUILD_DAEMON=OFF \
+    -DMOONCAKE_SPARSE_WITH_CUDA=OFF \
+    -DMOONCAKE_SPARSE_SANITIZE=
+cmake --build "${FUZZ_BUILD_DIR}" -j"${JOBS}" --target wire_fuzzer
+
+run_fuzzer() {
+    local name="$1" seeds="$2"
+    local work="${FUZZ_BUILD_DIR}/run/${name}"
+    rm -rf "${work}"
+    mkdir -p "${work}/corpus" "${work}/artifacts"
+    # libFuzzer writes new inputs into the first corpus directory: a copy, so the committed
+    # seeds stay as they are.
+    cp "${seeds}"/* "${work}/corpus/"
+    local mode=(-max_total_time="${FUZZ_SECONDS}")
+    if ((FUZZ_SECONDS <= 0)); then
+        mode=(-runs=0)  # Replay the corpus only (-max_total_time=0 would mean "forever").
+    fi
+    mcs_step "Fuzz: ${name} (${FUZZ_SECONDS}s, seeds ${seeds})"
+    local rc=0
+    "${FUZZ_BUILD_DIR}/fuzz/${name}" "${mode[@]}" \
+        -max_len=16384 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+        -print_final_stats=1 -artifact_prefix="${work}/artifacts/" \
+        "${FUZZ_EXTRA[@]}" "${work}/corpus" 2>&1 | tee "${work}/log.txt" || rc=$?
+    if ((rc != 0)) || [[ -n "$(ls -A "${work}/artifacts")" ]]; then
+        echo "fuzz.sh: ${name} FAILED (exit ${rc}); reproducers in ${work}/artifacts:" >&2
+        ls -l "${work}/artifacts" >&2
+        echo "replay one with: ${FUZZ_BUILD_DIR}/fuzz/${name} ${work}/artifacts/<file>" >&2
+        exit 1
+    fi
+}
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
+run_fuzzer wire_fuzzer fuzz/corpus/wire
+
+mcs_step "fuzz.sh: no crash"
