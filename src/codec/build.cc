@@ -364,8 +364,7 @@ Status BuildTyped(const BuildInput& in, const KeyPlan& plan, SparseObject& obj) 
     // 2. Sort unless the input already is sorted: `perm[j]` is the input entry of sorted
     // position j, and keys/elems are rewritten in sorted order.
     std::vector<std::uint64_t> perm;
-    const bool sorted = strict || nondecreasing;
-    if (!sorted) {
+    if (!nondecreasing) {  // (strict implies nondecreasing)
         perm.resize(nnz);
         if (plan.single_key) {
             const int key_bits = static_cast<int>(std::bit_width(plan.key_limit - 1));
