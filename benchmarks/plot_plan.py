@@ -134,15 +134,28 @@ def main() -> int:
     if vs_tiles:
         plot_vs_tiles(axes[1], vs_tiles)
     if nodes:
-        text = "   ".join(
-            f"{n['layout']}: plan {n['plan_ms']:.0f} ms cold / {n['plan_ms_warm']:.0f} ms warm "
-            f"(goal {n['goal_plan_ms']:.0f}), brute-force {n['bruteforce_ms']:.0f} ms, "
-            f"{n['unique_ranges']} ranges, ratio {n['ratio']:.3f}"
-            for n in nodes)
-        fig.text(0.5, 0.005, f"{nodes[0].get('model', '')} node plan — {text}", ha="center",
-                 fontsize=8)
+        # One footer line per tile policy; thread CPU time first (the machine may be shared),
+        # wall time in parentheses.
+        by_policy = defaultdict(list)
+        for n in nodes:
+            by_policy[n.get("tile_policy", "default")].append(n)
+
+        def describe(n: dict) -> str:
+            cpu = n.get("plan_cpu_ms_cold")
+            cpu_warm = n.get("plan_cpu_ms_warm")
+            timing = (f"cpu {cpu:.0f} ms cold / {cpu_warm:.0f} ms warm (wall {n['plan_ms']:.0f} / "
+                      f"{n['plan_ms_warm']:.0f})" if cpu is not None else
+                      f"plan {n['plan_ms']:.0f} ms cold / {n['plan_ms_warm']:.0f} ms warm")
+            return (f"{n['layout']}: {timing}, goal {n['goal_plan_ms']:.0f}, brute-force "
+                    f"{n['bruteforce_ms']:.0f} ms, {n['unique_ranges']} ranges, "
+                    f"ratio {n['ratio']:.3f}")
+
+        footer = [f"{nodes[0].get('model', '')} node plan, tiles {policy} — " +
+                  "   ".join(describe(n) for n in group)
+                  for policy, group in sorted(by_policy.items())]
+        fig.text(0.5, 0.005, "\n".join(footer), ha="center", fontsize=8)
     fig.suptitle(f"mooncake_sparse_plan — {folder.name}")
-    fig.tight_layout(rect=(0, 0.03, 1, 0.96))
+    fig.tight_layout(rect=(0, 0.05, 1, 0.96))
     out = folder / "plan_query.png"
     fig.savefig(out, dpi=120)
     print(out)

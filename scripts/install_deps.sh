@@ -6,6 +6,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 APT_PACKAGES=(
     build-essential ninja-build ccache pkg-config
+    clang libclang-rt-14-dev
     libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
     libgoogle-glog-dev libgflags-dev libyaml-cpp-dev libxxhash-dev nlohmann-json3-dev libdlpack-dev
     python3 python3-dev python3-pip

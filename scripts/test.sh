@@ -27,13 +27,36 @@ cmake -S . -B build/asan -G Ninja \
     -DCMAKE_BUILD_TYPE=Debug \
     -DMOONCAKE_SPARSE_BUILD_TESTS=ON \
     -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF \
-    -DMOONCAKE_SPARSE_SANITIZE=address,undefined
+    -DMOONCAKE_SPARSE_SANITIZE=address,undefined \
+    -DMOONCAKE_SPARSE_WITH_CUDA=OFF
 cmake --build build/asan -j"${JOBS}"
 
 mcs_step "ASan/UBSan: ctest"
 ASAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build/asan --output-on-failure -j"${JOBS}" --no-tests="${no_tests}"
+
+# ---- 2a. ThreadSanitizer on the concurrent code (stores, executor, daemon) --------------------
+mcs_step "TSan: configure + build (build/tsan: store, executor, daemon tests)"
+cmake -S . -B build/tsan -G Ninja \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DMOONCAKE_SPARSE_BUILD_TESTS=ON \
+    -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF \
+    -DMOONCAKE_SPARSE_SANITIZE=thread \
+    -DMOONCAKE_SPARSE_WITH_CUDA=OFF
+tsan_targets=()
+for t in store_test executor_test daemon_test; do
+    if cmake --build build/tsan --target help | grep -q "^${t}:"; then tsan_targets+=("${t}"); fi
+done
+cmake --build build/tsan -j"${JOBS}" --target "${tsan_targets[@]}"
+mcs_step "TSan: ${tsan_targets[*]}"
+for t in "${tsan_targets[@]}"; do
+    TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build/tsan/tests/${t}" --gtest_brief=1
+done
+
+# ---- 2b. libFuzzer (Clang): the node daemon's wire codec, bounded ---------------------------
+mcs_step "Fuzz: scripts/fuzz.sh (FUZZ_SECONDS=${FUZZ_SECONDS:-60})"
+bash scripts/fuzz.sh
 
 # ---- 3. Install + downstream example ---------------------------------------------------------
 mcs_step "install build/release -> build/prefix"

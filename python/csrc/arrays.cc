@@ -182,6 +182,18 @@ pyb::array ToNumpy(std::shared_ptr<const std::vector<std::byte>> buffer, DType d
     return arr;
 }
 
+pyb::array ViewNumpy(std::span<const std::byte> bytes, DType dtype, Shape shape,
+                     std::shared_ptr<const void> keepalive) {
+    std::vector<pyb::ssize_t> dims(shape.begin(), shape.end());
+    pyb::dtype dt(NumpyFormat(dtype));
+    if (bytes.empty()) return pyb::array(dt, dims, {});  // nothing to view (nnz = 0)
+    auto* holder = new std::shared_ptr<const void>(std::move(keepalive));
+    pyb::capsule base(holder, [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); });
+    auto arr = pyb::array(dt, dims, {}, bytes.data(), base);
+    arr.attr("setflags")(pyb::arg("write") = false);
+    return arr;
+}
+
 pyb::array ToNumpy(std::vector<std::byte>&& buffer, DType dtype, Shape shape) {
     auto* holder = new std::vector<std::byte>(std::move(buffer));
     pyb::capsule base(holder, [](void* p) { delete static_cast<std::vector<std::byte>*>(p); });
@@ -200,7 +212,7 @@ void RegisterErrors(pyb::module_& m) {
         }
     });
     pyb::dict codes;
-    for (int c = 0; c <= static_cast<int>(StatusCode::kDataLoss); ++c) {
+    for (int c = 0; c <= static_cast<int>(kLastStatusCode); ++c) {
         codes[pyb::str(std::string(StatusCodeName(static_cast<StatusCode>(c))))] = c;
     }
     m.attr("STATUS_CODES") = codes;

@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "codec/codec.h"
@@ -38,6 +39,11 @@ BorrowedArray Borrow(const pyb::handle& obj, const char* what, bool need_writabl
 /// A numpy array viewing `buffer` (kept alive by the array). bfloat16 and float8 come out as
 /// their same-sized unsigned integer bit patterns; the Python layer re-views them.
 pyb::array ToNumpy(std::shared_ptr<const std::vector<std::byte>> buffer, DType dtype, Shape shape);
+
+/// A read-only numpy array over `bytes`, which `keepalive` keeps valid (e.g. a lease on the node
+/// daemon's segment memory): zero-copy.
+pyb::array ViewNumpy(std::span<const std::byte> bytes, DType dtype, Shape shape,
+                     std::shared_ptr<const void> keepalive);
 
 /// A numpy array that owns a moved-in vector.
 pyb::array ToNumpy(std::vector<std::byte>&& buffer, DType dtype, Shape shape);

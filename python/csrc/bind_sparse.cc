@@ -1,75 +1,20 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Bindings of the sparse object layer: the store handle (commit, manifest, read), target-local
-// objects, encode_update and apply. Heavy work runs with the GIL released.
+// Bindings of the sparse object layer on the embedded store: the store handle (commit, manifest,
+// read), manifest entries (SourceInfo), encode_update and apply. Heavy work runs with the GIL
+// released. The node daemon's handle is bind_node.cc; SparseObject is sparse_object.cc.
 #include <pybind11/stl.h>
 
 #include <optional>
 
 #include "arrays.h"
+#include "bind_common.h"
 #include "executor/sparse_store.h"
+#include "object_store_handle.h"
+#include "sparse_object.h"
 
 namespace mooncake::sparse::py {
 namespace {
-
-NamedAxes AxesFromDict(const pyb::handle& obj, const char* what) {
-    std::vector<NamedAxes::Entry> entries;
-    if (!obj.is_none()) {
-        if (!pyb::isinstance<pyb::dict>(obj)) {
-            ThrowIfError(InvalidArgument(std::string(what) + " must be a dict of axis -> ordinal"));
-        }
-        for (auto [k, v] : pyb::reinterpret_borrow<pyb::dict>(obj)) {
-            if (!pyb::isinstance<pyb::str>(k) || !pyb::isinstance<pyb::int_>(v)) {
-                ThrowIfError(InvalidArgument(std::string(what) + " must map str -> int"));
-            }
-            entries.emplace_back(k.cast<std::string>(), v.cast<std::int64_t>());
-        }
-    }
-    auto axes = NamedAxes::Make(std::move(entries));
-    if (!axes.ok()) throw StatusError(axes.status().WithContext(what));
-    return std::move(axes).value();
-}
-
-pyb::dict AxesToDict(const NamedAxes& axes) {
-    pyb::dict d;
-    for (const auto& [k, v] : axes.entries()) d[pyb::str(k)] = v;
-    return d;
-}
-
-Shape ShapeArg(const pyb::handle& obj, const char* what) {
-    Shape s;
-    try {
-        for (auto e : obj) s.push_back(e.cast<Index>());
-    } catch (const pyb::cast_error&) {
-        ThrowIfError(InvalidArgument(std::string(what) + " must be a sequence of ints"));
-    }
-    return s;
-}
-
-std::optional<Shape> OptShape(const pyb::handle& obj, const char* what) {
-    if (obj.is_none()) return std::nullopt;
-    return ShapeArg(obj, what);
-}
-
-pyb::tuple ShapeTuple(std::span<const Index> s) {
-    pyb::tuple t(s.size());
-    for (std::size_t i = 0; i < s.size(); ++i) t[i] = s[i];
-    return t;
-}
-
-TargetDescriptor TargetFrom(const pyb::handle& obj) {
-    auto get = [&](const char* name) -> pyb::object {
-        if (!pyb::hasattr(obj, name)) {
-            ThrowIfError(InvalidArgument(std::string("target lacks attribute '") + name + "'"));
-        }
-        return obj.attr(name);
-    };
-    auto target = TargetDescriptor::Make(
-        pyb::str(get("target_id")), pyb::str(get("node_id")), pyb::str(get("tensor_id")),
-        AxesFromDict(get("placement"), "target placement"), ShapeArg(get("global_offset"), "global_offset"),
-        ShapeArg(get("local_shape"), "local_shape"));
-    return ValueOrThrow(std::move(target));
-}
 
 /// The Python-visible store: a SparseStore over an ObjectStore.
 class PyStore {
@@ -88,41 +33,16 @@ public:
                               const std::string& apply, const pyb::object& tile_shape,
                               const std::string& duplicates, const pyb::object& global_offset,
                               const pyb::object& local_shape, bool hard_pin, int num_threads) {
-        PutSparseRequest req;
-        req.tensor_id = tensor_id;
-        req.global_shape = ShapeArg(global_shape, "global_shape");
-        req.global_offset = OptShape(global_offset, "global_offset");
-        req.local_shape = OptShape(local_shape, "local_shape");
-        BorrowedArray idx = Borrow(indices, "indices");
-        BorrowedArray val = Borrow(values, "values");
-        req.indices = idx.view();
-        req.values = val.view();
-        req.source_placement = AxesFromDict(source_placement, "source_placement");
-        req.placement_policy = ValueOrThrow(PlacementPolicy::Parse(placement_policy.value_or("")));
-        req.generation = {generation.first, generation.second};
-        req.apply = ValueOrThrow(ParseApplyMode(apply));
-        req.encode.tile_shape = OptShape(tile_shape, "tile_shape");
-        if (duplicates == "error") {
-            req.encode.duplicates = DuplicatePolicy::kError;
-        } else if (duplicates == "sum") {
-            req.encode.duplicates = DuplicatePolicy::kSum;
-        } else {
-            ThrowIfError(InvalidArgument("duplicates must be 'error' or 'sum', got '" + duplicates + "'"));
-        }
-        req.encode.num_threads = num_threads;
-        req.hard_pin = hard_pin;
+        ParsedPut put = ParsePut(tensor_id, global_shape, indices, values, source_placement,
+                                 placement_policy, generation, apply, tile_shape, duplicates,
+                                 global_offset, local_shape, hard_pin, num_threads);
         Result<CommitResult> r = Internal("unset");
         {
             pyb::gil_scoped_release nogil;
-            r = store_->PutSparseObject(req);
+            r = store_->PutSparseObject(put.request);
         }
         CommitResult c = ValueOrThrow(std::move(r));
-        pyb::dict out;
-        out["source_ref"] = c.source_ref;
-        out["created"] = c.created;
-        out["nnz"] = c.nnz;
-        out["bytes"] = c.bytes;
-        return out;
+        return CommitDict(c.source_ref, c.created, c.nnz, c.bytes);
     }
 
     std::vector<SourceDescriptor> Manifest(std::pair<std::uint64_t, std::uint64_t> generation) {
@@ -130,31 +50,21 @@ public:
         return ValueOrThrow(store_->Manifest({generation.first, generation.second}));
     }
 
-    std::vector<std::shared_ptr<TargetObject>> Read(const std::vector<SourceDescriptor>& manifest,
+    std::vector<std::shared_ptr<SparseObjectView>> Read(const std::vector<SourceDescriptor>& manifest,
                                                     const pyb::iterable& targets,
                                                     const std::string& strategy,
                                                     std::int64_t read_coalesce_gap, int num_threads) {
-        std::vector<TargetDescriptor> tds;
-        for (auto t : targets) tds.push_back(TargetFrom(t));
-        ReadOptions opts;
-        if (strategy == "sparse") {
-            opts.strategy = ReadStrategy::kSparseRanges;
-        } else if (strategy == "full_source") {
-            opts.strategy = ReadStrategy::kFullSourcePerTarget;
-        } else {
-            ThrowIfError(InvalidArgument("strategy must be 'sparse' or 'full_source'"));
-        }
-        opts.plan.read_coalesce_gap = read_coalesce_gap;
-        opts.num_threads = num_threads;
+        std::vector<TargetDescriptor> tds = TargetsFrom(targets);
+        ReadOptions opts = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
         Result<std::vector<TargetObject>> r = Internal("unset");
         {
             pyb::gil_scoped_release nogil;
             r = store_->ReadSparseObjects(manifest, tds, opts);
         }
         auto objs = ValueOrThrow(std::move(r));
-        std::vector<std::shared_ptr<TargetObject>> out;
+        std::vector<std::shared_ptr<SparseObjectView>> out;
         out.reserve(objs.size());
-        for (auto& o : objs) out.push_back(std::make_shared<TargetObject>(std::move(o)));
+        for (auto& o : objs) out.push_back(ViewOf(std::move(o)));
         return out;
     }
 
@@ -168,19 +78,10 @@ public:
     }
 
     pyb::object CurrentGeneration(const std::string& tensor_id) {
-        auto g = ValueOrThrow(store_->CurrentGeneration(tensor_id));
-        if (!g) return pyb::none();
-        return pyb::make_tuple(g->base, g->delta);
+        return GenerationOrNone(ValueOrThrow(store_->CurrentGeneration(tensor_id)));
     }
 
-    pyb::dict Metrics() const {
-        pyb::dict d;
-        for (const auto& [k, v] : store_->Metrics().Items()) {
-            if (k.ends_with("_seconds")) d[pyb::str(k)] = v;
-            else d[pyb::str(k)] = static_cast<std::uint64_t>(v);
-        }
-        return d;
-    }
+    pyb::dict Metrics() const { return MetricsDict(store_->Metrics().Items()); }
 
     pyb::dict StoreCounters() const {
         sparse::StoreCounters c = store_->object_store().Counters();
@@ -204,12 +105,6 @@ public:
 private:
     std::shared_ptr<SparseStore> store_;
 };
-
-pyb::array MemberArray(const std::shared_ptr<TargetObject>& self, const std::vector<std::byte>& bytes,
-                       DType dtype, Shape shape) {
-    auto alias = std::shared_ptr<const std::vector<std::byte>>(self, &bytes);
-    return ToNumpy(std::move(alias), dtype, std::move(shape));
-}
 
 }  // namespace
 
@@ -236,48 +131,7 @@ void RegisterSparse(pyb::module_& m) {
             return "<SourceInfo " + d.source_ref + " nnz=" + std::to_string(d.nnz) + ">";
         });
 
-    pyb::class_<TargetObject, std::shared_ptr<TargetObject>>(m, "SparseObject",
-                                                             "A target-local sparse object.")
-        .def_property_readonly("target_id", [](const TargetObject& o) { return o.target_id; })
-        .def_property_readonly("node_id", [](const TargetObject& o) { return o.node_id; })
-        .def_property_readonly("tensor_id", [](const TargetObject& o) { return o.object.desc.tensor_id; })
-        .def_property_readonly("coordinate_space", [](const TargetObject& o) { return o.object.coordinate_space; })
-        .def_property_readonly("global_offset", [](const TargetObject& o) { return ShapeTuple(o.target_box.origin()); })
-        .def_property_readonly("local_shape", [](const TargetObject& o) { return ShapeTuple(o.target_box.shape()); })
-        .def_property_readonly("generation", [](const TargetObject& o) {
-            return pyb::make_tuple(o.object.desc.generation.base, o.object.desc.generation.delta);
-        })
-        .def_property_readonly("apply", [](const TargetObject& o) { return std::string(ApplyModeName(o.object.desc.apply)); })
-        .def_property_readonly("nnz", [](const TargetObject& o) { return o.object.desc.nnz; })
-        .def_property_readonly("tile_shape", [](const TargetObject& o) { return ShapeTuple(o.object.desc.tile_shape); })
-        .def_property_readonly("index_dtype", [](const TargetObject& o) { return std::string(DTypeName(o.object.desc.index_dtype)); })
-        .def_property_readonly("value_dtype", [](const TargetObject& o) { return std::string(DTypeName(o.object.desc.value_dtype)); })
-        .def_property_readonly("nbytes", [](const TargetObject& o) { return o.object.PayloadBytes(); })
-        .def_property_readonly("indices", [](const std::shared_ptr<TargetObject>& o) {
-            const auto& d = o->object.desc;
-            return MemberArray(o, o->object.indices, d.index_dtype, {Index(d.nnz), Index(d.rank())});
-        })
-        .def_property_readonly("_values_raw", [](const std::shared_ptr<TargetObject>& o) {
-            const auto& d = o->object.desc;
-            return MemberArray(o, o->object.values, d.value_dtype, {Index(d.nnz)});
-        })
-        .def_property_readonly("tile_coords", [](const std::shared_ptr<TargetObject>& o) {
-            const auto& d = o->object.desc;
-            std::span<const TileCoord> v = o->object.tile_coords;
-            pyb::array_t<TileCoord> arr({pyb::ssize_t(d.num_tiles), pyb::ssize_t(d.rank())});
-            std::copy(v.begin(), v.end(), arr.mutable_data());
-            return arr;
-        })
-        .def_property_readonly("tile_ptr", [](const std::shared_ptr<TargetObject>& o) {
-            pyb::array_t<std::uint64_t> arr(pyb::ssize_t(o->object.tile_ptr.size()));
-            std::copy(o->object.tile_ptr.begin(), o->object.tile_ptr.end(), arr.mutable_data());
-            return arr;
-        })
-        .def("__repr__", [](const TargetObject& o) {
-            return "<SparseObject " + o.target_id + " " + o.object.desc.tensor_id + " " +
-                   o.target_box.ToString() + " nnz=" + std::to_string(o.object.desc.nnz) + " " +
-                   std::string(ApplyModeName(o.object.desc.apply)) + ">";
-        });
+    RegisterSparseObject(m);
 
     pyb::class_<PyStore>(m, "_Store")
         .def(pyb::init<std::string, std::uint64_t>(), pyb::arg("node_id") = "node0",
@@ -300,20 +154,23 @@ void RegisterSparse(pyb::module_& m) {
         .def("reset_metrics", [](PyStore& s) { s.store().ResetMetrics(); })
         .def("clear_caches", [](PyStore& s) { s.store().ClearCaches(); })
         .def("store_counters", &PyStore::StoreCounters)
-        .def("list_keys", &PyStore::ListKeys, pyb::arg("prefix") = "");
+        .def("list_keys", &PyStore::ListKeys, pyb::arg("prefix") = "")
+        .def("_object_store",
+             [](PyStore& s) { return ObjectStoreHandle(s.store().object_store()); },
+             pyb::keep_alive<0, 1>());
 
     m.def(
         "apply_sparse_object",
-        [](const pyb::object& weight, const std::shared_ptr<TargetObject>& obj, int num_threads) {
+        [](const pyb::object& weight, const std::shared_ptr<SparseObjectView>& obj, int num_threads) {
             BorrowedArray w = Borrow(weight, "weight", /*need_writable=*/true);
-            const auto& d = obj->object.desc;
+            const auto& d = obj->desc;
             if (w.shape != d.global_shape) {
                 ThrowIfError(InvalidArgument("weight shape " + internal::JoinIndices(w.shape) +
                                              " != object local shape " +
                                              internal::JoinIndices(d.global_shape)));
             }
-            HostArray idx{d.index_dtype, {Index(d.nnz), Index(d.rank())}, obj->object.indices};
-            HostArray val{d.value_dtype, {Index(d.nnz)}, obj->object.values};
+            HostArray idx{d.index_dtype, {Index(d.nnz), Index(d.rank())}, obj->indices};
+            HostArray val{d.value_dtype, {Index(d.nnz)}, obj->values};
             Status s;
             {
                 pyb::gil_scoped_release nogil;

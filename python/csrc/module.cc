@@ -4,11 +4,17 @@
 #include "arrays.h"
 
 namespace mooncake::sparse::py {
+void RegisterObjectStore(pyb::module_& m);
 void RegisterSparse(pyb::module_& m);
+void RegisterNode(pyb::module_& m);
+void RegisterTensor(pyb::module_& m);  // bind_tensor.cc
 }  // namespace mooncake::sparse::py
 
 PYBIND11_MODULE(_core, m) {
     m.doc() = "mooncake-sparse native core (see mooncake.sparse for the public API)";
     mooncake::sparse::py::RegisterErrors(m);
+    mooncake::sparse::py::RegisterObjectStore(m);
     mooncake::sparse::py::RegisterSparse(m);
+    mooncake::sparse::py::RegisterNode(m);
+    mooncake::sparse::py::RegisterTensor(m);
 }

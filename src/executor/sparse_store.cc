@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -110,6 +111,8 @@ std::vector<std::pair<std::string, double>> SparseMetrics::Items() const {
         {"idempotent_commits", double(idempotent_commits)},
         {"index_cache_hits", double(index_cache_hits)},
         {"range_cache_hits", double(range_cache_hits)},
+        {"single_flight_waits", double(single_flight_waits)},
+        {"index_single_flight_waits", double(index_single_flight_waits)},
         {"planned_ranges", double(planned_ranges)},
         {"unique_ranges", double(unique_ranges)},
         {"full_bytes_read", double(full_bytes_read)},
@@ -236,6 +239,47 @@ struct SparseStore::Caches {
     std::list<std::pair<std::string, std::uint64_t>> range_lru;
     std::uint64_t range_bytes = 0;
 
+    // Single flight: reads in progress. A request that needs data another request is reading
+    // right now waits for that read instead of issuing its own; with the range cache this makes
+    // each unique range one physical read per node, also when requests arrive concurrently.
+    using IndexResult = Result<std::shared_ptr<const TileIndex>>;
+    using RangeResult = Result<ReadData>;
+    struct RangeFlight {
+        std::uint64_t start = 0;
+        std::uint64_t end = 0;
+        const void* owner = nullptr;  ///< The ReadSparseObjects call reading it.
+        std::shared_future<RangeResult> done;
+    };
+    std::unordered_map<std::string, std::shared_future<IndexResult>> index_flights;
+    std::unordered_map<std::string, std::vector<RangeFlight>> range_flights;
+
+    /// A read in progress by ANOTHER call of `ref` that contains [start, end), if any. Reads of
+    /// the same call are never merged here: the planner already deduplicated the batch per
+    /// node, and what it kept separate (e.g. the same range for two nodes) stays separate.
+    std::optional<std::shared_future<RangeResult>> FindFlight(const std::string& ref,
+                                                              std::uint64_t start,
+                                                              std::uint64_t end,
+                                                              const void* caller) const {
+        auto it = range_flights.find(ref);
+        if (it == range_flights.end()) return std::nullopt;
+        for (const RangeFlight& f : it->second) {
+            if (f.owner != caller && f.start <= start && end <= f.end) return f.done;
+        }
+        return std::nullopt;
+    }
+    void EraseFlight(const std::string& ref, std::uint64_t start, std::uint64_t end,
+                     const void* owner) {
+        auto it = range_flights.find(ref);
+        if (it == range_flights.end()) return;
+        auto& v = it->second;
+        v.erase(std::remove_if(v.begin(), v.end(),
+                               [&](const RangeFlight& f) {
+                                   return f.start == start && f.end == end && f.owner == owner;
+                               }),
+                v.end());
+        if (v.empty()) range_flights.erase(it);
+    }
+
     std::shared_ptr<const TileIndex> FindIndex(const std::string& ref) {
         auto it = index.find(ref);
         if (it == index.end()) return nullptr;
@@ -318,7 +362,7 @@ void SparseStore::ClearCaches() {
 // ---------------------------------------------------------------------------------------------
 // Commit side.
 // ---------------------------------------------------------------------------------------------
-Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
+Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
     MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", req.tensor_id));
     MCS_RETURN_IF_ERROR(ValidateShape(req.global_shape));
     MCS_ASSIGN_OR_RETURN(Generation generation, Generation::Make(req.generation.base, req.generation.delta));
@@ -336,8 +380,11 @@ Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
     desc.apply = req.apply;
     MCS_RETURN_IF_ERROR(desc.policy.ValidateSource(desc.placement));
     desc.source_ref = SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
-    MCS_ASSIGN_OR_RETURN(SparseObject object,
-                         BuildSparseObject(std::move(desc), req.indices, req.values, req.encode));
+    return BuildSparseObject(std::move(desc), req.indices, req.values, req.encode);
+}
+
+Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
+    MCS_ASSIGN_OR_RETURN(SparseObject object, BuildSourceObject(req));
     return CommitSparseObject(std::move(object), req.hard_pin);
 }
 
@@ -465,6 +512,9 @@ Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generatio
 // Read side.
 // ---------------------------------------------------------------------------------------------
 Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDescriptor& src) {
+    using IndexResult = Caches::IndexResult;
+    std::promise<IndexResult> promise;
+    std::shared_future<IndexResult> in_flight;
     {
         std::lock_guard lock(caches_->mu);
         if (auto hit = caches_->FindIndex(src.source_ref)) {
@@ -473,24 +523,47 @@ Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDesc
             ++metrics_.index_cache_hits;
             return hit;
         }
+        if (auto it = caches_->index_flights.find(src.source_ref);
+            it != caches_->index_flights.end()) {
+            in_flight = it->second;
+        } else {
+            caches_->index_flights.emplace(src.source_ref, promise.get_future().share());
+        }
     }
-    std::vector<TileCoord> coords(src.num_tiles * src.rank());
-    std::vector<std::uint64_t> ptr(src.num_tiles + 1);
-    MCS_RETURN_IF_ERROR(store_->ReadMember(
-        src.source_ref, "tile_coords",
-        {reinterpret_cast<std::byte*>(coords.data()), coords.size() * sizeof(TileCoord)}));
-    MCS_RETURN_IF_ERROR(store_->ReadMember(
-        src.source_ref, "tile_ptr",
-        {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
+    if (in_flight.valid()) {
+        {
+            std::lock_guard mlock(metrics_mu_);
+            ++metrics_.index_single_flight_waits;
+        }
+        return in_flight.get();
+    }
+    IndexResult result = [&]() -> IndexResult {
+        std::vector<TileCoord> coords(src.num_tiles * src.rank());
+        std::vector<std::uint64_t> ptr(src.num_tiles + 1);
+        MCS_RETURN_IF_ERROR(store_->ReadMember(
+            src.source_ref, "tile_coords",
+            {reinterpret_cast<std::byte*>(coords.data()), coords.size() * sizeof(TileCoord)}));
+        MCS_RETURN_IF_ERROR(store_->ReadMember(
+            src.source_ref, "tile_ptr",
+            {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
+        {
+            std::lock_guard mlock(metrics_mu_);
+            ++metrics_.index_gets;
+        }
+        MCS_ASSIGN_OR_RETURN(TileIndex index,
+                             TileIndex::Make(src, std::move(coords), std::move(ptr)));
+        return std::make_shared<const TileIndex>(std::move(index));
+    }();
     {
-        std::lock_guard mlock(metrics_mu_);
-        ++metrics_.index_gets;
+        // Cache and retire the flight under one lock: a later request finds one or the other.
+        std::lock_guard lock(caches_->mu);
+        if (result.ok()) {
+            caches_->AddIndex(src.source_ref, *result, options_.index_cache_capacity_bytes);
+        }
+        caches_->index_flights.erase(src.source_ref);
     }
-    MCS_ASSIGN_OR_RETURN(TileIndex index, TileIndex::Make(src, std::move(coords), std::move(ptr)));
-    auto shared = std::make_shared<const TileIndex>(std::move(index));
-    std::lock_guard lock(caches_->mu);
-    caches_->AddIndex(src.source_ref, shared, options_.index_cache_capacity_bytes);
-    return shared;
+    promise.set_value(result);
+    return result;
 }
 
 namespace {
@@ -573,7 +646,14 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
     const auto t0 = Clock::now();
-    MCS_ASSIGN_OR_RETURN(SourceSelection selection, SelectSources(manifest, targets));
+    std::optional<ManifestIndex> own_index;
+    if (options.manifest_index == nullptr) {
+        MCS_ASSIGN_OR_RETURN(own_index, ManifestIndex::Make(manifest));
+    }
+    const ManifestIndex& manifest_index =
+        options.manifest_index != nullptr ? *options.manifest_index : *own_index;
+    MCS_ASSIGN_OR_RETURN(SourceSelection selection,
+                         SelectSources(manifest, manifest_index, targets));
     SparseMetrics m;  // this call's contribution
 
     std::vector<std::vector<Piece>> pieces(targets.size());
@@ -584,12 +664,14 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     if (options.strategy == ReadStrategy::kSparseRanges) {
         // Step 3: index-only GETs, cached per node.
         std::vector<std::shared_ptr<const TileIndex>> indexes(manifest.size());
+        std::vector<const TileIndex*> lookup(manifest.size(), nullptr);
         for (std::size_t si : selection.needed_sources) {
             MCS_ASSIGN_OR_RETURN(indexes[si], LoadIndex(manifest[si]));
+            lookup[si] = indexes[si].get();
         }
-        // Steps 4-5: plan and dedup.
-        auto plan = PlanBatch(manifest, targets, selection,
-                              [&](std::size_t si) { return indexes[si].get(); }, options.plan);
+        // Steps 4-5: plan and dedup. The selection is copied into the plan: the budget
+        // fallback below still needs it when planning fails.
+        auto plan = PlanBatch(manifest, targets, selection, lookup, options.plan);
         if (!plan.ok() && plan.status().code() != StatusCode::kResourceExhausted) return plan.status();
         m.plan_seconds = Seconds(t0);
         if (plan.ok()) {
@@ -599,25 +681,41 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
             // Step 6: one physical read per unique range (or a node-cache hit).
             const auto t1 = Clock::now();
             reads.resize(plan->reads.size());
+            // The source of each read, from its (source, node) group.
+            std::vector<std::uint32_t> read_source(plan->reads.size());
+            for (const ReadGroup& g : plan->read_groups) {
+                std::fill(read_source.begin() + g.begin, read_source.begin() + g.end,
+                          g.source_index);
+            }
             std::vector<RangeRead> batch;
             std::vector<std::size_t> missing;
             std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
+            // Each unique range is a cache hit, a wait on a concurrent request's read of it, or
+            // a read of our own that concurrent requests may wait on (single flight).
+            std::vector<std::pair<std::size_t, std::shared_future<Caches::RangeResult>>> waits;
+            std::vector<std::promise<Caches::RangeResult>> flights;
             {
                 std::lock_guard lock(caches_->mu);
                 for (std::size_t r = 0; r < plan->reads.size(); ++r) {
                     const UniqueRead& u = plan->reads[r];
-                    if (auto hit = caches_->FindRange(manifest[u.source_index].source_ref, u.start, u.end)) {
+                    const std::string& ref = manifest[read_source[r]].source_ref;
+                    if (auto hit = caches_->FindRange(ref, u.start, u.end)) {
                         reads[r] = *hit;
                         ++m.cache_hits;
                         ++m.range_cache_hits;
+                    } else if (auto flight = caches_->FindFlight(ref, u.start, u.end, &m)) {
+                        waits.emplace_back(r, std::move(*flight));
                     } else {
                         missing.push_back(r);
+                        flights.emplace_back();
+                        caches_->range_flights[ref].push_back(
+                            {u.start, u.end, &m, flights.back().get_future().share()});
                     }
                 }
             }
             for (std::size_t r : missing) {
                 const UniqueRead& u = plan->reads[r];
-                const SourceDescriptor& s = manifest[u.source_index];
+                const SourceDescriptor& s = manifest[read_source[r]];
                 auto ib = std::make_shared<std::vector<std::byte>>(u.size() * s.rank() * DTypeSize(s.index_dtype));
                 auto vb = std::make_shared<std::vector<std::byte>>(u.size() * DTypeSize(s.value_dtype));
                 batch.push_back({s.source_ref, "indices", u.start, u.end, *ib});
@@ -626,24 +724,44 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
                 idx_bufs.push_back(ib);
                 val_bufs.push_back(vb);
             }
-            if (!batch.empty()) {
-                Status s = store_->ReadRanges(batch);
-                if (!s.ok()) return s.WithContext("range reads");
-            }
-            m.range_gets += missing.size();
+            const Status read_status = batch.empty() ? Status::Ok() : store_->ReadRanges(batch);
             {
+                // Cache and retire our flights under one lock: a later request finds either.
                 std::lock_guard lock(caches_->mu);
                 for (std::size_t k = 0; k < missing.size(); ++k) {
                     const UniqueRead& u = plan->reads[missing[k]];
-                    reads[missing[k]] = {idx_bufs[k], val_bufs[k], u.start};
-                    caches_->AddRange(manifest[u.source_index].source_ref, u.start, u.end,
-                                      idx_bufs[k], val_bufs[k], options_.range_cache_capacity_bytes);
+                    const std::string& ref = manifest[read_source[missing[k]]].source_ref;
+                    if (read_status.ok()) {
+                        reads[missing[k]] = {idx_bufs[k], val_bufs[k], u.start};
+                        caches_->AddRange(ref, u.start, u.end, idx_bufs[k], val_bufs[k],
+                                          options_.range_cache_capacity_bytes);
+                    }
+                    caches_->EraseFlight(ref, u.start, u.end, &m);
                 }
+            }
+            // Our flights complete before we wait for anyone else's, so waits never form a cycle.
+            for (std::size_t k = 0; k < missing.size(); ++k) {
+                flights[k].set_value(read_status.ok() ? Caches::RangeResult(reads[missing[k]])
+                                                      : Caches::RangeResult(read_status));
+            }
+            if (!read_status.ok()) return read_status.WithContext("range reads");
+            m.range_gets += missing.size();
+            for (auto& [r, flight] : waits) {
+                const Caches::RangeResult& got = flight.get();
+                if (!got.ok()) return got.status().WithContext("a concurrent request's range read");
+                reads[r] = *got;
+                ++m.single_flight_waits;
             }
             m.read_seconds = Seconds(t1);
             for (std::size_t t = 0; t < targets.size(); ++t) {
-                for (const Region& r : plan->targets[t].regions) {
-                    pieces[t].push_back({r.source_index, r.range, r.overlap, &reads[r.read_index]});
+                const auto [first, last] = plan->match_range(t);
+                for (std::size_t k = first; k < last; ++k) {
+                    const SourceMatch& match = plan->matches()[k];
+                    const Box overlap = match.Overlap(manifest, targets);
+                    for (const Region& r : plan->regions_of_match(k)) {
+                        pieces[t].push_back(
+                            {match.source_index, r.range(), overlap, &reads[r.read_index()]});
+                    }
                 }
             }
         } else {
@@ -657,18 +775,20 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     if (options.strategy == ReadStrategy::kFullSourcePerTarget) {
         // Baseline for comparison: every target GETs each source it matches in full, no dedup.
         for (std::size_t t = 0; t < targets.size(); ++t) {
-            std::vector<ReadData> own(selection.per_target[t].size());
+            const std::span<const SourceMatch> matches = selection.matches_of(t);
+            std::vector<ReadData> own(matches.size());
             for (std::size_t k = 0; k < own.size(); ++k) {
-                const SourceMatch& match = selection.per_target[t][k];
+                const SourceMatch& match = matches[k];
                 const SourceDescriptor& s = manifest[match.source_index];
                 MCS_RETURN_IF_ERROR(ReadFullSource(*store_, s, own[k]));
                 ++m.full_gets;
                 m.full_bytes_read += own[k].indices->size() + own[k].values->size();
                 if (s.nnz > 0) {
-                    pieces[t].push_back({match.source_index, {0, s.nnz, true}, match.overlap, &own[k]});
+                    pieces[t].push_back({match.source_index, {0, s.nnz, true},
+                                         match.Overlap(manifest, targets), &own[k]});
                 }
             }
-            results[t] = Materialize(manifest, targets[t], selection.per_target[t], pieces[t], fanout[t]);
+            results[t] = Materialize(manifest, targets[t], matches, pieces[t], fanout[t]);
         }
         m.read_seconds = Seconds(t2);
     } else {
@@ -683,10 +803,11 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
                 m.full_bytes_read += full[si].indices->size() + full[si].values->size();
             }
             for (std::size_t t = 0; t < targets.size(); ++t) {
-                for (const SourceMatch& match : selection.per_target[t]) {
+                for (const SourceMatch& match : selection.matches_of(t)) {
                     const SourceDescriptor& s = manifest[match.source_index];
                     if (s.nnz > 0) {
-                        pieces[t].push_back({match.source_index, {0, s.nnz, true}, match.overlap,
+                        pieces[t].push_back({match.source_index, {0, s.nnz, true},
+                                             match.Overlap(manifest, targets),
                                              &full[match.source_index]});
                     }
                 }
@@ -695,7 +816,8 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
         }
         // Steps 7-8: filter, rebase, publish target-local objects.
         ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
-            results[t] = Materialize(manifest, targets[t], selection.per_target[t], pieces[t], fanout[t]);
+            results[t] = Materialize(manifest, targets[t], selection.matches_of(t), pieces[t],
+                                     fanout[t]);
         });
     }
     std::vector<TargetObject> out;
@@ -719,6 +841,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     metrics_.nd_fallbacks += m.nd_fallbacks;
     metrics_.cache_hits += m.cache_hits;
     metrics_.range_cache_hits += m.range_cache_hits;
+    metrics_.single_flight_waits += m.single_flight_waits;
     metrics_.fanout_bytes += m.fanout_bytes;
     metrics_.target_objects_published += m.target_objects_published;
     metrics_.target_bytes += m.target_bytes;

@@ -46,6 +46,13 @@ struct SparseMetrics {
     std::uint64_t idempotent_commits = 0;
     std::uint64_t index_cache_hits = 0;
     std::uint64_t range_cache_hits = 0;
+    /// Unique range reads that waited for the same range already being read by a concurrent
+    /// request instead of reading it again (single flight, across the processes of a node when
+    /// the node daemon runs this SparseStore). Per call, range_gets + range_cache_hits +
+    /// single_flight_waits == unique_ranges.
+    std::uint64_t single_flight_waits = 0;
+    /// Index-only GETs that waited for a concurrent request's GET of the same index.
+    std::uint64_t index_single_flight_waits = 0;
     std::uint64_t planned_ranges = 0;   ///< Regions planned (before dedup).
     std::uint64_t unique_ranges = 0;    ///< Physical reads after dedup (incl. cache hits).
     std::uint64_t full_bytes_read = 0;
@@ -98,6 +105,10 @@ struct ReadOptions {
     PlanOptions plan;
     ReadStrategy strategy = ReadStrategy::kSparseRanges;
     int num_threads = 0;
+    /// The manifest's index (ManifestIndex::Make(manifest)), when the caller keeps one: a
+    /// manifest is fixed for a generation, so every read call of that generation can share it.
+    /// nullptr builds one per call. It must have been built from the manifest passed.
+    const ManifestIndex* manifest_index = nullptr;
 };
 
 struct SparseStoreOptions {
@@ -164,6 +175,12 @@ private:
     SparseMetrics metrics_;
     std::unique_ptr<Caches> caches_;
 };
+
+/// Validates and encodes the source object of one put_sparse_object call: exactly what
+/// PutSparseObject commits. A trainer talking to the node daemon encodes with it locally and
+/// sends the object (the daemon validates it again before committing).
+/// Errors: InvalidArgument.
+Result<SparseObject> BuildSourceObject(const PutSparseRequest& request);
 
 /// Key of the structured object for a logical key.
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "store/object_store.h"
+#include "transport/pinned_pool.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -55,13 +56,18 @@ std::string Quote(std::string_view s) {
 struct Object {
     ObjectInfo info;
     std::vector<std::uint64_t> offsets;  ///< Per member (same order as info.members).
-    std::unique_ptr<std::byte[]> data;
+    HostBuffer data;  ///< Pinned when it came from a PutFilled host pool with quota left.
     std::uint64_t charged_bytes = 0;  ///< What it counts against capacity: metadata + members.
 
     std::span<const std::byte> Bytes(std::size_t member_index) const {
         const MemberInfo& m = info.members[member_index];
         if (m.size_bytes == 0) return {};
-        return {data.get() + offsets[member_index], static_cast<std::size_t>(m.size_bytes)};
+        return {data.data() + offsets[member_index], static_cast<std::size_t>(m.size_bytes)};
+    }
+    std::span<std::byte> MutableBytes(std::size_t member_index) {
+        const MemberInfo& m = info.members[member_index];
+        if (m.size_bytes == 0) return {};
+        return {data.data() + offsets[member_index], static_cast<std::size_t>(m.size_bytes)};
     }
 
     /// Index of a member in info.members, or -1.
@@ -95,6 +101,9 @@ public:
     Status Remove(std::string_view key) override;
     Result<std::vector<std::string>> List(std::string_view prefix) override;
     StoreCounters Counters() const override;
+    Status PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
+                     const FillFn& fill, PinnedHostPool* host_pool) override;
+    Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) override;
 
 private:
     /// What Validate learns about a request.
@@ -109,12 +118,27 @@ private:
     /// Errors: InvalidArgument; ResourceExhausted (larger than the whole capacity).
     Result<Plan> Validate(std::string_view key, std::string_view metadata,
                           std::span<const MemberData> members, const PutOptions& options) const;
+    /// The same for a PutFilled item (no bytes yet).
+    Result<Plan> ValidateSpecs(std::string_view key, std::string_view metadata,
+                               std::span<const MemberSpec> members,
+                               const PutOptions& options) const;
+    /// The shared part: `size_of(i)` validates member i and returns its byte size.
+    template <typename SizeOf>
+    Result<Plan> ValidateImpl(std::string_view key, std::string_view metadata, std::size_t count,
+                              const PutOptions& options, SizeOf&& size_of) const;
 
     /// Copies a validated request into a new, not yet versioned, object.
     /// Errors: ResourceExhausted (allocation failed).
     static Result<std::shared_ptr<Object>> Build(std::string_view key, std::string_view metadata,
                                                  std::span<const MemberData> members,
                                                  const PutOptions& options, const Plan& plan);
+    /// A new, not yet versioned, object whose member bytes are not written yet; its memory comes
+    /// from `pool` when given.
+    /// Errors: ResourceExhausted.
+    static Result<std::shared_ptr<Object>> Allocate(std::string_view key, std::string_view metadata,
+                                                    std::span<const MemberSpec> members,
+                                                    const PutOptions& options, const Plan& plan,
+                                                    PinnedHostPool* pool);
 
     /// Whether `charged` more bytes fit once `released` bytes are given back. Needs mu_.
     bool Fits(std::uint64_t charged, std::uint64_t released) const {
@@ -159,18 +183,56 @@ Result<EmbeddedStore::Plan> EmbeddedStore::Validate(std::string_view key,
                                                     std::string_view metadata,
                                                     std::span<const MemberData> members,
                                                     const PutOptions& options) const {
+    auto plan = ValidateImpl(key, metadata, members.size(), options, [&](std::size_t i) {
+        return internal::ValidateMemberData(members[i]);
+    });
+    if (!plan.ok()) return plan.status();
+    std::vector<std::string_view> names;
+    names.reserve(members.size());
+    for (const MemberData& m : members) names.push_back(m.name);
+    std::sort(names.begin(), names.end());
+    if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
+        return InvalidArgument("object " + Quote(key) + ": member name " + Quote(*dup) +
+                               " appears more than once");
+    }
+    return plan;
+}
+
+Result<EmbeddedStore::Plan> EmbeddedStore::ValidateSpecs(std::string_view key,
+                                                         std::string_view metadata,
+                                                         std::span<const MemberSpec> members,
+                                                         const PutOptions& options) const {
+    auto plan = ValidateImpl(key, metadata, members.size(), options, [&](std::size_t i) {
+        return internal::ValidateMemberSpec(members[i]);
+    });
+    if (!plan.ok()) return plan.status();
+    std::vector<std::string_view> names;
+    names.reserve(members.size());
+    for (const MemberSpec& m : members) names.push_back(m.name);
+    std::sort(names.begin(), names.end());
+    if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
+        return InvalidArgument("object " + Quote(key) + ": member name " + Quote(*dup) +
+                               " appears more than once");
+    }
+    return plan;
+}
+
+template <typename SizeOf>
+Result<EmbeddedStore::Plan> EmbeddedStore::ValidateImpl(std::string_view key,
+                                                        std::string_view metadata,
+                                                        std::size_t count,
+                                                        const PutOptions& options,
+                                                        SizeOf&& size_of) const {
     MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(key));
     if (options.mode != PutMode::kCreate && options.mode != PutMode::kUpsert) {
         return InvalidArgument("unknown PutMode value " +
                                std::to_string(static_cast<int>(options.mode)));
     }
     Plan plan;
-    plan.sizes.reserve(members.size());
+    plan.sizes.reserve(count);
     plan.charged = metadata.size();
-    std::vector<std::string_view> names;
-    names.reserve(members.size());
-    for (const MemberData& m : members) {
-        MCS_ASSIGN_OR_RETURN(std::uint64_t size, internal::ValidateMemberData(m));
+    for (std::size_t i = 0; i < count; ++i) {
+        MCS_ASSIGN_OR_RETURN(std::uint64_t size, size_of(i));
         std::uint64_t padded = 0;
         if (__builtin_add_overflow(plan.charged, size, &plan.charged) ||
             __builtin_add_overflow(plan.padded_total, size + (kMemberAlignment - 1), &padded)) {
@@ -179,12 +241,6 @@ Result<EmbeddedStore::Plan> EmbeddedStore::Validate(std::string_view key,
         plan.padded_total = padded / kMemberAlignment * kMemberAlignment;
         plan.member_bytes += size;
         plan.sizes.push_back(size);
-        names.push_back(m.name);
-    }
-    std::sort(names.begin(), names.end());
-    if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
-        return InvalidArgument("object " + Quote(key) + ": member name " + Quote(*dup) +
-                               " appears more than once");
     }
     if (options_.capacity_bytes != 0 && plan.charged > options_.capacity_bytes) {
         return ResourceExhausted("object " + Quote(key) + " needs " +
@@ -195,6 +251,41 @@ Result<EmbeddedStore::Plan> EmbeddedStore::Validate(std::string_view key,
     return plan;
 }
 
+Result<std::shared_ptr<Object>> EmbeddedStore::Allocate(std::string_view key,
+                                                        std::string_view metadata,
+                                                        std::span<const MemberSpec> members,
+                                                        const PutOptions& options,
+                                                        const Plan& plan, PinnedHostPool* pool) {
+    auto object = std::make_shared<Object>();
+    object->charged_bytes = plan.charged;
+    if (plan.padded_total > 0) {
+        auto buffer = pool != nullptr ? pool->Allocate(plan.padded_total)
+                                      : HostBuffer::Pageable(plan.padded_total);
+        if (!buffer.ok()) return buffer.status().WithContext("object " + Quote(key));
+        object->data = std::move(buffer).value();
+    }
+    ObjectInfo& info = object->info;
+    info.key.assign(key);
+    info.metadata.assign(metadata);
+    info.hard_pinned = options.hard_pin;
+    info.members.reserve(members.size());
+    object->offsets.reserve(members.size());
+    std::uint64_t offset = 0;
+    for (std::size_t i = 0; i < members.size(); ++i) {
+        const MemberSpec& m = members[i];
+        const std::uint64_t size = plan.sizes[i];
+        MemberInfo& mi = info.members.emplace_back();
+        mi.name = m.name;
+        mi.dtype = m.dtype;
+        mi.shape = m.shape;
+        mi.size_bytes = size;
+        mi.checksum = m.checksum;
+        object->offsets.push_back(offset);
+        offset = (offset + size + kMemberAlignment - 1) / kMemberAlignment * kMemberAlignment;
+    }
+    return object;
+}
+
 Result<std::shared_ptr<Object>> EmbeddedStore::Build(std::string_view key,
                                                      std::string_view metadata,
                                                      std::span<const MemberData> members,
@@ -203,11 +294,12 @@ Result<std::shared_ptr<Object>> EmbeddedStore::Build(std::string_view key,
     auto object = std::make_shared<Object>();
     object->charged_bytes = plan.charged;
     if (plan.padded_total > 0) {
-        object->data.reset(new (std::nothrow) std::byte[plan.padded_total]);
-        if (!object->data) {
+        auto buffer = HostBuffer::Pageable(plan.padded_total);
+        if (!buffer.ok()) {
             return ResourceExhausted("object " + Quote(key) + ": cannot allocate " +
                                      std::to_string(plan.padded_total) + " bytes");
         }
+        object->data = std::move(buffer).value();
     }
     ObjectInfo& info = object->info;
     info.key.assign(key);
@@ -226,7 +318,7 @@ Result<std::shared_ptr<Object>> EmbeddedStore::Build(std::string_view key,
         mi.size_bytes = size;
         mi.checksum = m.checksum;
         object->offsets.push_back(offset);
-        if (size > 0) std::memcpy(object->data.get() + offset, m.bytes.data(), size);
+        if (size > 0) std::memcpy(object->data.data() + offset, m.bytes.data(), size);
         offset = (offset + size + kMemberAlignment - 1) / kMemberAlignment * kMemberAlignment;
     }
     return object;
@@ -275,6 +367,122 @@ Status EmbeddedStore::Put(std::string_view key, std::string_view metadata,
     }
     puts_.fetch_add(1, std::memory_order_relaxed);
     bytes_put_.fetch_add(plan.member_bytes, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status EmbeddedStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
+                                const FillFn& fill, PinnedHostPool* host_pool) {
+    if (puts.empty()) return Status::Ok();
+    // 1. Validate every item; keys distinct.
+    std::vector<Plan> plans;
+    plans.reserve(puts.size());
+    std::uint64_t charged = 0;
+    std::uint64_t member_bytes = 0;
+    for (const FilledPut& p : puts) {
+        MCS_ASSIGN_OR_RETURN(Plan plan, ValidateSpecs(p.key, p.metadata, p.members, options));
+        if (__builtin_add_overflow(charged, plan.charged, &charged)) {
+            return InvalidArgument("the batch's total size overflows");
+        }
+        member_bytes += plan.member_bytes;
+        plans.push_back(std::move(plan));
+    }
+    {
+        std::vector<std::string_view> keys;
+        keys.reserve(puts.size());
+        for (const FilledPut& p : puts) keys.push_back(p.key);
+        std::sort(keys.begin(), keys.end());
+        if (auto dup = std::adjacent_find(keys.begin(), keys.end()); dup != keys.end()) {
+            return InvalidArgument("key " + Quote(*dup) + " appears more than once in one batch");
+        }
+    }
+    // 2. Early rejection (conflicts, capacity) before any memory is allocated or filled.
+    auto check = [&]() -> Status {
+        std::uint64_t released = 0;
+        for (const FilledPut& p : puts) {
+            auto it = objects_.find(p.key);
+            if (it == objects_.end()) continue;
+            if (options.mode == PutMode::kCreate) {
+                return Conflict("object " + Quote(p.key) + " already exists");
+            }
+            released += it->second->charged_bytes;
+        }
+        if (!Fits(charged, released)) {
+            const std::string label = puts.size() == 1 ? std::string(puts[0].key)
+                                                       : "batch of " + std::to_string(puts.size());
+            return CapacityError(label, charged, released);
+        }
+        return Status::Ok();
+    };
+    {
+        std::shared_lock lock(mu_);
+        MCS_RETURN_IF_ERROR(check());
+    }
+    // 3. Allocate the objects' final memory and let the caller fill it, with no lock held.
+    std::vector<std::shared_ptr<Object>> objects;
+    std::vector<std::vector<std::span<std::byte>>> spans(puts.size());
+    std::vector<FillTarget> targets(puts.size());
+    objects.reserve(puts.size());
+    for (std::size_t i = 0; i < puts.size(); ++i) {
+        MCS_ASSIGN_OR_RETURN(auto object, Allocate(puts[i].key, puts[i].metadata, puts[i].members,
+                                                   options, plans[i], host_pool));
+        for (std::size_t m = 0; m < puts[i].members.size(); ++m) {
+            spans[i].push_back(object->MutableBytes(m));
+        }
+        targets[i] = {i, spans[i], object->data.pinned()};
+        objects.push_back(std::move(object));
+    }
+    MCS_RETURN_IF_ERROR(fill(targets));
+    // 4. Install the whole batch under one exclusive lock: all or nothing.
+    std::vector<ObjectPtr> replaced;  // Released after the lock.
+    {
+        std::unique_lock lock(mu_);
+        MCS_RETURN_IF_ERROR(check());
+        for (std::size_t i = 0; i < puts.size(); ++i) {
+            auto it = objects_.find(puts[i].key);
+            const bool exists = it != objects_.end();
+            const std::uint64_t released = exists ? it->second->charged_bytes : 0;
+            objects[i]->info.version =
+                exists ? it->second->info.version + 1 : removed_version_floor_ + 1;
+            used_bytes_ = used_bytes_ - released + plans[i].charged;
+            if (exists) {
+                replaced.push_back(std::exchange(it->second, std::move(objects[i])));
+            } else {
+                objects_.emplace(std::string(puts[i].key), std::move(objects[i]));
+            }
+        }
+    }
+    puts_.fetch_add(puts.size(), std::memory_order_relaxed);
+    bytes_put_.fetch_add(member_bytes, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status EmbeddedStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) {
+    std::vector<ObjectPtr> snapshots(keys.size());
+    {
+        std::shared_lock lock(mu_);
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+            auto it = objects_.find(keys[i]);
+            if (it == objects_.end()) {
+                return NotFound("object " + Quote(keys[i]) + " not found");
+            }
+            snapshots[i] = it->second;
+        }
+    }
+    // The snapshots are immutable and kept alive until fn returns.
+    std::vector<std::vector<std::span<const std::byte>>> spans(keys.size());
+    std::vector<ObjectView> views(keys.size());
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        const Object& o = *snapshots[i];
+        for (std::size_t m = 0; m < o.info.members.size(); ++m) {
+            spans[i].push_back(o.Bytes(m));
+            bytes += o.info.members[m].size_bytes;
+        }
+        views[i] = {&o.info, spans[i], o.data.pinned()};
+    }
+    MCS_RETURN_IF_ERROR(fn(views));
+    member_gets_.fetch_add(keys.size(), std::memory_order_relaxed);
+    member_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mooncake::sparse {
 
@@ -52,7 +53,7 @@ Status ValidateObjectKey(std::string_view key) {
     return Status::Ok();
 }
 
-Result<std::uint64_t> ValidateMemberData(const MemberData& m) {
+Result<std::uint64_t> ValidateMemberSpec(const MemberSpec& m) {
     if (m.name.empty()) return InvalidArgument("member name is empty");
     if (m.name.size() > kMaxMemberNameBytes) {
         return InvalidArgument("member name is " + std::to_string(m.name.size()) +
@@ -81,8 +82,14 @@ Result<std::uint64_t> ValidateMemberData(const MemberData& m) {
                                    " overflows the byte size");
         }
     }
+    return size;
+}
+
+Result<std::uint64_t> ValidateMemberData(const MemberData& m) {
+    MCS_ASSIGN_OR_RETURN(const std::uint64_t size,
+                         ValidateMemberSpec({m.name, m.dtype, m.shape, m.checksum}));
     if (m.bytes.size() != size) {
-        return InvalidArgument(where + ": " + std::to_string(m.bytes.size()) +
+        return InvalidArgument("member " + Quote(m.name) + ": " + std::to_string(m.bytes.size()) +
                                " bytes given, shape " + JoinShape(m.shape) + " of " +
                                std::string(DTypeName(m.dtype)) + " needs " +
                                std::to_string(size));
@@ -99,6 +106,60 @@ std::uint64_t MemberInfo::RowBytes() const {
         row *= static_cast<std::uint64_t>(shape[axis]);
     }
     return row;
+}
+
+Status ObjectStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
+                              const FillFn& fill, PinnedHostPool* /*host_pool*/) {
+    // Staged: validate, allocate temporary buffers, fill them, then Put each object.
+    std::vector<std::vector<std::vector<std::byte>>> staged(puts.size());
+    std::vector<std::vector<std::span<std::byte>>> spans(puts.size());
+    std::vector<FillTarget> targets(puts.size());
+    for (std::size_t i = 0; i < puts.size(); ++i) {
+        MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(puts[i].key));
+        for (std::size_t j = 0; j < i; ++j) {
+            if (puts[j].key == puts[i].key) {
+                return InvalidArgument("key " + Quote(puts[i].key) + " appears more than once in one batch");
+            }
+        }
+        for (const MemberSpec& m : puts[i].members) {
+            MCS_ASSIGN_OR_RETURN(const std::uint64_t size, internal::ValidateMemberSpec(m));
+            staged[i].emplace_back(size);
+        }
+        for (auto& b : staged[i]) spans[i].emplace_back(b);
+        targets[i] = {i, spans[i], false};
+    }
+    if (options.mode == PutMode::kCreate) {
+        for (const FilledPut& p : puts) {
+            if (Stat(p.key).ok()) return Conflict("object " + Quote(p.key) + " already exists");
+        }
+    }
+    MCS_RETURN_IF_ERROR(fill(targets));
+    for (std::size_t i = 0; i < puts.size(); ++i) {
+        std::vector<MemberData> members;
+        for (std::size_t m = 0; m < puts[i].members.size(); ++m) {
+            const MemberSpec& spec = puts[i].members[m];
+            members.push_back({spec.name, spec.dtype, spec.shape, staged[i][m], spec.checksum});
+        }
+        MCS_RETURN_IF_ERROR(Put(puts[i].key, puts[i].metadata, members, options));
+    }
+    return Status::Ok();
+}
+
+Status ObjectStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) {
+    std::vector<ObjectInfo> infos(keys.size());
+    std::vector<std::vector<std::vector<std::byte>>> copies(keys.size());
+    std::vector<std::vector<std::span<const std::byte>>> spans(keys.size());
+    std::vector<ObjectView> views(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        MCS_ASSIGN_OR_RETURN(infos[i], Stat(keys[i]));
+        for (const MemberInfo& m : infos[i].members) {
+            auto& buf = copies[i].emplace_back(m.size_bytes);
+            MCS_RETURN_IF_ERROR(ReadMember(keys[i], m.name, buf));
+        }
+        for (const auto& b : copies[i]) spans[i].emplace_back(b);
+        views[i] = {&infos[i], spans[i], false};
+    }
+    return fn(views);
 }
 
 const MemberInfo* ObjectInfo::FindMember(std::string_view name) const {

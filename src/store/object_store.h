@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -20,6 +21,8 @@
 #include "mooncake/sparse/status.h"
 
 namespace mooncake::sparse {
+
+class PinnedHostPool;
 
 /// One member to write.
 struct MemberData {
@@ -71,6 +74,43 @@ struct RangeRead {
     std::span<std::byte> dst;
 };
 
+/// One member of a PutFilled: MemberData without the bytes, which the fill callback writes.
+struct MemberSpec {
+    std::string name;
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::uint64_t checksum = 0;
+};
+
+/// One object of a PutFilled batch.
+struct FilledPut {
+    std::string_view key;
+    std::string_view metadata;
+    std::span<const MemberSpec> members;
+};
+
+/// The memory of one not-yet-visible object of a PutFilled batch: `members[m]` is exactly the
+/// bytes of member m, in the object's final location (no staging).
+struct FillTarget {
+    std::size_t index = 0;  ///< Into the PutFilled batch.
+    std::span<const std::span<std::byte>> members;
+    bool pinned = false;  ///< Page-locked: the CUDA copy engine runs at full speed on it.
+};
+
+/// Writes every target's member bytes (e.g. memcpy, or a device-to-host copy that has completed
+/// when it returns). An error abandons the whole batch: nothing becomes visible.
+using FillFn = std::function<Status(std::span<const FillTarget> targets)>;
+
+/// An immutable view of one object version, valid only during the ViewFn call.
+struct ObjectView {
+    const ObjectInfo* info = nullptr;
+    std::span<const std::span<const std::byte>> members;  ///< Same order as info->members.
+    bool pinned = false;  ///< The bytes are page-locked.
+};
+
+/// Reads the views (all taken from one state of the store); its Status is ViewObjects' result.
+using ViewFn = std::function<Status(std::span<const ObjectView> views)>;
+
 /// Traffic counters of a store (monotonic).
 struct StoreCounters {
     std::uint64_t puts = 0;
@@ -115,6 +155,24 @@ public:
     virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
 
     virtual StoreCounters Counters() const = 0;
+
+    /// Writes a batch of objects whose member bytes are produced by `fill` directly into the
+    /// objects' own memory, then makes the whole batch visible at once (all or nothing). Every
+    /// item is validated as Put validates it, and kCreate conflicts are detected, before `fill`
+    /// runs; keys must be distinct. `host_pool` (may be null) is where a store that allocates
+    /// host memory per object takes it from (the tensor layer's pinned pool).
+    /// The base implementation stages the bytes in temporary buffers and Puts each object (not
+    /// atomic across items); stores with a direct path override it.
+    /// Errors: as Put (InvalidArgument, Conflict, ResourceExhausted); whatever `fill` returns.
+    virtual Status PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
+                             const FillFn& fill, PinnedHostPool* host_pool);
+
+    /// Calls `fn` once with views of the current versions of `keys` (duplicates allowed), all
+    /// from one state of the store and immutable while `fn` runs, so a reader can validate every
+    /// item before copying any byte. The base implementation copies the objects (Stat +
+    /// ReadMember) into temporary buffers first; stores with a direct path override it.
+    /// Errors: NotFound (the first missing key); whatever `fn` returns.
+    virtual Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn);
 };
 
 namespace internal {
@@ -131,6 +189,10 @@ Status ValidateObjectKey(std::string_view key);
 /// bytes.size() == prod(shape) * dtype size. Every store validates members with it.
 /// Errors: InvalidArgument.
 Result<std::uint64_t> ValidateMemberData(const MemberData& member);
+
+/// ValidateMemberData without the bytes: the byte size the member's shape and dtype need.
+/// Errors: InvalidArgument.
+Result<std::uint64_t> ValidateMemberSpec(const MemberSpec& member);
 
 }  // namespace internal
 

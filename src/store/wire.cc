@@ -37,6 +37,8 @@ constexpr std::size_t kMinTargetObjectBytes = 2 * kMinStringBytes + kMinBoxBytes
                                               kMinSourceDescriptorBytes + kMinStringBytes +
                                               4 * kMinSegmentMemberBytes + 8;
 constexpr std::size_t kMinMetricBytes = kMinStringBytes + 8;
+constexpr std::size_t kMinTensorLocationBytes = kMinBufferRefBytes + 8 + 8 + kMinStringBytes;
+constexpr std::size_t kMinTensorItemBytes = kMinStringBytes + 1 + 4 + kMinTensorLocationBytes;
 
 /// Vectors of structs reserve at most this many elements up front; beyond it they grow with the
 /// elements actually decoded.
@@ -301,6 +303,9 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kSparseReadReply: return "SparseReadReply";
         case MessageType::kMetrics: return "Metrics";
         case MessageType::kMetricsReply: return "MetricsReply";
+        case MessageType::kClearCaches: return "ClearCaches";
+        case MessageType::kTensorPut: return "TensorPut";
+        case MessageType::kTensorGet: return "TensorGet";
     }
     return "Unknown";
 }
@@ -1198,6 +1203,90 @@ Result<MetricsReply> MetricsReply::Decode(WireReader& r) {
     MetricsReply m;
     MCS_ASSIGN_OR_RETURN(m.items,
                          ReadStructVector<MetricItem>(r, kMaxMetrics, kMinMetricBytes, "metrics"));
+    return m;
+}
+
+void TensorLocation::Encode(WireWriter& w) const {
+    ref.Encode(w);
+    w.WriteU64(cuda_base);
+    w.WriteU64(cuda_alloc_size);
+    w.WriteString(pci_bus_id, kMaxNameBytes, "pci_bus_id");
+    if (ref.kind == BufferKind::kCudaIpc) {
+        if (ref.offset > cuda_alloc_size || ref.size > cuda_alloc_size - ref.offset) {
+            w.Fail(InvalidArgument("CUDA IPC range runs past its allocation of " +
+                                   Num(cuda_alloc_size) + " bytes"));
+        }
+    } else if (cuda_base != 0 || cuda_alloc_size != 0 || !pci_bus_id.empty()) {
+        w.Fail(InvalidArgument("a client-buffer tensor location carries no CUDA allocation"));
+    }
+}
+
+Result<TensorLocation> TensorLocation::Decode(WireReader& r) {
+    TensorLocation m;
+    MCS_ASSIGN_OR_RETURN(m.ref, BufferRef::Decode(r));
+    MCS_ASSIGN_OR_RETURN(m.cuda_base, r.ReadU64());
+    MCS_ASSIGN_OR_RETURN(m.cuda_alloc_size, r.ReadU64());
+    MCS_ASSIGN_OR_RETURN(m.pci_bus_id, r.ReadString(kMaxNameBytes, "pci_bus_id"));
+    if (m.ref.kind == BufferKind::kCudaIpc) {
+        if (m.ref.offset > m.cuda_alloc_size || m.ref.size > m.cuda_alloc_size - m.ref.offset) {
+            return InvalidArgument("CUDA IPC range [" + Num(m.ref.offset) + ", +" +
+                                   Num(m.ref.size) + ") runs past its allocation of " +
+                                   Num(m.cuda_alloc_size) + " bytes");
+        }
+    } else if (m.cuda_base != 0 || m.cuda_alloc_size != 0 || !m.pci_bus_id.empty()) {
+        return InvalidArgument("a client-buffer tensor location carries no CUDA allocation");
+    }
+    return m;
+}
+
+void TensorItem::Encode(WireWriter& w) const {
+    w.WriteString(key, kMaxKeyBytes, "key");
+    w.WriteU8(static_cast<std::uint8_t>(dtype));
+    w.WriteI64Vector(shape, kMaxRank, "tensor shape");
+    location.Encode(w);
+}
+
+Result<TensorItem> TensorItem::Decode(WireReader& r) {
+    TensorItem m;
+    MCS_ASSIGN_OR_RETURN(m.key, r.ReadString(kMaxKeyBytes, "key"));
+    MCS_ASSIGN_OR_RETURN(m.dtype, DecodeDType(r));
+    MCS_ASSIGN_OR_RETURN(m.shape, r.ReadI64Vector(kMaxRank, "tensor shape"));
+    MCS_ASSIGN_OR_RETURN(m.location, TensorLocation::Decode(r));
+    return m;
+}
+
+void TensorPutRequest::Encode(WireWriter& w) const {
+    if (items.empty()) w.Fail(InvalidArgument("TensorPut carries no tensors"));
+    WriteStructVector(w, items, kMaxBatchItems, "tensors");
+    w.WriteU8(static_cast<std::uint8_t>(mode));
+    w.WriteBool(hard_pin);
+}
+
+Result<TensorPutRequest> TensorPutRequest::Decode(WireReader& r) {
+    TensorPutRequest m;
+    MCS_ASSIGN_OR_RETURN(m.items, ReadStructVector<TensorItem>(r, kMaxBatchItems,
+                                                               kMinTensorItemBytes, "tensors"));
+    if (m.items.empty()) return InvalidArgument("TensorPut carries no tensors");
+    const std::size_t at = r.offset();
+    MCS_ASSIGN_OR_RETURN(std::uint8_t mode, r.ReadU8());
+    if (mode > static_cast<std::uint8_t>(PutMode::kUpsert)) {
+        return InvalidArgument("unknown put mode " + Num(mode) + " at offset " + Num(at));
+    }
+    m.mode = static_cast<PutMode>(mode);
+    MCS_ASSIGN_OR_RETURN(m.hard_pin, r.ReadBool());
+    return m;
+}
+
+void TensorGetRequest::Encode(WireWriter& w) const {
+    if (items.empty()) w.Fail(InvalidArgument("TensorGet carries no tensors"));
+    WriteStructVector(w, items, kMaxBatchItems, "tensors");
+}
+
+Result<TensorGetRequest> TensorGetRequest::Decode(WireReader& r) {
+    TensorGetRequest m;
+    MCS_ASSIGN_OR_RETURN(m.items, ReadStructVector<TensorItem>(r, kMaxBatchItems,
+                                                               kMinTensorItemBytes, "tensors"));
+    if (m.items.empty()) return InvalidArgument("TensorGet carries no tensors");
     return m;
 }
 

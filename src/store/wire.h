@@ -46,6 +46,9 @@
 //     SparseCurrentGenerationRequest-> SparseCurrentGenerationReply
 //     SparseReadRequest             -> SparseReadReply (target objects in segments, leased)
 //     MetricsRequest                -> MetricsReply
+//     ClearCachesRequest            -> OkReply        drops the daemon's node-local caches
+//     TensorPutRequest              -> OkReply        tensors from the client buffer / CUDA IPC
+//     TensorGetRequest              -> OkReply        stored tensors into the same
 #pragma once
 
 #include <bit>
@@ -210,6 +213,9 @@ enum class MessageType : std::uint16_t {
     kSparseReadReply = 39,
     kMetrics = 40,
     kMetricsReply = 41,
+    kClearCaches = 42,
+    kTensorPut = 50,
+    kTensorGet = 51,
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".
@@ -731,6 +737,69 @@ struct MetricsReply {
     friend bool operator==(const MetricsReply&, const MetricsReply&) = default;
 };
 
+// ---- Tensor fast path (executor/tensor_store.h, DESIGN.md §5) ---------------------------------
+
+/// Where one tensor's bytes are in the client: its registered buffer, or a CUDA allocation
+/// exported by IPC (`ref` = handle of the allocation base + offset of the tensor + its size).
+struct TensorLocation {
+    BufferRef ref;
+    /// kCudaIpc: the allocation's base address and size in the client — with the handle they
+    /// identify the allocation (the daemon's mapping cache key); offset + size <= alloc_size.
+    std::uint64_t cuda_base = 0;
+    std::uint64_t cuda_alloc_size = 0;
+    /// kCudaIpc: the device's PCI bus id (ordinals differ between processes); "" = ordinal.
+    std::string pci_bus_id;
+
+    void Encode(WireWriter& w) const;
+    static Result<TensorLocation> Decode(WireReader& r);
+    friend bool operator==(const TensorLocation&, const TensorLocation&) = default;
+};
+
+/// One tensor of a TensorPut (the source) or TensorGet (the destination, whose dtype and shape
+/// the stored tensor must match).
+struct TensorItem {
+    std::string key;
+    DType dtype = DType::kFloat32;
+    Shape shape;  ///< At most kMaxRank extents (the daemon's TensorStore validates them).
+    TensorLocation location;
+
+    void Encode(WireWriter& w) const;
+    static Result<TensorItem> Decode(WireReader& r);
+    friend bool operator==(const TensorItem&, const TensorItem&) = default;
+};
+
+/// put_tensor / upsert_tensor of a batch (all or nothing).
+struct TensorPutRequest {
+    static constexpr MessageType kType = MessageType::kTensorPut;
+    std::vector<TensorItem> items;  ///< 1 .. kMaxBatchItems.
+    PutMode mode = PutMode::kCreate;
+    bool hard_pin = false;
+
+    void Encode(WireWriter& w) const;
+    static Result<TensorPutRequest> Decode(WireReader& r);
+    friend bool operator==(const TensorPutRequest&, const TensorPutRequest&) = default;
+};
+
+/// get_tensor_into of a batch: every item validated before any byte is written.
+struct TensorGetRequest {
+    static constexpr MessageType kType = MessageType::kTensorGet;
+    std::vector<TensorItem> items;  ///< 1 .. kMaxBatchItems.
+
+    void Encode(WireWriter& w) const;
+    static Result<TensorGetRequest> Decode(WireReader& r);
+    friend bool operator==(const TensorGetRequest&, const TensorGetRequest&) = default;
+};
+
+/// SparseStore::ClearCaches of the daemon: drops the node-local tile-index and range caches
+/// (every process of the node shares them). No payload.
+struct ClearCachesRequest {
+    static constexpr MessageType kType = MessageType::kClearCaches;
+
+    void Encode(WireWriter&) const {}
+    static Result<ClearCachesRequest> Decode(WireReader&) { return ClearCachesRequest{}; }
+    friend bool operator==(const ClearCachesRequest&, const ClearCachesRequest&) = default;
+};
+
 /// Every message, for dispatch (`std::visit`) and for the fuzzer.
 using Message = std::variant<
     HelloRequest, HelloReply, ErrorReply, OkReply, RegisterBufferRequest, PutRequest, StatRequest,
@@ -738,7 +807,8 @@ using Message = std::variant<
     LeaseRequest, LeaseReply, ReleaseRequest, SparseCommitRequest, SparseCommitReply,
     SparseAdmitRequest, SparseAdmitReply, SparseManifestRequest, SparseManifestReply,
     SparseCurrentGenerationRequest, SparseCurrentGenerationReply, SparseReadRequest,
-    SparseReadReply, MetricsRequest, MetricsReply>;
+    SparseReadReply, MetricsRequest, MetricsReply, TensorPutRequest, TensorGetRequest,
+    ClearCachesRequest>;
 
 MessageType TypeOf(const Message& message);
 

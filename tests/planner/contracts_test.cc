@@ -361,6 +361,22 @@ TEST(TileIndexValidationTest, RejectsRankMismatch) {
     EXPECT_THAT(ValidateTileIndex({1, coords, ptr}, src), StatusIs(StatusCode::kInvalidArgument));
 }
 
+TEST(TileIndexValidationTest, RejectsTileCountDifferentFromDescriptor) {
+    // The descriptor (the manifest) and the fetched index must agree on num_tiles: an index of
+    // another commit, or a truncated one, is refused before any query trusts it.
+    const std::vector<TileCoord> coords = {0, 0, 0, 3, 2, 1};
+    const std::vector<std::uint64_t> ptr = {0, 1, 4, 6};
+    for (std::uint64_t described : {2u, 4u, 6u}) {
+        auto r = TileIndex::Make(Small2D(6, described), coords, ptr);
+        EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument)) << described;
+        EXPECT_THAT(r.status().message(), HasSubstr("num_tiles")) << described;
+        EXPECT_THAT(r.status().message(), HasSubstr("tile index of s")) << described;
+    }
+    EXPECT_THAT(TileIndex::Make(Small2D(6, 3), coords, ptr), IsOk());
+    // An empty update: no tiles on either side.
+    EXPECT_THAT(TileIndex::Make(Small2D(0, 0), {}, {0}), IsOk());
+}
+
 TEST(TileIndexValidationTest, ErrorNamesTheSource) {
     const SourceDescriptor src = Small2D(6, 3);
     auto r = TileIndex::Make(src, {0, 0, 0, 3, 2, 1}, {0, 1, 4, 5});
@@ -395,42 +411,84 @@ protected:
 };
 
 TEST_F(RegionTest, MakeValid) {
-    ASSERT_OK_AND_ASSIGN(Region r, Region::Make(manifest_, targets_, 0, 0, {2, 7, true},
-                                                MakeBox({4, 0}, {4, 8})));
-    EXPECT_EQ(r.source_index, 0u);
-    EXPECT_EQ(r.target_index, 0u);
-    EXPECT_EQ(r.generation, (Generation{3, 4}));
-    EXPECT_EQ(r.range, (EntryRange{2, 7, true}));
-    EXPECT_EQ(r.range.size(), 5u);
+    const std::vector<SourceMatch> matches = {{0, 0}};
+    ASSERT_OK_AND_ASSIGN(Region r, Region::Make(manifest_, targets_, matches, 0, {2, 7, true}));
+    EXPECT_EQ(r.start, 2u);
+    EXPECT_EQ(r.end(), 7u);
+    EXPECT_EQ(r.size(), 5u);
+    EXPECT_EQ(r.range(), (EntryRange{2, 7, true}));
+    EXPECT_EQ(r.range().size(), 5u);
     EXPECT_TRUE(r.exact_coordinate_filter());
-    EXPECT_EQ(r.apply, ApplyMode::kScatterAdd);
-    EXPECT_EQ(r.overlap, MakeBox({4, 0}, {4, 8}));
+    EXPECT_EQ(r.read_index(), 0u);  // assigned by the planner's dedup
+    // What the region names, through its match: source_ref, generation, apply, target and the
+    // overlap of the two boxes.
+    const SourceMatch& m = matches[0];
+    EXPECT_EQ(manifest_[m.source_index].source_ref, "s");
+    EXPECT_EQ(manifest_[m.source_index].generation, (Generation{3, 4}));
+    EXPECT_EQ(manifest_[m.source_index].apply, ApplyMode::kScatterAdd);
+    EXPECT_EQ(targets_[m.target_index].target_id, "t0");
+    EXPECT_EQ(m.Overlap(manifest_, targets_), MakeBox({4, 0}, {4, 8}));
+}
+
+TEST_F(RegionTest, ReadIndexAndFlagShareOneWord) {
+    Region r;
+    EXPECT_EQ(sizeof(Region), 16u);
+    r.set_exact_coordinate_filter(true);
+    r.set_read_index(Region::kMaxReadIndex);
+    EXPECT_EQ(r.read_index(), Region::kMaxReadIndex);
+    EXPECT_TRUE(r.exact_coordinate_filter());
+    r.set_exact_coordinate_filter(false);
+    EXPECT_EQ(r.read_index(), Region::kMaxReadIndex);
+    EXPECT_FALSE(r.exact_coordinate_filter());
+    r.set_read_index(5);
+    r.set_exact_coordinate_filter(true);
+    EXPECT_EQ(r.read_index(), 5u);
+    EXPECT_TRUE(r.exact_coordinate_filter());
 }
 
 TEST_F(RegionTest, MakeErrors) {
-    const Box overlap = MakeBox({4, 0}, {4, 8});
-    EXPECT_THAT(Region::Make(manifest_, targets_, 1, 0, {0, 1}, overlap),
+    const std::vector<SourceMatch> matches = {{0, 0}, {1, 0}, {0, 1}};
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 3, {0, 1}),
+                StatusIs(StatusCode::kInvalidArgument));  // match index
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 1, {0, 1}),
                 StatusIs(StatusCode::kInvalidArgument));  // source index
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 1, {0, 1}, overlap),
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 2, {0, 1}),
                 StatusIs(StatusCode::kInvalidArgument));  // target index
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {3, 3}, overlap),
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 0, {3, 3}),
                 StatusIs(StatusCode::kInvalidArgument));  // empty range
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {4, 3}, overlap),
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 0, {4, 3}),
                 StatusIs(StatusCode::kInvalidArgument));  // inverted range
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {0, 11}, overlap),
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 0, {0, 11}),
                 StatusIs(StatusCode::kInvalidArgument));  // past nnz
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {0, 10}, MakeBox({4, 0}, {5, 8})),
-                StatusIs(StatusCode::kInvalidArgument));  // outside the source box
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {0, 10}, MakeBox({2, 0}, {4, 8})),
-                StatusIs(StatusCode::kInvalidArgument));  // outside the target box
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {0, 10}, MakeBox({4}, {4})),
-                StatusIs(StatusCode::kInvalidArgument));  // rank
-    EXPECT_THAT(Region::Make(manifest_, targets_, 0, 0, {0, 10}, overlap), IsOk());
+    // The source and target boxes must overlap: disjoint, or of different rank.
+    std::vector<TargetDescriptor> far = {MakeTarget("t1", "n0", "w", NamedAxes(), {8, 0}, {8, 8})};
+    EXPECT_THAT(Region::Make(manifest_, far, matches, 0, {0, 10}),
+                StatusIs(StatusCode::kInvalidArgument));
+    std::vector<TargetDescriptor> flat = {MakeTarget("t1", "n0", "w", NamedAxes(), {4}, {4})};
+    EXPECT_THAT(Region::Make(manifest_, flat, matches, 0, {0, 10}),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(Region::Make(manifest_, targets_, matches, 0, {0, 10}), IsOk());
+    // Longer than one region holds (a source of 2^32 entries or more).
+    SourceDescriptor huge = manifest_[0];
+    huge.nnz = std::uint64_t{1} << 33;
+    const std::vector<SourceDescriptor> big = {huge};
+    EXPECT_THAT(Region::Make(big, targets_, matches, 0, {0, Region::kMaxLength}), IsOk());
+    EXPECT_THAT(Region::Make(big, targets_, matches, 0, {0, Region::kMaxLength + 1}),
+                StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(SourceMatchTest, OverlapOfUnrelatedIndexesIsEmpty) {
+    const std::vector<SourceDescriptor> none;
+    const std::vector<TargetDescriptor> targets;
+    EXPECT_EQ(SourceMatch{}.Overlap(none, targets).rank(), 0u);
 }
 
 TEST(UniqueReadTest, Size) {
-    UniqueRead r{0, 0, 10, 25, 2};
+    UniqueRead r{10, 25};
     EXPECT_EQ(r.size(), 15u);
+    EXPECT_EQ(sizeof(UniqueRead), 16u);
+    ReadGroup g{3, 1, 4, 9};
+    EXPECT_EQ(g.size(), 5u);
 }
 
 TEST(BuildSourceHelperTest, SortsByTileThenElement) {

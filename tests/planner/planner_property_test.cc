@@ -36,6 +36,7 @@ using ::mooncake::sparse::testing::MakeTarget;
 using ::mooncake::sparse::testing::ManifestOf;
 using ::mooncake::sparse::testing::Policy;
 using ::mooncake::sparse::testing::RandomCoords;
+using ::mooncake::sparse::testing::RegionsOf;
 using ::mooncake::sparse::testing::SelectEntries;
 using ::mooncake::sparse::testing::SourceSpec;
 using ::mooncake::sparse::testing::ValueOrDie;
@@ -309,17 +310,38 @@ TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
                              PlanBatch(manifest, targets, sel, LookupOf(sources), options));
 
         // Plan-level bookkeeping.
-        ASSERT_EQ(plan.targets.size(), targets.size());
+        ASSERT_EQ(plan.num_targets(), targets.size());
         EXPECT_EQ(plan.stats.sources_matched, sel.needed_sources.size());
         EXPECT_EQ(plan.stats.unique_ranges, plan.reads.size());
-        std::uint64_t planned = 0, requested = 0, regions = 0, consumers = 0;
-        for (const UniqueRead& r : plan.reads) {
+        const std::vector<std::uint32_t> consumers = plan.ReadConsumers();
+        std::uint64_t planned = 0, requested = 0, regions = 0, total_consumers = 0;
+        // Read groups tile the reads in (source, node) order.
+        std::vector<std::pair<std::uint32_t, std::uint32_t>> read_key(plan.reads.size());
+        std::uint32_t covered_reads = 0;
+        for (std::size_t g = 0; g < plan.read_groups.size(); ++g) {
+            const ReadGroup& group = plan.read_groups[g];
+            EXPECT_EQ(group.begin, covered_reads);
+            EXPECT_LT(group.begin, group.end);
+            EXPECT_LT(group.node, plan.nodes.size());
+            if (g > 0) {
+                const ReadGroup& prev = plan.read_groups[g - 1];
+                EXPECT_LT(std::tie(prev.source_index, prev.node),
+                          std::tie(group.source_index, group.node));
+            }
+            for (std::uint32_t r = group.begin; r < group.end; ++r) {
+                read_key[r] = {group.source_index, group.node};
+                EXPECT_EQ(&plan.group_of_read(r), &group);
+            }
+            covered_reads = group.end;
+        }
+        EXPECT_EQ(covered_reads, plan.reads.size());
+        for (std::size_t i = 0; i < plan.reads.size(); ++i) {
+            const UniqueRead& r = plan.reads[i];
             planned += r.size();
-            consumers += r.consumers;
+            total_consumers += consumers[i];
             EXPECT_LT(r.start, r.end);
-            EXPECT_LT(r.node, plan.nodes.size());
-            EXPECT_LE(r.end, sources[r.source_index].nnz());
-            shared_reads += r.consumers > 1 ? 1 : 0;
+            EXPECT_LE(r.end, sources[read_key[i].first].nnz());
+            shared_reads += consumers[i] > 1 ? 1 : 0;
         }
         EXPECT_EQ(plan.stats.planned_entries, planned);
 
@@ -328,9 +350,9 @@ TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
         for (std::size_t i = 1; i < plan.reads.size(); ++i) {
             const UniqueRead& a = plan.reads[i - 1];
             const UniqueRead& b = plan.reads[i];
-            ASSERT_LE(std::tie(a.source_index, a.node, a.start),
-                      std::tie(b.source_index, b.node, b.start));
-            if (a.source_index == b.source_index && a.node == b.node) {
+            ASSERT_LE(std::tie(read_key[i - 1].first, read_key[i - 1].second, a.start),
+                      std::tie(read_key[i].first, read_key[i].second, b.start));
+            if (read_key[i - 1] == read_key[i]) {
                 EXPECT_GE(b.start, a.end) << "an entry is read twice on a node";
                 if (options.read_coalesce_gap >= 0) {
                     const auto gap = static_cast<std::uint64_t>(options.read_coalesce_gap);
@@ -344,34 +366,36 @@ TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
         std::vector<std::uint32_t> served(plan.reads.size(), 0);
         for (std::size_t t = 0; t < targets.size(); ++t) {
             SCOPED_TRACE("target " + targets[t].target_id + " " + targets[t].box.ToString());
-            const auto& regs = plan.targets[t].regions;
+            const auto regs = RegionsOf(plan, t, manifest, targets);
             regions += regs.size();
             std::map<std::size_t, std::vector<EntryRange>> by_source;
             for (std::size_t k = 0; k < regs.size(); ++k) {
-                const Region& r = regs[k];
-                requested += r.range.size();
-                EXPECT_EQ(r.target_index, t);
-                ASSERT_LT(r.read_index, plan.reads.size());
-                const UniqueRead& read = plan.reads[r.read_index];
-                EXPECT_EQ(read.source_index, r.source_index);
-                EXPECT_EQ(plan.nodes[read.node], targets[t].node_id);
-                EXPECT_LE(read.start, r.range.start);
-                EXPECT_GE(read.end, r.range.end);
-                lo[r.read_index] = std::min(lo[r.read_index], r.range.start);
-                hi[r.read_index] = std::max(hi[r.read_index], r.range.end);
-                ++served[r.read_index];
-                const SourceDescriptor& src = manifest[r.source_index];
+                const Region& r = regs[k].region;
+                const RegionInfo& info = regs[k].info;
+                requested += r.size();
+                EXPECT_EQ(info.target_index, t);
+                ASSERT_LT(r.read_index(), plan.reads.size());
+                const UniqueRead& read = plan.reads[r.read_index()];
+                EXPECT_EQ(read_key[r.read_index()].first, info.source_index);
+                EXPECT_EQ(plan.nodes[read_key[r.read_index()].second], targets[t].node_id);
+                EXPECT_LE(read.start, r.start);
+                EXPECT_GE(read.end, r.end());
+                lo[r.read_index()] = std::min(lo[r.read_index()], r.start);
+                hi[r.read_index()] = std::max(hi[r.read_index()], r.end());
+                ++served[r.read_index()];
+                const SourceDescriptor& src = manifest[info.source_index];
                 EXPECT_EQ(src.tensor_id, targets[t].tensor_id);
-                EXPECT_EQ(r.generation, src.generation);
-                EXPECT_EQ(r.apply, src.apply);
+                EXPECT_EQ(info.source_ref, src.source_ref);
+                EXPECT_EQ(info.generation, src.generation);
+                EXPECT_EQ(info.apply, src.apply);
                 auto overlap = Intersect(src.box, targets[t].box);
                 ASSERT_TRUE(overlap.has_value());
-                EXPECT_EQ(r.overlap, *overlap);
+                EXPECT_EQ(info.overlap, *overlap);
                 if (k > 0) {
-                    ASSERT_LE(std::pair(regs[k - 1].source_index, regs[k - 1].range.start),
-                              std::pair(r.source_index, r.range.start));
+                    ASSERT_LE(std::pair(regs[k - 1].info.source_index, regs[k - 1].region.start),
+                              std::pair(info.source_index, r.start));
                 }
-                by_source[r.source_index].push_back(r.range);
+                by_source[info.source_index].push_back(r.range());
             }
             // Filtered regions select exactly the target's entries, source by source.
             for (std::size_t s = 0; s + 1 < sources.size(); ++s) {
@@ -392,9 +416,10 @@ TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
         }
         EXPECT_EQ(plan.stats.requested_entries, requested);
         EXPECT_EQ(plan.stats.regions, regions);
-        EXPECT_EQ(consumers, regions);
+        EXPECT_EQ(plan.regions.size(), regions);
+        EXPECT_EQ(total_consumers, regions);
         for (std::size_t i = 0; i < plan.reads.size(); ++i) {
-            EXPECT_EQ(served[i], plan.reads[i].consumers) << "read " << i;
+            EXPECT_EQ(served[i], consumers[i]) << "read " << i;
             EXPECT_EQ(lo[i], plan.reads[i].start) << "read " << i;
             EXPECT_EQ(hi[i], plan.reads[i].end) << "read " << i;
         }

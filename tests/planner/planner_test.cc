@@ -35,8 +35,10 @@ using ::mooncake::sparse::testing::LookupOf;
 using ::mooncake::sparse::testing::MakeBox;
 using ::mooncake::sparse::testing::MakeTarget;
 using ::mooncake::sparse::testing::ManifestOf;
+using ::mooncake::sparse::testing::PlannedRegion;
 using ::mooncake::sparse::testing::Policy;
 using ::mooncake::sparse::testing::RandomCoords;
+using ::mooncake::sparse::testing::RegionsOf;
 using ::mooncake::sparse::testing::SelectEntries;
 using ::mooncake::sparse::testing::SourceSpec;
 using ::mooncake::sparse::testing::StatusIs;
@@ -69,6 +71,32 @@ BuiltSource Dense64() {
     spec.global_shape = {64, 64};
     spec.tile_shape = {8, 8};
     return ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({0, 0}, {64, 64}))));
+}
+
+/// Dense64 without its last tile (7, 7): every other tile keeps its entries and offsets, but
+/// the index is no longer dense, so queries search its row and column groups.
+BuiltSource NearlyDense64() {
+    SourceSpec spec;
+    spec.global_shape = {64, 64};
+    spec.tile_shape = {8, 8};
+    std::vector<Index> coords = DenseCoords(MakeBox({0, 0}, {64, 64}));
+    std::vector<Index> kept;
+    for (std::size_t i = 0; i < coords.size(); i += 2) {
+        if (coords[i] >= 56 && coords[i + 1] >= 56) continue;
+        kept.push_back(coords[i]);
+        kept.push_back(coords[i + 1]);
+    }
+    return ValueOrDie(BuildSource(spec, kept));
+}
+
+/// A 64x64 tensor with 8x8 tiles whose entries fill only tile columns 0..2 (24 tiles): tile
+/// (r, c) holds entries [64 * (3r + c), +64). Sparse enough that the column path is cheaper for
+/// a band of two tile columns.
+BuiltSource ThreeColumns64() {
+    SourceSpec spec;
+    spec.global_shape = {64, 64};
+    spec.tile_shape = {8, 8};
+    return ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({0, 0}, {64, 24}))));
 }
 
 EntryRange R(std::uint64_t start, std::uint64_t end, bool filter = false) {
@@ -117,9 +145,10 @@ TEST(TileIndexQueryTest, RowPathOnTieOfGroups) {
 }
 
 TEST(TileIndexQueryTest, ColumnLookup) {
-    const BuiltSource src = Dense64();
+    const BuiltSource src = NearlyDense64();
     QueryStats stats;
-    // Five tile rows, one tile column: fewer column groups, so the column path.
+    // Five tile rows, one tile column: one column group of 5 tiles costs less than five row
+    // searches, so the column path.
     const Box box = MakeBox({0, 8}, {40, 8});
     auto ranges = QueryRanges(src, box, stats);
     EXPECT_EQ(stats.column_path, 1u);
@@ -134,16 +163,70 @@ TEST(TileIndexQueryTest, ColumnLookup) {
 }
 
 TEST(TileIndexQueryTest, ColumnLookupCoalescesAdjacentTiles) {
-    const BuiltSource src = Dense64();
+    const BuiltSource src = ThreeColumns64();
     QueryStats stats;
     const Box box = MakeBox({0, 8}, {40, 16});  // 5 tile rows x 2 tile columns
     auto ranges = QueryRanges(src, box, stats);
     EXPECT_EQ(stats.column_path, 1u);
+    EXPECT_EQ(stats.row_path, 0u);
+    EXPECT_EQ(stats.groups_visited, 2u);
+    EXPECT_EQ(stats.tiles_visited, 10u);
     // The column path emits one range per tile; (r,1) and (r,2) are adjacent and coalesce.
+    std::vector<EntryRange> expected;
+    for (std::uint64_t r = 0; r < 5; ++r) expected.push_back(R(64 * (3 * r + 1), 64 * (3 * r + 3)));
+    EXPECT_EQ(ranges, expected);
+    ExpectMatchesBruteForce(src, box, ranges);
+}
+
+TEST(TileIndexQueryTest, ColumnBandOfDenseIndexTakesRowPath) {
+    // The same band over a dense index: each tile row is one coalesced range found in O(1),
+    // against gathering and sorting all ten tiles on the column path.
+    const BuiltSource src = Dense64();
+    ASSERT_TRUE(src.index->dense());
+    QueryStats stats;
+    const Box box = MakeBox({0, 8}, {40, 16});
+    auto ranges = QueryRanges(src, box, stats);
+    EXPECT_EQ(stats.row_path, 1u);
+    EXPECT_EQ(stats.column_path, 0u);
+    EXPECT_EQ(stats.groups_visited, 5u);
+    EXPECT_EQ(stats.tiles_visited, 10u);
     std::vector<EntryRange> expected;
     for (std::uint64_t r = 0; r < 5; ++r) expected.push_back(R(64 * (8 * r + 1), 64 * (8 * r + 3)));
     EXPECT_EQ(ranges, expected);
     ExpectMatchesBruteForce(src, box, ranges);
+}
+
+TEST(TileIndexQueryTest, PathChoiceWeighsGroupsByTheirCost) {
+    // A row-parallel TP half of a Kimi-K2 expert w2 ([7168, 2048], 256x128 tiles: 28 x 16 tile
+    // grid): 28 candidate rows against 8 candidate columns. Counting groups alone would pick
+    // the columns and then gather and sort all 224 tiles; weighted by their cost, the rows win
+    // (one coalesced range each), for a dense and a sparse index alike.
+    SourceSpec spec;
+    spec.global_shape = {7168, 2048};
+    spec.tile_shape = {256, 128};
+    const Box half = MakeBox({0, 1024}, {7168, 1024});
+    std::mt19937_64 rng(21);
+    for (int density : {100, 5}) {  // entries per tile on average
+        SCOPED_TRACE(density);
+        std::vector<Index> coords;
+        for (Index tr = 0; tr < 28; ++tr) {
+            for (Index tc = 0; tc < 16; ++tc) {
+                if (density < 100 && (tr + tc) % 3 == 0) continue;  // some tiles empty
+                const auto tile_box = MakeBox({tr * 256, tc * 128}, {256, 128});
+                const auto pts = RandomCoords(rng, tile_box, density < 100 ? 2 : 3);
+                coords.insert(coords.end(), pts.begin(), pts.end());
+            }
+        }
+        const BuiltSource src = ValueOrDie(BuildSource(spec, coords));
+        EXPECT_EQ(src.index->dense(), density == 100);
+        QueryStats stats;
+        auto ranges = QueryRanges(src, half, stats);
+        EXPECT_EQ(stats.row_path, 1u);
+        EXPECT_EQ(stats.column_path, 0u);
+        EXPECT_EQ(stats.groups_visited, 28u);
+        EXPECT_EQ(ranges.size(), 28u);
+        ExpectMatchesBruteForce(src, half, ranges);
+    }
 }
 
 TEST(TileIndexQueryTest, FullWidthRowsAreOneRange) {
@@ -219,10 +302,22 @@ TEST(TileIndexQueryTest, UnalignedBoxIsFlagged) {
     }
     // Column path: the partial edge row is flagged, the inner rows are not.
     {
+        const BuiltSource nearly = NearlyDense64();
         QueryStats stats;
         const Box box = MakeBox({4, 8}, {36, 8});  // rows 4..39: tile rows 0 (partial) .. 4
-        auto ranges = QueryRanges(src, box, stats);
+        auto ranges = QueryRanges(nearly, box, stats);
         EXPECT_EQ(stats.column_path, 1u);
+        ASSERT_THAT(ranges, SizeIs(5));
+        EXPECT_TRUE(ranges[0].exact_coordinate_filter);
+        for (std::size_t i = 1; i < 5; ++i) EXPECT_FALSE(ranges[i].exact_coordinate_filter) << i;
+        ExpectMatchesBruteForce(nearly, box, ranges);
+    }
+    // The same box on the dense index (row path): the same flags.
+    {
+        QueryStats stats;
+        const Box box = MakeBox({4, 8}, {36, 8});
+        auto ranges = QueryRanges(src, box, stats);
+        EXPECT_EQ(stats.row_path, 1u);
         ASSERT_THAT(ranges, SizeIs(5));
         EXPECT_TRUE(ranges[0].exact_coordinate_filter);
         for (std::size_t i = 1; i < 5; ++i) EXPECT_FALSE(ranges[i].exact_coordinate_filter) << i;
@@ -429,7 +524,7 @@ TEST(TileIndexQueryTest, HugeExtentQueryDoesNotOverflow) {
 // ---- planning budgets --------------------------------------------------------------------------
 
 TEST(TileIndexQueryTest, PlanningLimitsFailClosed) {
-    const BuiltSource src = Dense64();
+    const BuiltSource src = ThreeColumns64();
     const Box box = MakeBox({0, 8}, {40, 16});  // column path, 10 tiles in 2 groups
     {
         PlanningLimits limits;
@@ -456,6 +551,25 @@ TEST(TileIndexQueryTest, PlanningLimitsFailClosed) {
         std::vector<EntryRange> out;
         QueryStats stats;
         EXPECT_THAT(src.index->Query(box, limits, out, stats), IsOk());  // exactly at budget
+        EXPECT_EQ(stats.column_path, 1u);
+    }
+    {
+        // The row path of a dense index (one group per tile row) is bounded the same way.
+        const BuiltSource dense = Dense64();
+        PlanningLimits limits;
+        limits.max_groups_per_query = 4;
+        std::vector<EntryRange> out = {R(9000, 9001)};
+        QueryStats stats;
+        EXPECT_THAT(dense.index->Query(box, limits, out, stats),
+                    StatusIs(StatusCode::kResourceExhausted));
+        EXPECT_THAT(out, ElementsAre(R(9000, 9001)));
+        limits.max_groups_per_query = 5;
+        limits.max_tiles_per_query = 9;
+        EXPECT_THAT(dense.index->Query(box, limits, out, stats),
+                    StatusIs(StatusCode::kResourceExhausted));
+        limits.max_tiles_per_query = 10;
+        EXPECT_THAT(dense.index->Query(box, limits, out, stats), IsOk());  // exactly at budget
+        EXPECT_EQ(stats.row_path, 3u);
     }
     {
         // The N-D path is bounded too.
@@ -472,21 +586,49 @@ TEST(TileIndexQueryTest, PlanningLimitsFailClosed) {
 // ---- lazily built secondary indexes ------------------------------------------------------------
 
 TEST(TileIndexTest, SecondaryIndexesAreBuiltOnDemand) {
-    const BuiltSource src = Dense64();
+    const BuiltSource src = NearlyDense64();
+    EXPECT_FALSE(src.index->dense());
     const std::size_t base = src.index->MemoryBytes();
     EXPECT_EQ(base, src.tile_coords.size() * sizeof(TileCoord) +
                         src.tile_ptr.size() * sizeof(std::uint64_t));
     QueryStats stats;
     QueryRanges(src, MakeBox({8, 16}, {8, 24}), stats);  // row path
+    EXPECT_EQ(stats.row_path, 1u);
     const std::size_t with_rows = src.index->MemoryBytes();
     EXPECT_GT(with_rows, base);
     QueryRanges(src, MakeBox({0, 8}, {40, 8}), stats);  // column path
+    EXPECT_EQ(stats.column_path, 1u);
     EXPECT_GT(src.index->MemoryBytes(), with_rows);
     EXPECT_EQ(src.index->rank(), 2u);
-    EXPECT_EQ(src.index->num_tiles(), 64u);
-    EXPECT_EQ(src.index->nnz(), 4096u);
+    EXPECT_EQ(src.index->num_tiles(), 63u);
+    EXPECT_EQ(src.index->nnz(), 4032u);
     EXPECT_EQ(src.index->source_box(), MakeBox({0, 0}, {64, 64}));
     EXPECT_THAT(src.index->tile_shape(), ElementsAre(8, 8));
+}
+
+TEST(TileIndexTest, DenseIndexNeedsNoSecondaryIndex) {
+    // Every tile present: positions follow from coordinates, so no query builds anything.
+    const BuiltSource src = Dense64();
+    EXPECT_TRUE(src.index->dense());
+    const std::size_t base = src.index->MemoryBytes();
+    QueryStats stats;
+    for (const Box& box : {MakeBox({8, 16}, {8, 24}), MakeBox({0, 8}, {40, 8}),
+                           MakeBox({3, 5}, {50, 41}), MakeBox({8, 0}, {48, 64})}) {
+        ExpectMatchesBruteForce(src, box, QueryRanges(src, box, stats));
+    }
+    EXPECT_EQ(stats.column_path, 0u);
+    EXPECT_EQ(src.index->MemoryBytes(), base);
+    // A dense N-D index takes its offsets arithmetically too, with the same ranges.
+    SourceSpec spec;
+    spec.global_shape = {6, 20, 12};
+    spec.tile_shape = {1, 8, 5};  // clipped edge tiles in dims 1 and 2
+    const BuiltSource cube =
+        ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({0, 0, 0}, {6, 20, 12}))));
+    EXPECT_TRUE(cube.index->dense());
+    for (const Box& box : {MakeBox({1, 3, 2}, {4, 15, 9}), MakeBox({0, 8, 0}, {6, 8, 12}),
+                           MakeBox({2, 0, 5}, {3, 20, 5}), MakeBox({5, 19, 11}, {1, 1, 1})}) {
+        ExpectMatchesBruteForce(cube, box, QueryRanges(cube, box, stats));
+    }
 }
 
 TEST(TileIndexTest, WideSparseGridColumnIndex) {
@@ -575,11 +717,15 @@ TEST(SelectSourcesTest, OwnerExpertMatchesOnlyHostingTarget) {
                    {128, 0}, {128, 128}),
     };
     ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
-    ASSERT_THAT(sel.per_target, SizeIs(2));
-    ASSERT_THAT(sel.per_target[0], SizeIs(1));
-    EXPECT_EQ(sel.per_target[0][0].source_index, 1u);
-    EXPECT_EQ(sel.per_target[0][0].overlap, MakeBox({0, 0}, {128, 128}));
-    EXPECT_EQ(sel.per_target[1][0].overlap, MakeBox({128, 0}, {128, 128}));
+    ASSERT_EQ(sel.num_targets(), 2u);
+    ASSERT_THAT(sel.matches_of(0), SizeIs(1));
+    ASSERT_THAT(sel.matches_of(1), SizeIs(1));
+    EXPECT_EQ(sel.matches_of(0)[0].source_index, 1u);
+    EXPECT_EQ(sel.matches_of(0)[0].target_index, 0u);
+    EXPECT_EQ(sel.matches_of(1)[0].target_index, 1u);
+    EXPECT_EQ(sel.matches_of(0)[0].Overlap(manifest, targets), MakeBox({0, 0}, {128, 128}));
+    EXPECT_EQ(sel.matches_of(1)[0].Overlap(manifest, targets), MakeBox({128, 0}, {128, 128}));
+    EXPECT_THAT(sel.target_begin, ElementsAre(0u, 1u, 2u));
     EXPECT_THAT(sel.needed_sources, ElementsAre(1u));
 
     // A rank that does not host expert 37 matches none of its sources.
@@ -606,8 +752,8 @@ TEST(SelectSourcesTest, OwnerFilterSkipsOtherOwnersOfOneTensor) {
         std::vector<TargetDescriptor> targets = {MakeTarget(
             "t", "n", "w", Axes({{"expert", expert}, {"tp", 0}}), {0, 0}, {32, 32})};
         ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
-        ASSERT_THAT(sel.per_target[0], SizeIs(1));
-        EXPECT_EQ(sel.per_target[0][0].source_index, static_cast<std::size_t>(expert - 5));
+        ASSERT_THAT(sel.matches_of(0), SizeIs(1));
+        EXPECT_EQ(sel.matches_of(0)[0].source_index, static_cast<std::size_t>(expert - 5));
     }
 }
 
@@ -625,7 +771,10 @@ TEST(SelectSourcesTest, ReplicateAndNoneMatchEveryTarget) {
         }
         targets.push_back(MakeTarget("bare", "n", "w", NamedAxes(), {0, 0}, {32, 32}));
         ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
-        for (const auto& matches : sel.per_target) EXPECT_THAT(matches, SizeIs(1)) << policy;
+        ASSERT_EQ(sel.num_targets(), targets.size());
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            EXPECT_THAT(sel.matches_of(t), SizeIs(1)) << policy;
+        }
     }
 }
 
@@ -644,19 +793,20 @@ TEST(SelectSourcesTest, PartialSourcesTogetherCoverTarget) {
     std::vector<TargetDescriptor> targets = {
         MakeTarget("t", "n", "w", NamedAxes(), {20, 4}, {24, 20})};
     ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
-    ASSERT_THAT(sel.per_target[0], SizeIs(2));
-    EXPECT_EQ(sel.per_target[0][0].overlap, MakeBox({20, 4}, {12, 20}));
-    EXPECT_EQ(sel.per_target[0][1].overlap, MakeBox({32, 4}, {12, 20}));
+    ASSERT_THAT(sel.matches_of(0), SizeIs(2));
+    EXPECT_EQ(sel.matches_of(0)[0].Overlap(manifest, targets), MakeBox({20, 4}, {12, 20}));
+    EXPECT_EQ(sel.matches_of(0)[1].Overlap(manifest, targets), MakeBox({32, 4}, {12, 20}));
     EXPECT_THAT(sel.needed_sources, ElementsAre(0u, 1u));
 
     ASSERT_OK_AND_ASSIGN(BatchPlan plan,
                          PlanBatch(manifest, targets, sel, LookupOf(sources)));
     EXPECT_EQ(plan.stats.sources_matched, 2u);
     // Reading both sources through the plan gives exactly the target's entries.
+    const auto regions = RegionsOf(plan, 0, manifest, targets);
     for (std::size_t s = 0; s < 2; ++s) {
         std::vector<EntryRange> ranges;
-        for (const Region& r : plan.targets[0].regions) {
-            if (r.source_index == s) ranges.push_back(r.range);
+        for (const PlannedRegion& r : regions) {
+            if (r.info.source_index == s) ranges.push_back(r.region.range());
         }
         EXPECT_EQ(SelectEntries(sources[s], ranges, targets[0].box),
                   BruteForceScan(sources[s], targets[0].box));
@@ -723,11 +873,14 @@ TEST(SelectSourcesTest, EmptyTargetSetSelectsNothing) {
     std::vector<BuiltSource> sources = {
         ValueOrDie(BuildSource(Spec2D("s", "w", {8, 8}, {4, 4}), {1, 1}))};
     ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(ManifestOf(sources), {}));
-    EXPECT_THAT(sel.per_target, IsEmpty());
+    EXPECT_EQ(sel.num_targets(), 0u);
+    EXPECT_THAT(sel.matches, IsEmpty());
     EXPECT_THAT(sel.needed_sources, IsEmpty());
     ASSERT_OK_AND_ASSIGN(BatchPlan plan, Plan(ManifestOf(sources), {}, LookupOf(sources)));
     EXPECT_THAT(plan.reads, IsEmpty());
-    EXPECT_THAT(plan.targets, IsEmpty());
+    EXPECT_THAT(plan.regions, IsEmpty());
+    EXPECT_THAT(plan.read_groups, IsEmpty());
+    EXPECT_EQ(plan.num_targets(), 0u);
 }
 
 // ---- batch planning ----------------------------------------------------------------------------
@@ -778,13 +931,20 @@ TEST_F(PlannerTest, NonEpEp2Tp2OneNode) {
     EXPECT_THAT(plan.nodes, ElementsAre("node0"));
     ASSERT_THAT(plan.reads, SizeIs(2));
     EXPECT_EQ(plan.stats.unique_ranges, 2u);
+    ASSERT_THAT(plan.read_groups, SizeIs(1));
+    EXPECT_EQ(plan.read_groups[0].source_index, 0u);
+    EXPECT_EQ(plan.read_groups[0].node, 0u);
+    EXPECT_EQ(plan.read_groups[0].begin, 0u);
+    EXPECT_EQ(plan.read_groups[0].end, 2u);
     const std::uint64_t nnz = sources_[0].nnz();
+    const std::vector<std::uint32_t> consumers = plan.ReadConsumers();
     int full_reads = 0;
-    for (const UniqueRead& r : plan.reads) {
+    for (std::size_t i = 0; i < plan.reads.size(); ++i) {
+        const UniqueRead& r = plan.reads[i];
         if (r.start == 0 && r.end == nnz) ++full_reads;
-        EXPECT_EQ(r.consumers, 2u);  // both EP replicas of one TP box
-        EXPECT_EQ(r.source_index, 0u);
-        EXPECT_EQ(r.node, 0u);
+        EXPECT_EQ(consumers[i], 2u);  // both EP replicas of one TP box
+        EXPECT_EQ(plan.group_of_read(i).source_index, 0u);
+        EXPECT_EQ(plan.group_of_read(i).node, 0u);
     }
     EXPECT_EQ(full_reads, 0);
     EXPECT_EQ(plan.stats.query.whole_source, 0u);
@@ -797,19 +957,26 @@ TEST_F(PlannerTest, NonEpEp2Tp2OneNode) {
     EXPECT_EQ(plan.stats.planned_bytes, nnz * 6);  // uint16 x 2 + bf16
 
     // Each target: one unflagged region (TP boundary 1024 is tile aligned) served by its read.
-    ASSERT_THAT(plan.targets, SizeIs(4));
+    ASSERT_EQ(plan.num_targets(), 4u);
     for (std::size_t t = 0; t < 4; ++t) {
-        ASSERT_THAT(plan.targets[t].regions, SizeIs(1)) << t;
-        const Region& r = plan.targets[t].regions[0];
-        EXPECT_EQ(r.target_index, t);
-        EXPECT_EQ(r.source_index, 0u);
+        const auto regions = RegionsOf(plan, t, manifest_, targets);
+        ASSERT_THAT(regions, SizeIs(1)) << t;
+        const Region& r = regions[0].region;
+        const RegionInfo& info = regions[0].info;
+        EXPECT_EQ(info.target_index, t);
+        EXPECT_EQ(info.target_id, targets[t].target_id);
+        EXPECT_EQ(info.source_index, 0u);
+        EXPECT_EQ(info.source_ref, manifest_[0].source_ref);
         EXPECT_FALSE(r.exact_coordinate_filter());
-        EXPECT_EQ(r.read_index, t % 2);
-        EXPECT_EQ(r.overlap, targets[t].box);
-        EXPECT_EQ(r.generation, manifest_[0].generation);
-        EXPECT_EQ(r.range.start, plan.reads[r.read_index].start);
-        EXPECT_EQ(r.range.end, plan.reads[r.read_index].end);
-        std::vector<EntryRange> ranges = {r.range};
+        EXPECT_EQ(r.read_index(), t % 2);
+        EXPECT_EQ(info.read_index, t % 2);
+        EXPECT_EQ(info.overlap, targets[t].box);
+        EXPECT_EQ(info.generation, manifest_[0].generation);
+        EXPECT_EQ(info.apply, manifest_[0].apply);
+        EXPECT_EQ(info.range, r.range());
+        EXPECT_EQ(r.start, plan.reads[r.read_index()].start);
+        EXPECT_EQ(r.end(), plan.reads[r.read_index()].end);
+        std::vector<EntryRange> ranges = {r.range()};
         EXPECT_EQ(SelectEntries(sources_[0], ranges, targets[t].box),
                   BruteForceScan(sources_[0], targets[t].box));
     }
@@ -823,13 +990,12 @@ TEST_F(PlannerTest, ReadCoalesceGapZeroMergesAdjacentTpRanges) {
     ASSERT_THAT(plan.reads, SizeIs(1));
     EXPECT_EQ(plan.reads[0].start, 0u);
     EXPECT_EQ(plan.reads[0].end, sources_[0].nnz());
-    EXPECT_EQ(plan.reads[0].consumers, 4u);
-    for (const TargetPlan& tp : plan.targets) {
-        for (const Region& r : tp.regions) EXPECT_EQ(r.read_index, 0u);
-    }
+    EXPECT_THAT(plan.ReadConsumers(), ElementsAre(4u));
+    for (const Region& r : plan.regions) EXPECT_EQ(r.read_index(), 0u);
+    EXPECT_THAT(plan.regions, SizeIs(4));
     // Regions keep their own narrower ranges; only the physical read grows.
-    EXPECT_EQ(plan.targets[0].regions[0].range.start, 0u);
-    EXPECT_LT(plan.targets[0].regions[0].range.end, sources_[0].nnz());
+    EXPECT_EQ(plan.CollectRegions(0)[0].start, 0u);
+    EXPECT_LT(plan.CollectRegions(0)[0].end(), sources_[0].nnz());
 }
 
 TEST_F(PlannerTest, EpReplicasOnDifferentNodesReadSeparately) {
@@ -837,15 +1003,16 @@ TEST_F(PlannerTest, EpReplicasOnDifferentNodesReadSeparately) {
     ASSERT_OK_AND_ASSIGN(BatchPlan plan, Plan(manifest_, targets, LookupOf(sources_)));
     EXPECT_THAT(plan.nodes, ElementsAre("node0", "node1"));
     ASSERT_THAT(plan.reads, SizeIs(4));  // each node reads each TP half once
-    for (const UniqueRead& r : plan.reads) EXPECT_EQ(r.consumers, 1u);
-    EXPECT_EQ(plan.reads[0].node, 0u);
-    EXPECT_EQ(plan.reads[1].node, 0u);
-    EXPECT_EQ(plan.reads[2].node, 1u);
-    EXPECT_EQ(plan.reads[3].node, 1u);
+    EXPECT_THAT(plan.ReadConsumers(), ElementsAre(1u, 1u, 1u, 1u));
+    EXPECT_EQ(plan.group_of_read(0).node, 0u);
+    EXPECT_EQ(plan.group_of_read(1).node, 0u);
+    EXPECT_EQ(plan.group_of_read(2).node, 1u);
+    EXPECT_EQ(plan.group_of_read(3).node, 1u);
+    ASSERT_THAT(plan.read_groups, SizeIs(2));
     EXPECT_EQ(plan.stats.planned_entries, 2 * sources_[0].nnz());
     for (std::size_t t = 0; t < targets.size(); ++t) {
-        const Region& r = plan.targets[t].regions[0];
-        EXPECT_EQ(plan.nodes[plan.reads[r.read_index].node], targets[t].node_id);
+        const Region r = plan.CollectRegions(t)[0];
+        EXPECT_EQ(plan.nodes[plan.group_of_read(r.read_index()).node], targets[t].node_id);
     }
 }
 
@@ -861,11 +1028,12 @@ TEST_F(PlannerTest, EpOnlyTargetReadsWholeObject) {
     ASSERT_THAT(plan.reads, SizeIs(1));
     EXPECT_EQ(plan.reads[0].start, 0u);
     EXPECT_EQ(plan.reads[0].end, sources_[0].nnz());
-    EXPECT_EQ(plan.reads[0].consumers, 2u);
-    for (const TargetPlan& tp : plan.targets) {
-        ASSERT_THAT(tp.regions, SizeIs(1));
-        EXPECT_EQ(tp.regions[0].range, R(0, sources_[0].nnz()));
-        EXPECT_FALSE(tp.regions[0].exact_coordinate_filter());
+    EXPECT_THAT(plan.ReadConsumers(), ElementsAre(2u));
+    for (std::size_t t = 0; t < plan.num_targets(); ++t) {
+        const auto regions = plan.CollectRegions(t);
+        ASSERT_THAT(regions, SizeIs(1));
+        EXPECT_EQ(regions[0].range(), R(0, sources_[0].nnz()));
+        EXPECT_FALSE(regions[0].exact_coordinate_filter());
     }
 }
 
@@ -888,15 +1056,16 @@ TEST_F(PlannerTest, UnalignedTpBoxesAreFilteredAndRebased) {
         const TargetDescriptor& tgt = targets[t];
         bool any_flag = false;
         std::vector<std::vector<Index>> local;
-        for (const Region& r : plan.targets[t].regions) {
+        for (const PlannedRegion& pr : RegionsOf(plan, t, manifest_, targets)) {
+            const Region& r = pr.region;
             any_flag |= r.exact_coordinate_filter();
-            const UniqueRead& read = plan.reads[r.read_index];
-            EXPECT_LE(read.start, r.range.start);
-            EXPECT_GE(read.end, r.range.end);
-            for (std::uint64_t i = r.range.start; i < r.range.end; ++i) {
+            const UniqueRead& read = plan.reads[r.read_index()];
+            EXPECT_LE(read.start, r.start);
+            EXPECT_GE(read.end, r.end());
+            for (std::uint64_t i = r.start; i < r.end(); ++i) {
                 std::vector<Index> p(sources_[0].entry(i).begin(), sources_[0].entry(i).end());
                 if (r.exact_coordinate_filter() &&
-                    !ContainsPoint(r.overlap, std::span<const Index>(p))) {
+                    !ContainsPoint(pr.info.overlap, std::span<const Index>(p))) {
                     continue;
                 }
                 RebaseInPlace(std::span<Index>(p), tgt.box.origin());
@@ -948,9 +1117,9 @@ TEST(PlanBatchTest, FusedExpertsEp2Tp2) {
     EXPECT_EQ(plan.stats.planned_entries, sources[0].nnz());
     for (std::size_t t = 0; t < targets.size(); ++t) {
         std::vector<EntryRange> ranges;
-        for (const Region& r : plan.targets[t].regions) {
+        for (const Region& r : plan.CollectRegions(t)) {
             EXPECT_FALSE(r.exact_coordinate_filter());
-            ranges.push_back(r.range);
+            ranges.push_back(r.range());
         }
         EXPECT_THAT(ranges, SizeIs(4));
         EXPECT_EQ(SelectEntries(sources[0], ranges, targets[t].box),
@@ -986,13 +1155,15 @@ TEST(PlanBatchTest, OwnerExpertTargetsReadOnlyTheirExpert) {
     EXPECT_EQ(plan.stats.sources_matched, 8u);
     for (std::size_t t = 0; t < targets.size(); ++t) {
         const std::int64_t expert = *targets[t].placement.Get("expert");
-        for (const Region& r : plan.targets[t].regions) {
-            EXPECT_EQ(r.source_index, static_cast<std::size_t>(expert));
+        const auto regions = RegionsOf(plan, t, manifest, targets);
+        EXPECT_THAT(regions, Not(IsEmpty()));
+        for (const PlannedRegion& r : regions) {
+            EXPECT_EQ(r.info.source_index, static_cast<std::size_t>(expert));
         }
     }
     // Each expert's two TP halves are two reads with one consumer each.
     EXPECT_EQ(plan.stats.planned_entries, 8u * 100u);
-    for (const UniqueRead& r : plan.reads) EXPECT_EQ(r.consumers, 1u);
+    for (std::uint32_t c : plan.ReadConsumers()) EXPECT_EQ(c, 1u);
 }
 
 TEST(PlanBatchTest, OverlappingRequestsOnOneNodeAreUnited) {
@@ -1009,7 +1180,7 @@ TEST(PlanBatchTest, OverlappingRequestsOnOneNodeAreUnited) {
     ASSERT_THAT(plan.reads, SizeIs(1));
     EXPECT_EQ(plan.reads[0].start, 0u);
     EXPECT_EQ(plan.reads[0].end, 64u * 8 * 3);
-    EXPECT_EQ(plan.reads[0].consumers, 2u);
+    EXPECT_THAT(plan.ReadConsumers(), ElementsAre(2u));
     EXPECT_EQ(plan.stats.requested_entries, 2u * 64 * 16);
     EXPECT_EQ(plan.stats.planned_entries, 64u * 24);
 
@@ -1038,9 +1209,9 @@ TEST(PlanBatchTest, ReadCoalesceGapMergesNearbyRanges) {
         EXPECT_THAT(plan.reads, SizeIs(reads)) << "gap " << gap;
         EXPECT_EQ(plan.stats.unique_ranges, reads);
         for (std::size_t t = 0; t < 2; ++t) {
-            const Region& r = plan.targets[t].regions[0];
-            EXPECT_LE(plan.reads[r.read_index].start, r.range.start);
-            EXPECT_GE(plan.reads[r.read_index].end, r.range.end);
+            const Region r = plan.CollectRegions(t)[0];
+            EXPECT_LE(plan.reads[r.read_index()].start, r.start);
+            EXPECT_GE(plan.reads[r.read_index()].end, r.end());
         }
     }
 }
@@ -1055,16 +1226,19 @@ TEST(PlanBatchTest, RegionsCarrySourceMetadata) {
     std::vector<TargetDescriptor> targets = {
         MakeTarget("a", "n0", "w", NamedAxes(), {2, 2}, {9, 5})};
     ASSERT_OK_AND_ASSIGN(BatchPlan plan, Plan(manifest, targets, LookupOf(sources)));
-    ASSERT_THAT(plan.targets[0].regions, Not(IsEmpty()));
+    const auto regions = RegionsOf(plan, 0, manifest, targets);
+    ASSERT_THAT(regions, Not(IsEmpty()));
     std::uint64_t prev_start = 0;
-    for (const Region& r : plan.targets[0].regions) {
-        EXPECT_EQ(r.generation, (Generation{7, 9}));
-        EXPECT_EQ(r.apply, ApplyMode::kScatterAdd);
-        EXPECT_EQ(r.overlap, MakeBox({2, 2}, {9, 5}));
-        EXPECT_GE(r.range.start, prev_start);  // sorted by (source, start)
-        prev_start = r.range.start;
+    for (const PlannedRegion& r : regions) {
+        EXPECT_EQ(r.info.generation, (Generation{7, 9}));
+        EXPECT_EQ(r.info.apply, ApplyMode::kScatterAdd);
+        EXPECT_EQ(r.info.overlap, MakeBox({2, 2}, {9, 5}));
+        EXPECT_EQ(r.info.source_ref, "s");
+        EXPECT_EQ(r.info.target_id, "a");
+        EXPECT_GE(r.region.start, prev_start);  // sorted by (source, start)
+        prev_start = r.region.start;
     }
-    EXPECT_EQ(plan.stats.regions, plan.targets[0].regions.size());
+    EXPECT_EQ(plan.stats.regions, regions.size());
 }
 
 TEST(PlanBatchTest, MissingTileIndexIsNotFound) {
@@ -1073,8 +1247,9 @@ TEST(PlanBatchTest, MissingTileIndexIsNotFound) {
     const auto manifest = ManifestOf(sources);
     std::vector<TargetDescriptor> targets = {
         MakeTarget("a", "n0", "w", NamedAxes(), {0, 0}, {4, 4})};
-    TileIndexLookup none = [](std::size_t) -> const TileIndex* { return nullptr; };
+    const std::vector<const TileIndex*> none(manifest.size(), nullptr);
     EXPECT_THAT(Plan(manifest, targets, none), StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(Plan(manifest, targets, TileIndexLookup{}), StatusIs(StatusCode::kNotFound));
 }
 
 TEST(PlanBatchTest, MismatchedTileIndexIsInvalid) {
@@ -1085,7 +1260,7 @@ TEST(PlanBatchTest, MismatchedTileIndexIsInvalid) {
     std::vector<TargetDescriptor> targets = {
         MakeTarget("a", "n0", "w", NamedAxes(), {0, 0}, {4, 4})};
     // The lookup hands back the other source's index (nnz 2 instead of 1).
-    TileIndexLookup wrong = [&](std::size_t) { return sources[1].index.get(); };
+    const std::vector<const TileIndex*> wrong = {sources[1].index.get(), sources[1].index.get()};
     EXPECT_THAT(Plan(manifest, targets, wrong), StatusIs(StatusCode::kInvalidArgument));
 }
 
@@ -1127,6 +1302,234 @@ TEST(PlanBatchTest, PlanningLimitsFailClosed) {
         options.limits.max_groups_per_query = 0;
         EXPECT_THAT(Plan(manifest, targets, LookupOf(sources), options),
                     StatusIs(StatusCode::kResourceExhausted));
+    }
+}
+
+// ---- manifest index ---------------------------------------------------------------------------
+
+TEST(ManifestIndexTest, FindsEveryTensorsSourcesInManifestOrder) {
+    std::vector<BuiltSource> sources;
+    for (int i = 0; i < 6; ++i) {
+        // Tensors w0 (sources 0, 3), w1 (1, 4), w2 (2, 5): two partial boxes each.
+        SourceSpec spec = Spec2D("s" + std::to_string(i), "w" + std::to_string(i % 3), {16, 8},
+                                 {4, 4});
+        spec.box_origin = {8 * (i / 3), 0};
+        spec.box_shape = {8, 8};
+        sources.push_back(ValueOrDie(BuildSource(spec, {8 * (i / 3) + 1, 1})));
+    }
+    const auto manifest = ManifestOf(sources);
+    ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest));
+    EXPECT_EQ(index.size(), 6u);
+    EXPECT_THAT(index.Find("w0"), ElementsAre(0u, 3u));
+    EXPECT_THAT(index.Find("w1"), ElementsAre(1u, 4u));
+    EXPECT_THAT(index.Find("w2"), ElementsAre(2u, 5u));
+    EXPECT_THAT(index.Find("w3"), IsEmpty());
+    EXPECT_THAT(index.Find(""), IsEmpty());
+    ASSERT_OK_AND_ASSIGN(ManifestIndex empty, ManifestIndex::Make({}));
+    EXPECT_THAT(empty.Find("w0"), IsEmpty());
+}
+
+TEST(ManifestIndexTest, ConsecutiveSourcesOfOneTensorShareOneGroup) {
+    // Regression: looking up the group created just before (the next source of the same
+    // tensor) must compare against that group's complete id.
+    const BuiltSource proto = ValueOrDie(BuildSource(Spec2D("p", "p", {8, 8}, {4, 4}), {1, 1}));
+    std::vector<SourceDescriptor> manifest;
+    for (int t = 0; t < 300; ++t) {
+        for (int part = 0; part < 1 + t % 3; ++part) {
+            SourceDescriptor d = proto.desc;
+            d.tensor_id = std::string(static_cast<std::size_t>(t % 7), 'x') + "t" + std::to_string(t);
+            d.source_ref = d.tensor_id + "/" + std::to_string(part);
+            manifest.push_back(d);
+        }
+    }
+    ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest));
+    std::size_t i = 0;
+    for (int t = 0; t < 300; ++t) {
+        std::vector<std::uint32_t> expected;
+        for (int part = 0; part < 1 + t % 3; ++part) expected.push_back(static_cast<std::uint32_t>(i++));
+        const auto found = index.Find(manifest[expected[0]].tensor_id);
+        EXPECT_EQ(std::vector<std::uint32_t>(found.begin(), found.end()), expected) << t;
+    }
+}
+
+TEST(ManifestIndexTest, ManyTensorsAndHashCollisionsOfPrefixes) {
+    // Ids that share long prefixes and differ in one byte anywhere, as layer/expert names do.
+    std::vector<SourceDescriptor> manifest;
+    const BuiltSource proto = ValueOrDie(BuildSource(Spec2D("p", "p", {8, 8}, {4, 4}), {1, 1}));
+    for (int layer = 0; layer < 40; ++layer) {
+        for (int expert = 0; expert < 50; ++expert) {
+            SourceDescriptor d = proto.desc;
+            d.tensor_id = "layers." + std::to_string(layer) + ".mlp.experts." +
+                          std::to_string(expert) + ".w1";
+            d.source_ref = "src/" + d.tensor_id;
+            manifest.push_back(d);
+        }
+    }
+    ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest));
+    for (std::size_t i = 0; i < manifest.size(); ++i) {
+        ASSERT_THAT(index.Find(manifest[i].tensor_id), ElementsAre(i)) << manifest[i].tensor_id;
+    }
+    EXPECT_THAT(index.Find("layers.1.mlp.experts.1.w2"), IsEmpty());
+    EXPECT_THAT(index.Find("layers.1.mlp.experts.1.w"), IsEmpty());
+}
+
+TEST(ManifestIndexTest, ReusedAcrossSelectionsOfOneManifest) {
+    std::mt19937_64 rng(17);
+    std::vector<BuiltSource> sources;
+    for (int e = 0; e < 4; ++e) {
+        const std::string tensor = "experts." + std::to_string(e) + ".w2";
+        SourceSpec spec = Spec2D("src/" + tensor, tensor, {64, 32}, {8, 8});
+        spec.placement = Axes({{"expert", e}});
+        spec.policy = Policy("owner(expert)");
+        sources.push_back(
+            ValueOrDie(BuildSource(spec, RandomCoords(rng, MakeBox({0, 0}, {64, 32}), 200))));
+    }
+    const auto manifest = ManifestOf(sources);
+    ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest));
+    // Two read calls of the same generation (different ranks) share one index, and plan what
+    // a fresh index plans.
+    for (int tp = 0; tp < 2; ++tp) {
+        std::vector<TargetDescriptor> targets;
+        for (int e = 0; e < 4; ++e) {
+            targets.push_back(MakeTarget("rank" + std::to_string(tp), "node0",
+                                         "experts." + std::to_string(e) + ".w2",
+                                         Axes({{"expert", e}, {"tp", tp}}), {0, 16 * tp},
+                                         {64, 16}));
+        }
+        ASSERT_OK_AND_ASSIGN(BatchPlan shared, Plan(manifest, index, targets, LookupOf(sources)));
+        ASSERT_OK_AND_ASSIGN(BatchPlan fresh, Plan(manifest, targets, LookupOf(sources)));
+        EXPECT_EQ(shared.reads, fresh.reads);
+        EXPECT_EQ(shared.stats.requested_entries, fresh.stats.requested_entries);
+        EXPECT_THAT(shared.selection.needed_sources, ElementsAre(0u, 1u, 2u, 3u));
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            std::vector<EntryRange> ranges;
+            for (const Region& r : shared.CollectRegions(t)) ranges.push_back(r.range());
+            EXPECT_EQ(SelectEntries(sources[t], ranges, targets[t].box),
+                      BruteForceScan(sources[t], targets[t].box));
+        }
+    }
+    // An index of another manifest is refused, not trusted.
+    const std::vector<SourceDescriptor> fewer(manifest.begin(), manifest.begin() + 3);
+    std::vector<TargetDescriptor> one = {MakeTarget("r", "n", "experts.0.w2",
+                                                    Axes({{"expert", 0}}), {0, 0}, {64, 32})};
+    EXPECT_THAT(SelectSources(fewer, index, one), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(SelectSources(manifest, index, one), IsOk());
+}
+
+// ---- plan layout and inputs ----------------------------------------------------------------------
+
+TEST(PlanBatchTest, RegionsAreGroupedBySourceWithOneSpanPerMatch) {
+    // Two tensors, each read by two TP targets; targets listed tensor-major, so target order
+    // and source order differ. Every match owns one contiguous, sorted span, and every region
+    // lies in its read.
+    std::mt19937_64 rng(3);
+    std::vector<BuiltSource> sources;
+    for (const char* name : {"a", "b"}) {
+        sources.push_back(ValueOrDie(BuildSource(Spec2D(name, name, {64, 64}, {8, 8}),
+                                                 RandomCoords(rng, MakeBox({0, 0}, {64, 64}), 900))));
+    }
+    const auto manifest = ManifestOf(sources);
+    std::vector<TargetDescriptor> targets = {
+        MakeTarget("r0", "n0", "b", NamedAxes(), {0, 0}, {64, 32}),
+        MakeTarget("r0", "n0", "a", NamedAxes(), {0, 0}, {64, 32}),
+        MakeTarget("r1", "n0", "b", NamedAxes(), {0, 32}, {64, 32}),
+        MakeTarget("r1", "n0", "a", NamedAxes(), {0, 32}, {64, 32})};
+    ASSERT_OK_AND_ASSIGN(BatchPlan plan, Plan(manifest, targets, LookupOf(sources)));
+    ASSERT_EQ(plan.match_regions.size(), 4u);
+    std::uint32_t next = 0;
+    for (std::uint32_t m : {1u, 3u, 0u, 2u}) {  // source a's matches, then source b's
+        EXPECT_EQ(plan.match_regions[m].begin, next) << m;
+        next = plan.match_regions[m].end;
+    }
+    EXPECT_EQ(next, plan.regions.size());
+    for (std::size_t m = 0; m < 4; ++m) {
+        const auto span = plan.regions_of_match(m);
+        EXPECT_EQ(span.size(), 8u);  // one range per tile row of a column half
+        const SourceMatch& match = plan.matches()[m];
+        for (std::size_t k = 0; k < span.size(); ++k) {
+            if (k > 0) {
+                EXPECT_GT(span[k].start, span[k - 1].end());
+            }
+            const UniqueRead& read = plan.reads[span[k].read_index()];
+            EXPECT_LE(read.start, span[k].start);
+            EXPECT_GE(read.end, span[k].end());
+            EXPECT_EQ(plan.group_of_read(span[k].read_index()).source_index, match.source_index);
+        }
+    }
+    ASSERT_THAT(plan.read_groups, SizeIs(2));
+    EXPECT_EQ(plan.read_groups[0].source_index, 0u);
+    EXPECT_EQ(plan.read_groups[1].source_index, 1u);
+    EXPECT_EQ(plan.read_groups[0].end, plan.read_groups[1].begin);
+    EXPECT_EQ(plan.read_groups[1].end, plan.reads.size());
+}
+
+TEST(PlanBatchTest, RangesLongerThanARegionAreSplit) {
+    // A source of 6e9 entries in two tiles (only its tile index exists): the whole-source range
+    // is longer than one region holds, so it becomes consecutive regions; reads follow the
+    // coalescing rule as for any adjacent requests.
+    SourceDescriptor d;
+    d.source_ref = "huge";
+    d.tensor_id = "huge";
+    d.global_shape = {1 << 20};
+    d.box = MakeBox({0}, {1 << 20});
+    d.generation = {0, 1};
+    d.tile_shape = {1 << 19};
+    d.nnz = 6'000'000'000;
+    d.num_tiles = 2;
+    d.index_dtype = DType::kUInt32;
+    d = ValueOrDie(SourceDescriptor::Make(d));
+    const TileIndex index =
+        ValueOrDie(TileIndex::Make(d, {0, 1}, {0, 3'000'000'000, 6'000'000'000}));
+    const std::vector<SourceDescriptor> manifest = {d};
+    const std::vector<const TileIndex*> lookup = {&index};
+    const std::vector<TargetDescriptor> targets = {
+        MakeTarget("t", "n", "huge", NamedAxes(), {0}, {1 << 20})};
+    for (std::int64_t gap : {-1, 0}) {
+        PlanOptions options;
+        options.read_coalesce_gap = gap;
+        ASSERT_OK_AND_ASSIGN(BatchPlan plan, Plan(manifest, targets, lookup, options));
+        EXPECT_EQ(plan.stats.requested_entries, 6'000'000'000u);
+        EXPECT_EQ(plan.stats.planned_entries, 6'000'000'000u);
+        ASSERT_THAT(plan.regions, SizeIs(2));
+        EXPECT_EQ(plan.regions[0].start, 0u);
+        EXPECT_EQ(plan.regions[0].size(), Region::kMaxLength);
+        EXPECT_EQ(plan.regions[1].start, Region::kMaxLength);
+        EXPECT_EQ(plan.regions[1].end(), 6'000'000'000u);
+        EXPECT_THAT(plan.reads, SizeIs(gap < 0 ? 2u : 1u));
+        EXPECT_EQ(plan.reads.front().start, 0u);
+        EXPECT_EQ(plan.reads.back().end, 6'000'000'000u);
+    }
+}
+
+TEST(PlanBatchTest, InconsistentSelectionIsInvalid) {
+    std::vector<BuiltSource> sources = {
+        ValueOrDie(BuildSource(Spec2D("s", "w", {8, 8}, {4, 4}), {1, 1, 6, 6}))};
+    const auto manifest = ManifestOf(sources);
+    std::vector<TargetDescriptor> targets = {
+        MakeTarget("a", "n0", "w", NamedAxes(), {0, 0}, {4, 4}),
+        MakeTarget("b", "n0", "w", NamedAxes(), {4, 4}, {4, 4})};
+    ASSERT_OK_AND_ASSIGN(SourceSelection good, SelectSources(manifest, targets));
+    ASSERT_THAT(PlanBatch(manifest, targets, good, LookupOf(sources)), IsOk());
+    {
+        SourceSelection bad = good;  // a match filed under the wrong target
+        std::swap(bad.matches[0].target_index, bad.matches[1].target_index);
+        EXPECT_THAT(PlanBatch(manifest, targets, bad, LookupOf(sources)),
+                    StatusIs(StatusCode::kInvalidArgument));
+    }
+    {
+        SourceSelection bad = good;  // a source the manifest does not have
+        bad.matches[1].source_index = 7;
+        EXPECT_THAT(PlanBatch(manifest, targets, bad, LookupOf(sources)),
+                    StatusIs(StatusCode::kInvalidArgument));
+    }
+    {
+        SourceSelection bad = good;  // offsets that do not cover the matches
+        bad.target_begin = {0, 2, 1};
+        EXPECT_THAT(PlanBatch(manifest, targets, bad, LookupOf(sources)),
+                    StatusIs(StatusCode::kInvalidArgument));
+        bad.target_begin = {0, 1, 1};
+        EXPECT_THAT(PlanBatch(manifest, targets, bad, LookupOf(sources)),
+                    StatusIs(StatusCode::kInvalidArgument));
     }
 }
 

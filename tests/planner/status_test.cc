@@ -45,7 +45,10 @@ TEST(StatusTest, FactoriesSetCodeAndMessage) {
         {Internal("a"), StatusCode::kInternal},
         {Unimplemented("a"), StatusCode::kUnimplemented},
         {DataLoss("a"), StatusCode::kDataLoss},
+        {PermissionDenied("a"), StatusCode::kPermissionDenied},
     };
+    // Every code up to kLastStatusCode has a factory case above and a name.
+    EXPECT_EQ(cases.size(), static_cast<std::size_t>(kLastStatusCode));
     for (const auto& [status, code] : cases) {
         EXPECT_FALSE(status.ok());
         EXPECT_EQ(status.code(), code);
@@ -64,6 +67,10 @@ TEST(StatusTest, CodeNamesAreStable) {
     EXPECT_EQ(StatusCodeName(StatusCode::kStaleGeneration), "StaleGeneration");
     EXPECT_EQ(StatusCodeName(StatusCode::kConflict), "Conflict");
     EXPECT_EQ(StatusCodeName(StatusCode::kResourceExhausted), "ResourceExhausted");
+    EXPECT_EQ(StatusCodeName(StatusCode::kPermissionDenied), "PermissionDenied");
+    for (int c = 0; c <= static_cast<int>(kLastStatusCode); ++c) {
+        EXPECT_NE(StatusCodeName(static_cast<StatusCode>(c)), "Unknown") << c;
+    }
     EXPECT_EQ(StatusCodeName(static_cast<StatusCode>(99)), "Unknown");
 }
 

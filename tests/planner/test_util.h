@@ -339,11 +339,31 @@ inline void ExpectWellFormedRanges(const BuiltSource& src, std::span<const Entry
     }
 }
 
-/// A lookup over built sources, by manifest position.
-inline TileIndexLookup LookupOf(const std::vector<BuiltSource>& sources) {
-    return [&sources](std::size_t i) -> const TileIndex* {
-        return i < sources.size() ? sources[i].index.get() : nullptr;
-    };
+/// The tile indexes of built sources, by manifest position (pass to PlanBatch / Plan).
+inline std::vector<const TileIndex*> LookupOf(const std::vector<BuiltSource>& sources) {
+    std::vector<const TileIndex*> out;
+    for (const BuiltSource& s : sources) out.push_back(s.index.get());
+    return out;
+}
+
+/// One planned region with what it indexes resolved (BatchPlan::Describe).
+struct PlannedRegion {
+    Region region;
+    RegionInfo info;
+};
+
+/// Target t's regions, match by match, each resolved against the planned spans.
+inline std::vector<PlannedRegion> RegionsOf(const BatchPlan& plan, std::size_t t,
+                                            std::span<const SourceDescriptor> manifest,
+                                            std::span<const TargetDescriptor> targets) {
+    std::vector<PlannedRegion> out;
+    const auto [first, last] = plan.match_range(t);
+    for (std::size_t m = first; m < last; ++m) {
+        for (const Region& r : plan.regions_of_match(m)) {
+            out.push_back({r, plan.Describe(m, r, manifest, targets)});
+        }
+    }
+    return out;
 }
 
 inline std::vector<SourceDescriptor> ManifestOf(const std::vector<BuiltSource>& sources) {

@@ -212,11 +212,23 @@ std::vector<Message> SampleMessages() {
     out.push_back(SparseReadRequest{});
     out.push_back(SparseReadReply{{SampleLocation(0), SampleLocation(1)}});
     out.push_back(MetricsRequest{true});
+    out.push_back(ClearCachesRequest{});
     out.push_back(MetricsReply{{{"source_objects_put", 1},
                                 {"range_gets", 2},
                                 {"plan_seconds", 0.125},
                                 {"nan", std::nan("")},
                                 {"inf", -std::numeric_limits<double>::infinity()}}});
+    {
+        TensorPutRequest t;
+        t.items.push_back({"w/0", DType::kBFloat16, {4096, 7168}, {BufferRef::Client(0, 4096ull * 7168 * 2), 0, 0, ""}});
+        TensorLocation cuda{CudaRef(1 << 20, 4096), 0x7f0000000000ull, 20 << 20, "0000:3b:00.0"};
+        t.items.push_back({"w/1", DType::kFloat32, {1024}, cuda});
+        t.items.push_back({"scalar", DType::kInt64, {}, {BufferRef::Client(64, 8), 0, 0, ""}});
+        t.mode = PutMode::kUpsert;
+        t.hard_pin = true;
+        out.push_back(t);
+        out.push_back(TensorGetRequest{t.items});
+    }
     return out;
 }
 
@@ -309,6 +321,30 @@ TEST(WireTest, HeaderLayoutIsLittleEndian) {
     EXPECT_EQ(*bytes, expected);
 }
 
+TEST(WireTest, TensorLocationBoundsAreChecked) {
+    // A CUDA range past its allocation, and CUDA fields on a client-buffer location, never
+    // encode and never decode.
+    TensorGetRequest bad;
+    bad.items.push_back({"k", DType::kUInt8, {16}, {CudaRef(8, 16), 0x1000, 20, ""}});
+    EXPECT_THAT(EncodeFrame(bad, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "allocation"));
+    bad.items[0].location = {BufferRef::Client(0, 16), 0x1000, 0, ""};
+    EXPECT_THAT(EncodeFrame(bad, 1), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(EncodeFrame(TensorPutRequest{}, 1), StatusIs(StatusCode::kInvalidArgument));
+
+    TensorGetRequest good;
+    good.items.push_back({"k", DType::kUInt8, {16}, {CudaRef(4, 16), 0x1000, 20, ""}});
+    auto frame = EncodeFrame(good, 1);
+    ASSERT_TRUE(frame.ok());
+    // Grow the offset in place (the BufferRef offset follows key, dtype, shape and kind).
+    std::vector<std::byte> bytes = *frame;
+    const std::size_t offset_at = kFrameHeaderBytes + 4 + 4 + 1 + 1 + 4 + 8 + 1;
+    ASSERT_EQ(std::to_integer<int>(bytes[offset_at]), 4);
+    bytes[offset_at] = std::byte{5};
+    auto decoded = DecodeFrame(bytes);
+    ASSERT_TRUE(decoded.ok());
+    EXPECT_THAT(DecodeMessage(*decoded), StatusIsWithMessage(StatusCode::kInvalidArgument, "allocation"));
+}
+
 TEST(WireTest, MessageTypesAreStable) {
     // Both sides of the socket may be different builds: these numbers are the protocol.
     EXPECT_EQ(static_cast<int>(MessageType::kHello), 1);
@@ -316,6 +352,8 @@ TEST(WireTest, MessageTypesAreStable) {
     EXPECT_EQ(static_cast<int>(MessageType::kPut), 10);
     EXPECT_EQ(static_cast<int>(MessageType::kSparseCommit), 30);
     EXPECT_EQ(static_cast<int>(MessageType::kMetricsReply), 41);
+    EXPECT_EQ(static_cast<int>(MessageType::kTensorPut), 50);
+    EXPECT_EQ(static_cast<int>(MessageType::kTensorGet), 51);
     for (const Message& m : SampleMessages()) {
         EXPECT_NE(MessageTypeName(TypeOf(m)), "Unknown");
         EXPECT_TRUE(IsKnownMessageType(static_cast<std::uint16_t>(TypeOf(m))));
@@ -409,7 +447,7 @@ TEST(WireTest, HeaderValidation) {
                 StatusIsWithMessage(StatusCode::kInvalidArgument, "version"));
     EXPECT_THAT(DecodeFrameHeader(Header(kWireMagic, 0, ok, 0, 0)),
                 StatusIsWithMessage(StatusCode::kInvalidArgument, "version"));
-    for (std::uint16_t t : {0, 6, 9, 42, 999, 0xffff}) {
+    for (std::uint16_t t : {0, 6, 9, 43, 999, 0xffff}) {
         EXPECT_THAT(DecodeFrameHeader(Header(kWireMagic, 1, t, 0, 0)),
                     StatusIsWithMessage(StatusCode::kInvalidArgument, "unknown message type"));
     }

@@ -220,6 +220,7 @@ struct SourceDescriptor {
     }
 
     std::size_t rank() const { return global_shape.size(); }
+    friend bool operator==(const SourceDescriptor&, const SourceDescriptor&) = default;
     /// Bytes of one entry across `indices` and `values` (e.g. 6 for 2-D uint16 + bf16).
     std::uint64_t EntryBytes() const {
         return rank() * DTypeSize(index_dtype) + DTypeSize(value_dtype);
@@ -246,6 +247,8 @@ struct TargetDescriptor {
         return TargetDescriptor{std::move(target_id), std::move(node_id), std::move(tensor_id),
                                 std::move(placement), std::move(box).value()};
     }
+
+    friend bool operator==(const TargetDescriptor&, const TargetDescriptor&) = default;
 };
 
 /// A non-owning view of a source object's compact tile index.
@@ -322,64 +325,115 @@ struct EntryRange {
     friend bool operator==(const EntryRange&, const EntryRange&) = default;
 };
 
-/// One piece of one target's plan: read entries `range` of source `source_index`, keep those
-/// inside `overlap` (only needed when `range.exact_coordinate_filter`), subtract the target's
-/// origin, and apply with `apply`. Sources and targets are named by their index in the spans
-/// given to the planner, so a region is small, trivially copyable and allocation-free; the
-/// source_ref, generation and target id are `manifest[source_index]` and
-/// `targets[target_index]`.
-struct Region {
-    std::size_t source_index = 0;  ///< Into the manifest (the SourceDescriptor span).
-    std::size_t target_index = 0;  ///< Into the TargetDescriptor span.
-    std::size_t read_index = 0;    ///< Into BatchPlan::reads: the physical read that holds it.
-    Generation generation;
-    EntryRange range;
-    Box overlap;  ///< source box ∩ target box, global coordinates.
-    ApplyMode apply = ApplyMode::kOverwrite;
+/// A source that a target reads (DESIGN.md §4 steps 1-2): indexes into the manifest and the
+/// target set given to the planner. Eight bytes, so that a node's selection stays small; the
+/// overlap is derived from the two boxes it names rather than stored.
+struct SourceMatch {
+    std::uint32_t source_index = 0;  ///< Into the manifest (the SourceDescriptor span).
+    std::uint32_t target_index = 0;  ///< Into the TargetDescriptor span.
 
-    /// Errors: InvalidArgument for an empty range, a range past the source's nnz, an overlap
-    /// outside the source or target box, or a generation that differs from the source's.
+    /// source box ∩ target box, global coordinates. A match always overlaps; an empty Box
+    /// (rank 0) means the indexes do not name an overlapping pair of these spans.
+    Box Overlap(std::span<const SourceDescriptor> manifest,
+                std::span<const TargetDescriptor> targets) const {
+        if (source_index >= manifest.size() || target_index >= targets.size()) return Box();
+        return Intersect(manifest[source_index].box, targets[target_index].box).value_or(Box());
+    }
+};
+
+/// One piece of one target's plan: read entries [start, end()) of the match's source, keep
+/// those inside the match's overlap (only needed when exact_coordinate_filter()), subtract the
+/// target's origin, and apply with the source's apply mode. A region belongs to one match (one
+/// target reading one source; the plan keeps each match's regions together), whose source and
+/// target descriptors carry source_ref, generation, apply, target_id and the boxes, and names
+/// the physical read that holds it. 16 bytes and trivially copyable: a node's plan holds
+/// millions of them, so nothing derivable is stored (BatchPlan::Describe resolves the rest).
+struct Region {
+    /// The most entries one region holds; the planner splits a longer range into consecutive
+    /// regions (only a source of more than 2^32 - 1 entries can have one).
+    static constexpr std::uint64_t kMaxLength = (std::uint64_t{1} << 32) - 1;
+    /// The largest read index a region can hold (31 bits; the flag takes the last one).
+    static constexpr std::uint32_t kMaxReadIndex = (std::uint32_t{1} << 31) - 1;
+
+    std::uint64_t start = 0;   ///< First entry offset into the source's indices/values.
+    std::uint32_t length = 0;  ///< Entries: [start, start + length).
+
+    std::uint64_t end() const { return start + length; }
+    std::uint64_t size() const { return length; }
+    /// Into BatchPlan::reads: the physical read that holds this region.
+    std::uint32_t read_index() const { return read_and_filter_ >> 1; }
+    /// Some entries of the range may lie outside the overlap: test `begin[d] <= idx[d] < end[d]`.
+    bool exact_coordinate_filter() const { return (read_and_filter_ & 1u) != 0; }
+    EntryRange range() const { return {start, end(), exact_coordinate_filter()}; }
+
+    /// `read` must be <= kMaxReadIndex.
+    void set_read_index(std::uint32_t read) { read_and_filter_ = (read << 1) | (read_and_filter_ & 1u); }
+    void set_exact_coordinate_filter(bool filter) {
+        read_and_filter_ = (read_and_filter_ & ~1u) | (filter ? 1u : 0u);
+    }
+
+    /// A region of `matches[match_index]` reading `range` (read index 0 until the planner's
+    /// dedup assigns one).
+    /// Errors: InvalidArgument for a match, source or target index out of range, an empty
+    /// range, a range past the source's nnz or longer than kMaxLength, or a source and target
+    /// box that do not overlap (different rank, or disjoint).
     static Result<Region> Make(std::span<const SourceDescriptor> manifest,
                                std::span<const TargetDescriptor> targets,
-                               std::size_t source_index, std::size_t target_index,
-                               EntryRange range, const Box& overlap) {
-        if (source_index >= manifest.size()) return InvalidArgument("region source out of range");
-        if (target_index >= targets.size()) return InvalidArgument("region target out of range");
-        const SourceDescriptor& src = manifest[source_index];
-        const TargetDescriptor& dst = targets[target_index];
+                               std::span<const SourceMatch> matches, std::size_t match_index,
+                               EntryRange range) {
+        if (match_index >= matches.size()) return InvalidArgument("region match out of range");
+        const SourceMatch& m = matches[match_index];
+        if (m.source_index >= manifest.size()) return InvalidArgument("region source out of range");
+        if (m.target_index >= targets.size()) return InvalidArgument("region target out of range");
+        const SourceDescriptor& src = manifest[m.source_index];
+        const TargetDescriptor& dst = targets[m.target_index];
         if (range.start >= range.end || range.end > src.nnz) {
             return InvalidArgument("region range [" + std::to_string(range.start) + ", " +
                                    std::to_string(range.end) + ") is empty or beyond nnz " +
                                    std::to_string(src.nnz) + " of " + src.source_ref);
         }
-        if (!Contains(src.box, overlap) || !Contains(dst.box, overlap)) {
-            return InvalidArgument("region overlap " + overlap.ToString() +
-                                   " is not inside both the source and the target box");
+        if (range.size() > kMaxLength) {
+            return InvalidArgument("region range of " + std::to_string(range.size()) +
+                                   " entries is longer than " + std::to_string(kMaxLength));
+        }
+        if (!Intersect(src.box, dst.box)) {
+            return InvalidArgument("region source box " + src.box.ToString() + " of " +
+                                   src.source_ref + " does not overlap target " + dst.target_id +
+                                   " box " + dst.box.ToString());
         }
         Region r;
-        r.source_index = source_index;
-        r.target_index = target_index;
-        r.generation = src.generation;
-        r.range = range;
-        r.overlap = overlap;
-        r.apply = src.apply;
+        r.start = range.start;
+        r.length = static_cast<std::uint32_t>(range.size());
+        r.set_exact_coordinate_filter(range.exact_coordinate_filter);
         return r;
     }
 
-    bool exact_coordinate_filter() const { return range.exact_coordinate_filter; }
+private:
+    std::uint32_t read_and_filter_ = 0;  ///< read_index << 1 | exact_coordinate_filter.
 };
+static_assert(sizeof(Region) == 16, "Region is stored by the million: keep it at 16 bytes");
 
-/// One physical range read for one node: the unit of dedup. Requests with the same
-/// `(source_ref, generation, node, range)` collapse into one read, and overlapping requests are
-/// united, so no entry is read twice on a node.
+/// One physical range read of one source for one node: the unit of dedup. Requests with the
+/// same `(source_ref, generation, node, range)` collapse into one read, and overlapping
+/// requests are united, so no entry is read twice on a node. Which source and node a read
+/// belongs to is its ReadGroup's; its fan-out is BatchPlan::ReadConsumers().
 struct UniqueRead {
-    std::size_t source_index = 0;
-    std::uint32_t node = 0;  ///< Index into BatchPlan::nodes.
     std::uint64_t start = 0;
     std::uint64_t end = 0;
-    std::uint32_t consumers = 0;  ///< Regions served by this read (its fan-out).
 
     std::uint64_t size() const { return end - start; }
+    friend bool operator==(const UniqueRead&, const UniqueRead&) = default;
+};
+static_assert(sizeof(UniqueRead) == 16, "UniqueRead is stored by the million: keep it small");
+
+/// The reads of one source on one node: BatchPlan::reads[begin, end), sorted by start.
+struct ReadGroup {
+    std::uint32_t source_index = 0;  ///< Into the manifest.
+    std::uint32_t node = 0;          ///< Into BatchPlan::nodes.
+    std::uint32_t begin = 0;
+    std::uint32_t end = 0;
+
+    std::uint32_t size() const { return end - begin; }
 };
 
 }  // namespace mooncake::sparse

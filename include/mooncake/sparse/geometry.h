@@ -147,8 +147,11 @@ public:
     }
 
     friend bool operator==(const Box& a, const Box& b) {
-        return a.rank_ == b.rank_ && std::equal(a.origin().begin(), a.origin().end(), b.origin().begin()) &&
-               std::equal(a.shape().begin(), a.shape().end(), b.shape().begin());
+        if (a.rank_ != b.rank_) return false;
+        for (std::size_t d = 0; d < a.rank_; ++d) {  // a loop: ranks are tiny, no memcmp call
+            if (a.origin_[d] != b.origin_[d] || a.shape_[d] != b.shape_[d]) return false;
+        }
+        return true;
     }
 
 private:

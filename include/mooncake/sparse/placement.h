@@ -59,6 +59,14 @@ public:
     }
 
     std::optional<std::int64_t> Get(std::string_view axis) const {
+        if (entries_.size() <= 8) {  // the usual handful of axes: a scan beats the search
+            for (const Entry& e : entries_) {
+                if (e.first.size() == axis.size() && std::string_view(e.first) == axis) {
+                    return e.second;
+                }
+            }
+            return std::nullopt;
+        }
         auto it = std::lower_bound(entries_.begin(), entries_.end(), axis,
                                    [](const Entry& e, std::string_view a) { return e.first < a; });
         if (it == entries_.end() || it->first != axis) return std::nullopt;

@@ -4,15 +4,45 @@
 // box intersection from the manifest alone, entry-range planning on a source's compact tile
 // index, and batch planning of a whole target set with dedup per node. It reads no payload and
 // never scans nnz: a query costs O(log R + groups * log C + K) on the 2-D path.
+//
+// Choosing the 2-D direction. DESIGN.md asks for "the direction with fewer candidate groups".
+// Groups are not equally expensive, so the planner counts candidate groups weighted by what one
+// group costs on each path, with the index's fill f = tiles / tile-grid cells standing in for
+// the tiles actually present (a box of R tile rows x C tile columns holds K ~ f R C tiles):
+//
+//   row path    = R * (2 log2(f * grid_columns + 2) + 1)
+//                 each tile row: two binary searches among its tiles, and at most one range out
+//                 (a row's selected tiles are consecutive in entry order); in a dense index
+//                 (every tile present) a row's tiles sit at known offsets: the searches are O(1)
+//                 and a row costs 1;
+//   column path = C * 2 log2(f * grid_rows + 2) + K * (1 + log2(K + 1))
+//                 each tile column: two binary searches among its tiles, then every selected
+//                 tile is gathered and sorted back into entry order (columns interleave).
+//
+// The cheaper estimate wins (ties: the row path). So a column band (a row-parallel TP half) is
+// planned by rows: one coalesced range per tile row, not K tiles to sort; the column path wins
+// only for tall, narrow boxes over sparse tile grids, where few of the candidate rows hold a
+// tile. Boxes that span whole tile rows take neither: their tiles are one contiguous run.
+//
+// Planning a whole node. A node's batch is ~10^5 targets over ~10^5 sources and can produce
+// ~10^6 regions and reads (a row-parallel TP part is one region per tile row). What costs is
+// memory, not arithmetic: every descriptor and tile index is touched once, cold, and every
+// byte of output is a first-touched page. So the outputs are flat arrays of small records
+// (SourceMatch 8 bytes, Region 16, UniqueRead 16) with offsets instead of per-target vectors;
+// the manifest is looked up through a reusable ManifestIndex; PlanBatch works source by source,
+// fetching a few sources ahead, and dedups each source's requests while they are still in cache.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
+#include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -31,7 +61,9 @@ namespace mooncake::sparse {
 struct PlanningLimits {
     std::uint64_t max_tiles_per_query = std::uint64_t{1} << 26;   ///< Tiles visited by one query.
     std::uint64_t max_groups_per_query = std::uint64_t{1} << 24;  ///< Row/column/N-D groups.
-    std::uint64_t max_regions = std::uint64_t{1} << 28;           ///< Regions in one batch plan.
+    /// Regions in one batch plan (never more than Region::kMaxReadIndex, so that every region
+    /// and read index fits 31 bits).
+    std::uint64_t max_regions = std::uint64_t{1} << 28;
 };
 
 struct PlanOptions {
@@ -64,9 +96,45 @@ struct QueryStats {
     }
 };
 
+// Forces inlining of the small lambdas of the dedup merge, which GCC would otherwise call (and
+// then keep their captured state in memory) for every one of millions of regions.
+#if defined(__GNUC__) || defined(__clang__)
+#define MCS_PLANNER_INLINE __attribute__((always_inline))
+#else
+#define MCS_PLANNER_INLINE
+#endif
+
+namespace internal {
+
+/// Asks the CPU to start fetching the cache line at `p` (no-op without a compiler builtin).
+/// Planning a node touches tens of thousands of independent tile indexes and descriptors; on
+/// cold memory each is a cache and TLB miss, so the batch loops fetch ahead instead of waiting
+/// for one miss at a time.
+inline void Prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+    __builtin_prefetch(p);
+#else
+    (void)p;
+#endif
+}
+
+}  // namespace internal
+
+/// A run of consecutive tiles [first, last) of one tile index (positions in tile_coords /
+/// tile_ptr order): the entries [tile_ptr[first], tile_ptr[last]).
+struct TileRange {
+    std::uint32_t first = 0;
+    std::uint32_t last = 0;
+    bool exact_coordinate_filter = false;
+};
+
 /// A source object's tile index plus lazily built secondary indexes (row groups and column
 /// groups, each built once, O(T), on first use by a query that needs it). Thread-safe for
 /// concurrent queries. Owns its arrays (the executor caches one per source per node).
+///
+/// A dense index (every tile of the source box's tile grid present, as in any update that
+/// changes more than a few entries per tile) needs no secondary index at all: a tile's position
+/// follows from its coordinates, so its queries read only `tile_ptr`.
 class TileIndex {
 public:
     TileIndex(TileIndex&&) noexcept = default;
@@ -74,13 +142,20 @@ public:
     TileIndex(const TileIndex&) = delete;
     TileIndex& operator=(const TileIndex&) = delete;
 
-    /// Validates the index against its source (ValidateTileIndex) and takes ownership.
+    /// Validates the index against its source (ValidateTileIndex, and the descriptor's
+    /// num_tiles against the index's tile count) and takes ownership.
     /// Errors: InvalidArgument.
     static Result<TileIndex> Make(const SourceDescriptor& source, std::vector<TileCoord> coords,
                                   std::vector<std::uint64_t> ptr) {
         TileIndexView view{source.rank(), coords, ptr};
         if (Status s = ValidateTileIndex(view, source); !s.ok()) {
             return s.WithContext("tile index of " + source.source_ref);
+        }
+        if (view.num_tiles() != source.num_tiles) {
+            return InvalidArgument("tile index of " + source.source_ref + " has " +
+                                   std::to_string(view.num_tiles()) +
+                                   " tiles, its descriptor says num_tiles " +
+                                   std::to_string(source.num_tiles));
         }
         if (view.num_tiles() >= (std::uint64_t{1} << 32)) {
             return InvalidArgument("tile index of " + source.source_ref + " has >= 2^32 tiles");
@@ -91,9 +166,91 @@ public:
     TileIndexView view() const { return {rank_, coords_, ptr_}; }
     std::size_t rank() const { return rank_; }
     std::size_t num_tiles() const { return ptr_.size() - 1; }
-    std::uint64_t nnz() const { return ptr_.back(); }
+    std::uint64_t nnz() const { return nnz_; }
     const Box& source_box() const { return source_box_; }
     std::span<const Index> tile_shape() const { return {tile_shape_.data(), rank_}; }
+    /// Every tile of the source box's tile grid is present.
+    bool dense() const { return dense_; }
+
+    /// Appends to `out` the sorted, coalesced entry ranges of every tile that intersects
+    /// `overlap` (a box inside the source box), each flagged with exact_coordinate_filter when
+    /// its tiles cross the overlap's boundary. Never touches a tile that misses the box.
+    /// Errors: InvalidArgument for a box of the wrong rank or outside the source box;
+    /// ResourceExhausted when `limits` are exceeded (then `out` is left as it was).
+    Status Query(const Box& overlap, const PlanningLimits& limits, std::vector<EntryRange>& out,
+                 QueryStats& stats) const {
+        thread_local std::vector<TileRange> tiles;  // reused: no allocation per query
+        tiles.clear();
+        MCS_RETURN_IF_ERROR(QueryTiles(overlap, limits, tiles, stats));
+        out.reserve(out.size() + tiles.size());
+        for (const TileRange& t : tiles) out.push_back(Entries(t));
+        return Status::Ok();
+    }
+
+    /// Query in tile space: appends the sorted, coalesced runs of consecutive tiles (indexes
+    /// into the tile index) that intersect `overlap`. Reads tile_coords (or nothing, when
+    /// dense) but not tile_ptr, so a batch can fetch the tile_ptr lines of many queries ahead
+    /// of converting them with Entries(). Same errors and limits as Query.
+    Status QueryTiles(const Box& overlap, const PlanningLimits& limits,
+                      std::vector<TileRange>& out, QueryStats& stats) const {
+        if (overlap.rank() != rank_ || !Contains(source_box_, overlap)) {
+            return InvalidArgument("query box " + overlap.ToString() +
+                                   " is not inside the source box " + source_box_.ToString());
+        }
+        ++stats.queries;
+        if (num_tiles() == 0) return Status::Ok();
+        if (Contains(overlap, source_box_)) {
+            ++stats.whole_source;
+            out.push_back({0, static_cast<std::uint32_t>(num_tiles()), false});
+            return Status::Ok();
+        }
+        QueryState q(*this, overlap, limits, stats);
+        const std::size_t first = out.size();
+        bool ok;
+        if (rank_ == 2 && !q.full_from[1]) {
+            if (PreferRowPath(q.tiles.shape()[0], q.tiles.shape()[1])) {
+                ++stats.row_path;
+                ok = RowPath(q, out);
+            } else {
+                ++stats.column_path;
+                ok = ColumnPath(q, out);
+            }
+        } else {
+            if (rank_ != 2) ++stats.nd_path; else ++stats.row_path;
+            ok = Lexicographic(q, 0, num_tiles(), 0, false, out);
+        }
+        if (!ok) {
+            out.resize(first);
+            return ResourceExhausted("planning query over budget (" +
+                                     std::to_string(q.groups_used) + " groups, " +
+                                     std::to_string(q.tiles_used) + " tiles)");
+        }
+        // Every path emits its runs in tile order; only adjacent ones remain to be merged. In a
+        // dense index none are: two runs are adjacent only across a fully spanned dimension,
+        // which the paths already emit as one run.
+        if (!dense_) Coalesce(out, first);
+        return Status::Ok();
+    }
+
+    /// The entry range of a run of tiles. The ends of the index are known without reading
+    /// tile_ptr (0 and nnz), so a whole-source range costs no load at all.
+    EntryRange Entries(const TileRange& t) const {
+        return {t.first == 0 ? 0 : ptr_[t.first], t.last == num_tiles_ ? nnz_ : ptr_[t.last],
+                t.exact_coordinate_filter};
+    }
+
+    /// Starts fetching the tile_ptr lines that Entries(t) will read.
+    void PrefetchEntries(const TileRange& t) const {
+        if (t.first != 0) internal::Prefetch(ptr_.data() + t.first);
+        if (t.last != num_tiles_) internal::Prefetch(ptr_.data() + t.last);
+    }
+
+    /// Starts fetching this object's fields (what validation and a query read first); see
+    /// internal::Prefetch.
+    void PrefetchSelf() const {
+        const char* p = reinterpret_cast<const char*>(this);
+        for (std::size_t off = 0; off < sizeof(TileIndex); off += 64) internal::Prefetch(p + off);
+    }
 
     /// Bytes held, including any secondary index built so far.
     std::size_t MemoryBytes() const {
@@ -106,49 +263,6 @@ public:
         return bytes;
     }
 
-    /// Appends to `out` the sorted, coalesced entry ranges of every tile that intersects
-    /// `overlap` (a box inside the source box), each flagged with exact_coordinate_filter when
-    /// its tiles cross the overlap's boundary. Never touches a tile that misses the box.
-    /// Errors: InvalidArgument for a box of the wrong rank or outside the source box;
-    /// ResourceExhausted when `limits` are exceeded.
-    Status Query(const Box& overlap, const PlanningLimits& limits, std::vector<EntryRange>& out,
-                 QueryStats& stats) const {
-        if (overlap.rank() != rank_ || !Contains(source_box_, overlap)) {
-            return InvalidArgument("query box " + overlap.ToString() +
-                                   " is not inside the source box " + source_box_.ToString());
-        }
-        ++stats.queries;
-        if (num_tiles() == 0) return Status::Ok();
-        if (Contains(overlap, source_box_)) {
-            ++stats.whole_source;
-            out.push_back({0, nnz(), false});
-            return Status::Ok();
-        }
-        QueryState q(*this, overlap, limits, stats);
-        const std::size_t first = out.size();
-        Status status;
-        if (rank_ == 2 && !q.full_from[1]) {
-            const Index rows = q.tiles.shape()[0];
-            const Index cols = q.tiles.shape()[1];
-            if (rows <= cols) {
-                ++stats.row_path;
-                status = RowPath(q, out);
-            } else {
-                ++stats.column_path;
-                status = ColumnPath(q, out);
-            }
-        } else {
-            if (rank_ != 2) ++stats.nd_path; else ++stats.row_path;
-            status = Lexicographic(q, 0, num_tiles(), 0, false, out);
-        }
-        if (!status.ok()) {
-            out.resize(first);
-            return status;
-        }
-        SortAndCoalesce(out, first);
-        return Status::Ok();
-    }
-
 private:
     TileIndex(const SourceDescriptor& source, std::vector<TileCoord> coords,
               std::vector<std::uint64_t> ptr)
@@ -157,9 +271,30 @@ private:
           grid_(TileBounds(source.box, source.tile_shape)),
           coords_(std::move(coords)),
           ptr_(std::move(ptr)),
+          nnz_(ptr_.back()),
+          num_tiles_(ptr_.size() - 1),
           lazy_(std::make_unique<Lazy>()) {
         std::copy(source.tile_shape.begin(), source.tile_shape.end(), tile_shape_.begin());
         std::copy(source.global_shape.begin(), source.global_shape.end(), global_shape_.begin());
+        // Grid cells as a double: exact while it matters (a dense grid has < 2^32 cells) and
+        // free of int64 overflow for huge sparse grids.
+        double cells = 1.0;
+        for (std::size_t d = 0; d < rank_; ++d) cells *= static_cast<double>(grid_.shape()[d]);
+        const double tiles = static_cast<double>(num_tiles());
+        dense_ = tiles > 0 && tiles == cells;
+        if (dense_) {
+            stride_[rank_ - 1] = 1;
+            for (std::size_t d = rank_ - 1; d > 0; --d) {
+                stride_[d - 1] = stride_[d] * static_cast<std::uint64_t>(grid_.shape()[d]);
+            }
+        }
+        if (rank_ == 2) {
+            const double fill = tiles / cells;
+            row_group_cost_ = dense_ ? 1.0
+                                     : 2.0 * std::log2(fill * double(grid_.shape()[1]) + 2.0) + 1.0;
+            col_group_cost_ = 2.0 * std::log2(fill * double(grid_.shape()[0]) + 2.0);
+            fill_ = fill;
+        }
     }
 
     struct Lazy {
@@ -209,17 +344,14 @@ private:
         bool EdgePartial(std::size_t d, Index c) const {
             return (c == tiles.begin(d) && partial_lo[d]) || (c == tiles.end(d) - 1 && partial_hi[d]);
         }
-        Status Charge(std::uint64_t groups, std::uint64_t tiles_seen) {
+        /// Counts work; false once the query is over budget.
+        bool Charge(std::uint64_t groups, std::uint64_t tiles_seen) {
             stats.groups_visited += groups;
             stats.tiles_visited += tiles_seen;
             groups_used += groups;
             tiles_used += tiles_seen;
-            if (groups_used > limits.max_groups_per_query || tiles_used > limits.max_tiles_per_query) {
-                return ResourceExhausted("planning query over budget (" +
-                                         std::to_string(groups_used) + " groups, " +
-                                         std::to_string(tiles_used) + " tiles)");
-            }
-            return Status::Ok();
+            return groups_used <= limits.max_groups_per_query &&
+                   tiles_used <= limits.max_tiles_per_query;
         }
 
         const Box& overlap;
@@ -238,6 +370,14 @@ private:
         return static_cast<Index>(coords_[tile * rank_ + d]);
     }
 
+    /// Coord, computed instead of loaded in a dense index (a cold query would miss in cache on
+    /// tile_coords).
+    Index CoordAt(std::size_t tile, std::size_t d) const {
+        if (!dense_) return Coord(tile, d);
+        const auto extent = static_cast<std::uint64_t>(grid_.shape()[d]);
+        return grid_.begin(d) + static_cast<Index>((tile / stride_[d]) % extent);
+    }
+
     /// First tile in [lo, hi) whose coordinate in dim d is >= value, given that [lo, hi) is
     /// sorted by dim d.
     std::size_t LowerBound(std::size_t lo, std::size_t hi, std::size_t d, Index value) const {
@@ -248,32 +388,45 @@ private:
         return lo;
     }
 
+    /// LowerBound for a [lo, hi) inside one group of tiles that share their coordinates in
+    /// dims < d. O(1) in a dense index: such a group is the full sub-grid of dims >= d, with
+    /// coordinate c of dim d at offset (c - grid begin) * stride from the group's start.
+    std::size_t Seek(std::size_t lo, std::size_t hi, std::size_t d, Index value) const {
+        if (!dense_) return LowerBound(lo, hi, d, value);
+        const std::uint64_t group_tiles = stride_[d] * static_cast<std::uint64_t>(grid_.shape()[d]);
+        const std::uint64_t group = lo - lo % group_tiles;
+        const Index c = std::clamp(value, grid_.begin(d), grid_.end(d));
+        const std::uint64_t at = group + static_cast<std::uint64_t>(c - grid_.begin(d)) * stride_[d];
+        return static_cast<std::size_t>(std::clamp<std::uint64_t>(at, lo, hi));
+    }
+
     /// Generic path: tiles [lo, hi) share their coordinates in dims < d and are therefore
     /// sorted by dim d. Narrow to the overlap in dim d, then either emit one contiguous range
     /// (when every later dim spans the whole grid) or recurse group by group.
-    Status Lexicographic(QueryState& q, std::size_t lo, std::size_t hi, std::size_t d,
-                         bool prefix_partial, std::vector<EntryRange>& out) const {
-        const std::size_t a = LowerBound(lo, hi, d, q.tiles.begin(d));
-        const std::size_t z = LowerBound(a, hi, d, q.tiles.end(d));
-        if (a >= z) return Status::Ok();
+    bool Lexicographic(QueryState& q, std::size_t lo, std::size_t hi, std::size_t d,
+                       bool prefix_partial, std::vector<TileRange>& out) const {
+        const std::size_t a = Seek(lo, hi, d, q.tiles.begin(d));
+        const std::size_t z = Seek(a, hi, d, q.tiles.end(d));
+        if (a >= z) return true;
         if (d + 1 == rank_ || q.full_from[d + 1]) {
-            MCS_RETURN_IF_ERROR(q.Charge(1, z - a));
-            const bool flag = prefix_partial || q.EdgePartial(d, Coord(a, d)) ||
-                              q.EdgePartial(d, Coord(z - 1, d)) ||
+            if (!q.Charge(1, z - a)) return false;
+            const bool flag = prefix_partial || q.EdgePartial(d, CoordAt(a, d)) ||
+                              q.EdgePartial(d, CoordAt(z - 1, d)) ||
                               (d + 1 < rank_ && q.any_partial_from[d + 1]);
-            out.push_back({ptr_[a], ptr_[z], flag});
-            return Status::Ok();
+            out.push_back({static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(z), flag});
+            return true;
         }
         std::size_t g = a;
         while (g < z) {
-            const Index v = Coord(g, d);
-            const std::size_t ge = LowerBound(g, z, d, v + 1);
-            MCS_RETURN_IF_ERROR(q.Charge(1, 0));
-            MCS_RETURN_IF_ERROR(
-                Lexicographic(q, g, ge, d + 1, prefix_partial || q.EdgePartial(d, v), out));
+            const Index v = CoordAt(g, d);
+            const std::size_t ge = Seek(g, z, d, v + 1);
+            if (!q.Charge(1, 0)) return false;
+            if (!Lexicographic(q, g, ge, d + 1, prefix_partial || q.EdgePartial(d, v), out)) {
+                return false;
+            }
             g = ge;
         }
-        return Status::Ok();
+        return true;
     }
 
     void BuildRowGroups() const {
@@ -342,32 +495,71 @@ private:
         });
     }
 
-    /// 2-D row path: O(log R + selected rows * log C + K).
-    Status RowPath(QueryState& q, std::vector<EntryRange>& out) const {
-        BuildRowGroups();
-        const Lazy& l = *lazy_;
+    /// The 2-D path rule of the header comment: candidate groups weighted by their cost.
+    bool PreferRowPath(Index rows, Index cols) const {
+        const double k = fill_ * double(rows) * double(cols);
+        return double(rows) * row_group_cost_ <=
+               double(cols) * col_group_cost_ + k * (1.0 + std::log2(k + 1.0));
+    }
+
+    /// First tile in row [lo, hi) whose column is >= c. A row's columns are strictly
+    /// increasing and >= the grid's first column g, so the tile at offset j has column >= g + j;
+    /// when the tile at offset c - g - 1 has column c - 1 the row is complete below c and the
+    /// answer is offset c - g: O(1) for the full rows of a nearly dense index.
+    std::size_t RowLowerBound(std::size_t lo, std::size_t hi, Index c) const {
+        const auto k = static_cast<std::uint64_t>(c - grid_.begin(1));
+        if (k == 0) return lo;
+        if (k <= hi - lo && Coord(lo + k - 1, 1) == c - 1) return lo + k;
+        return LowerBound(lo, hi, 1, c);
+    }
+
+    /// 2-D row path: O(log R + selected rows * log C + K); O(selected rows) when dense.
+    bool RowPath(QueryState& q, std::vector<TileRange>& out) const {
         const Index r0 = q.tiles.begin(0), r1 = q.tiles.end(0);
         const Index c0 = q.tiles.begin(1), c1 = q.tiles.end(1);
+        if (dense_) {
+            // Row r's tiles are [(r - g0) * W, +W): no search, no row index, no tile_coords.
+            const std::uint64_t width = stride_[0];
+            const auto first_col = static_cast<std::uint64_t>(c0 - grid_.begin(1));
+            const auto cols = static_cast<std::uint64_t>(c1 - c0);
+            const auto rows = static_cast<std::uint64_t>(r1 - r0);
+            // Every row costs the same: charge them at once (a query over budget emits nothing).
+            if (!q.Charge(rows, rows * cols)) return false;
+            const bool col_flag = q.EdgePartial(1, c0) || q.EdgePartial(1, c1 - 1);
+            const std::size_t first = out.size();
+            out.resize(first + rows);
+            TileRange* o = out.data() + first;
+            std::uint64_t a = static_cast<std::uint64_t>(r0 - grid_.begin(0)) * width + first_col;
+            for (std::uint64_t k = 0; k < rows; ++k, a += width) {
+                o[k] = {static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(a + cols), col_flag};
+            }
+            // Only the first and last tile rows can cross the box's row edges.
+            o[0].exact_coordinate_filter |= q.EdgePartial(0, r0);
+            o[rows - 1].exact_coordinate_filter |= q.EdgePartial(0, r1 - 1);
+            return true;
+        }
+        BuildRowGroups();
+        const Lazy& l = *lazy_;
         auto it = std::lower_bound(l.row_values.begin(), l.row_values.end(), r0,
                                    [](TileCoord v, Index r) { return Index(v) < r; });
         for (std::size_t i = std::size_t(it - l.row_values.begin());
              i < l.row_values.size() && Index(l.row_values[i]) < r1; ++i) {
-            const std::size_t a = LowerBound(l.row_begin[i], l.row_begin[i + 1], 1, c0);
-            const std::size_t z = LowerBound(a, l.row_begin[i + 1], 1, c1);
-            MCS_RETURN_IF_ERROR(q.Charge(1, z - a));
+            const std::size_t a = RowLowerBound(l.row_begin[i], l.row_begin[i + 1], c0);
+            const std::size_t z = RowLowerBound(l.row_begin[i], l.row_begin[i + 1], c1);
+            if (!q.Charge(1, z - a)) return false;
             if (a == z) continue;
             const bool flag = q.EdgePartial(0, Index(l.row_values[i])) ||
                               q.EdgePartial(1, Coord(a, 1)) || q.EdgePartial(1, Coord(z - 1, 1));
-            out.push_back({ptr_[a], ptr_[z], flag});
+            out.push_back({static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(z), flag});
         }
-        return Status::Ok();
+        return true;
     }
 
     /// 2-D column path: O(log C + selected columns * log R + K log K). Tiles of different
     /// columns interleave in entry order, so their ids are gathered and sorted as 4-byte keys;
     /// a run of consecutive tile ids is one contiguous entry range (tile_ptr is strictly
     /// increasing), so the ranges come out sorted and coalesced.
-    Status ColumnPath(QueryState& q, std::vector<EntryRange>& out) const {
+    bool ColumnPath(QueryState& q, std::vector<TileRange>& out) const {
         BuildColumnGroups();
         const Lazy& l = *lazy_;
         const Index r0 = q.tiles.begin(0), r1 = q.tiles.end(0);
@@ -376,6 +568,7 @@ private:
                                    [](TileCoord v, Index c) { return Index(v) < c; });
         auto row_of = [&](std::uint32_t k) { return Coord(l.col_tiles[k], 0); };
         std::vector<std::uint32_t> picked;
+        bool single_column = true;
         for (std::size_t j = std::size_t(it - l.col_values.begin());
              j < l.col_values.size() && Index(l.col_values[j]) < c1; ++j) {
             std::uint32_t lo = l.col_begin[j], hi = l.col_begin[j + 1];
@@ -388,10 +581,12 @@ private:
             };
             const std::uint32_t a = bound(lo, hi, r0);
             const std::uint32_t z = bound(a, hi, r1);
-            MCS_RETURN_IF_ERROR(q.Charge(1, z - a));
+            if (!q.Charge(1, z - a)) return false;
+            single_column = picked.empty();
             picked.insert(picked.end(), l.col_tiles.begin() + a, l.col_tiles.begin() + z);
         }
-        std::sort(picked.begin(), picked.end());
+        // One column's tiles are already in increasing id order.
+        if (!single_column) std::sort(picked.begin(), picked.end());
         auto flag_of = [&](std::uint32_t t) {
             return q.EdgePartial(1, Coord(t, 1)) || q.EdgePartial(0, Coord(t, 0));
         };
@@ -401,20 +596,19 @@ private:
             for (; k < picked.size() && picked[k] == picked[k - 1] + 1; ++k) {
                 flag |= flag_of(picked[k]);
             }
-            out.push_back({ptr_[picked[i]], ptr_[picked[k - 1] + 1], flag});
+            out.push_back({picked[i], picked[k - 1] + 1, flag});
             i = k;
         }
-        return Status::Ok();
+        return true;
     }
 
-    static void SortAndCoalesce(std::vector<EntryRange>& out, std::size_t first) {
-        auto begin = out.begin() + static_cast<std::ptrdiff_t>(first);
-        std::sort(begin, out.end(),
-                  [](const EntryRange& a, const EntryRange& b) { return a.start < b.start; });
+    /// Merges adjacent ranges of out[first..], which are sorted and disjoint (adjacent tiles
+    /// are adjacent entry ranges: tile_ptr is strictly increasing).
+    static void Coalesce(std::vector<TileRange>& out, std::size_t first) {
         std::size_t w = first;
         for (std::size_t r = first; r < out.size(); ++r) {
-            if (w > first && out[w - 1].end == out[r].start) {
-                out[w - 1].end = out[r].end;
+            if (w > first && out[w - 1].last == out[r].first) {
+                out[w - 1].last = out[r].last;
                 out[w - 1].exact_coordinate_filter |= out[r].exact_coordinate_filter;
             } else {
                 out[w++] = out[r];
@@ -430,76 +624,363 @@ private:
     std::array<Index, kMaxRank> global_shape_{};
     std::vector<TileCoord> coords_;
     std::vector<std::uint64_t> ptr_;
+    std::uint64_t nnz_ = 0;        ///< ptr_.back(), kept so that checks need not load it.
+    std::uint64_t num_tiles_ = 0;  ///< ptr_.size() - 1.
+    bool dense_ = false;
+    std::array<std::uint64_t, kMaxRank> stride_{};  ///< Dense only: tiles per step in dim d.
+    double fill_ = 0;            ///< 2-D: tiles / grid cells.
+    double row_group_cost_ = 0;  ///< 2-D: estimated cost of one candidate tile row.
+    double col_group_cost_ = 0;  ///< 2-D: of one candidate tile column, before its tiles.
     std::unique_ptr<Lazy> lazy_;
 };
 
-/// A source that a target reads, and the part of the target it covers.
-struct SourceMatch {
-    std::size_t source_index = 0;
-    Box overlap;
-};
+/// The sources of each tensor of one manifest, found by tensor_id in O(1): an open-addressing
+/// table over a hash of tensor_id, pointing at each tensor's sources in manifest order, with
+/// a compact copy of what matching a target needs (rank, shape, box, policy, owner ordinal) so
+/// that SelectSources reads a few sequential bytes per source instead of its descriptor.
+/// A manifest is fixed for a generation, so a caller that plans several batches against one
+/// manifest (an executor serving many read calls of one generation) builds this once and
+/// passes it to every SelectSources; the two-argument SelectSources builds a fresh one
+/// (O(sources)). Use it only with the manifest it was built from: SelectSources checks the
+/// size and each found tensor_id, not the rest.
+class ManifestIndex {
+public:
+    /// What SelectSources needs of one source, stored next to its tensor's other sources.
+    struct Candidate {
+        std::uint32_t source = 0;  ///< Manifest position.
+        std::uint32_t coords = 0;  ///< Where global_shape, box begin and box end are stored.
+        std::int64_t owner = 0;    ///< owner(AXIS) ordinal; -1 when the source has none.
+        std::uint16_t axis = 0;    ///< owner(AXIS): the axis, as an index into axes().
+        std::uint8_t rank = 0;
+        PlacementPolicy::Kind kind = PlacementPolicy::Kind::kNone;
+    };
 
-/// Steps 1-2: which sources each target reads, from the manifest alone.
-struct SourceSelection {
-    std::vector<std::vector<SourceMatch>> per_target;
-    std::vector<std::size_t> needed_sources;  ///< Sorted, unique: whose tile index to fetch.
-};
+    ManifestIndex() = default;
 
-/// Placement filtering and box intersection for a batch of targets. Every target must be
-/// covered exactly by the boxes of the sources it matches: a gap is an error, never a silent
-/// hole in the weights.
-/// Errors: InvalidArgument (shape mismatch, target outside the tensor, overlapping sources);
-/// NotFound (no source for the tensor, or a target box not fully covered).
-inline Result<SourceSelection> SelectSources(std::span<const SourceDescriptor> manifest,
-                                             std::span<const TargetDescriptor> targets) {
-    std::unordered_map<std::string_view, std::vector<std::size_t>> by_tensor;
-    by_tensor.reserve(manifest.size());
-    for (std::size_t i = 0; i < manifest.size(); ++i) by_tensor[manifest[i].tensor_id].push_back(i);
-
-    SourceSelection sel;
-    sel.per_target.resize(targets.size());
-    std::vector<bool> needed(manifest.size(), false);
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-        const TargetDescriptor& tgt = targets[t];
-        auto it = by_tensor.find(tgt.tensor_id);
-        if (it == by_tensor.end()) {
-            return NotFound("target " + tgt.target_id + ": tensor '" + tgt.tensor_id +
-                            "' has no source object in the manifest");
-        }
-        Index covered = 0;
-        auto& matches = sel.per_target[t];
-        for (std::size_t si : it->second) {
-            const SourceDescriptor& src = manifest[si];
-            if (tgt.box.rank() != src.rank() || !InsideShape(tgt.box, src.global_shape)) {
-                return InvalidArgument("target " + tgt.target_id + " box " + tgt.box.ToString() +
-                                       " is not inside tensor '" + tgt.tensor_id + "' of shape " +
-                                       internal::JoinIndices(src.global_shape));
+    /// Errors: InvalidArgument when the manifest holds 2^32 - 1 sources (or 2^16 owner axes)
+    /// or more.
+    static Result<ManifestIndex> Make(std::span<const SourceDescriptor> manifest) {
+        const std::size_t n = manifest.size();
+        if (n >= kEmpty) return InvalidArgument("manifest has 2^32 - 1 sources or more");
+        ManifestIndex ix;
+        ix.size_ = n;
+        std::size_t capacity = 16;
+        while (capacity < n + n / 2 + 1) capacity *= 2;  // load factor <= 2/3
+        ix.mask_ = capacity - 1;
+        ix.slots_.assign(capacity, Slot{0, kEmpty});
+        ix.coords_.reserve(6 * n);
+        ix.id_begin_.push_back(0);  // groups + 1 offsets at every step, so IdOf works throughout
+        // One pass over the descriptors (they are large and cold): group by tensor_id and
+        // take each source's candidate record, in manifest order; then reorder by group.
+        std::vector<std::uint32_t> group_of(n);
+        std::vector<Candidate> by_source(n);
+        constexpr std::size_t kAhead = 8;
+        for (std::size_t i = 0; i < n; ++i) {
+            if (i + kAhead < n) {
+                const SourceDescriptor& ahead = manifest[i + kAhead];
+                internal::Prefetch(ahead.tensor_id.data());
+                internal::Prefetch(ahead.global_shape.data());
+                internal::Prefetch(ahead.placement.entries().data());
             }
-            if (!src.policy.Matches(src.placement, tgt.placement)) continue;
-            auto overlap = Intersect(src.box, tgt.box);
-            if (!overlap) continue;
-            for (const SourceMatch& m : matches) {
-                if (Intersect(manifest[m.source_index].box, src.box)) {
-                    return InvalidArgument("target " + tgt.target_id + " matches overlapping sources " +
-                                           manifest[m.source_index].source_ref + " and " +
-                                           src.source_ref);
+            const SourceDescriptor& src = manifest[i];
+            const std::string_view id = src.tensor_id;
+            const std::uint64_t h = HashId(id);
+            const auto tag = static_cast<std::uint32_t>(h >> 32);
+            for (std::size_t p = h & ix.mask_;; p = (p + 1) & ix.mask_) {
+                Slot& slot = ix.slots_[p];
+                if (slot.group == kEmpty) {
+                    if (ix.ids_.size() + id.size() >= kEmpty) {
+                        return InvalidArgument("manifest tensor ids exceed 4 GiB");
+                    }
+                    slot = {tag, static_cast<std::uint32_t>(ix.id_begin_.size() - 1)};
+                    ix.ids_.append(id);
+                    ix.id_begin_.push_back(static_cast<std::uint32_t>(ix.ids_.size()));
+                    group_of[i] = slot.group;
+                    break;
+                }
+                if (slot.tag == tag && ix.IdOf(slot.group) == id) {
+                    group_of[i] = slot.group;
+                    break;
                 }
             }
-            covered += overlap->NumElements();
-            matches.push_back({si, *overlap});
-            needed[si] = true;
+            Candidate& c = by_source[i];
+            c.source = static_cast<std::uint32_t>(i);
+            c.coords = static_cast<std::uint32_t>(ix.coords_.size());
+            c.rank = static_cast<std::uint8_t>(src.rank());
+            c.kind = src.policy.kind();
+            if (c.kind == PlacementPolicy::Kind::kOwner) {
+                const std::string& axis = src.policy.axis();
+                auto it = std::find(ix.axes_.begin(), ix.axes_.end(), axis);
+                if (it == ix.axes_.end()) {
+                    if (ix.axes_.size() >= 0xffff) return InvalidArgument("2^16 owner axes or more");
+                    it = ix.axes_.insert(ix.axes_.end(), axis);
+                }
+                c.axis = static_cast<std::uint16_t>(it - ix.axes_.begin());
+                c.owner = src.placement.Get(axis).value_or(-1);  // ordinals are >= 0
+            }
+            if (src.box.rank() != src.rank() || ix.coords_.size() + 3 * src.rank() >= kEmpty) {
+                return InvalidArgument("source " + src.source_ref + " box rank " +
+                                       std::to_string(src.box.rank()) + " != tensor rank " +
+                                       std::to_string(src.rank()));
+            }
+            ix.coords_.insert(ix.coords_.end(), src.global_shape.begin(), src.global_shape.end());
+            for (std::size_t d = 0; d < src.rank(); ++d) ix.coords_.push_back(src.box.begin(d));
+            for (std::size_t d = 0; d < src.rank(); ++d) ix.coords_.push_back(src.box.end(d));
         }
-        if (covered != tgt.box.NumElements()) {
-            return NotFound("target " + tgt.target_id + " box " + tgt.box.ToString() + " of '" +
-                            tgt.tensor_id + "' is covered by sources for " +
-                            std::to_string(covered) + " of " +
-                            std::to_string(tgt.box.NumElements()) + " elements");
+        const std::size_t groups = ix.id_begin_.size() - 1;
+        // Each group's sources, in manifest order (a counting sort by group).
+        ix.group_begin_.assign(groups + 1, 0);
+        for (std::uint32_t g : group_of) ++ix.group_begin_[g + 1];
+        for (std::size_t g = 0; g < groups; ++g) ix.group_begin_[g + 1] += ix.group_begin_[g];
+        ix.sources_.resize(n);
+        ix.candidates_.resize(n);
+        std::vector<std::uint32_t> cursor(ix.group_begin_.begin(), ix.group_begin_.end() - 1);
+        for (std::size_t i = 0; i < n; ++i) {
+            const std::uint32_t at = cursor[group_of[i]]++;
+            ix.sources_[at] = static_cast<std::uint32_t>(i);
+            ix.candidates_[at] = by_source[i];
+        }
+        return ix;
+    }
+
+    /// Sources in the manifest it was built from.
+    std::size_t size() const { return size_; }
+
+    /// The sources of `tensor_id` in manifest order; empty when the manifest has none.
+    std::span<const std::uint32_t> Find(std::string_view tensor_id) const {
+        const std::uint32_t g = Lookup(HashId(tensor_id), tensor_id);
+        if (g == kEmpty) return {};
+        return std::span<const std::uint32_t>(sources_).subspan(
+            group_begin_[g], group_begin_[g + 1] - group_begin_[g]);
+    }
+
+    /// A 64-bit hash of an id, 8 bytes per step (in-process only: not stable across builds).
+    static std::uint64_t HashId(std::string_view s) {
+        constexpr std::uint64_t kMul = 0x9e3779b97f4a7c15ull;
+        std::uint64_t h = static_cast<std::uint64_t>(s.size()) * kMul;
+        std::size_t i = 0;
+        for (; i + 8 <= s.size(); i += 8) {
+            std::uint64_t w;
+            std::memcpy(&w, s.data() + i, 8);
+            h = (h ^ w) * kMul;
+            h ^= h >> 29;
+        }
+        if (i < s.size()) {
+            std::uint64_t w = 0;
+            std::memcpy(&w, s.data() + i, s.size() - i);
+            h = (h ^ w) * kMul;
+            h ^= h >> 29;
+        }
+        h ^= h >> 32;
+        h *= 0xd6e8feb86659fd93ull;
+        return h ^ (h >> 32);
+    }
+
+    // Lookup in stages, for batches that overlap their misses (SelectSources): fetch the home
+    // slot, then the group it points at, then look up.
+    static constexpr std::uint32_t kNone = 0xffffffffu;
+    void PrefetchSlot(std::uint64_t hash) const {
+        if (!slots_.empty()) internal::Prefetch(&slots_[hash & mask_]);
+    }
+    void PrefetchGroup(std::uint64_t hash) const {
+        if (slots_.empty()) return;
+        const Slot& slot = slots_[hash & mask_];
+        if (slot.group == kEmpty) return;
+        internal::Prefetch(ids_.data() + id_begin_[slot.group]);
+        const std::uint32_t first = group_begin_[slot.group];
+        internal::Prefetch(&candidates_[first]);
+        internal::Prefetch(coords_.data() + candidates_[first].coords);
+    }
+    /// The group (tensor) of `tensor_id`, kNone when absent; `hash` is HashId(tensor_id).
+    std::uint32_t Lookup(std::uint64_t hash, std::string_view tensor_id) const {
+        if (slots_.empty()) return kNone;
+        const auto tag = static_cast<std::uint32_t>(hash >> 32);
+        for (std::size_t p = hash & mask_;; p = (p + 1) & mask_) {
+            const Slot& slot = slots_[p];
+            if (slot.group == kEmpty) return kNone;
+            if (slot.tag == tag && IdOf(slot.group) == tensor_id) return slot.group;
         }
     }
+    std::span<const Candidate> candidates(std::uint32_t group) const {
+        return std::span<const Candidate>(candidates_).subspan(
+            group_begin_[group], group_begin_[group + 1] - group_begin_[group]);
+    }
+    std::span<const Index> global_shape(const Candidate& c) const {
+        return {coords_.data() + c.coords, c.rank};
+    }
+    std::span<const Index> box_begin(const Candidate& c) const {
+        return {coords_.data() + c.coords + c.rank, c.rank};
+    }
+    std::span<const Index> box_end(const Candidate& c) const {
+        return {coords_.data() + c.coords + 2 * std::size_t{c.rank}, c.rank};
+    }
+    const std::vector<std::string>& axes() const { return axes_; }
+
+private:
+    static constexpr std::uint32_t kEmpty = kNone;
+    struct Slot {
+        std::uint32_t tag;    ///< High 32 bits of the hash.
+        std::uint32_t group;  ///< kEmpty when the slot is free.
+    };
+    std::string_view IdOf(std::uint32_t group) const {
+        return std::string_view(ids_).substr(id_begin_[group], id_begin_[group + 1] - id_begin_[group]);
+    }
+
+    std::size_t size_ = 0;
+    std::size_t mask_ = 0;
+    std::vector<Slot> slots_;
+    std::string ids_;                         ///< Each group's tensor_id, back to back.
+    std::vector<std::uint32_t> id_begin_;     ///< Groups + 1 offsets into ids_.
+    std::vector<std::uint32_t> group_begin_;  ///< Groups + 1 offsets into sources_/candidates_.
+    std::vector<std::uint32_t> sources_;      ///< Source indexes, grouped by tensor.
+    std::vector<Candidate> candidates_;       ///< Same order as sources_.
+    std::vector<Index> coords_;
+    std::vector<std::string> axes_;           ///< Owner axes, interned.
+};
+
+/// Steps 1-2: which sources each target reads, from the manifest alone. Flat: the matches of
+/// all targets in one array, target by target, with per-target offsets (no per-target
+/// allocation).
+struct SourceSelection {
+    /// Grouped by target in target order; within a target, in manifest order.
+    std::vector<SourceMatch> matches;
+    /// Targets + 1 offsets into `matches` (empty for an empty target set).
+    std::vector<std::uint32_t> target_begin;
+    std::vector<std::uint32_t> needed_sources;  ///< Sorted, unique: whose tile index to fetch.
+
+    std::size_t num_targets() const { return target_begin.empty() ? 0 : target_begin.size() - 1; }
+    /// Target t's matches; t < num_targets().
+    std::span<const SourceMatch> matches_of(std::size_t t) const {
+        return std::span<const SourceMatch>(matches).subspan(
+            target_begin[t], target_begin[t + 1] - target_begin[t]);
+    }
+};
+
+/// Placement filtering and box intersection for a batch of targets, with the manifest's
+/// prebuilt index. Every target must be covered exactly by the boxes of the sources it matches:
+/// a gap is an error, never a silent hole in the weights. Targets are looked up in blocks whose
+/// hash slots and candidate records are fetched before any is used.
+/// Errors: InvalidArgument (index built for another manifest, shape mismatch, target outside
+/// the tensor, overlapping sources, 2^32 matches or more); NotFound (no source for the tensor,
+/// or a target box not fully covered).
+inline Result<SourceSelection> SelectSources(std::span<const SourceDescriptor> manifest,
+                                             const ManifestIndex& index,
+                                             std::span<const TargetDescriptor> targets) {
+    using Candidate = ManifestIndex::Candidate;
+    if (index.size() != manifest.size()) {
+        return InvalidArgument("manifest index was built for a manifest of " +
+                               std::to_string(index.size()) + " sources, not " +
+                               std::to_string(manifest.size()));
+    }
+    constexpr std::size_t kMaxMatches = std::numeric_limits<std::uint32_t>::max();
+    if (targets.size() >= kMaxMatches) return InvalidArgument("2^32 - 1 targets or more");
+    SourceSelection sel;
+    sel.target_begin.resize(targets.size() + 1);
+    sel.matches.reserve(targets.size() + targets.size() / 8);
+    std::vector<std::uint8_t> needed(manifest.size(), 0);
+    std::vector<const Candidate*> matched;  // this target's matched sources
+
+    // The boxes of two candidates intersect.
+    auto boxes_meet = [&](const Candidate& a, const Candidate& b) {
+        if (a.rank != b.rank) return false;
+        const auto ab = index.box_begin(a), ae = index.box_end(a);
+        const auto bb = index.box_begin(b), be = index.box_end(b);
+        for (std::size_t d = 0; d < a.rank; ++d) {
+            if (std::min(ae[d], be[d]) <= std::max(ab[d], bb[d])) return false;
+        }
+        return true;
+    };
+
+    constexpr std::size_t kBlock = 32;
+    std::array<std::uint64_t, kBlock> hashes{};
+    for (std::size_t t0 = 0; t0 < targets.size(); t0 += kBlock) {
+        const std::size_t n = std::min(kBlock, targets.size() - t0);
+        for (std::size_t k = 0; k < n; ++k) {
+            internal::Prefetch(targets[t0 + k].tensor_id.data());
+            internal::Prefetch(targets[t0 + k].placement.entries().data());
+        }
+        for (std::size_t k = 0; k < n; ++k) {
+            hashes[k] = ManifestIndex::HashId(targets[t0 + k].tensor_id);
+            index.PrefetchSlot(hashes[k]);
+        }
+        for (std::size_t k = 0; k < n; ++k) index.PrefetchGroup(hashes[k]);
+        for (std::size_t k = 0; k < n; ++k) {
+            const std::size_t t = t0 + k;
+            const TargetDescriptor& tgt = targets[t];
+            sel.target_begin[t] = static_cast<std::uint32_t>(sel.matches.size());
+            const std::uint32_t group = index.Lookup(hashes[k], tgt.tensor_id);
+            if (group == ManifestIndex::kNone) {
+                return NotFound("target " + tgt.target_id + ": tensor '" + tgt.tensor_id +
+                                "' has no source object in the manifest");
+            }
+            const std::size_t rank = tgt.box.rank();
+            matched.clear();
+            Index covered = 0;
+            // owner(AXIS) ordinals of this target, looked up once per axis.
+            std::uint32_t cached_axis = ManifestIndex::kNone;
+            std::optional<std::int64_t> cached_ordinal;
+            for (const Candidate& c : index.candidates(group)) {
+                const auto shape = index.global_shape(c);
+                bool inside = rank == c.rank;
+                for (std::size_t d = 0; inside && d < rank; ++d) inside = tgt.box.end(d) <= shape[d];
+                if (!inside) {
+                    return InvalidArgument("target " + tgt.target_id + " box " +
+                                           tgt.box.ToString() + " is not inside tensor '" +
+                                           tgt.tensor_id + "' of shape " +
+                                           internal::JoinIndices(shape));
+                }
+                if (c.kind == PlacementPolicy::Kind::kOwner) {
+                    if (cached_axis != c.axis) {
+                        cached_axis = c.axis;
+                        cached_ordinal = tgt.placement.Get(index.axes()[c.axis]);
+                    }
+                    if (c.owner < 0 || !cached_ordinal || *cached_ordinal != c.owner) continue;
+                }
+                const auto lo = index.box_begin(c), hi = index.box_end(c);
+                Index volume = 1;
+                for (std::size_t d = 0; d < rank && volume > 0; ++d) {
+                    const Index a = std::max(lo[d], tgt.box.begin(d));
+                    const Index b = std::min(hi[d], tgt.box.end(d));
+                    volume = b > a ? volume * (b - a) : 0;  // <= the target's volume
+                }
+                if (volume == 0) continue;
+                for (const Candidate* other : matched) {
+                    if (boxes_meet(*other, c)) {
+                        return InvalidArgument("target " + tgt.target_id +
+                                               " matches overlapping sources " +
+                                               manifest[other->source].source_ref + " and " +
+                                               manifest[c.source].source_ref);
+                    }
+                }
+                if (sel.matches.size() >= kMaxMatches) {
+                    return InvalidArgument("2^32 - 1 matches or more");
+                }
+                matched.push_back(&c);
+                covered += volume;
+                sel.matches.push_back({c.source, static_cast<std::uint32_t>(t)});
+                needed[c.source] = 1;
+            }
+            if (covered != tgt.box.NumElements()) {
+                return NotFound("target " + tgt.target_id + " box " + tgt.box.ToString() +
+                                " of '" + tgt.tensor_id + "' is covered by sources for " +
+                                std::to_string(covered) + " of " +
+                                std::to_string(tgt.box.NumElements()) + " elements");
+            }
+        }
+    }
+    sel.target_begin[targets.size()] = static_cast<std::uint32_t>(sel.matches.size());
     for (std::size_t i = 0; i < needed.size(); ++i) {
-        if (needed[i]) sel.needed_sources.push_back(i);
+        if (needed[i]) sel.needed_sources.push_back(static_cast<std::uint32_t>(i));
     }
     return sel;
+}
+
+/// SelectSources with a ManifestIndex built for this call.
+/// Errors: as above.
+inline Result<SourceSelection> SelectSources(std::span<const SourceDescriptor> manifest,
+                                             std::span<const TargetDescriptor> targets) {
+    MCS_ASSIGN_OR_RETURN(ManifestIndex index, ManifestIndex::Make(manifest));
+    return SelectSources(manifest, index, targets);
 }
 
 /// Batch planning totals.
@@ -513,153 +994,438 @@ struct PlanStats {
     std::uint64_t unique_ranges = 0;      ///< == reads.size().
 };
 
-struct TargetPlan {
-    std::vector<Region> regions;  ///< Sorted by (source, range start).
+/// A region with what it indexes resolved: the contract of a region (source_ref,
+/// generation, target, [start, end), exact_coordinate_filter, apply) plus its overlap box.
+struct RegionInfo {
+    std::uint32_t source_index = 0;
+    std::uint32_t target_index = 0;
+    std::uint32_t read_index = 0;
+    std::string_view source_ref;
+    std::string_view target_id;
+    Generation generation;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    EntryRange range;
+    Box overlap;  ///< source box ∩ target box, global coordinates.
 };
 
-/// A whole batch: per target its regions, and per node the unique physical reads.
+/// The regions of one match: [begin, end) into BatchPlan::regions.
+struct RegionSpan {
+    std::uint32_t begin = 0;
+    std::uint32_t end = 0;
+    std::uint32_t size() const { return end - begin; }
+};
+
+/// A whole batch, in flat arrays. Regions are stored source by source (the order the planner
+/// makes them in, so that each source's tile index is read once while hot and its reads are
+/// formed right away); each match (one target's use of one source) owns one contiguous span of
+/// them, sorted by start. A target's regions are its matches' spans, in match order. Reads are
+/// sorted by (source, node, start); each (source, node) is one ReadGroup. Sources and targets
+/// are named by position in the spans that were planned; the accessors that resolve them take
+/// those spans again.
 struct BatchPlan {
-    std::vector<TargetPlan> targets;  ///< Same order as the targets given.
-    std::vector<UniqueRead> reads;    ///< Sorted by (source, node, start).
-    std::vector<std::string> nodes;   ///< Node ids, indexed by UniqueRead::node.
+    SourceSelection selection;  ///< Steps 1-2, as planned (moved in by PlanBatch).
+    /// Per match (as in selection.matches), its regions.
+    std::vector<RegionSpan> match_regions;
+    /// Grouped by source (manifest order), then by match; each match's sorted by start.
+    std::vector<Region> regions;
+    std::vector<UniqueRead> reads;        ///< Sorted by (source, node, start).
+    std::vector<ReadGroup> read_groups;   ///< Sorted by (source, node); cover `reads` in order.
+    std::vector<std::string> nodes;       ///< Node ids, indexed by ReadGroup::node.
     PlanStats stats;
+
+    std::size_t num_targets() const { return selection.num_targets(); }
+    std::span<const SourceMatch> matches() const { return selection.matches; }
+    /// Target t's matches (indexes into matches()): [first, last).
+    std::pair<std::size_t, std::size_t> match_range(std::size_t t) const {
+        return {selection.target_begin[t], selection.target_begin[t + 1]};
+    }
+    /// Match m's regions (one target, one source), sorted by start.
+    std::span<const Region> regions_of_match(std::size_t m) const {
+        const RegionSpan span = match_regions[m];
+        return std::span<const Region>(regions).subspan(span.begin, span.size());
+    }
+    /// Target t's regions, match by match (a copy: for inspection and tests; readers iterate
+    /// match_range(t) and regions_of_match).
+    std::vector<Region> CollectRegions(std::size_t t) const {
+        std::vector<Region> out;
+        const auto [first, last] = match_range(t);
+        for (std::size_t m = first; m < last; ++m) {
+            const auto span = regions_of_match(m);
+            out.insert(out.end(), span.begin(), span.end());
+        }
+        return out;
+    }
+    /// The group (source, node) of read r. O(log groups).
+    const ReadGroup& group_of_read(std::size_t r) const {
+        auto it = std::upper_bound(read_groups.begin(), read_groups.end(), r,
+                                   [](std::size_t v, const ReadGroup& g) { return v < g.end; });
+        return *it;
+    }
+
+    /// Resolves region `r` of match `m` against the spans it was planned from.
+    RegionInfo Describe(std::size_t m, const Region& r, std::span<const SourceDescriptor> manifest,
+                        std::span<const TargetDescriptor> targets) const {
+        const SourceMatch& match = selection.matches[m];
+        const SourceDescriptor& src = manifest[match.source_index];
+        const TargetDescriptor& tgt = targets[match.target_index];
+        return {match.source_index, match.target_index, r.read_index(), src.source_ref,
+                tgt.target_id,      src.generation,     src.apply,      r.range(),
+                match.Overlap(manifest, targets)};
+    }
+
+    /// Per read, the regions it serves (its fan-out). O(regions); not kept in the plan, which
+    /// no reader needs on its hot path.
+    std::vector<std::uint32_t> ReadConsumers() const {
+        std::vector<std::uint32_t> consumers(reads.size(), 0);
+        for (const Region& r : regions) ++consumers[r.read_index()];
+        return consumers;
+    }
 };
 
-/// Looks up the tile index of `manifest[source_index]`; nullptr when it is not loaded.
-using TileIndexLookup = std::function<const TileIndex*(std::size_t source_index)>;
+/// The tile index of each manifest source, by manifest position (nullptr: not loaded). Only
+/// the sources a selection needs must be loaded; a span shorter than the manifest leaves the
+/// rest unloaded.
+using TileIndexLookup = std::span<const TileIndex* const>;
+
+namespace internal {
+
+/// Step 5 for one (source, node): dedups the regions of `spans` (one run per match, each
+/// sorted by start) into reads appended to `reads`, and sets each region's read index.
+/// Requests are visited in (start, end) order; overlapping ones (and, with gap >= 0, ones at
+/// most `gap` entries apart) share one read. One run is walked, two are merged with two
+/// pointers, a few by picking the smallest head, many are sorted.
+inline void MergeIntoReads(std::vector<Region>& regions, std::span<const RegionSpan> spans,
+                           std::int64_t gap, std::vector<UniqueRead>& reads,
+                           std::vector<RegionSpan>& heads, std::vector<std::uint32_t>& order) {
+    Region* const rg = regions.data();
+    const bool use_gap = gap >= 0;
+    const auto ugap = static_cast<std::uint64_t>(use_gap ? gap : 0);
+    // At most one read per region: size `reads` for that (within its capacity, which the
+    // planner keeps >= regions), write in place, and trim at the end.
+    std::size_t total = 0;
+    for (const RegionSpan& s : spans) total += s.size();
+    const std::size_t base = reads.size();
+    reads.resize(base + total);
+    UniqueRead* const out = reads.data() + base;
+    std::size_t n = 0;  // reads closed so far
+    std::uint64_t cur_start = 0, cur_end = 0;
+    bool open = false;
+    auto add = [&](Region& r) MCS_PLANNER_INLINE {
+        const std::uint64_t rs = r.start, re = r.end();
+        if (open && (rs < cur_end || (use_gap && rs - cur_end <= ugap))) {
+            if (re > cur_end) cur_end = re;
+        } else {
+            if (open) out[n++] = {cur_start, cur_end};
+            cur_start = rs;
+            cur_end = re;
+            open = true;
+        }
+        r.set_read_index(static_cast<std::uint32_t>(base + n));
+    };
+    auto less = [&](std::uint32_t p, std::uint32_t q) MCS_PLANNER_INLINE {
+        return rg[p].start != rg[q].start ? rg[p].start < rg[q].start : rg[p].length < rg[q].length;
+    };
+    if (spans.size() == 1) {
+        for (std::uint32_t q = spans[0].begin; q < spans[0].end; ++q) add(rg[q]);
+    } else if (spans.size() == 2) {  // e.g. the two TP parts of one EP replica
+        std::uint32_t a = spans[0].begin, b = spans[1].begin;
+        const std::uint32_t ae = spans[0].end, be = spans[1].end;
+        while (a < ae && b < be) add(rg[less(b, a) ? b++ : a++]);
+        while (a < ae) add(rg[a++]);
+        while (b < be) add(rg[b++]);
+    } else if (spans.size() <= 16) {
+        heads.clear();
+        for (const RegionSpan& s : spans) {
+            if (s.begin < s.end) heads.push_back(s);
+        }
+        while (!heads.empty()) {
+            std::size_t best = 0;
+            for (std::size_t h = 1; h < heads.size(); ++h) {
+                if (less(heads[h].begin, heads[best].begin)) best = h;
+            }
+            add(rg[heads[best].begin]);
+            if (++heads[best].begin == heads[best].end) {
+                heads[best] = heads.back();
+                heads.pop_back();
+            }
+        }
+    } else {
+        order.clear();
+        for (const RegionSpan& s : spans) {
+            for (std::uint32_t q = s.begin; q < s.end; ++q) order.push_back(q);
+        }
+        std::sort(order.begin(), order.end(), less);
+        for (std::uint32_t q : order) add(rg[q]);
+    }
+    if (open) out[n++] = {cur_start, cur_end};
+    reads.resize(base + n);
+}
+
+}  // namespace internal
 
 /// Steps 4-5: plans entry ranges for every (target, source) match and dedups them into unique
-/// physical reads per node.
-/// Errors: NotFound (a needed tile index missing); InvalidArgument; ResourceExhausted.
+/// physical reads per node. Takes the selection by value (pass std::move(selection) unless you
+/// need it afterwards) and keeps it in the plan.
+///
+/// It works source by source: all matches of one source are queried back to back (its tile
+/// index and tile_ptr lines are read once, while hot), and that source's reads are formed right
+/// away from its matches' runs, which are already sorted (one per target), so they are merged,
+/// never sorted. Sources are pipelined: a few sources ahead of the one being planned, their tile
+/// index, target boxes and the tile_ptr lines their queries will read are already being fetched.
+/// Regions and reads are appended to flat arrays whose capacity follows the regions per match
+/// seen so far (one or two reallocations, not a doubling series whose abandoned buffers would
+/// each be paged in). O(matches + regions) beyond the queries.
+/// Node ids are numbered in order of first appearance in this (source-major) order.
+/// Errors: NotFound (a needed tile index missing); InvalidArgument (a selection for other
+/// targets or another manifest, a tile index that does not match its descriptor);
+/// ResourceExhausted (PlanningLimits).
 inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
                                    std::span<const TargetDescriptor> targets,
-                                   const SourceSelection& selection,
-                                   const TileIndexLookup& lookup,
+                                   SourceSelection selection, TileIndexLookup indexes,
                                    const PlanOptions& options = {}) {
-    if (selection.per_target.size() != targets.size()) {
+    if (selection.num_targets() != targets.size()) {
         return InvalidArgument("selection was made for a different target set");
     }
+    if (!targets.empty() && (selection.target_begin.front() != 0 ||
+                             selection.target_begin.back() != selection.matches.size())) {
+        return InvalidArgument("selection target offsets do not span its matches");
+    }
     BatchPlan plan;
-    plan.targets.resize(targets.size());
+    plan.selection = std::move(selection);
+    const std::vector<SourceMatch>& matches = plan.selection.matches;
+    const std::vector<std::uint32_t>& target_begin = plan.selection.target_begin;
+    const std::size_t num_matches = matches.size();
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (target_begin[t] > target_begin[t + 1]) {
+            return InvalidArgument("selection target offsets are not monotonic");
+        }
+        for (std::size_t m = target_begin[t]; m < target_begin[t + 1]; ++m) {
+            if (matches[m].target_index != t || matches[m].source_index >= manifest.size()) {
+                return InvalidArgument("selection was made for a different manifest or targets");
+            }
+        }
+    }
+
+    // Node ids in order of first appearance, found when a target's first match is planned
+    // (its descriptor is being read then anyway; targets usually share a node).
+    constexpr std::uint32_t kNoNode = 0xffffffffu;
+    std::vector<std::uint32_t> target_node(targets.size(), kNoNode);
     std::unordered_map<std::string_view, std::uint32_t> node_ids;
-    std::vector<std::uint32_t> target_node(targets.size());
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-        auto [it, inserted] = node_ids.try_emplace(targets[t].node_id,
-                                                   static_cast<std::uint32_t>(plan.nodes.size()));
-        if (inserted) plan.nodes.push_back(targets[t].node_id);
-        target_node[t] = it->second;
-    }
-
-    // Regions are made target by target. The unique reads are then formed source by source
-    // from compact region references bucketed by source (a counting sort), so that only each
-    // source's own requests are sorted by (node, start, end), never the whole batch.
-    std::vector<std::size_t> source_begin(manifest.size() + 1, 0);  // Counts, then offsets.
-    std::vector<EntryRange> ranges;
-    std::vector<bool> seen(manifest.size(), false);
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-        auto& regions = plan.targets[t].regions;
-        for (const SourceMatch& m : selection.per_target[t]) {
-            const SourceDescriptor& src = manifest[m.source_index];
-            const TileIndex* index = lookup(m.source_index);
-            if (index == nullptr) {
-                return NotFound("tile index of source " + src.source_ref + " is not loaded");
-            }
-            if (index->nnz() != src.nnz || index->rank() != src.rank()) {
-                return InvalidArgument("tile index of " + src.source_ref +
-                                       " does not match its descriptor");
-            }
-            if (!seen[m.source_index]) {
-                seen[m.source_index] = true;
-                ++plan.stats.sources_matched;
-            }
-            ranges.clear();
-            MCS_RETURN_IF_ERROR(index->Query(m.overlap, options.limits, ranges, plan.stats.query));
-            // Regions are large; grow to the exact size where one doubling would overshoot.
-            if (regions.capacity() < regions.size() + ranges.size()) {
-                regions.reserve(std::max(regions.size() + ranges.size(), 2 * regions.capacity()));
-            }
-            for (const EntryRange& r : ranges) {
-                Region region;
-                region.source_index = m.source_index;
-                region.target_index = t;
-                region.generation = src.generation;
-                region.range = r;
-                region.overlap = m.overlap;
-                region.apply = src.apply;
-                regions.push_back(region);
-                plan.stats.requested_entries += r.size();
-            }
-            source_begin[m.source_index + 1] += ranges.size();
+    std::uint32_t last_node = kNoNode;
+    auto node_of_target = [&](std::size_t t) {
+        if (target_node[t] != kNoNode) return target_node[t];
+        const std::string_view node = targets[t].node_id;
+        if (last_node == kNoNode || node != plan.nodes[last_node]) {
+            auto [it, inserted] =
+                node_ids.try_emplace(node, static_cast<std::uint32_t>(plan.nodes.size()));
+            if (inserted) plan.nodes.push_back(targets[t].node_id);
+            last_node = it->second;
         }
-        plan.stats.regions += regions.size();
-        if (plan.stats.regions > options.limits.max_regions) {
-            return ResourceExhausted("batch plan exceeds " +
-                                     std::to_string(options.limits.max_regions) + " regions");
-        }
-    }
-
-    struct RegionRef {
-        std::size_t target;
-        std::size_t region;
+        return target_node[t] = last_node;
     };
+    auto node_of = [&](std::uint32_t m) { return target_node[matches[m].target_index]; };
+
+    // The matches of each source (a counting sort; within a source, in target order).
+    std::vector<std::uint32_t> source_begin(manifest.size() + 1, 0);
+    for (const SourceMatch& mt : matches) ++source_begin[mt.source_index + 1];
     for (std::size_t s = 0; s < manifest.size(); ++s) source_begin[s + 1] += source_begin[s];
-    std::vector<RegionRef> refs(source_begin.back());
+    std::vector<std::uint32_t> by_source(num_matches);
     {
-        std::vector<std::size_t> cursor(source_begin.begin(), source_begin.end() - 1);
-        for (std::size_t t = 0; t < targets.size(); ++t) {
-            const auto& regions = plan.targets[t].regions;
-            for (std::size_t i = 0; i < regions.size(); ++i) {
-                refs[cursor[regions[i].source_index]++] = {t, i};
-            }
+        std::vector<std::uint32_t> cursor(source_begin.begin(), source_begin.end() - 1);
+        for (std::size_t m = 0; m < num_matches; ++m) {
+            by_source[cursor[matches[m].source_index]++] = static_cast<std::uint32_t>(m);
         }
     }
-    // Requests of one source ordered by (node, start, end); equal requests share a read
-    // whichever comes first, so the order among them does not matter.
-    auto request_less = [&](const RegionRef& a, const RegionRef& b) {
-        const EntryRange& ra = plan.targets[a.target].regions[a.region].range;
-        const EntryRange& rb = plan.targets[b.target].regions[b.region].range;
-        const std::uint32_t na = target_node[a.target], nb = target_node[b.target];
-        if (na != nb) return na < nb;
-        if (ra.start != rb.start) return ra.start < rb.start;
-        return ra.end < rb.end;
+
+    const std::uint64_t max_regions =
+        std::min<std::uint64_t>(options.limits.max_regions, Region::kMaxReadIndex);
+    std::vector<Region>& regions = plan.regions;
+    std::vector<UniqueRead>& reads = plan.reads;
+    plan.match_regions.resize(num_matches);
+    // One region per match is the common case (whole sources, row bands); the capacity then
+    // follows what was seen. Reads never outnumber regions.
+    auto reserve = [&](std::uint64_t want) {
+        want = std::min(want, max_regions + 1);
+        regions.reserve(want);
+        reads.reserve(want);
     };
+    reserve(num_matches + num_matches / 8 + 16);
+
+    // The sources to plan, in manifest order, as a three-stage pipeline so that the misses of
+    // one source overlap the work on others: kFar sources ahead, fetch the tile index object,
+    // the descriptor and the target boxes; kNear ahead, validate, query in tile space and fetch
+    // the tile_ptr lines of every run; then make regions and reads.
+    std::vector<std::uint32_t> todo;
+    todo.reserve(plan.selection.needed_sources.size());
     for (std::size_t s = 0; s < manifest.size(); ++s) {
-        const auto first = refs.begin() + static_cast<std::ptrdiff_t>(source_begin[s]);
-        const auto last = refs.begin() + static_cast<std::ptrdiff_t>(source_begin[s + 1]);
-        if (last - first > 1) std::sort(first, last, request_less);
-        for (auto it = first; it != last; ++it) {
-            Region& region = plan.targets[it->target].regions[it->region];
-            const std::uint32_t node = target_node[it->target];
-            UniqueRead* prev = plan.reads.empty() ? nullptr : &plan.reads.back();
-            const bool same_group = prev && prev->source_index == s && prev->node == node;
-            const bool merge =
-                same_group &&
-                (region.range.start < prev->end ||
-                 (options.read_coalesce_gap >= 0 &&
-                  region.range.start <= prev->end + std::uint64_t(options.read_coalesce_gap)));
-            if (merge) {
-                prev->end = std::max(prev->end, region.range.end);
-            } else {
-                plan.reads.push_back({s, node, region.range.start, region.range.end, 0});
-            }
-            plan.reads.back().consumers++;
-            region.read_index = plan.reads.size() - 1;
+        if (source_begin[s] != source_begin[s + 1]) todo.push_back(static_cast<std::uint32_t>(s));
+    }
+    plan.read_groups.reserve(todo.size());
+    constexpr std::size_t kFar = 12, kNear = 4;
+    struct Pending {
+        std::vector<TileRange> runs;         ///< All matches' runs, match after match.
+        std::vector<std::uint32_t> run_end;  ///< Per match (in group order): end into runs.
+    };
+    std::array<Pending, kNear + 1> pending;
+    auto index_of = [&](std::uint32_t s) -> const TileIndex* {
+        return s < indexes.size() ? indexes[s] : nullptr;
+    };
+    auto prefetch_object = [](const void* p, std::size_t bytes) {
+        const char* c = static_cast<const char*>(p);
+        for (std::size_t off = 0; off < bytes; off += 64) internal::Prefetch(c + off);
+    };
+    auto fetch_far = [&](std::uint32_t s) {
+        if (const TileIndex* index = index_of(s)) index->PrefetchSelf();
+        prefetch_object(&manifest[s], sizeof(SourceDescriptor));
+        for (std::uint32_t k = source_begin[s]; k < source_begin[s + 1]; ++k) {
+            const TargetDescriptor& tgt = targets[matches[by_source[k]].target_index];
+            prefetch_object(&tgt.node_id, sizeof(tgt.node_id));
+            prefetch_object(&tgt.box, sizeof(Box));
         }
+    };
+    // Stage kNear: checks, node grouping and tile-space queries of source s into `p`.
+    auto query = [&](std::uint32_t s, Pending& p) -> Status {
+        const SourceDescriptor& src = manifest[s];
+        const TileIndex* index = index_of(s);
+        if (index == nullptr) {
+            return NotFound("tile index of source " + src.source_ref + " is not loaded");
+        }
+        const bool nnz_ok = index->nnz() == src.nnz;
+        const bool rank_ok = index->rank() == src.rank();
+        const bool tiles_ok = index->num_tiles() == src.num_tiles;
+        const bool box_ok = index->source_box() == src.box;
+        if (!nnz_ok || !rank_ok || !tiles_ok || !box_ok) {
+            return InvalidArgument("tile index of " + src.source_ref +
+                                   " does not match its descriptor");
+        }
+        // This source's matches grouped by node (stable: they usually share one node).
+        const auto group = std::span<std::uint32_t>(by_source).subspan(
+            source_begin[s], source_begin[s + 1] - source_begin[s]);
+        for (std::uint32_t m : group) node_of_target(matches[m].target_index);
+        if (!std::all_of(group.begin(), group.end(),
+                         [&](std::uint32_t m) { return node_of(m) == node_of(group[0]); })) {
+            std::stable_sort(group.begin(), group.end(), [&](std::uint32_t x, std::uint32_t y) {
+                return node_of(x) < node_of(y);
+            });
+        }
+        p.runs.clear();
+        p.run_end.clear();
+        for (std::uint32_t m : group) {
+            const std::optional<Box> overlap =
+                Intersect(src.box, targets[matches[m].target_index].box);
+            if (!overlap) return InvalidArgument("selection matches a disjoint source and target");
+            const std::size_t first = p.runs.size();
+            MCS_RETURN_IF_ERROR(index->QueryTiles(*overlap, options.limits, p.runs, plan.stats.query));
+            for (std::size_t k = first; k < p.runs.size(); ++k) index->PrefetchEntries(p.runs[k]);
+            p.run_end.push_back(static_cast<std::uint32_t>(p.runs.size()));
+        }
+        return Status::Ok();
+    };
+
+    std::vector<RegionSpan> spans, heads;
+    std::vector<std::uint32_t> order;
+    std::size_t matches_done = 0;
+    for (std::size_t i = 0; i < std::min(kFar, todo.size()); ++i) fetch_far(todo[i]);
+    for (std::size_t i = 0; i < std::min(kNear, todo.size()); ++i) {
+        MCS_RETURN_IF_ERROR(query(todo[i], pending[i % pending.size()]));
     }
-    for (const UniqueRead& r : plan.reads) {
-        plan.stats.planned_entries += r.size();
-        plan.stats.planned_bytes += r.size() * manifest[r.source_index].EntryBytes();
+    for (std::size_t i = 0; i < todo.size(); ++i) {
+        if (i + kFar < todo.size()) fetch_far(todo[i + kFar]);
+        if (i + kNear < todo.size()) {
+            MCS_RETURN_IF_ERROR(query(todo[i + kNear], pending[(i + kNear) % pending.size()]));
+        }
+        const std::uint32_t s = todo[i];
+        const TileIndex& index = *index_of(s);
+        const Pending& p = pending[i % pending.size()];
+        const auto group = std::span<const std::uint32_t>(by_source).subspan(
+            source_begin[s], source_begin[s + 1] - source_begin[s]);
+        ++plan.stats.sources_matched;
+
+        // Step 4: each match's runs become its regions (ranges longer than a region can hold,
+        // only possible in sources of 2^32 entries or more, become consecutive regions).
+        matches_done += group.size();
+        if (regions.size() + p.runs.size() > regions.capacity()) {
+            // Extrapolate the regions per match so far (+1/8) to the matches left.
+            const std::uint64_t need = regions.size() + p.runs.size();
+            const std::uint64_t left = num_matches - matches_done;
+            const std::uint64_t want = need + need / 8 + need * left / matches_done;
+            reserve(std::max<std::uint64_t>(
+                need, std::max<std::uint64_t>(want, regions.capacity() + regions.capacity() / 2)));
+        }
+        std::uint32_t run = 0;
+        std::uint64_t requested = 0;
+        for (std::size_t k = 0; k < group.size(); ++k) {
+            const std::uint32_t m = group[k];
+            plan.match_regions[m].begin = static_cast<std::uint32_t>(regions.size());
+            const std::uint32_t run_end = p.run_end[k];
+            for (; run < run_end; ++run) {
+                const EntryRange r = index.Entries(p.runs[run]);
+                requested += r.size();
+                Region region;
+                region.set_exact_coordinate_filter(r.exact_coordinate_filter);
+                if (r.size() <= Region::kMaxLength) {
+                    region.start = r.start;
+                    region.length = static_cast<std::uint32_t>(r.size());
+                    regions.push_back(region);
+                    continue;
+                }
+                for (std::uint64_t at = r.start; at < r.end; at += region.length) {
+                    region.start = at;
+                    region.length =
+                        static_cast<std::uint32_t>(std::min(r.end - at, Region::kMaxLength));
+                    regions.push_back(region);
+                }
+            }
+            plan.match_regions[m].end = static_cast<std::uint32_t>(regions.size());
+            if (regions.size() > max_regions) {
+                return ResourceExhausted("batch plan exceeds " + std::to_string(max_regions) +
+                                         " regions");
+            }
+        }
+
+        plan.stats.requested_entries += requested;
+
+        // Step 5: per node, this source's runs (one per match) merged into reads.
+        std::uint64_t entries = 0;
+        for (std::size_t x = 0; x < group.size();) {
+            const std::uint32_t node = node_of(group[x]);
+            std::size_t y = x + 1;
+            while (y < group.size() && node_of(group[y]) == node) ++y;
+            spans.clear();
+            for (std::size_t k = x; k < y; ++k) spans.push_back(plan.match_regions[group[k]]);
+            const auto first_read = static_cast<std::uint32_t>(reads.size());
+            internal::MergeIntoReads(regions, spans, options.read_coalesce_gap, reads, heads, order);
+            const auto last_read = static_cast<std::uint32_t>(reads.size());
+            if (last_read != first_read) {
+                plan.read_groups.push_back({s, node, first_read, last_read});
+            }
+            for (std::uint32_t r = first_read; r < last_read; ++r) entries += reads[r].size();
+            x = y;
+        }
+        plan.stats.planned_entries += entries;
+        plan.stats.planned_bytes += entries * manifest[s].EntryBytes();
     }
-    plan.stats.unique_ranges = plan.reads.size();
+    plan.stats.regions = regions.size();
+    plan.stats.unique_ranges = reads.size();
     return plan;
 }
 
 /// Steps 1-5 in one call when every tile index is at hand.
+/// Errors: as SelectSources and PlanBatch.
 inline Result<BatchPlan> Plan(std::span<const SourceDescriptor> manifest,
-                              std::span<const TargetDescriptor> targets,
-                              const TileIndexLookup& lookup, const PlanOptions& options = {}) {
+                              const ManifestIndex& manifest_index,
+                              std::span<const TargetDescriptor> targets, TileIndexLookup indexes,
+                              const PlanOptions& options = {}) {
+    MCS_ASSIGN_OR_RETURN(SourceSelection selection,
+                         SelectSources(manifest, manifest_index, targets));
+    return PlanBatch(manifest, targets, std::move(selection), indexes, options);
+}
+
+inline Result<BatchPlan> Plan(std::span<const SourceDescriptor> manifest,
+                              std::span<const TargetDescriptor> targets, TileIndexLookup indexes,
+                              const PlanOptions& options = {}) {
     MCS_ASSIGN_OR_RETURN(SourceSelection selection, SelectSources(manifest, targets));
-    return PlanBatch(manifest, targets, selection, lookup, options);
+    return PlanBatch(manifest, targets, std::move(selection), indexes, options);
 }
 
 }  // namespace mooncake::sparse

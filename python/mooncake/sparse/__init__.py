@@ -20,6 +20,7 @@ from ._api import (
     default_tile_shape,
     encode_update,
 )
+from ._tensor import TENSOR_HEADER_BYTES, decode_tensor_header, encode_tensor_header
 from ._errors import (
     Conflict,
     DataLoss,
@@ -29,6 +30,7 @@ from ._errors import (
     InvalidArgument,
     NotFound,
     OutOfRange,
+    PermissionDenied,
     ResourceExhausted,
     StaleGeneration,
     Unavailable,
@@ -54,6 +56,39 @@ def metrics():  # noqa: D103
     return default_store().metrics()
 
 
+def put_tensor(key, tensor, **kwargs):  # noqa: D103 - documented on Store
+    return default_store().put_tensor(key, tensor, **kwargs)
+
+
+def batch_put_tensor(keys, tensors, **kwargs):  # noqa: D103
+    return default_store().batch_put_tensor(keys, tensors, **kwargs)
+
+
+def upsert_tensor(key, tensor, **kwargs):  # noqa: D103
+    return default_store().upsert_tensor(key, tensor, **kwargs)
+
+
+def batch_upsert_tensor(keys, tensors, **kwargs):  # noqa: D103
+    return default_store().batch_upsert_tensor(keys, tensors, **kwargs)
+
+
+def get_tensor(key, **kwargs):  # noqa: D103
+    return default_store().get_tensor(key, **kwargs)
+
+
+def get_tensor_into(key, tensor):  # noqa: D103
+    return default_store().get_tensor_into(key, tensor)
+
+
+def batch_get_tensor_into(keys, tensors):  # noqa: D103
+    return default_store().batch_get_tensor_into(keys, tensors)
+
+
+for _f in (put_tensor, batch_put_tensor, upsert_tensor, batch_upsert_tensor, get_tensor,
+           get_tensor_into, batch_get_tensor_into):
+    _f.__doc__ = getattr(Store, _f.__name__).__doc__
+del _f
+
 put_sparse_object.__doc__ = Store.put_sparse_object.__doc__
 read_sparse_objects.__doc__ = Store.read_sparse_objects.__doc__
 manifest.__doc__ = Store.manifest.__doc__
@@ -67,6 +102,7 @@ __all__ = [
     "InvalidArgument",
     "NotFound",
     "OutOfRange",
+    "PermissionDenied",
     "ResourceExhausted",
     "SourceInfo",
     "SparseObject",
@@ -75,7 +111,17 @@ __all__ = [
     "Target",
     "Unavailable",
     "Unimplemented",
+    "TENSOR_HEADER_BYTES",
     "apply_sparse_object",
+    "batch_get_tensor_into",
+    "batch_put_tensor",
+    "batch_upsert_tensor",
+    "decode_tensor_header",
+    "encode_tensor_header",
+    "get_tensor",
+    "get_tensor_into",
+    "put_tensor",
+    "upsert_tensor",
     "connect",
     "default_store",
     "default_tile_shape",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from . import _core
 from ._arrays import as_core_array, values_out
 from ._errors import InvalidArgument, Unimplemented
+from ._tensor import TensorMixin
 
 __all__ = [
     "Target",
@@ -42,11 +44,78 @@ class Target:
     local_shape: Sequence[int]
 
 
-class Store:
-    """A handle on a store: the embedded one (default) or, later, a node daemon or Mooncake."""
+class _Backend(Protocol):
+    """What a Store needs from a backend. Two implement it in the native core: `_core._Store`
+    (embedded: everything in this process) and `_core._NodeStore` (a DummyClient of the node
+    daemon, whose caches serve every process of the node). Arguments arrive normalized by Store."""
 
-    def __init__(self, *, node_id: str = "node0", capacity_bytes: int = 0) -> None:
-        self._core = _core._Store(node_id=node_id, capacity_bytes=capacity_bytes)
+    def put_sparse_object(self, *args: Any) -> dict: ...
+    def manifest(self, generation: tuple[int, int]) -> list: ...
+    def read_sparse_objects(self, manifest: list, targets: list, strategy: str,
+                            read_coalesce_gap: int, num_threads: int) -> list: ...
+    def admit(self, tensor_id: str, generation: tuple[int, int], placement_policy: str | None,
+              source_placement: dict, writer_id: str) -> bool: ...
+    def current_generation(self, tensor_id: str) -> tuple[int, int] | None: ...
+    def metrics(self) -> dict: ...
+    def reset_metrics(self) -> None: ...
+    def clear_caches(self) -> None: ...
+    def store_counters(self) -> dict: ...
+    def list_keys(self, prefix: str) -> list[str]: ...
+    def _object_store(self) -> Any: ...
+
+
+class Store(TensorMixin):
+    """A handle on a store: the embedded one (connect()) or the node daemon
+    (connect("unix:///PATH")). Both have the same methods and answers."""
+
+    def __init__(
+        self, *, node_id: str = "node0", capacity_bytes: int = 0, backend: _Backend | None = None,
+        url: str | None = None, pinned_quota_bytes: int | None = None,
+    ) -> None:
+        self._pinned_quota_bytes = pinned_quota_bytes  # tensor objects (_tensor.py); None: default
+        self._core: _Backend = (
+            backend if backend is not None
+            else _core._Store(node_id=node_id, capacity_bytes=capacity_bytes)
+        )
+        self.url = url
+
+    @property
+    def backend(self) -> _Backend:
+        """The native backend (`_core._Store` or `_core._NodeStore`)."""
+        return self._core
+
+    @property
+    def objects(self) -> Any:
+        """The raw structured-object store under the sparse layer (put/get/stat/remove/list)."""
+        return self._core._object_store()
+
+    def capabilities(self) -> dict[str, Any]:
+        """What this store can do here: backend, CUDA availability, pinned quota and use."""
+        if isinstance(self._core, _core._Store):
+            return {"backend": "embedded", **self._tensor_capabilities()}
+        m = self._core.metrics()
+        caps: dict[str, Any] = {"backend": "node", "url": self.url}
+        for key in ("cuda_available", "cuda_ipc_available"):
+            caps[key] = bool(m.get(key, 0))
+        for key in ("cuda_devices", "pinned_quota_bytes", "pinned_bytes", "pageable_bytes",
+                    "shm_segments", "shm_capacity_bytes"):
+            caps[key] = int(m.get(key, 0))
+        caps.update(self._core.hello())
+        tensor_caps = self._tensor_capabilities()
+        caps["cuda_ipc_available"] = tensor_caps["cuda_ipc_available"]  # both ends can
+        caps["tensor_backend"] = tensor_caps["tensor_backend"]
+        caps["cuda_detail"] = tensor_caps["cuda_detail"]
+        return caps
+
+    def close(self) -> None:
+        """Drops the connection of a node-daemon store (its leases are released once no
+        returned object uses them any more); a later call reconnects. No-op when embedded."""
+        disconnect = getattr(self._core, "disconnect", None)
+        if disconnect is not None:
+            disconnect()
+
+    def __repr__(self) -> str:
+        return f"<mooncake.sparse.Store {self.url or 'embedded'}>"
 
     # -- commit side ---------------------------------------------------------------------------
     def put_sparse_object(
@@ -136,7 +205,7 @@ class Store:
         self._core.reset_metrics()
 
     def clear_caches(self) -> None:
-        """Drops the node-local tile-index and range caches."""
+        """Drops the node-local tile-index and range caches (the daemon's, for a node store)."""
         self._core.clear_caches()
 
     def store_counters(self) -> dict[str, int]:
@@ -177,13 +246,30 @@ def default_store() -> Store:
 
 
 def connect(url: str | None = None, **kwargs: Any) -> Store:
-    """A store handle. None: a new embedded store (in-process, no daemon, no network)."""
+    """A store handle.
+
+    - None: a new embedded store (in-process, no daemon, no network); kwargs node_id,
+      capacity_bytes.
+    - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH; kwargs
+      connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes. Raises
+      Unavailable when no daemon runs there. A call that loses the daemon raises Unavailable
+      and the next call reconnects (e.g. to a restarted daemon)."""
     if url is None or url in ("", "embedded", "embedded://"):
         return Store(**kwargs)
-    if url.startswith("unix://") or url.startswith("mooncake://"):
+    if url.startswith("unix://"):
+        path = url[len("unix://"):]
+        if not path:
+            raise InvalidArgument(f"store URL {url!r} names no socket path (unix:///PATH)")
+        unknown = set(kwargs) - {"connect_timeout", "call_timeout", "client_name",
+                                 "initial_buffer_bytes"}
+        if unknown:
+            raise InvalidArgument(f"unknown option(s) for a node store: {sorted(unknown)}")
+        kwargs.setdefault("client_name", f"pid {os.getpid()}")
+        return Store(backend=_core._NodeStore(path, **kwargs), url=url)
+    if url.startswith("mooncake://"):
         raise Unimplemented(
-            f"{url.split(':', 1)[0]}:// stores are not available in this build yet; use connect() "
-            "for the embedded store"
+            "mooncake:// stores are not available in this build yet; use connect() for the "
+            "embedded store or connect('unix:///PATH') for the node daemon"
         )
     raise InvalidArgument(f"unknown store URL {url!r} (expected None, unix:///PATH or mooncake://HOST:PORT)")
 

@@ -15,6 +15,7 @@ __all__ = [
     "Internal",
     "Unimplemented",
     "DataLoss",
+    "PermissionDenied",
     "error_class",
 ]
 
@@ -70,6 +71,10 @@ class DataLoss(Error):
     """A checksum mismatch or torn data was detected."""
 
 
+class PermissionDenied(Error, PermissionError):
+    """The caller may not do this (e.g. a node daemon peer running as another user)."""
+
+
 _BY_CODE = {
     1: InvalidArgument,
     2: NotFound,
@@ -82,6 +87,7 @@ _BY_CODE = {
     9: Internal,
     10: Unimplemented,
     11: DataLoss,
+    12: PermissionDenied,
 }
 
 

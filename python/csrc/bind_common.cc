@@ -1,0 +1,153 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "bind_common.h"
+
+#include <pybind11/stl.h>
+
+namespace mooncake::sparse::py {
+
+NamedAxes AxesFromDict(const pyb::handle& obj, const char* what) {
+    std::vector<NamedAxes::Entry> entries;
+    if (!obj.is_none()) {
+        if (!pyb::isinstance<pyb::dict>(obj)) {
+            ThrowIfError(InvalidArgument(std::string(what) + " must be a dict of axis -> ordinal"));
+        }
+        for (auto [k, v] : pyb::reinterpret_borrow<pyb::dict>(obj)) {
+            if (!pyb::isinstance<pyb::str>(k) || !pyb::isinstance<pyb::int_>(v)) {
+                ThrowIfError(InvalidArgument(std::string(what) + " must map str -> int"));
+            }
+            entries.emplace_back(k.cast<std::string>(), v.cast<std::int64_t>());
+        }
+    }
+    auto axes = NamedAxes::Make(std::move(entries));
+    if (!axes.ok()) throw StatusError(axes.status().WithContext(what));
+    return std::move(axes).value();
+}
+
+pyb::dict AxesToDict(const NamedAxes& axes) {
+    pyb::dict d;
+    for (const auto& [k, v] : axes.entries()) d[pyb::str(k)] = v;
+    return d;
+}
+
+Shape ShapeArg(const pyb::handle& obj, const char* what) {
+    Shape s;
+    try {
+        for (auto e : obj) s.push_back(e.cast<Index>());
+    } catch (const pyb::cast_error&) {
+        ThrowIfError(InvalidArgument(std::string(what) + " must be a sequence of ints"));
+    }
+    return s;
+}
+
+std::optional<Shape> OptShape(const pyb::handle& obj, const char* what) {
+    if (obj.is_none()) return std::nullopt;
+    return ShapeArg(obj, what);
+}
+
+pyb::tuple ShapeTuple(std::span<const Index> s) {
+    pyb::tuple t(s.size());
+    for (std::size_t i = 0; i < s.size(); ++i) t[i] = s[i];
+    return t;
+}
+
+TargetDescriptor TargetFrom(const pyb::handle& obj) {
+    auto get = [&](const char* name) -> pyb::object {
+        if (!pyb::hasattr(obj, name)) {
+            ThrowIfError(InvalidArgument(std::string("target lacks attribute '") + name + "'"));
+        }
+        return obj.attr(name);
+    };
+    auto target = TargetDescriptor::Make(
+        pyb::str(get("target_id")), pyb::str(get("node_id")), pyb::str(get("tensor_id")),
+        AxesFromDict(get("placement"), "target placement"),
+        ShapeArg(get("global_offset"), "global_offset"), ShapeArg(get("local_shape"), "local_shape"));
+    return ValueOrThrow(std::move(target));
+}
+
+std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets) {
+    std::vector<TargetDescriptor> out;
+    for (auto t : targets) out.push_back(TargetFrom(t));
+    return out;
+}
+
+ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape,
+                   const pyb::object& indices, const pyb::object& values,
+                   const pyb::object& source_placement,
+                   const std::optional<std::string>& placement_policy,
+                   std::pair<std::uint64_t, std::uint64_t> generation, const std::string& apply,
+                   const pyb::object& tile_shape, const std::string& duplicates,
+                   const pyb::object& global_offset, const pyb::object& local_shape,
+                   bool hard_pin, int num_threads) {
+    ParsedPut p;
+    PutSparseRequest& req = p.request;
+    req.tensor_id = tensor_id;
+    req.global_shape = ShapeArg(global_shape, "global_shape");
+    req.global_offset = OptShape(global_offset, "global_offset");
+    req.local_shape = OptShape(local_shape, "local_shape");
+    p.indices = Borrow(indices, "indices");
+    p.values = Borrow(values, "values");
+    req.indices = p.indices.view();
+    req.values = p.values.view();
+    req.source_placement = AxesFromDict(source_placement, "source_placement");
+    req.placement_policy = ValueOrThrow(PlacementPolicy::Parse(placement_policy.value_or("")));
+    req.generation = {generation.first, generation.second};
+    req.apply = ValueOrThrow(ParseApplyMode(apply));
+    req.encode.tile_shape = OptShape(tile_shape, "tile_shape");
+    if (duplicates == "error") {
+        req.encode.duplicates = DuplicatePolicy::kError;
+    } else if (duplicates == "sum") {
+        req.encode.duplicates = DuplicatePolicy::kSum;
+    } else {
+        ThrowIfError(
+            InvalidArgument("duplicates must be 'error' or 'sum', got '" + duplicates + "'"));
+    }
+    req.encode.num_threads = num_threads;
+    req.hard_pin = hard_pin;
+    return p;
+}
+
+pyb::dict CommitDict(const std::string& source_ref, bool created, std::uint64_t nnz,
+                     std::uint64_t bytes) {
+    pyb::dict out;
+    out["source_ref"] = source_ref;
+    out["created"] = created;
+    out["nnz"] = nnz;
+    out["bytes"] = bytes;
+    return out;
+}
+
+ReadOptions ParseReadOptions(const std::string& strategy, std::int64_t read_coalesce_gap,
+                             int num_threads) {
+    ReadOptions opts;
+    if (strategy == "sparse") {
+        opts.strategy = ReadStrategy::kSparseRanges;
+    } else if (strategy == "full_source") {
+        opts.strategy = ReadStrategy::kFullSourcePerTarget;
+    } else {
+        ThrowIfError(InvalidArgument("strategy must be 'sparse' or 'full_source'"));
+    }
+    if (read_coalesce_gap < -1) ThrowIfError(InvalidArgument("read_coalesce_gap must be >= -1"));
+    if (num_threads < 0) ThrowIfError(InvalidArgument("num_threads must be >= 0"));
+    opts.plan.read_coalesce_gap = read_coalesce_gap;
+    opts.num_threads = num_threads;
+    return opts;
+}
+
+pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items) {
+    pyb::dict d;
+    for (const auto& [k, v] : items) {
+        if (k.ends_with("_seconds")) {
+            d[pyb::str(k)] = v;
+        } else {
+            d[pyb::str(k)] = static_cast<std::uint64_t>(v);
+        }
+    }
+    return d;
+}
+
+pyb::object GenerationOrNone(const std::optional<Generation>& g) {
+    if (!g) return pyb::none();
+    return pyb::make_tuple(g->base, g->delta);
+}
+
+}  // namespace mooncake::sparse::py

@@ -1,0 +1,174 @@
+"""The tensor fast path of a Store (DESIGN.md §5): put/get of whole tensors, CPU or CUDA.
+
+Tensor objects use upstream Mooncake's format (a 304-byte ``TensorObjectHeader`` + layout,
+then the C-contiguous data), so a tensor written by one is readable by the other.
+
+* Host tensors: numpy arrays, CPU torch tensors, anything with the buffer protocol or DLPack.
+* CUDA tensors: torch CUDA tensors (DLPack), or anything with ``__dlpack__`` /
+  ``__cuda_array_interface__``. Copies are ordered after the caller's pending work on its
+  stream (torch's current stream for torch tensors; the ``stream`` of the interface otherwise)
+  and have completed when the call returns.
+* Embedded store: the device-to-host copy of a put lands directly in the object's memory, and a
+  get copies from the stored object straight into the destination (no staging buffer); object
+  memory is pinned under ``pinned_quota_bytes``. Node daemon: a CUDA tensor travels as a CUDA
+  IPC handle, the daemon copies between it and its segments.
+
+Every call validates all of its tensors (dtype, shape, size, contiguity; for reads against the
+stored header) before any byte moves: on error nothing was written. Tensors must stay alive and
+must not be resized until the call returns.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Sequence
+
+from . import _core
+from ._arrays import torch_module
+from ._errors import InvalidArgument
+
+__all__ = ["TensorMixin", "encode_tensor_header", "decode_tensor_header", "TENSOR_HEADER_BYTES",
+           "default_pinned_quota_bytes"]
+
+TENSOR_HEADER_BYTES: int = _core.TENSOR_HEADER_BYTES
+
+# numpy has no bfloat16 / float8: get_tensor returns those as torch tensors when torch is in use.
+_TORCH_ONLY = {"bfloat16": "bfloat16", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2"}
+
+
+def default_pinned_quota_bytes() -> int:
+    """Pinned host bytes an embedded store may use for tensor objects: the
+    MOONCAKE_SPARSE_PINNED_QUOTA environment variable (bytes; 0 disables pinning), else 4 GiB.
+    Nothing is pinned until a tensor is stored, and only when CUDA is present."""
+    value = os.environ.get("MOONCAKE_SPARSE_PINNED_QUOTA")
+    if value is None or value == "":
+        return 4 << 30
+    try:
+        return int(value)
+    except ValueError:
+        raise InvalidArgument(f"MOONCAKE_SPARSE_PINNED_QUOTA={value!r} is not a byte count") from None
+
+
+def encode_tensor_header(dtype: str, shape: Sequence[int]) -> bytes:
+    """The 304-byte header upstream Mooncake's put_tensor writes for a whole tensor."""
+    return _core.encode_tensor_header(dtype, tuple(int(e) for e in shape))
+
+
+def decode_tensor_header(data: bytes, object_bytes: int | None = None) -> dict[str, Any]:
+    """Parses a tensor object's header (dtype, shape, layout, data_offset, nbytes, ...)."""
+    return _core.decode_tensor_header(bytes(data), object_bytes)
+
+
+def _prepare(tensor: Any) -> tuple[Any, int | None]:
+    """(object the core borrows, CUDA stream to order on or None)."""
+    torch = torch_module()
+    if torch is not None and isinstance(tensor, torch.Tensor):
+        if tensor.requires_grad:
+            tensor = tensor.detach()
+        if tensor.is_cuda:
+            return tensor, torch.cuda.current_stream(tensor.device).cuda_stream
+    return tensor, None
+
+
+def _as_output(dtype: str, raw: Any, as_torch: bool | None) -> Any:
+    torch = torch_module()
+    if as_torch is None:
+        as_torch = dtype in _TORCH_ONLY and torch is not None
+    if not as_torch:
+        return raw
+    if torch is None:
+        import torch  # noqa: F811 - explicitly requested
+    t = torch.from_numpy(raw)
+    if dtype in _TORCH_ONLY:
+        tdt = getattr(torch, _TORCH_ONLY[dtype], None)
+        if tdt is None:
+            raise InvalidArgument(f"this torch has no {dtype}")
+        t = t.view(tdt)
+    return t
+
+
+class TensorMixin:
+    """The tensor methods of mooncake.sparse.Store (mixed in; uses ``self._core``)."""
+
+    _tensor_lock = threading.Lock()
+
+    def _tensors(self) -> Any:
+        core = self.__dict__.get("_tensor_core")
+        if core is None:
+            with TensorMixin._tensor_lock:
+                core = self.__dict__.get("_tensor_core")
+                if core is None:
+                    quota = getattr(self, "_pinned_quota_bytes", None)
+                    core = _core._TensorStore(
+                        self._core, default_pinned_quota_bytes() if quota is None else int(quota))
+                    self.__dict__["_tensor_core"] = core
+        return core
+
+    def _put(self, keys: Sequence[str], tensors: Sequence[Any], mode: str, hard_pin: bool) -> None:
+        keys = [str(k) for k in keys]
+        tensors = list(tensors)
+        if len(keys) != len(tensors):
+            raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+        prepared = [_prepare(t) for t in tensors]
+        self._tensors().put(keys, [p[0] for p in prepared], [p[1] for p in prepared], mode,
+                            bool(hard_pin))
+
+    def put_tensor(self, key: str, tensor: Any, *, hard_pin: bool = False) -> None:
+        """Stores `tensor` (CPU or CUDA, C-contiguous) under a NEW key.
+
+        Raises Conflict when the key exists, InvalidArgument for a bad tensor, ResourceExhausted,
+        Unimplemented for a CUDA tensor where CUDA is unavailable."""
+        self._put([key], [tensor], "create", hard_pin)
+
+    def upsert_tensor(self, key: str, tensor: Any, *, hard_pin: bool = False) -> None:
+        """Creates or replaces `key` (readers see the old tensor or the new one, never a mix)."""
+        self._put([key], [tensor], "upsert", hard_pin)
+
+    def batch_put_tensor(self, keys: Sequence[str], tensors: Sequence[Any], *,
+                         hard_pin: bool = False) -> None:
+        """put_tensor of many tensors; the whole batch becomes visible at once, or nothing."""
+        self._put(keys, tensors, "create", hard_pin)
+
+    def batch_upsert_tensor(self, keys: Sequence[str], tensors: Sequence[Any], *,
+                            hard_pin: bool = False) -> None:
+        """upsert_tensor of many tensors; the whole batch becomes visible at once."""
+        self._put(keys, tensors, "upsert", hard_pin)
+
+    def get_tensor(self, key: str, *, as_torch: bool | None = None) -> Any:
+        """A new host copy of the stored tensor: a numpy array, or a CPU torch tensor when
+        `as_torch` is True (default: only for dtypes numpy lacks — bfloat16, float8 — when torch
+        is imported; without torch those come back as their unsigned-integer bit patterns).
+
+        Raises NotFound, InvalidArgument (not a tensor object)."""
+        dtype, raw = self._tensors().get(str(key))
+        return _as_output(dtype, raw, as_torch)
+
+    def get_tensor_into(self, key: str, tensor: Any) -> None:
+        """Copies the stored tensor into `tensor` (CPU or CUDA), whose dtype and shape must match
+        the stored ones and which must be C-contiguous and writable.
+
+        Raises NotFound, InvalidArgument (mismatch; `tensor` is left untouched)."""
+        self.batch_get_tensor_into([key], [tensor])
+
+    def batch_get_tensor_into(self, keys: Sequence[str], tensors: Sequence[Any]) -> None:
+        """get_tensor_into of many tensors, read from one state of the store; every item is
+        checked before any destination is written."""
+        keys = [str(k) for k in keys]
+        tensors = list(tensors)
+        if len(keys) != len(tensors):
+            raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+        prepared = [_prepare(t) for t in tensors]
+        self._tensors().get_into(keys, [p[0] for p in prepared], [p[1] for p in prepared])
+
+    def tensor_info(self, key: str) -> dict[str, Any]:
+        """The stored header of `key`: dtype, shape, nbytes, layout, version, ..."""
+        return self._tensors().stat(str(key))
+
+    def tensor_stats(self) -> dict[str, int]:
+        """Counters of this handle's tensor calls (tensors/bytes put and read, CUDA copies and how
+        many of them ran against pinned store memory)."""
+        return self._tensors().stats()
+
+    def _tensor_capabilities(self) -> dict[str, Any]:
+        return self._tensors().capabilities()

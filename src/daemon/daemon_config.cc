@@ -1,0 +1,215 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "daemon/daemon_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "store/shm_segment.h"
+
+namespace mooncake::sparse {
+namespace {
+
+std::string Lower(std::string_view s) {
+    std::string out(s);
+    std::transform(out.begin(), out.end(), out.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return out;
+}
+
+std::string_view Trim(std::string_view s) {
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+    return s;
+}
+
+Result<std::uint64_t> ParseUnsigned(std::string_view text, std::string_view what) {
+    text = Trim(text);
+    std::uint64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+        return InvalidArgument(std::string(what) + ": '" + std::string(text) +
+                               "' is not a non-negative integer");
+    }
+    return v;
+}
+
+Result<std::uint32_t> ParseU32(std::string_view text, std::string_view what) {
+    MCS_ASSIGN_OR_RETURN(std::uint64_t v, ParseUnsigned(text, what));
+    if (v > 0xffffffffu) return InvalidArgument(std::string(what) + " is too large");
+    return static_cast<std::uint32_t>(v);
+}
+
+}  // namespace
+
+Result<std::uint64_t> ParseByteSize(std::string_view text) {
+    text = Trim(text);
+    std::size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
+        ++digits;
+    }
+    if (digits == 0) {
+        return InvalidArgument("byte size '" + std::string(text) + "' does not start with digits");
+    }
+    MCS_ASSIGN_OR_RETURN(std::uint64_t value, ParseUnsigned(text.substr(0, digits), "byte size"));
+    const std::string suffix = Lower(Trim(text.substr(digits)));
+    struct Unit {
+        const char* name;
+        std::uint64_t factor;
+    };
+    static constexpr Unit kUnits[] = {
+        {"", 1},
+        {"b", 1},
+        {"k", 1ull << 10},   {"kib", 1ull << 10}, {"kb", 1000ull},
+        {"m", 1ull << 20},   {"mib", 1ull << 20}, {"mb", 1000ull * 1000},
+        {"g", 1ull << 30},   {"gib", 1ull << 30}, {"gb", 1000ull * 1000 * 1000},
+        {"t", 1ull << 40},   {"tib", 1ull << 40}, {"tb", 1000ull * 1000 * 1000 * 1000},
+    };
+    for (const Unit& u : kUnits) {
+        if (suffix == u.name) {
+            std::uint64_t bytes = 0;
+            if (__builtin_mul_overflow(value, u.factor, &bytes)) {
+                return InvalidArgument("byte size '" + std::string(text) + "' overflows");
+            }
+            return bytes;
+        }
+    }
+    return InvalidArgument("byte size '" + std::string(text) + "' has an unknown unit '" +
+                           suffix + "' (use k/M/G/T, KiB/MiB/GiB/TiB or KB/MB/GB/TB)");
+}
+
+Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view value) {
+    const auto bytes = [&](std::uint64_t& out) -> Status {
+        auto v = ParseByteSize(value);
+        if (!v.ok()) return v.status().WithContext(key);
+        out = *v;
+        return Status::Ok();
+    };
+    if (key == "socket_path") {
+        c.socket_path = std::string(Trim(value));
+    } else if (key == "node_id") {
+        c.node_id = std::string(Trim(value));
+    } else if (key == "segment_size") {
+        return bytes(c.segment_size);
+    } else if (key == "num_segments") {
+        MCS_ASSIGN_OR_RETURN(c.num_segments, ParseU32(value, key));
+    } else if (key == "capacity") {
+        std::uint64_t v = 0;
+        MCS_RETURN_IF_ERROR(bytes(v));
+        c.capacity = v;
+    } else if (key == "pinned_quota_bytes") {
+        return bytes(c.pinned_quota_bytes);
+    } else if (key == "cache_capacity_bytes") {
+        return bytes(c.cache_capacity_bytes);
+    } else if (key == "client_buffer_max_bytes") {
+        return bytes(c.client_buffer_max_bytes);
+    } else if (key == "metadata_capacity_bytes") {
+        return bytes(c.metadata_capacity_bytes);
+    } else if (key == "read_threads") {
+        MCS_ASSIGN_OR_RETURN(c.read_threads, ParseU32(value, key));
+    } else if (key == "max_connections") {
+        MCS_ASSIGN_OR_RETURN(c.max_connections, ParseU32(value, key));
+    } else if (key == "log_level") {
+        MCS_RETURN_IF_ERROR(ParseLogLevel(value));
+        c.log_level = Lower(Trim(value));
+    } else {
+        return InvalidArgument("unknown configuration key '" + std::string(key) + "'");
+    }
+    return Status::Ok();
+}
+
+Status ApplyYamlConfig(std::string_view yaml, NodeDaemonConfig& config) {
+    YAML::Node root;
+    try {
+        root = YAML::Load(std::string(yaml));
+    } catch (const YAML::Exception& e) {
+        return InvalidArgument(std::string("config is not valid YAML: ") + e.what());
+    }
+    if (root.IsNull()) return Status::Ok();  // An empty file sets nothing.
+    if (!root.IsMap()) return InvalidArgument("config must be a YAML mapping of key: value");
+    for (const auto& entry : root) {
+        if (!entry.first.IsScalar()) return InvalidArgument("config keys must be scalars");
+        const std::string key = entry.first.Scalar();
+        if (!entry.second.IsScalar()) {
+            return InvalidArgument("config key '" + key + "' must have a scalar value");
+        }
+        MCS_RETURN_IF_ERROR(SetConfigKey(config, key, entry.second.Scalar()));
+    }
+    return Status::Ok();
+}
+
+Status ApplyYamlConfigFile(const std::string& path, NodeDaemonConfig& config) {
+    std::ifstream in(path);
+    if (!in) return NotFound("cannot read config file '" + path + "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    return ApplyYamlConfig(text.str(), config).WithContext(path);
+}
+
+Result<LogLevel> ParseLogLevel(std::string_view level) {
+    const std::string l = Lower(Trim(level));
+    if (l == "debug") return LogLevel{0, 1};
+    if (l == "info") return LogLevel{0, 0};
+    if (l == "warning" || l == "warn") return LogLevel{1, 0};
+    if (l == "error") return LogLevel{2, 0};
+    return InvalidArgument("log_level '" + std::string(level) +
+                           "' is not one of debug, info, warning, error");
+}
+
+Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
+    if (c.socket_path.empty()) return InvalidArgument("socket_path is required");
+    if (c.node_id.empty()) return InvalidArgument("node_id is empty");
+    const std::uint64_t page = PageSize();
+    if (c.segment_size == 0 || c.segment_size % page != 0) {
+        return InvalidArgument("segment_size " + std::to_string(c.segment_size) +
+                               " must be a positive multiple of the page size " +
+                               std::to_string(page));
+    }
+    NodeServerOptions o;
+    o.socket_path = c.socket_path;
+    o.node_id = c.node_id;
+    o.store.segment_size = c.segment_size;
+    if (c.capacity && c.num_segments) {
+        return InvalidArgument("give num_segments or capacity, not both");
+    }
+    if (c.capacity) {
+        if (*c.capacity == 0) return InvalidArgument("capacity must be positive");
+        if (*c.capacity < c.segment_size) {
+            o.store.segment_size = (*c.capacity + page - 1) / page * page;
+            o.store.num_segments = 1;
+        } else {
+            const std::uint64_t n = (*c.capacity + c.segment_size - 1) / c.segment_size;
+            if (n > 64) {
+                return InvalidArgument("capacity " + std::to_string(*c.capacity) + " needs " +
+                                       std::to_string(n) + " segments of " +
+                                       std::to_string(c.segment_size) +
+                                       " bytes; at most 64 (raise segment_size)");
+            }
+            o.store.num_segments = static_cast<std::uint32_t>(n);
+        }
+    } else {
+        o.store.num_segments = c.num_segments.value_or(4);
+        if (o.store.num_segments == 0 || o.store.num_segments > 64) {
+            return InvalidArgument("num_segments must be 1 .. 64");
+        }
+    }
+    o.store.pinned_quota_bytes = c.pinned_quota_bytes;
+    o.store.metadata_capacity_bytes = c.metadata_capacity_bytes;
+    o.store.name = "mooncake_sparse_node";
+    o.cache_capacity_bytes = c.cache_capacity_bytes;
+    if (c.client_buffer_max_bytes < page) {
+        return InvalidArgument("client_buffer_max_bytes must be at least one page");
+    }
+    o.client_buffer_max_bytes = c.client_buffer_max_bytes;
+    o.read_threads = std::max<std::uint32_t>(1, c.read_threads);
+    if (c.max_connections == 0) return InvalidArgument("max_connections must be positive");
+    o.max_connections = c.max_connections;
+    return o;
+}
+
+}  // namespace mooncake::sparse

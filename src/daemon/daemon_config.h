@@ -1,0 +1,63 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// Configuration of the node daemon `mooncake_sparse_node`: the same keys come from flags and
+// from a YAML file (--config); an explicit flag wins over the file, the file over the default.
+// Byte sizes accept a plain integer or a binary/decimal suffix ("256MiB", "1G", "64k").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "daemon/node_server.h"
+#include "mooncake/sparse/status.h"
+
+namespace mooncake::sparse {
+
+struct NodeDaemonConfig {
+    std::string socket_path;
+    std::string node_id = "node0";
+    std::uint64_t segment_size = std::uint64_t{256} << 20;
+    std::optional<std::uint32_t> num_segments;  ///< Or capacity; default 4 when neither.
+    std::optional<std::uint64_t> capacity;      ///< Total segment bytes.
+    std::uint64_t pinned_quota_bytes = 0;
+    std::uint64_t cache_capacity_bytes = std::uint64_t{1} << 30;
+    std::uint64_t client_buffer_max_bytes = std::uint64_t{1} << 30;
+    std::uint64_t metadata_capacity_bytes = std::uint64_t{256} << 20;
+    std::uint32_t read_threads = 2;
+    std::uint32_t max_connections = 1024;
+    std::string log_level = "info";  ///< debug | info | warning | error
+};
+
+/// "4096", "64k", "256MiB", "1G", "2GB" -> bytes (k/M/G/T and KiB/MiB/GiB/TiB are powers of
+/// 1024; KB/MB/GB/TB powers of 1000; case-insensitive).
+/// Errors: InvalidArgument (empty, not a number, unknown suffix, overflow).
+Result<std::uint64_t> ParseByteSize(std::string_view text);
+
+/// Sets every key present in the YAML mapping `yaml` on `config`.
+/// Errors: InvalidArgument (not a mapping, unknown key, bad value; the message names the key).
+Status ApplyYamlConfig(std::string_view yaml, NodeDaemonConfig& config);
+
+/// Reads `path` and applies it (ApplyYamlConfig).
+/// Errors: NotFound (cannot read the file); InvalidArgument.
+Status ApplyYamlConfigFile(const std::string& path, NodeDaemonConfig& config);
+
+/// Sets one key from its text form (flags and YAML scalars share this).
+/// Errors: InvalidArgument (unknown key or bad value).
+Status SetConfigKey(NodeDaemonConfig& config, std::string_view key, std::string_view value);
+
+/// The glog severity (0 INFO .. 2 ERROR) and verbosity of a log_level.
+struct LogLevel {
+    int min_severity = 0;
+    int verbosity = 0;
+};
+/// Errors: InvalidArgument.
+Result<LogLevel> ParseLogLevel(std::string_view level);
+
+/// Validates a complete config and turns it into server options (segment count from capacity
+/// when given; a capacity below one segment makes one segment of that size).
+/// Errors: InvalidArgument.
+Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& config);
+
+}  // namespace mooncake::sparse

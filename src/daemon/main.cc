@@ -1,0 +1,142 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// mooncake_sparse_node: the node daemon (DESIGN.md §5-6, §8). Owns the node's shared-memory
+// segments and serves the DummyClients of the node over a Unix socket:
+//
+//     mooncake_sparse_node --socket_path=/run/user/$UID/mooncake_sparse.sock
+//         --segment_size=256MiB --capacity=8GiB --pinned_quota_bytes=4GiB
+//
+// SIGTERM / SIGINT shut it down cleanly (connections closed, socket file removed).
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "daemon/daemon_config.h"
+#include "daemon/node_server.h"
+#include "store/pinned_memory.h"
+
+DEFINE_string(socket_path, "", "Unix socket the daemon listens on (required; created mode 0600).");
+DEFINE_string(config, "", "YAML file with any of the keys below; explicit flags win over it.");
+DEFINE_string(node_id, "node0", "Node id reported to clients and used by the planner.");
+DEFINE_string(segment_size, "256MiB", "Bytes of one shared-memory segment (page multiple).");
+DEFINE_uint32(num_segments, 4, "Number of segments (or give --capacity).");
+DEFINE_string(capacity, "", "Total segment bytes; sets the number of segments.");
+DEFINE_string(pinned_quota_bytes, "0",
+              "Segment bytes registered with cudaHostRegister when CUDA is present.");
+DEFINE_string(cache_capacity_bytes, "1GiB",
+              "Capacity of each node-local cache (tile indexes, range reads).");
+DEFINE_string(client_buffer_max_bytes, "1GiB", "Largest buffer a client may register.");
+DEFINE_string(metadata_capacity_bytes, "256MiB", "Bound on keys, metadata and member tables.");
+DEFINE_uint32(read_threads, 2, "Materialization threads per read_sparse_objects call.");
+DEFINE_uint32(max_connections, 1024, "Connections served at once.");
+DEFINE_string(log_level, "info", "debug | info | warning | error");
+
+namespace mcs = mooncake::sparse;
+
+namespace {
+
+/// Defaults < --config file < flags given on the command line.
+mcs::Result<mcs::NodeDaemonConfig> ResolveConfig() {
+    mcs::NodeDaemonConfig config;
+    if (!FLAGS_config.empty()) {
+        MCS_RETURN_IF_ERROR(mcs::ApplyYamlConfigFile(FLAGS_config, config));
+    }
+    std::vector<gflags::CommandLineFlagInfo> flags;
+    gflags::GetAllFlags(&flags);
+    for (const auto& flag : flags) {
+        if (flag.is_default || flag.name == "config" ||
+            flag.filename.find("daemon/main.cc") == std::string::npos) {
+            continue;
+        }
+        MCS_RETURN_IF_ERROR(mcs::SetConfigKey(config, flag.name, flag.current_value)
+                                .WithContext("--" + flag.name));
+    }
+    return config;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    gflags::SetUsageMessage(
+        "the mooncake-sparse node daemon\n  mooncake_sparse_node --socket_path=PATH "
+        "[--config=FILE.yaml] [--segment_size=256MiB] [--num_segments=N | --capacity=BYTES] "
+        "[--pinned_quota_bytes=BYTES] [--cache_capacity_bytes=BYTES] [--log_level=info]");
+    gflags::SetVersionString("0.1.0");
+    FLAGS_logtostderr = true;
+    gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+    google::InitGoogleLogging(argv[0]);
+
+    auto config = ResolveConfig();
+    if (!config.ok()) {
+        LOG(ERROR) << "configuration: " << config.status().ToString();
+        return 2;
+    }
+    const auto level = mcs::ParseLogLevel(config->log_level);
+    FLAGS_minloglevel = level->min_severity;
+    FLAGS_v = level->verbosity;
+    auto options = mcs::ToServerOptions(*config);
+    if (!options.ok()) {
+        LOG(ERROR) << "configuration: " << options.status().ToString();
+        return 2;
+    }
+
+    // Block the shutdown signals before any thread starts (threads inherit the mask), and
+    // receive them synchronously through a signalfd.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGHUP);
+    if (pthread_sigmask(SIG_BLOCK, &signals, nullptr) != 0) {
+        PLOG(ERROR) << "pthread_sigmask";
+        return 1;
+    }
+    std::signal(SIGPIPE, SIG_IGN);
+    const int sfd = signalfd(-1, &signals, SFD_CLOEXEC);
+    if (sfd < 0) {
+        PLOG(ERROR) << "signalfd";
+        return 1;
+    }
+
+    auto server = mcs::NodeServer::Start(*options);
+    if (!server.ok()) {
+        LOG(ERROR) << "cannot start: " << server.status().ToString();
+        return 1;
+    }
+    const mcs::ShmStoreStats stats = (*server)->store().Stats();
+    LOG(INFO) << "mooncake_sparse_node listening on " << options->socket_path << " (node "
+              << options->node_id << "): " << stats.segments << " segment(s) of "
+              << options->store.segment_size << " bytes, pinned " << stats.pinned_bytes
+              << " / pageable " << stats.pageable_bytes << " bytes ("
+              << mcs::GetPinningSupport().detail << ")";
+
+    int signo = 0;
+    for (;;) {
+        signalfd_siginfo info{};
+        const ssize_t n = read(sfd, &info, sizeof(info));
+        if (n == static_cast<ssize_t>(sizeof(info))) {
+            signo = static_cast<int>(info.ssi_signo);
+            if (signo == SIGHUP) {
+                LOG(INFO) << "SIGHUP ignored (restart the daemon to change its configuration)";
+                continue;
+            }
+            break;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        PLOG(ERROR) << "reading the signalfd";
+        break;
+    }
+    LOG(INFO) << "signal " << signo << " (" << strsignal(signo) << "): shutting down";
+    (*server)->Stop();
+    server->reset();
+    close(sfd);
+    LOG(INFO) << "stopped";
+    google::ShutdownGoogleLogging();
+    return 0;
+}

@@ -1,0 +1,122 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// NodeServer: the node daemon's core (DESIGN.md §5-6, "one node: the node daemon + DummyClients").
+// It owns the node's shared-memory store (ShmStore) and ONE SparseStore over it, so the
+// node-local tile-index and range caches, and the single-flight table of range reads, serve
+// every process of the node. Clients talk to it over a Unix SOCK_SEQPACKET socket with the
+// messages of store/wire.h.
+//
+// Why it is built this way:
+// - One thread per connection. A node has a few dozen processes at most; a blocking thread per
+//   client keeps each conversation a plain loop, and a slow or stuck client only stalls itself.
+// - A connection's state (its registered buffer mapping and its leases) lives in that thread
+//   and dies with the connection: a client that crashes, or is SIGKILLed between writing its
+//   buffer and the commit, leaves nothing behind — an object becomes visible only by the
+//   store's atomic install at the very end of a request.
+// - Nothing a client sends is trusted: frames are decoded by the bounds-checked wire codec,
+//   every offset/size is checked against the client's buffer, a malformed payload gets an
+//   ErrorReply, and a frame that breaks the framing closes that connection only.
+// - Sparse commits are re-validated: the daemon rebuilds the object from the client's indices
+//   and values (BuildSparseObject validates coordinates, order and dtypes), checks the tile
+//   index the client sent (ValidateTileIndex) and requires every checksum to match the
+//   rebuilt object's, then commits its own private copy (the client cannot change it after).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "executor/sparse_store.h"
+#include "executor/tensor_store.h"
+#include "mooncake/sparse/status.h"
+#include "store/shm_store.h"
+#include "store/uds.h"
+
+namespace mooncake::sparse {
+
+struct NodeServerOptions {
+    std::string socket_path;
+    std::string node_id = "node0";
+    ShmStoreOptions store;
+    /// Capacity of each node-local cache of the SparseStore (tile indexes, range reads).
+    std::uint64_t cache_capacity_bytes = std::uint64_t{1} << 30;
+    /// Largest client buffer a client may register.
+    std::uint64_t client_buffer_max_bytes = std::uint64_t{1} << 30;
+    std::uint32_t max_connections = 1024;
+    std::uint32_t max_leases_per_connection = 1 << 20;
+    /// Materialization threads of one read_sparse_objects call when the client asks for 0.
+    std::uint32_t read_threads = 2;
+    /// A reply that the client does not read within this time closes the connection.
+    std::chrono::milliseconds send_timeout{30000};
+};
+
+struct NodeServerStats {
+    std::uint64_t connections_total = 0;
+    std::uint64_t connections_active = 0;
+    std::uint64_t rejected_peers = 0;  ///< SO_PEERCRED uid mismatch or over max_connections.
+    std::uint64_t requests = 0;
+    std::uint64_t request_errors = 0;   ///< ErrorReply sent.
+    std::uint64_t protocol_errors = 0;  ///< Connections closed for broken framing.
+};
+
+class NodeServer {
+public:
+    /// Creates the store and binds the socket (mode 0600; a stale socket file of a dead daemon
+    /// is replaced), then accepts connections on a background thread.
+    /// Errors: as ShmStore::Create and UnixListener::Bind.
+    static Result<std::unique_ptr<NodeServer>> Start(const NodeServerOptions& options);
+
+    ~NodeServer();
+    NodeServer(const NodeServer&) = delete;
+    NodeServer& operator=(const NodeServer&) = delete;
+
+    /// Stops accepting, closes every connection (their leases are released), joins all threads
+    /// and removes the socket file. Idempotent.
+    void Stop();
+
+    ShmStore& store() { return *store_; }
+    SparseStore& sparse() { return *sparse_; }
+    /// The tensor fast path over the segments (TensorPut / TensorGet requests).
+    TensorStore& tensors() { return *tensors_; }
+    NodeServerStats Stats() const;
+    const NodeServerOptions& options() const { return options_; }
+    /// The §4 metrics plus the daemon's gauges (store, segments, pinning, connections), as
+    /// MetricsReply carries them.
+    std::vector<std::pair<std::string, double>> MetricItems() const;
+
+private:
+    struct Connection;
+    class Session;
+
+    NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> store, UnixListener listener);
+    void AcceptLoop();
+    void Serve(const std::shared_ptr<Connection>& connection);
+    void ReapFinished();
+
+    const NodeServerOptions options_;
+    std::shared_ptr<ShmStore> store_;
+    std::unique_ptr<SparseStore> sparse_;
+    std::unique_ptr<TensorStore> tensors_;
+    UnixListener listener_;
+    std::thread accept_thread_;
+
+    mutable std::mutex mu_;
+    std::vector<std::shared_ptr<Connection>> connections_;  // Guarded by mu_.
+    bool stopping_ = false;                                  // Guarded by mu_.
+    std::uint64_t next_connection_id_ = 1;                   // Guarded by mu_.
+
+    std::atomic<std::uint64_t> connections_total_{0};
+    std::atomic<std::uint64_t> rejected_peers_{0};
+    std::atomic<std::uint64_t> requests_{0};
+    std::atomic<std::uint64_t> request_errors_{0};
+    std::atomic<std::uint64_t> protocol_errors_{0};
+    std::atomic<std::uint64_t> cuda_ipc_opens_{0};  ///< Mappings opened (all connections).
+    std::atomic<std::uint64_t> cuda_ipc_hits_{0};   ///< Mapping cache hits.
+};
+
+}  // namespace mooncake::sparse

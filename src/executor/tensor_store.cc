@@ -1,0 +1,481 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "executor/tensor_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace mooncake::sparse {
+
+TensorRef TensorRef::Host(DType dtype, Shape shape, std::span<std::byte> bytes) {
+    TensorRef t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.memory = TensorMemory::kHost;
+    t.host = bytes.data();
+    t.host_bytes = bytes.size();
+    t.writable = true;
+    return t;
+}
+
+TensorRef TensorRef::ConstHost(DType dtype, Shape shape, std::span<const std::byte> bytes) {
+    // The pointer is never written through: writable=false makes a destination use fail.
+    TensorRef t = Host(dtype, std::move(shape),
+                       {const_cast<std::byte*>(bytes.data()), bytes.size()});
+    t.writable = false;
+    return t;
+}
+
+TensorRef TensorRef::Cuda(DType dtype, Shape shape, DeviceMemory memory, CudaStream stream) {
+    TensorRef t;
+    t.dtype = dtype;
+    t.shape = std::move(shape);
+    t.memory = TensorMemory::kCuda;
+    t.device = memory;
+    t.stream = stream;
+    return t;
+}
+
+Status TensorStore::Put(std::string_view key, const TensorRef& tensor,
+                        const TensorPutOptions& options) {
+    const std::string k(key);
+    return Put(std::span<const std::string>(&k, 1), std::span<const TensorRef>(&tensor, 1),
+               options);
+}
+
+Status TensorStore::GetInto(std::string_view key, const TensorRef& destination) {
+    const std::string k(key);
+    return GetInto(std::span<const std::string>(&k, 1),
+                   std::span<const TensorRef>(&destination, 1));
+}
+
+namespace internal {
+namespace {
+
+std::string Quote(std::string_view s) {
+    constexpr std::size_t kMaxShown = 200;
+    std::string out = "'";
+    out.append(s.substr(0, kMaxShown));
+    if (s.size() > kMaxShown) out += "...";
+    return out + "'";
+}
+
+std::string StridesString(const std::vector<std::int64_t>& strides) {
+    std::string s = "[";
+    for (std::size_t i = 0; i < strides.size(); ++i) {
+        if (i) s += ", ";
+        s += std::to_string(strides[i]);
+    }
+    return s + "]";
+}
+
+std::string Describe(DType dtype, const Shape& shape) {
+    return std::string(DTypeName(dtype)) + " " + ShapeString(shape);
+}
+
+}  // namespace
+
+Result<TensorHeader> ValidateTensorRef(const TensorRef& t, bool destination,
+                                       std::string_view what) {
+    auto header = MakeFullTensorHeader(t.dtype, t.shape);
+    if (!header.ok()) return header.status().WithContext(what);
+    if (!t.strides.empty()) {
+        if (t.strides.size() != t.shape.size()) {
+            return InvalidArgument(std::string(what) + ": " + std::to_string(t.strides.size()) +
+                                   " strides for a tensor of rank " +
+                                   std::to_string(t.shape.size()));
+        }
+        std::int64_t expected = 1;
+        for (std::size_t d = t.shape.size(); d-- > 0;) {
+            if (t.shape[d] != 1 && t.strides[d] != expected) {
+                return InvalidArgument(std::string(what) + " must be C-contiguous: shape " +
+                                       ShapeString(t.shape) + " has strides " +
+                                       StridesString(t.strides) +
+                                       " (elements); call .contiguous() first");
+            }
+            expected *= t.shape[d];
+        }
+    }
+    const std::uint64_t bytes = header->data_bytes;
+    switch (t.memory) {
+        case TensorMemory::kHost:
+            if (t.host_bytes != bytes) {
+                return InvalidArgument(std::string(what) + ": " + std::to_string(t.host_bytes) +
+                                       " bytes given, " + Describe(t.dtype, t.shape) +
+                                       " needs " + std::to_string(bytes));
+            }
+            if (t.host == nullptr && bytes > 0) {
+                return InvalidArgument(std::string(what) + ": null data pointer");
+            }
+            if (destination && !t.writable) {
+                return InvalidArgument(std::string(what) + " is read-only");
+            }
+            break;
+        case TensorMemory::kCuda: {
+            MCS_RETURN_IF_ERROR(cuda::RequireCuda(what));
+            if (t.device.bytes != bytes) {
+                return InvalidArgument(std::string(what) + ": " +
+                                       std::to_string(t.device.bytes) + " device bytes given, " +
+                                       Describe(t.dtype, t.shape) + " needs " +
+                                       std::to_string(bytes));
+            }
+            if (t.device.address == 0 || t.device.device < 0) {
+                return InvalidArgument(std::string(what) + ": null device pointer or device < 0");
+            }
+            auto info = cuda::DescribePointer(reinterpret_cast<const void*>(t.device.address));
+            if (!info.ok()) return info.status().WithContext(what);
+            const bool device_memory = info->type == cuda::MemoryType::kDevice ||
+                                       info->type == cuda::MemoryType::kManaged;
+            if (!device_memory || info->device != t.device.device) {
+                return InvalidArgument(std::string(what) + ": address " +
+                                       std::to_string(t.device.address) +
+                                       " is not device memory of cuda:" +
+                                       std::to_string(t.device.device));
+            }
+            break;
+        }
+        default:
+            return InvalidArgument(std::string(what) + ": unknown memory kind " +
+                                   std::to_string(static_cast<int>(t.memory)));
+    }
+    return header;
+}
+
+Result<TensorHeader> ReadTensorObjectHeader(const ObjectView& view, std::string_view key) {
+    const ObjectInfo& info = *view.info;
+    if (info.members.size() != 1 || info.members[0].name != kTensorMemberName) {
+        return InvalidArgument("object " + Quote(key) + " is not a tensor object (a tensor " +
+                               "object has exactly one member, '" +
+                               std::string(kTensorMemberName) + "')");
+    }
+    const std::span<const std::byte> bytes = view.members[0];
+    auto header = DecodeTensorHeader(bytes, bytes.size());
+    if (!header.ok()) return header.status().WithContext("object " + Quote(key));
+    return header;
+}
+
+Status CheckTensorMatch(const TensorHeader& stored, const TensorHeader& expected,
+                        std::string_view key) {
+    if (stored.dtype != expected.dtype || stored.local_shape != expected.local_shape) {
+        return InvalidArgument("tensor " + Quote(key) + " is " +
+                               Describe(stored.dtype, stored.local_shape) +
+                               ", the destination is " +
+                               Describe(expected.dtype, expected.local_shape));
+    }
+    return Status::Ok();
+}
+
+void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, unsigned threads) {
+    constexpr std::uint64_t kMinChunk = std::uint64_t{8} << 20;
+    if (bytes == 0) return;
+    const std::uint64_t parts =
+        std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, bytes / kMinChunk));
+    if (parts <= 1) {
+        std::memcpy(dst, src, bytes);
+        return;
+    }
+    const std::uint64_t chunk = (bytes + parts - 1) / parts;
+    std::vector<std::thread> workers;
+    workers.reserve(parts - 1);
+    for (std::uint64_t p = 1; p < parts; ++p) {
+        const std::uint64_t begin = p * chunk;
+        if (begin >= bytes) break;
+        const std::uint64_t n = std::min(chunk, bytes - begin);
+        workers.emplace_back([=] { std::memcpy(dst + begin, src + begin, n); });
+    }
+    std::memcpy(dst, src, std::min(chunk, bytes));
+    for (auto& w : workers) w.join();
+}
+
+}  // namespace internal
+
+namespace {
+
+using internal::Quote;
+
+/// A host-to-host copy, run with the others of a call across threads.
+struct HostCopy {
+    std::byte* dst;
+    const std::byte* src;
+    std::uint64_t bytes;
+};
+
+void RunHostCopies(std::span<const HostCopy> copies, unsigned threads) {
+    std::uint64_t total = 0;
+    for (const HostCopy& c : copies) total += c.bytes;
+    if (copies.size() == 1 || total < (std::uint64_t{16} << 20) || threads <= 1) {
+        for (const HostCopy& c : copies) internal::ParallelMemcpy(c.dst, c.src, c.bytes, threads);
+        return;
+    }
+    // Many items: split into ~1-8 MiB pieces and let the threads take them in turn.
+    const std::uint64_t piece =
+        std::clamp<std::uint64_t>(total / (std::uint64_t{threads} * 4), 1 << 20, 8 << 20);
+    std::vector<HostCopy> pieces;
+    for (const HostCopy& c : copies) {
+        for (std::uint64_t off = 0; off < c.bytes; off += piece) {
+            pieces.push_back({c.dst + off, c.src + off, std::min(piece, c.bytes - off)});
+        }
+    }
+    std::atomic<std::size_t> next{0};
+    auto work = [&] {
+        for (std::size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
+            std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+        }
+    };
+    std::vector<std::thread> workers;
+    for (unsigned t = 1; t < threads; ++t) workers.emplace_back(work);
+    work();
+    for (auto& w : workers) w.join();
+}
+
+/// The (device, stream) pairs a call issued copies on; synchronized before it returns.
+class StreamSet {
+public:
+    void Add(int device, CudaStream stream) {
+        for (const auto& [d, s] : streams_) {
+            if (d == device && s == stream) return;
+        }
+        streams_.emplace_back(device, stream);
+    }
+    /// Synchronizes every stream (all of them even after a failure); the first error.
+    Status SyncAll() {
+        Status first;
+        for (const auto& [d, s] : streams_) {
+            Status st = cuda::StreamSynchronize(s, d);
+            if (!st.ok() && first.ok()) first = st;
+        }
+        streams_.clear();
+        return first;
+    }
+
+private:
+    std::vector<std::pair<int, CudaStream>> streams_;
+};
+
+class LocalTensorStore final : public TensorStore {
+public:
+    LocalTensorStore(std::shared_ptr<ObjectStore> store, const LocalTensorStoreOptions& options)
+        : store_(std::move(store)),
+          options_(options),
+          pool_(PinnedHostPool::Make(options.pinned_quota_bytes)),
+          threads_(options.copy_threads != 0
+                       ? options.copy_threads
+                       : std::clamp(std::thread::hardware_concurrency(), 1u, 8u)) {}
+
+    Status Put(std::span<const std::string> keys, std::span<const TensorRef> tensors,
+               const TensorPutOptions& options) override;
+    Result<HostTensor> Get(std::string_view key) override;
+    Status GetInto(std::span<const std::string> keys,
+                   std::span<const TensorRef> destinations) override;
+    Result<TensorInfo> Stat(std::string_view key) override;
+    TensorCapabilities Capabilities() const override;
+    TensorStoreStats Stats() const override;
+
+private:
+    void CountCopy(bool cuda, bool pinned) {
+        if (!cuda) return;
+        cuda_copies_.fetch_add(1, std::memory_order_relaxed);
+        (pinned ? pinned_copies_ : pageable_copies_).fetch_add(1, std::memory_order_relaxed);
+    }
+
+    const std::shared_ptr<ObjectStore> store_;
+    const LocalTensorStoreOptions options_;
+    const std::shared_ptr<PinnedHostPool> pool_;
+    const unsigned threads_;
+
+    std::atomic<std::uint64_t> tensors_put_{0};
+    std::atomic<std::uint64_t> bytes_put_{0};
+    std::atomic<std::uint64_t> tensors_read_{0};
+    std::atomic<std::uint64_t> bytes_read_{0};
+    std::atomic<std::uint64_t> cuda_copies_{0};
+    std::atomic<std::uint64_t> pinned_copies_{0};
+    std::atomic<std::uint64_t> pageable_copies_{0};
+};
+
+std::string ItemName(std::size_t i, std::size_t n, std::string_view key) {
+    return (n == 1 ? std::string("tensor ") : "tensor " + std::to_string(i) + " ") + Quote(key);
+}
+
+Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const TensorRef> tensors,
+                             const TensorPutOptions& options) {
+    if (keys.size() != tensors.size()) {
+        return InvalidArgument(std::to_string(keys.size()) + " keys but " +
+                               std::to_string(tensors.size()) + " tensors");
+    }
+    if (keys.empty()) return Status::Ok();
+    std::vector<TensorHeader> headers;
+    headers.reserve(keys.size());
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        MCS_ASSIGN_OR_RETURN(TensorHeader h,
+                             internal::ValidateTensorRef(tensors[i], /*destination=*/false,
+                                                         ItemName(i, keys.size(), keys[i])));
+        total += h.data_bytes;
+        headers.push_back(std::move(h));
+    }
+    std::vector<MemberSpec> specs(keys.size());
+    std::vector<FilledPut> puts(keys.size());
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        specs[i] = {std::string(kTensorMemberName), DType::kUInt8,
+                    {static_cast<Index>(kTensorHeaderBytes + headers[i].data_bytes)}, 0};
+        puts[i] = {keys[i], {}, std::span<const MemberSpec>(&specs[i], 1)};
+    }
+    auto fill = [&](std::span<const FillTarget> targets) -> Status {
+        StreamSet streams;
+        std::vector<HostCopy> host_copies;
+        Status status;
+        for (const FillTarget& t : targets) {
+            const TensorHeader& h = headers[t.index];
+            const TensorRef& src = tensors[t.index];
+            std::span<std::byte> member = t.members[0];
+            EncodeTensorHeader(h, member.first<kTensorHeaderBytes>());
+            std::byte* dst = member.data() + kTensorHeaderBytes;
+            if (src.memory == TensorMemory::kHost) {
+                host_copies.push_back({dst, src.host, h.data_bytes});
+            } else {
+                status = cuda::MemcpyAsync(dst, reinterpret_cast<const void*>(src.device.address),
+                                           h.data_bytes, cuda::CopyKind::kDeviceToHost, src.stream,
+                                           src.device.device);
+                if (!status.ok()) {
+                    status = status.WithContext(ItemName(t.index, keys.size(), keys[t.index]));
+                    break;
+                }
+                streams.Add(src.device.device, src.stream);
+                CountCopy(true, t.pinned);
+            }
+        }
+        if (status.ok()) RunHostCopies(host_copies, threads_);
+        // Always wait for what was issued: the object memory must not go while DMA writes it.
+        Status synced = streams.SyncAll();
+        return status.ok() ? synced : status;
+    };
+    MCS_RETURN_IF_ERROR(
+        store_->PutFilled(puts, {options.mode, options.hard_pin}, fill, pool_.get()));
+    tensors_put_.fetch_add(keys.size(), std::memory_order_relaxed);
+    bytes_put_.fetch_add(total, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Result<HostTensor> LocalTensorStore::Get(std::string_view key) {
+    HostTensor out;
+    const std::string_view keys[] = {key};
+    MCS_RETURN_IF_ERROR(store_->ViewObjects(keys, [&](std::span<const ObjectView> views) -> Status {
+        MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ReadTensorObjectHeader(views[0], key));
+        MCS_ASSIGN_OR_RETURN(out.data, HostBuffer::Pageable(h.data_bytes));
+        const HostCopy copy{out.data.data(), views[0].members[0].data() + h.data_offset,
+                            h.data_bytes};
+        RunHostCopies({&copy, 1}, threads_);
+        out.dtype = h.dtype;
+        out.shape = h.local_shape;
+        return Status::Ok();
+    }));
+    tensors_read_.fetch_add(1, std::memory_order_relaxed);
+    bytes_read_.fetch_add(out.data.size(), std::memory_order_relaxed);
+    return out;
+}
+
+Status LocalTensorStore::GetInto(std::span<const std::string> keys,
+                                 std::span<const TensorRef> destinations) {
+    if (keys.size() != destinations.size()) {
+        return InvalidArgument(std::to_string(keys.size()) + " keys but " +
+                               std::to_string(destinations.size()) + " destination tensors");
+    }
+    if (keys.empty()) return Status::Ok();
+    std::vector<TensorHeader> expected;
+    expected.reserve(keys.size());
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        MCS_ASSIGN_OR_RETURN(TensorHeader h,
+                             internal::ValidateTensorRef(destinations[i], /*destination=*/true,
+                                                         "destination " + ItemName(i, keys.size(), keys[i])));
+        total += h.data_bytes;
+        expected.push_back(std::move(h));
+    }
+    std::vector<std::string_view> views_of(keys.begin(), keys.end());
+    MCS_RETURN_IF_ERROR(store_->ViewObjects(views_of, [&](std::span<const ObjectView> views) -> Status {
+        // Every item is checked before any byte moves.
+        std::vector<TensorHeader> stored;
+        stored.reserve(views.size());
+        for (std::size_t i = 0; i < views.size(); ++i) {
+            MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ReadTensorObjectHeader(views[i], keys[i]));
+            MCS_RETURN_IF_ERROR(internal::CheckTensorMatch(h, expected[i], keys[i]));
+            stored.push_back(std::move(h));
+        }
+        StreamSet streams;
+        std::vector<HostCopy> host_copies;
+        Status status;
+        for (std::size_t i = 0; i < views.size(); ++i) {
+            const TensorRef& dst = destinations[i];
+            const std::byte* src = views[i].members[0].data() + stored[i].data_offset;
+            if (dst.memory == TensorMemory::kHost) {
+                host_copies.push_back({dst.host, src, stored[i].data_bytes});
+            } else {
+                status = cuda::MemcpyAsync(reinterpret_cast<void*>(dst.device.address), src,
+                                           stored[i].data_bytes, cuda::CopyKind::kHostToDevice,
+                                           dst.stream, dst.device.device);
+                if (!status.ok()) {
+                    status = status.WithContext(ItemName(i, keys.size(), keys[i]));
+                    break;
+                }
+                streams.Add(dst.device.device, dst.stream);
+                CountCopy(true, views[i].pinned);
+            }
+        }
+        if (status.ok()) RunHostCopies(host_copies, threads_);
+        // The snapshot must outlive every copy that reads it.
+        Status synced = streams.SyncAll();
+        return status.ok() ? synced : status;
+    }));
+    tensors_read_.fetch_add(keys.size(), std::memory_order_relaxed);
+    bytes_read_.fetch_add(total, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Result<TensorInfo> LocalTensorStore::Stat(std::string_view key) {
+    TensorInfo out;
+    const std::string_view keys[] = {key};
+    MCS_RETURN_IF_ERROR(store_->ViewObjects(keys, [&](std::span<const ObjectView> views) -> Status {
+        MCS_ASSIGN_OR_RETURN(out.header, internal::ReadTensorObjectHeader(views[0], key));
+        out.version = views[0].info->version;
+        out.hard_pinned = views[0].info->hard_pinned;
+        return Status::Ok();
+    }));
+    return out;
+}
+
+TensorCapabilities LocalTensorStore::Capabilities() const {
+    const cuda::Support& s = cuda::GetSupport();
+    TensorCapabilities c;
+    c.backend = options_.backend;
+    c.cuda_available = s.available;
+    c.cuda_ipc_available = s.ipc_available;
+    c.cuda_devices = s.device_count;
+    c.cuda_detail = s.detail;
+    c.host = pool_->Stats();
+    return c;
+}
+
+TensorStoreStats LocalTensorStore::Stats() const {
+    TensorStoreStats s;
+    s.tensors_put = tensors_put_.load(std::memory_order_relaxed);
+    s.bytes_put = bytes_put_.load(std::memory_order_relaxed);
+    s.tensors_read = tensors_read_.load(std::memory_order_relaxed);
+    s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
+    s.cuda_copies = cuda_copies_.load(std::memory_order_relaxed);
+    s.pinned_copies = pinned_copies_.load(std::memory_order_relaxed);
+    s.pageable_copies = pageable_copies_.load(std::memory_order_relaxed);
+    return s;
+}
+
+}  // namespace
+
+std::unique_ptr<TensorStore> MakeLocalTensorStore(std::shared_ptr<ObjectStore> store,
+                                                  const LocalTensorStoreOptions& options) {
+    return std::make_unique<LocalTensorStore>(std::move(store), options);
+}
+
+}  // namespace mooncake::sparse

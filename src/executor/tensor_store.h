@@ -1,0 +1,177 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// TensorStore: the tensor fast path of DESIGN.md §5 — put_tensor, batch_put_tensor,
+// upsert_tensor, batch_upsert_tensor, get_tensor, get_tensor_into, batch_get_tensor_into — for
+// host and CUDA tensors, over an ObjectStore. Tensor objects use upstream Mooncake's format
+// (store/tensor_object.h), one object per key.
+//
+// Why it is built this way:
+// - Validation first: every tensor of a call is checked (dtype, shape, byte size, contiguity,
+//   memory kind, and for reads the stored header against the destination) before any byte
+//   moves; a failed call leaves destinations and the store untouched.
+// - No staging: a put fills the object's final memory (ObjectStore::PutFilled) — memcpy for
+//   host tensors, one device-to-host copy for CUDA tensors — and a get copies straight from the
+//   store's immutable snapshot (ObjectStore::ViewObjects) into the destination. A whole batch
+//   becomes visible at once.
+// - CUDA copies run on the caller's stream (TensorRef::stream, e.g. torch's current stream), so
+//   they are ordered after the caller's pending work, and each call synchronizes its streams
+//   before it returns: when it returns the data is in place. Host memory of tensor objects
+//   comes from a pinned pool under a byte quota (pageable beyond it), so that H2D/D2H copies
+//   run at the PCIe limit.
+// - Caller tensors must stay alive and unresized until the call returns.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/status.h"
+#include "store/object_store.h"
+#include "store/tensor_object.h"
+#include "transport/cuda_runtime.h"
+#include "transport/pinned_pool.h"
+
+namespace mooncake::sparse {
+
+enum class TensorMemory : std::uint8_t {
+    kHost = 0,
+    kCuda = 1,
+};
+
+/// A caller's tensor: dtype, shape, optional strides, and where its bytes are.
+struct TensorRef {
+    DType dtype = DType::kFloat32;
+    Shape shape;
+    /// Strides in elements; empty means C-contiguous. Anything else must describe a
+    /// C-contiguous layout (extent-1 dimensions may have any stride) or the call fails.
+    std::vector<std::int64_t> strides;
+    TensorMemory memory = TensorMemory::kHost;
+    std::byte* host = nullptr;      ///< kHost: the first byte.
+    std::uint64_t host_bytes = 0;   ///< kHost: bytes the caller provides.
+    bool writable = true;           ///< kHost destinations must be writable.
+    DeviceMemory device;            ///< kCuda: the range and its device.
+    CudaStream stream = kCudaLegacyStream;  ///< kCuda: copies are ordered on this stream.
+
+    /// A host tensor over `bytes`.
+    static TensorRef Host(DType dtype, Shape shape, std::span<std::byte> bytes);
+    /// A read-only host tensor (a put source).
+    static TensorRef ConstHost(DType dtype, Shape shape, std::span<const std::byte> bytes);
+    /// A CUDA tensor.
+    static TensorRef Cuda(DType dtype, Shape shape, DeviceMemory memory,
+                          CudaStream stream = kCudaLegacyStream);
+};
+
+struct TensorPutOptions {
+    PutMode mode = PutMode::kCreate;  ///< put_tensor: kCreate; upsert_tensor: kUpsert.
+    bool hard_pin = false;
+};
+
+/// get_tensor's result: a new host tensor.
+struct HostTensor {
+    DType dtype = DType::kFloat32;
+    Shape shape;
+    HostBuffer data;  ///< Exactly the tensor's bytes.
+};
+
+struct TensorInfo {
+    TensorHeader header;
+    std::uint64_t version = 0;
+    bool hard_pinned = false;
+};
+
+struct TensorStoreStats {
+    std::uint64_t tensors_put = 0;
+    std::uint64_t bytes_put = 0;
+    std::uint64_t tensors_read = 0;
+    std::uint64_t bytes_read = 0;
+    std::uint64_t cuda_copies = 0;     ///< H2D + D2H copies issued.
+    std::uint64_t pinned_copies = 0;   ///< ... of which to/from pinned store memory.
+    std::uint64_t pageable_copies = 0; ///< ... of which to/from pageable store memory.
+};
+
+struct TensorCapabilities {
+    std::string backend;        ///< "embedded", "node", ...
+    bool cuda_available = false;
+    bool cuda_ipc_available = false;
+    int cuda_devices = 0;
+    std::string cuda_detail;
+    HostMemoryStats host;       ///< The pinned pool of tensor objects (quota and use).
+};
+
+class TensorStore {
+public:
+    virtual ~TensorStore() = default;
+
+    /// put_tensor / upsert_tensor of a batch (one item for the single calls): every tensor
+    /// validated first, then the whole batch written and made visible at once.
+    /// Errors: InvalidArgument (a tensor, a key, duplicate keys, mismatched lengths); Conflict
+    /// (kCreate on an existing key); ResourceExhausted; Unimplemented (a CUDA tensor without
+    /// CUDA); Internal (a CUDA copy failed: nothing became visible).
+    virtual Status Put(std::span<const std::string> keys, std::span<const TensorRef> tensors,
+                       const TensorPutOptions& options) = 0;
+
+    /// get_tensor: the stored tensor as a new host tensor.
+    /// Errors: NotFound; InvalidArgument (the object is not a tensor object); ResourceExhausted.
+    virtual Result<HostTensor> Get(std::string_view key) = 0;
+
+    /// get_tensor_into of a batch: every stored header is checked against its destination
+    /// (dtype, shape, size) and every destination is checked (contiguity, writability) before
+    /// any byte is copied; all items are read from one state of the store.
+    /// Errors: NotFound (a missing key); InvalidArgument (a mismatch); Unimplemented; Internal.
+    virtual Status GetInto(std::span<const std::string> keys,
+                           std::span<const TensorRef> destinations) = 0;
+
+    /// The stored header of `key`.
+    /// Errors: NotFound; InvalidArgument (not a tensor object).
+    virtual Result<TensorInfo> Stat(std::string_view key) = 0;
+
+    virtual TensorCapabilities Capabilities() const = 0;
+    virtual TensorStoreStats Stats() const = 0;
+
+    // Single-item conveniences.
+    Status Put(std::string_view key, const TensorRef& tensor, const TensorPutOptions& options);
+    Status GetInto(std::string_view key, const TensorRef& destination);
+};
+
+struct LocalTensorStoreOptions {
+    std::string backend = "embedded";  ///< Reported by Capabilities().
+    /// Host bytes of tensor objects that may be pinned (cudaHostAlloc, reused); 0: none.
+    std::uint64_t pinned_quota_bytes = 0;
+    /// Threads for large host-to-host copies (0: up to 8, by hardware concurrency).
+    unsigned copy_threads = 0;
+};
+
+/// A TensorStore whose CUDA tensors are in this process (the embedded store, or the node
+/// daemon over its segments with CUDA IPC mappings).
+std::unique_ptr<TensorStore> MakeLocalTensorStore(std::shared_ptr<ObjectStore> store,
+                                                  const LocalTensorStoreOptions& options = {});
+
+namespace internal {
+
+/// Checks a caller tensor and returns the FULL header it is stored (or expected) with:
+/// dtype, rank <= 8, extents >= 1, byte size, C-contiguity, memory kind, writability of a
+/// destination, CUDA presence. `what` names it in errors ("tensor 3 ('key')").
+/// Errors: InvalidArgument; Unimplemented (a CUDA tensor without CUDA).
+Result<TensorHeader> ValidateTensorRef(const TensorRef& tensor, bool destination,
+                                       std::string_view what);
+
+/// The header of a stored tensor object, checked to be one (a single kTensorMemberName member
+/// holding a valid header).
+/// Errors: InvalidArgument.
+Result<TensorHeader> ReadTensorObjectHeader(const ObjectView& view, std::string_view key);
+
+/// That a stored header matches a destination's expected header (dtype and shape).
+/// Errors: InvalidArgument naming both.
+Status CheckTensorMatch(const TensorHeader& stored, const TensorHeader& expected,
+                        std::string_view key);
+
+/// Copies `bytes` from src to dst with up to `threads` threads (large copies only).
+void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, unsigned threads);
+
+}  // namespace internal
+}  // namespace mooncake::sparse

@@ -1,0 +1,977 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The daemon-side ObjectStore over shared-memory segments (see shm_store.h for the design).
+//
+// Locks, in the only order they are ever nested:
+//   ShmStore table lock (state.mu)  ->  allocator lock (state.alloc_mu)
+//   extent lock (extent.mu)         ->  table lock                 (in-place upsert only)
+// Readers never hold the table lock while they wait for an extent lock, so an in-place writer
+// (extent -> table) cannot deadlock with them.
+#include "store/shm_store.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <utility>
+
+#include "store/shm_segment.h"
+
+namespace mooncake::sparse {
+namespace internal {
+namespace {
+
+/// Extents and member offsets are multiples of this: a cache line, and the alignment numpy
+/// and the apply kernels like.
+constexpr std::uint64_t kAlignment = 64;
+/// Heap bytes charged per object on top of its key, metadata and member names.
+constexpr std::uint64_t kObjectOverheadBytes = 256;
+constexpr std::uint64_t kMemberOverheadBytes = 64;
+
+std::uint64_t AlignUp(std::uint64_t v) { return (v + kAlignment - 1) / kAlignment * kAlignment; }
+
+}  // namespace
+
+/// First-fit free lists (offset -> size), one per segment, coalesced on free.
+class ExtentAllocator {
+public:
+    explicit ExtentAllocator(const std::vector<std::uint64_t>& segment_sizes) {
+        free_.resize(segment_sizes.size());
+        for (std::size_t s = 0; s < segment_sizes.size(); ++s) {
+            free_[s].emplace(0, segment_sizes[s]);
+            capacity_ += segment_sizes[s];
+        }
+    }
+
+    /// (segment, offset) of a block of `size` bytes (a multiple of kAlignment), or false.
+    bool Allocate(std::uint64_t size, std::uint32_t& segment, std::uint64_t& offset) {
+        for (std::size_t s = 0; s < free_.size(); ++s) {
+            auto& blocks = free_[s];
+            for (auto it = blocks.begin(); it != blocks.end(); ++it) {
+                if (it->second < size) continue;
+                segment = static_cast<std::uint32_t>(s);
+                offset = it->first;
+                const std::uint64_t rest = it->second - size;
+                blocks.erase(it);
+                if (rest > 0) blocks.emplace(offset + size, rest);
+                used_ += size;
+                return true;
+            }
+        }
+        return false;
+    }
+
+    void Free(std::uint32_t segment, std::uint64_t offset, std::uint64_t size) {
+        auto& blocks = free_[segment];
+        auto next = blocks.lower_bound(offset);
+        std::uint64_t start = offset;
+        std::uint64_t length = size;
+        if (next != blocks.begin()) {
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == offset) {
+                start = prev->first;
+                length += prev->second;
+                blocks.erase(prev);
+            }
+        }
+        if (next != blocks.end() && offset + size == next->first) {
+            length += next->second;
+            blocks.erase(next);
+        }
+        blocks.emplace(start, length);
+        used_ -= size;
+    }
+
+    std::uint64_t LargestFree() const {
+        std::uint64_t best = 0;
+        for (const auto& blocks : free_) {
+            for (const auto& [offset, size] : blocks) best = std::max(best, size);
+        }
+        return best;
+    }
+    std::uint64_t used() const { return used_; }
+    std::uint64_t capacity() const { return capacity_; }
+
+private:
+    std::vector<std::map<std::uint64_t, std::uint64_t>> free_;
+    std::uint64_t used_ = 0;
+    std::uint64_t capacity_ = 0;
+};
+
+/// Everything that must outlive the last extent or lease: the mapped segments, their pinned
+/// registrations and the allocator. Extents and leases hold it by shared_ptr.
+struct ShmState {
+    std::vector<ShmSegment> segments;
+    std::vector<PinnedRegion> pinned;  // Destroyed before the segments (declared after).
+    std::vector<std::uint64_t> pinned_bytes;
+
+    std::mutex alloc_mu;
+    ExtentAllocator allocator;  // Guarded by alloc_mu.
+
+    /// The object table and what is accounted with it.
+    mutable std::shared_mutex mu;
+    std::map<std::string, std::shared_ptr<const ShmObject>, std::less<>> objects;  // mu
+    std::uint64_t metadata_bytes = 0;                                               // mu
+    std::uint64_t removed_version_floor = 0;                                        // mu
+
+    std::atomic<std::uint64_t> access_clock{0};
+    std::atomic<std::uint64_t> leases{0};
+    std::atomic<std::uint64_t> evictions{0};
+    std::atomic<std::uint64_t> evicted_bytes{0};
+    std::atomic<std::uint64_t> in_place_upserts{0};
+    std::atomic<std::uint64_t> realloc_upserts{0};
+    std::atomic<std::uint64_t> published{0};
+    std::atomic<std::uint64_t> puts{0};
+    std::atomic<std::uint64_t> bytes_put{0};
+    std::atomic<std::uint64_t> member_gets{0};
+    std::atomic<std::uint64_t> member_bytes{0};
+    std::atomic<std::uint64_t> range_reads{0};
+    std::atomic<std::uint64_t> range_bytes{0};
+    std::atomic<std::uint64_t> removes{0};
+
+    ShmState(std::vector<ShmSegment> segs, const std::vector<std::uint64_t>& sizes)
+        : segments(std::move(segs)), allocator(sizes) {}
+};
+
+/// One allocated block of a segment; returned to the allocator by the destructor.
+struct ShmExtent {
+    std::shared_ptr<ShmState> state;
+    std::uint32_t segment = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t size = 0;
+    std::byte* base = nullptr;
+
+    /// Readers hold it shared while they copy; an in-place rewrite holds it exclusively.
+    mutable std::shared_mutex mu;
+    std::uint64_t stamp = 0;  // Guarded by mu: bumped by every in-place rewrite.
+    mutable std::atomic<std::uint32_t> leases{0};
+
+    ShmExtent(std::shared_ptr<ShmState> s, std::uint32_t seg, std::uint64_t off, std::uint64_t sz)
+        : state(std::move(s)), segment(seg), offset(off), size(sz),
+          base(state->segments[seg].data() + off) {}
+    ~ShmExtent() {
+        std::lock_guard lock(state->alloc_mu);
+        state->allocator.Free(segment, offset, size);
+    }
+    ShmExtent(const ShmExtent&) = delete;
+    ShmExtent& operator=(const ShmExtent&) = delete;
+};
+
+/// An immutable object version: its table, and where its bytes are.
+struct ShmObject {
+    ObjectInfo info;
+    std::vector<std::uint64_t> offsets;  ///< Per member, relative to the extent.
+    std::shared_ptr<ShmExtent> extent;   ///< Null when no member has bytes.
+    std::uint64_t stamp = 0;             ///< The extent stamp these bytes belong to.
+    std::uint64_t charged_metadata = 0;
+    mutable std::atomic<std::uint64_t> last_access{0};
+
+    std::span<const std::byte> Bytes(std::size_t i) const {
+        const std::uint64_t size = info.members[i].size_bytes;
+        if (size == 0) return {};
+        return {extent->base + offsets[i], static_cast<std::size_t>(size)};
+    }
+    std::ptrdiff_t MemberIndex(std::string_view name) const {
+        const MemberInfo* m = info.FindMember(name);
+        return m ? m - info.members.data() : -1;
+    }
+    bool Evictable() const {
+        return !info.hard_pinned && extent && extent->leases.load(std::memory_order_acquire) == 0;
+    }
+};
+
+}  // namespace internal
+
+using internal::ShmExtent;
+using internal::ShmObject;
+using internal::ShmState;
+using ObjectPtr = std::shared_ptr<const ShmObject>;
+
+namespace {
+
+std::string Quote(std::string_view s) {
+    constexpr std::size_t kMaxShown = 200;
+    std::string out = "'";
+    out.append(s.substr(0, kMaxShown));
+    if (s.size() > kMaxShown) out += "...";
+    out += "'";
+    return out;
+}
+
+void Touch(const ShmObject& object, ShmState& state) {
+    object.last_access.store(state.access_clock.fetch_add(1, std::memory_order_relaxed) + 1,
+                             std::memory_order_relaxed);
+}
+
+void CopyBytes(std::span<std::byte> dst, std::span<const std::byte> src) {
+    if (!src.empty()) std::memcpy(dst.data(), src.data(), src.size());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// ObjectLease
+// ---------------------------------------------------------------------------------------------
+ObjectLease::ObjectLease(std::shared_ptr<const ShmObject> object) : object_(std::move(object)) {}
+
+ObjectLease::~ObjectLease() {
+    if (object_ && object_->extent) {
+        object_->extent->leases.fetch_sub(1, std::memory_order_acq_rel);
+        object_->extent->state->leases.fetch_sub(1, std::memory_order_relaxed);
+    }
+}
+
+ObjectLease::ObjectLease(ObjectLease&& other) noexcept : object_(std::move(other.object_)) {}
+
+ObjectLease& ObjectLease::operator=(ObjectLease&& other) noexcept {
+    if (this != &other) {
+        ObjectLease old(std::move(*this));
+        object_ = std::move(other.object_);
+    }
+    return *this;
+}
+
+const ObjectInfo& ObjectLease::info() const { return object_->info; }
+
+std::uint32_t ObjectLease::segment_id() const {
+    return object_->extent ? object_->extent->segment : 0;
+}
+
+std::uint64_t ObjectLease::member_offset(std::size_t i) const {
+    return object_->extent ? object_->extent->offset + object_->offsets[i] : 0;
+}
+
+std::span<const std::byte> ObjectLease::Bytes(std::size_t i) const { return object_->Bytes(i); }
+
+// ---------------------------------------------------------------------------------------------
+// ShmStore
+// ---------------------------------------------------------------------------------------------
+struct ShmStore::Layout {
+    std::vector<std::uint64_t> sizes;    ///< Per member.
+    std::vector<std::uint64_t> offsets;  ///< Per member, within the extent.
+    std::uint64_t member_bytes = 0;
+    std::uint64_t extent_bytes = 0;  ///< Aligned total; 0 when no member has bytes.
+    std::uint64_t metadata_charge = 0;
+};
+
+Result<std::unique_ptr<ShmStore>> ShmStore::Create(const ShmStoreOptions& options) {
+    if (options.num_segments == 0) return InvalidArgument("num_segments must be at least 1");
+    if (options.segment_size == 0 || options.segment_size % PageSize() != 0) {
+        return InvalidArgument("segment_size " + std::to_string(options.segment_size) +
+                               " must be a positive multiple of the page size " +
+                               std::to_string(PageSize()));
+    }
+    std::vector<ShmSegment> segments;
+    std::vector<std::uint64_t> sizes;
+    for (std::uint32_t i = 0; i < options.num_segments; ++i) {
+        auto seg = ShmSegment::Create(options.name + "-" + std::to_string(i), options.segment_size);
+        if (!seg.ok()) return seg.status().WithContext("segment " + std::to_string(i));
+        segments.push_back(std::move(seg).value());
+        sizes.push_back(options.segment_size);
+    }
+    auto state = std::make_shared<ShmState>(std::move(segments), sizes);
+    state->pinned_bytes.assign(state->segments.size(), 0);
+    std::uint64_t quota = options.pinned_quota_bytes / PageSize() * PageSize();
+    if (quota > 0 && GetPinningSupport().available) {
+        for (std::size_t i = 0; i < state->segments.size() && quota > 0; ++i) {
+            const std::uint64_t bytes = std::min(quota, state->segments[i].size());
+            auto region = PinnedRegion::Register(state->segments[i].data(), bytes);
+            if (!region.ok()) break;  // Over what the driver grants: the rest stays pageable.
+            state->pinned.push_back(std::move(region).value());
+            state->pinned_bytes[i] = bytes;
+            quota -= bytes;
+        }
+    }
+    return std::unique_ptr<ShmStore>(new ShmStore(options, std::move(state)));
+}
+
+ShmStore::ShmStore(const ShmStoreOptions& options, std::shared_ptr<ShmState> state)
+    : options_(options), state_(std::move(state)) {}
+
+ShmStore::~ShmStore() = default;
+
+Result<ShmStore::Layout> ShmStore::Validate(std::string_view key, std::string_view metadata,
+                                            std::span<const MemberData> members) const {
+    return ValidateImpl(key, metadata, members,
+                        [](const MemberData& m) { return internal::ValidateMemberData(m); });
+}
+
+Result<ShmStore::Layout> ShmStore::ValidateSpecs(std::string_view key, std::string_view metadata,
+                                                 std::span<const MemberSpec> members) const {
+    return ValidateImpl(key, metadata, members,
+                        [](const MemberSpec& m) { return internal::ValidateMemberSpec(m); });
+}
+
+template <typename Member, typename SizeOf>
+Result<ShmStore::Layout> ShmStore::ValidateImpl(std::string_view key, std::string_view metadata,
+                                                std::span<const Member> members,
+                                                SizeOf&& size_of) const {
+    Layout layout;
+    layout.metadata_charge = internal::kObjectOverheadBytes + 2 * key.size() + metadata.size();
+    std::vector<std::string_view> names;
+    names.reserve(members.size());
+    std::uint64_t offset = 0;
+    for (const Member& m : members) {
+        MCS_ASSIGN_OR_RETURN(const std::uint64_t size, size_of(m));
+        if (size > options_.segment_size || offset > options_.segment_size - size) {
+            return ResourceExhausted("object " + Quote(key) + ": its members need more than one " +
+                                     "segment of " + std::to_string(options_.segment_size) +
+                                     " bytes");
+        }
+        layout.sizes.push_back(size);
+        layout.offsets.push_back(offset);
+        layout.member_bytes += size;
+        offset = internal::AlignUp(offset + size);
+        layout.metadata_charge += internal::kMemberOverheadBytes + m.name.size() +
+                                  8 * m.shape.size();
+        names.push_back(m.name);
+    }
+    layout.extent_bytes = layout.member_bytes == 0 ? 0 : offset;
+    std::sort(names.begin(), names.end());
+    if (auto dup = std::adjacent_find(names.begin(), names.end()); dup != names.end()) {
+        return InvalidArgument("object " + Quote(key) + ": member name " + Quote(*dup) +
+                               " appears more than once");
+    }
+    return layout;
+}
+
+namespace {
+
+/// The object a validated request describes, without placement (offsets, extent, version).
+template <typename Member>
+std::shared_ptr<ShmObject> Describe(std::string_view key, std::string_view metadata,
+                                    std::span<const Member> members, bool hard_pin,
+                                    std::span<const std::uint64_t> sizes,
+                                    std::span<const std::uint64_t> offsets,
+                                    std::uint64_t metadata_charge) {
+    auto object = std::make_shared<ShmObject>();
+    object->info.key.assign(key);
+    object->info.metadata.assign(metadata);
+    object->info.hard_pinned = hard_pin;
+    object->info.members.reserve(members.size());
+    for (std::size_t i = 0; i < members.size(); ++i) {
+        MemberInfo& mi = object->info.members.emplace_back();
+        mi.name = members[i].name;
+        mi.dtype = members[i].dtype;
+        mi.shape = members[i].shape;
+        mi.size_bytes = sizes[i];
+        mi.checksum = members[i].checksum;
+    }
+    object->offsets.assign(offsets.begin(), offsets.end());
+    object->charged_metadata = metadata_charge;
+    return object;
+}
+
+void WriteMembers(std::byte* base, std::span<const MemberData> members,
+                  std::span<const std::uint64_t> offsets) {
+    for (std::size_t i = 0; i < members.size(); ++i) {
+        if (!members[i].bytes.empty()) {
+            std::memcpy(base + offsets[i], members[i].bytes.data(), members[i].bytes.size());
+        }
+    }
+}
+
+}  // namespace
+
+ObjectPtr ShmStore::Snapshot(std::string_view key) const {
+    std::shared_lock lock(state_->mu);
+    auto it = state_->objects.find(key);
+    return it == state_->objects.end() ? nullptr : it->second;
+}
+
+Result<std::shared_ptr<ShmExtent>> ShmStore::AllocateExtent(std::string_view key,
+                                                            std::uint64_t size) {
+    ShmState& st = *state_;
+    const auto try_allocate = [&]() -> std::shared_ptr<ShmExtent> {
+        std::uint32_t segment = 0;
+        std::uint64_t offset = 0;
+        {
+            std::lock_guard lock(st.alloc_mu);
+            if (!st.allocator.Allocate(size, segment, offset)) return nullptr;
+        }
+        return std::make_shared<ShmExtent>(state_, segment, offset, size);
+    };
+    if (auto extent = try_allocate()) return extent;
+
+    // Eviction: unpinned entries that nobody leases, least recently used first.
+    std::unique_lock lock(st.mu);
+    if (auto extent = try_allocate()) return extent;  // Something was freed meanwhile.
+    std::vector<std::pair<std::uint64_t, std::map<std::string, ObjectPtr>::iterator>> candidates;
+    std::uint64_t evictable = 0;
+    for (auto it = st.objects.begin(); it != st.objects.end(); ++it) {
+        if (it->second->Evictable()) {
+            candidates.emplace_back(it->second->last_access.load(std::memory_order_relaxed), it);
+            evictable += it->second->extent->size;
+        }
+    }
+    std::uint64_t used = 0;
+    std::uint64_t capacity = 0;
+    {
+        std::lock_guard alock(st.alloc_mu);
+        used = st.allocator.used();
+        capacity = st.allocator.capacity();
+    }
+    if (capacity - used + evictable < size) {
+        return ResourceExhausted("object " + Quote(key) + " needs " + std::to_string(size) +
+                                 " bytes of segment memory; " + std::to_string(capacity - used) +
+                                 " of " + std::to_string(capacity) + " are free and " +
+                                 std::to_string(evictable) + " could be evicted");
+    }
+    std::sort(candidates.begin(), candidates.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [tick, it] : candidates) {
+        const std::uint64_t bytes = it->second->extent->size;
+        {
+            // The extent returns to the allocator as the victim goes, unless a reader still
+            // holds a snapshot of it (the allocator lock nests inside the table lock).
+            ObjectPtr victim = std::move(it->second);
+            st.metadata_bytes -= victim->charged_metadata;
+            st.removed_version_floor = std::max(st.removed_version_floor, victim->info.version);
+            st.objects.erase(it);
+        }
+        st.evictions.fetch_add(1, std::memory_order_relaxed);
+        st.evicted_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        if (auto extent = try_allocate()) return extent;
+    }
+    return ResourceExhausted("object " + Quote(key) + " needs " + std::to_string(size) +
+                             " contiguous bytes of segment memory; none are left after "
+                             "evicting every unpinned, unleased entry (fragmentation or "
+                             "readers still holding evicted entries)");
+}
+
+Result<bool> ShmStore::TryInPlace(std::string_view key, std::string_view metadata,
+                                  std::span<const MemberData> members, const PutOptions& options,
+                                  const Layout& layout) {
+    ShmState& st = *state_;
+    ObjectPtr old = Snapshot(key);
+    if (!old || !old->extent || old->extent->size != layout.extent_bytes ||
+        old->extent->leases.load(std::memory_order_acquire) != 0) {
+        return false;
+    }
+    ShmExtent& extent = *old->extent;
+    // From here to the install, no reader copies from the extent and no lease is taken on it.
+    std::unique_lock elock(extent.mu);
+    if (extent.leases.load(std::memory_order_acquire) != 0 || extent.stamp != old->stamp) {
+        return false;
+    }
+    {
+        std::shared_lock lock(st.mu);
+        auto it = st.objects.find(key);
+        if (it == st.objects.end() || it->second != old) return false;
+        const std::uint64_t after = st.metadata_bytes - old->charged_metadata;
+        if (after + layout.metadata_charge > options_.metadata_capacity_bytes) {
+            return ResourceExhausted("object " + Quote(key) + ": the metadata bound of " +
+                                     std::to_string(options_.metadata_capacity_bytes) +
+                                     " bytes is reached");
+        }
+    }
+    WriteMembers(extent.base, members, layout.offsets);
+    ++extent.stamp;
+    std::shared_ptr<ShmObject> object = Describe(key, metadata, members, options.hard_pin,
+                                                 layout.sizes, layout.offsets,
+                                                 layout.metadata_charge);
+    object->extent = old->extent;
+    object->stamp = extent.stamp;
+    Touch(*object, st);
+    ObjectPtr replaced;
+    {
+        // Whatever the entry is now (a concurrent upsert or remove may have won meanwhile),
+        // this upsert is the later one: install it.
+        std::unique_lock lock(st.mu);
+        auto it = st.objects.find(key);
+        if (it != st.objects.end()) {
+            object->info.version = it->second->info.version + 1;
+            st.metadata_bytes = st.metadata_bytes - it->second->charged_metadata +
+                                object->charged_metadata;
+            replaced = std::exchange(it->second, std::move(object));
+        } else {
+            object->info.version = st.removed_version_floor + 1;
+            st.metadata_bytes += object->charged_metadata;
+            st.objects.emplace(std::string(key), std::move(object));
+        }
+    }
+    elock.unlock();
+    st.in_place_upserts.fetch_add(1, std::memory_order_relaxed);
+    st.puts.fetch_add(1, std::memory_order_relaxed);
+    st.bytes_put.fetch_add(layout.member_bytes, std::memory_order_relaxed);
+    return true;
+}
+
+Status ShmStore::Put(std::string_view key, std::string_view metadata,
+                     std::span<const MemberData> members, const PutOptions& options) {
+    ShmState& st = *state_;
+    MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(key));
+    if (options.mode != PutMode::kCreate && options.mode != PutMode::kUpsert) {
+        return InvalidArgument("unknown PutMode value " +
+                               std::to_string(static_cast<int>(options.mode)));
+    }
+    MCS_ASSIGN_OR_RETURN(const Layout layout, Validate(key, metadata, members));
+    if (layout.metadata_charge > options_.metadata_capacity_bytes) {
+        return ResourceExhausted("object " + Quote(key) + ": its metadata alone exceeds the " +
+                                 "bound of " + std::to_string(options_.metadata_capacity_bytes) +
+                                 " bytes");
+    }
+
+    // Early answers from one consistent state; the decisive checks repeat at install.
+    bool exists = false;
+    {
+        std::shared_lock lock(st.mu);
+        auto it = st.objects.find(key);
+        exists = it != st.objects.end();
+        if (exists && options.mode == PutMode::kCreate) {
+            return Conflict("object " + Quote(key) + " already exists");
+        }
+        const std::uint64_t released = exists ? it->second->charged_metadata : 0;
+        if (st.metadata_bytes - released + layout.metadata_charge >
+            options_.metadata_capacity_bytes) {
+            return ResourceExhausted("object " + Quote(key) + ": the metadata bound of " +
+                                     std::to_string(options_.metadata_capacity_bytes) +
+                                     " bytes is reached");
+        }
+    }
+    if (exists && layout.extent_bytes > 0) {
+        MCS_ASSIGN_OR_RETURN(const bool done, TryInPlace(key, metadata, members, options, layout));
+        if (done) return Status::Ok();
+    }
+
+    std::shared_ptr<ShmObject> object = Describe(key, metadata, members, options.hard_pin,
+                                                 layout.sizes, layout.offsets,
+                                                 layout.metadata_charge);
+    if (layout.extent_bytes > 0) {
+        MCS_ASSIGN_OR_RETURN(object->extent, AllocateExtent(key, layout.extent_bytes));
+        // Not visible to anyone yet: the copy needs no lock.
+        WriteMembers(object->extent->base, members, layout.offsets);
+    }
+    Touch(*object, st);
+    ObjectPtr replaced;  // Released after the lock.
+    {
+        std::unique_lock lock(st.mu);
+        auto it = st.objects.find(key);
+        const bool now_exists = it != st.objects.end();
+        if (now_exists && options.mode == PutMode::kCreate) {
+            return Conflict("object " + Quote(key) + " already exists");
+        }
+        const std::uint64_t released = now_exists ? it->second->charged_metadata : 0;
+        if (st.metadata_bytes - released + layout.metadata_charge >
+            options_.metadata_capacity_bytes) {
+            return ResourceExhausted("object " + Quote(key) + ": the metadata bound of " +
+                                     std::to_string(options_.metadata_capacity_bytes) +
+                                     " bytes is reached");
+        }
+        st.metadata_bytes = st.metadata_bytes - released + layout.metadata_charge;
+        if (now_exists) {
+            object->info.version = it->second->info.version + 1;
+            replaced = std::exchange(it->second, std::move(object));
+        } else {
+            object->info.version = st.removed_version_floor + 1;
+            st.objects.emplace(std::string(key), std::move(object));
+        }
+    }
+    if (replaced && layout.extent_bytes > 0) {
+        st.realloc_upserts.fetch_add(1, std::memory_order_relaxed);
+    }
+    st.puts.fetch_add(1, std::memory_order_relaxed);
+    st.bytes_put.fetch_add(layout.member_bytes, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status ShmStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
+                           const FillFn& fill, PinnedHostPool* /*host_pool*/) {
+    ShmState& st = *state_;
+    if (puts.empty()) return Status::Ok();
+    if (options.mode != PutMode::kCreate && options.mode != PutMode::kUpsert) {
+        return InvalidArgument("unknown PutMode value " +
+                               std::to_string(static_cast<int>(options.mode)));
+    }
+    // 1. Validate every item; keys distinct.
+    std::vector<Layout> layouts;
+    layouts.reserve(puts.size());
+    std::uint64_t metadata_charge = 0;
+    std::uint64_t member_bytes = 0;
+    for (const FilledPut& p : puts) {
+        MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(p.key));
+        MCS_ASSIGN_OR_RETURN(Layout layout, ValidateSpecs(p.key, p.metadata, p.members));
+        metadata_charge += layout.metadata_charge;
+        member_bytes += layout.member_bytes;
+        layouts.push_back(std::move(layout));
+    }
+    {
+        std::vector<std::string_view> keys;
+        for (const FilledPut& p : puts) keys.push_back(p.key);
+        std::sort(keys.begin(), keys.end());
+        if (auto dup = std::adjacent_find(keys.begin(), keys.end()); dup != keys.end()) {
+            return InvalidArgument("key " + Quote(*dup) + " appears more than once in one batch");
+        }
+    }
+    // 2. Conflicts and the metadata bound, against one state (repeated at install).
+    auto check = [&]() -> Status {
+        std::uint64_t released = 0;
+        for (const FilledPut& p : puts) {
+            auto it = st.objects.find(p.key);
+            if (it == st.objects.end()) continue;
+            if (options.mode == PutMode::kCreate) {
+                return Conflict("object " + Quote(p.key) + " already exists");
+            }
+            released += it->second->charged_metadata;
+        }
+        if (st.metadata_bytes - released + metadata_charge > options_.metadata_capacity_bytes) {
+            return ResourceExhausted("the metadata bound of " +
+                                     std::to_string(options_.metadata_capacity_bytes) +
+                                     " bytes is reached");
+        }
+        return Status::Ok();
+    };
+    {
+        std::shared_lock lock(st.mu);
+        MCS_RETURN_IF_ERROR(check());
+    }
+    // 3. Fresh extents, filled in place while nobody can see them.
+    std::vector<std::shared_ptr<ShmObject>> objects;
+    std::vector<std::vector<std::span<std::byte>>> spans(puts.size());
+    std::vector<FillTarget> targets(puts.size());
+    for (std::size_t i = 0; i < puts.size(); ++i) {
+        const Layout& layout = layouts[i];
+        std::shared_ptr<ShmObject> object =
+            Describe(puts[i].key, puts[i].metadata, puts[i].members, options.hard_pin,
+                     layout.sizes, layout.offsets, layout.metadata_charge);
+        bool pinned = false;
+        if (layout.extent_bytes > 0) {
+            MCS_ASSIGN_OR_RETURN(object->extent, AllocateExtent(puts[i].key, layout.extent_bytes));
+            const ShmExtent& e = *object->extent;
+            pinned = e.offset + e.size <= st.pinned_bytes[e.segment];
+        }
+        for (std::size_t m = 0; m < layout.sizes.size(); ++m) {
+            spans[i].emplace_back(
+                layout.sizes[m] == 0 ? nullptr : object->extent->base + layout.offsets[m],
+                static_cast<std::size_t>(layout.sizes[m]));
+        }
+        targets[i] = {i, spans[i], pinned};
+        objects.push_back(std::move(object));
+    }
+    MCS_RETURN_IF_ERROR(fill(targets));
+    // 4. Install the whole batch at once.
+    std::vector<ObjectPtr> replaced;  // Released after the lock.
+    std::uint64_t reallocated = 0;
+    {
+        std::unique_lock lock(st.mu);
+        MCS_RETURN_IF_ERROR(check());
+        for (std::size_t i = 0; i < puts.size(); ++i) {
+            std::shared_ptr<ShmObject>& object = objects[i];
+            Touch(*object, st);
+            auto it = st.objects.find(puts[i].key);
+            if (it != st.objects.end()) {
+                object->info.version = it->second->info.version + 1;
+                st.metadata_bytes = st.metadata_bytes - it->second->charged_metadata +
+                                    object->charged_metadata;
+                replaced.push_back(std::exchange(it->second, std::move(object)));
+                if (layouts[i].extent_bytes > 0) ++reallocated;
+            } else {
+                object->info.version = st.removed_version_floor + 1;
+                st.metadata_bytes += object->charged_metadata;
+                st.objects.emplace(std::string(puts[i].key), std::move(object));
+            }
+        }
+    }
+    st.realloc_upserts.fetch_add(reallocated, std::memory_order_relaxed);
+    st.puts.fetch_add(puts.size(), std::memory_order_relaxed);
+    st.bytes_put.fetch_add(member_bytes, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status ShmStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) {
+    ShmState& st = *state_;
+    std::vector<ObjectPtr> objects(keys.size());
+    for (;;) {
+        {
+            std::shared_lock lock(st.mu);
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+                auto it = st.objects.find(keys[i]);
+                if (it == st.objects.end()) {
+                    return NotFound("object " + Quote(keys[i]) + " not found");
+                }
+                objects[i] = it->second;
+            }
+        }
+        // Lease every distinct extent under its shared lock, after checking that no snapshot
+        // was rewritten in place; a lease keeps in-place writers and eviction away.
+        std::vector<const ShmExtent*> extents;
+        for (const ObjectPtr& o : objects) {
+            if (o->extent) extents.push_back(o->extent.get());
+        }
+        std::sort(extents.begin(), extents.end(), std::less<>());
+        extents.erase(std::unique(extents.begin(), extents.end()), extents.end());
+        std::vector<std::shared_lock<std::shared_mutex>> elocks;
+        for (const ShmExtent* e : extents) elocks.emplace_back(e->mu);
+        bool stale = false;
+        for (const ObjectPtr& o : objects) {
+            if (o->extent && o->extent->stamp != o->stamp) stale = true;
+        }
+        if (stale) continue;
+        for (const ShmExtent* e : extents) e->leases.fetch_add(1, std::memory_order_acq_rel);
+        elocks.clear();
+        struct Release {
+            std::vector<const ShmExtent*>& extents;
+            ~Release() {
+                for (const ShmExtent* e : extents) e->leases.fetch_sub(1, std::memory_order_acq_rel);
+            }
+        } release{extents};
+
+        std::vector<std::vector<std::span<const std::byte>>> spans(keys.size());
+        std::vector<ObjectView> views(keys.size());
+        std::uint64_t bytes = 0;
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+            const ShmObject& o = *objects[i];
+            for (std::size_t m = 0; m < o.info.members.size(); ++m) {
+                spans[i].push_back(o.Bytes(m));
+                bytes += o.info.members[m].size_bytes;
+            }
+            const bool pinned =
+                o.extent && o.extent->offset + o.extent->size <= st.pinned_bytes[o.extent->segment];
+            views[i] = {&o.info, spans[i], pinned};
+            Touch(o, st);
+        }
+        MCS_RETURN_IF_ERROR(fn(views));
+        st.member_gets.fetch_add(keys.size(), std::memory_order_relaxed);
+        st.member_bytes.fetch_add(bytes, std::memory_order_relaxed);
+        return Status::Ok();
+    }
+}
+
+Result<ObjectInfo> ShmStore::Stat(std::string_view key) {
+    ObjectPtr object = Snapshot(key);
+    if (!object) return NotFound("object " + Quote(key) + " not found");
+    Touch(*object, *state_);
+    return object->info;
+}
+
+Status ShmStore::ReadMember(std::string_view key, std::string_view member,
+                            std::span<std::byte> dst) {
+    ShmState& st = *state_;
+    for (;;) {
+        ObjectPtr object = Snapshot(key);
+        if (!object) return NotFound("object " + Quote(key) + " not found");
+        const std::ptrdiff_t index = object->MemberIndex(member);
+        if (index < 0) {
+            return NotFound("object " + Quote(key) + " has no member " + Quote(member));
+        }
+        std::span<const std::byte> src = object->Bytes(static_cast<std::size_t>(index));
+        if (dst.size() != src.size()) {
+            return InvalidArgument("member " + Quote(member) + " of object " + Quote(key) +
+                                   " is " + std::to_string(src.size()) +
+                                   " bytes, destination is " + std::to_string(dst.size()));
+        }
+        if (object->extent) {
+            std::shared_lock elock(object->extent->mu);
+            if (object->extent->stamp != object->stamp) continue;  // Rewritten: take the new one.
+            CopyBytes(dst, src);
+        }
+        Touch(*object, st);
+        st.member_gets.fetch_add(1, std::memory_order_relaxed);
+        st.member_bytes.fetch_add(src.size(), std::memory_order_relaxed);
+        return Status::Ok();
+    }
+}
+
+Status ShmStore::ReadRanges(std::span<const RangeRead> reads) {
+    if (reads.empty()) return Status::Ok();
+    ShmState& st = *state_;
+    for (;;) {
+        // 1. One table lock: every key resolves against the same state of the store.
+        std::vector<const ShmObject*> objects(reads.size(), nullptr);
+        std::vector<ObjectPtr> holders;
+        std::size_t missing = reads.size();
+        {
+            std::shared_lock lock(st.mu);
+            for (std::size_t i = 0; i < reads.size(); ++i) {
+                if (i > 0 && reads[i].key == reads[i - 1].key) {
+                    objects[i] = objects[i - 1];
+                } else {
+                    auto it = st.objects.find(reads[i].key);
+                    if (it != st.objects.end()) {
+                        holders.push_back(it->second);
+                        objects[i] = it->second.get();
+                    }
+                }
+                if (objects[i] == nullptr) {
+                    missing = i;
+                    break;
+                }
+            }
+        }
+        if (missing != reads.size()) {
+            return NotFound("range read " + std::to_string(missing) + ": object " +
+                            Quote(reads[missing].key) + " not found");
+        }
+
+        // 2. Validate every item before any destination is written.
+        std::vector<std::span<const std::byte>> sources(reads.size());
+        std::uint64_t total = 0;
+        for (std::size_t i = 0; i < reads.size(); ++i) {
+            const RangeRead& r = reads[i];
+            const ShmObject& object = *objects[i];
+            const std::string where = "range read " + std::to_string(i) + " (object " +
+                                      Quote(r.key) + ", member " + Quote(r.member) + ")";
+            const std::ptrdiff_t index = object.MemberIndex(r.member);
+            if (index < 0) return NotFound(where + ": no such member");
+            const MemberInfo& m = object.info.members[static_cast<std::size_t>(index)];
+            const auto rows = static_cast<std::uint64_t>(m.shape[0]);
+            if (r.row_start > r.row_end || r.row_end > rows) {
+                return OutOfRange(where + ": rows [" + std::to_string(r.row_start) + ", " +
+                                  std::to_string(r.row_end) + ") are not within [0, " +
+                                  std::to_string(rows) + ")");
+            }
+            const std::uint64_t row_bytes = m.RowBytes();
+            const std::uint64_t bytes = (r.row_end - r.row_start) * row_bytes;
+            if (r.dst.size() != bytes) {
+                return InvalidArgument(where + ": rows [" + std::to_string(r.row_start) + ", " +
+                                       std::to_string(r.row_end) + ") are " +
+                                       std::to_string(bytes) + " bytes, destination is " +
+                                       std::to_string(r.dst.size()));
+            }
+            sources[i] = object.Bytes(static_cast<std::size_t>(index))
+                             .subspan(static_cast<std::size_t>(r.row_start * row_bytes),
+                                      static_cast<std::size_t>(bytes));
+            total += bytes;
+        }
+
+        // 3. Lock every extent shared (address order), check no snapshot was rewritten in
+        //    place, copy. Writers never hold two extent locks, so any order would do; one
+        //    order keeps it obviously so.
+        std::vector<const ShmObject*> distinct;
+        for (const ObjectPtr& h : holders) {
+            if (h->extent) distinct.push_back(h.get());
+        }
+        std::sort(distinct.begin(), distinct.end(), [](const ShmObject* a, const ShmObject* b) {
+            return std::less<>()(a->extent.get(), b->extent.get());
+        });
+        std::vector<std::shared_lock<std::shared_mutex>> elocks;
+        bool stale = false;
+        const ShmExtent* previous = nullptr;
+        for (const ShmObject* o : distinct) {
+            if (o->extent.get() != previous) {
+                elocks.emplace_back(o->extent->mu);
+                previous = o->extent.get();
+            }
+            if (o->extent->stamp != o->stamp) stale = true;
+        }
+        if (stale) continue;
+        for (std::size_t i = 0; i < reads.size(); ++i) CopyBytes(reads[i].dst, sources[i]);
+        elocks.clear();
+        for (const ObjectPtr& h : holders) Touch(*h, st);
+        st.range_reads.fetch_add(reads.size(), std::memory_order_relaxed);
+        st.range_bytes.fetch_add(total, std::memory_order_relaxed);
+        return Status::Ok();
+    }
+}
+
+Status ShmStore::Remove(std::string_view key) {
+    ShmState& st = *state_;
+    ObjectPtr removed;
+    {
+        std::unique_lock lock(st.mu);
+        auto it = st.objects.find(key);
+        if (it == st.objects.end()) return NotFound("object " + Quote(key) + " not found");
+        removed = std::move(it->second);
+        st.objects.erase(it);
+        st.metadata_bytes -= removed->charged_metadata;
+        st.removed_version_floor = std::max(st.removed_version_floor, removed->info.version);
+    }
+    st.removes.fetch_add(1, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Result<std::vector<std::string>> ShmStore::List(std::string_view prefix) {
+    std::vector<std::string> keys;
+    std::shared_lock lock(state_->mu);
+    for (auto it = state_->objects.lower_bound(prefix);
+         it != state_->objects.end() && std::string_view(it->first).starts_with(prefix); ++it) {
+        keys.push_back(it->first);
+    }
+    return keys;
+}
+
+StoreCounters ShmStore::Counters() const {
+    const ShmState& st = *state_;
+    StoreCounters c;
+    c.puts = st.puts.load(std::memory_order_relaxed);
+    c.bytes_put = st.bytes_put.load(std::memory_order_relaxed);
+    c.member_gets = st.member_gets.load(std::memory_order_relaxed);
+    c.member_bytes = st.member_bytes.load(std::memory_order_relaxed);
+    c.range_reads = st.range_reads.load(std::memory_order_relaxed);
+    c.range_bytes = st.range_bytes.load(std::memory_order_relaxed);
+    c.removes = st.removes.load(std::memory_order_relaxed);
+    return c;
+}
+
+Result<ObjectLease> ShmStore::Lease(std::string_view key) {
+    ShmState& st = *state_;
+    for (;;) {
+        ObjectPtr object = Snapshot(key);
+        if (!object) return NotFound("object " + Quote(key) + " not found");
+        Touch(*object, st);
+        if (!object->extent) return ObjectLease(std::move(object));
+        std::shared_lock elock(object->extent->mu);
+        if (object->extent->stamp != object->stamp) continue;  // Rewritten: take the new one.
+        object->extent->leases.fetch_add(1, std::memory_order_acq_rel);
+        st.leases.fetch_add(1, std::memory_order_relaxed);
+        return ObjectLease(std::move(object));
+    }
+}
+
+Result<ObjectLease> ShmStore::Publish(std::string_view key_label, std::string_view metadata,
+                                      std::span<const MemberData> members) {
+    ShmState& st = *state_;
+    MCS_ASSIGN_OR_RETURN(const Layout layout, Validate(key_label, metadata, members));
+    std::shared_ptr<ShmObject> object = Describe(key_label, metadata, members, false,
+                                                 layout.sizes, layout.offsets,
+                                                 /*metadata_charge=*/0);
+    if (layout.extent_bytes > 0) {
+        MCS_ASSIGN_OR_RETURN(object->extent, AllocateExtent(key_label, layout.extent_bytes));
+        WriteMembers(object->extent->base, members, layout.offsets);
+        object->extent->leases.store(1, std::memory_order_release);
+        st.leases.fetch_add(1, std::memory_order_relaxed);
+    }
+    st.published.fetch_add(1, std::memory_order_relaxed);
+    return ObjectLease(std::move(object));
+}
+
+std::vector<ShmSegmentDesc> ShmStore::Segments() const {
+    std::vector<ShmSegmentDesc> out;
+    for (std::size_t i = 0; i < state_->segments.size(); ++i) {
+        const ShmSegment& s = state_->segments[i];
+        out.push_back({static_cast<std::uint32_t>(i), s.size(), state_->pinned_bytes[i],
+                       s.read_only_fd()});
+    }
+    return out;
+}
+
+ShmStoreStats ShmStore::Stats() const {
+    const ShmState& st = *state_;
+    ShmStoreStats s;
+    s.segments = static_cast<std::uint32_t>(st.segments.size());
+    {
+        std::lock_guard lock(state_->alloc_mu);
+        s.capacity_bytes = st.allocator.capacity();
+        s.used_bytes = st.allocator.used();
+        s.largest_free_bytes = st.allocator.LargestFree();
+    }
+    {
+        std::shared_lock lock(st.mu);
+        s.objects = st.objects.size();
+        s.metadata_bytes = st.metadata_bytes;
+    }
+    s.leases = st.leases.load(std::memory_order_relaxed);
+    s.evictions = st.evictions.load(std::memory_order_relaxed);
+    s.evicted_bytes = st.evicted_bytes.load(std::memory_order_relaxed);
+    s.in_place_upserts = st.in_place_upserts.load(std::memory_order_relaxed);
+    s.realloc_upserts = st.realloc_upserts.load(std::memory_order_relaxed);
+    s.published_objects = st.published.load(std::memory_order_relaxed);
+    for (std::uint64_t p : st.pinned_bytes) s.pinned_bytes += p;
+    s.pageable_bytes = s.capacity_bytes - s.pinned_bytes;
+    return s;
+}
+
+}  // namespace mooncake::sparse

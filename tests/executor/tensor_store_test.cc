@@ -1,0 +1,330 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// TensorStore over the embedded store (host tensors; CUDA paths run in
+// tests/python/test_tensor_gpu.py on a GPU machine): round trips, upstream-format bytes,
+// validation before any byte moves, atomic batches, and the ObjectStore base implementations of
+// PutFilled / ViewObjects that stores without a direct path use.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "../store/store_test_util.h"
+#include "executor/tensor_store.h"
+#include "store/object_store.h"
+#include "store/tensor_object.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using ::mooncake::sparse::testing::StatusIs;
+using ::mooncake::sparse::testing::StatusIsWithMessage;
+
+/// `n` bytes of a recognizable pattern.
+std::vector<std::byte> Pattern(std::size_t n, int seed) {
+    std::vector<std::byte> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<std::byte>((i * 131 + seed * 17) & 0xff);
+    return v;
+}
+
+/// Forwards the pure ObjectStore calls only, so PutFilled / ViewObjects take the base class's
+/// staged implementations.
+class ForwardingStore final : public ObjectStore {
+public:
+    explicit ForwardingStore(std::unique_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
+    Status Put(std::string_view key, std::string_view metadata,
+               std::span<const MemberData> members, const PutOptions& options) override {
+        return inner_->Put(key, metadata, members, options);
+    }
+    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+    Status ReadMember(std::string_view key, std::string_view member,
+                      std::span<std::byte> dst) override {
+        return inner_->ReadMember(key, member, dst);
+    }
+    Status ReadRanges(std::span<const RangeRead> reads) override {
+        return inner_->ReadRanges(reads);
+    }
+    Status Remove(std::string_view key) override { return inner_->Remove(key); }
+    Result<std::vector<std::string>> List(std::string_view prefix) override {
+        return inner_->List(prefix);
+    }
+    StoreCounters Counters() const override { return inner_->Counters(); }
+
+private:
+    std::unique_ptr<ObjectStore> inner_;
+};
+
+class TensorStoreTest : public ::testing::TestWithParam<bool> {
+protected:
+    void SetUp() override {
+        if (GetParam()) {
+            objects_ = std::make_shared<ForwardingStore>(MakeEmbeddedStore());
+        } else {
+            objects_ = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+        }
+        LocalTensorStoreOptions options;
+        options.pinned_quota_bytes = std::uint64_t{64} << 20;
+        options.copy_threads = 2;
+        store_ = MakeLocalTensorStore(objects_, options);
+    }
+
+    std::shared_ptr<ObjectStore> objects_;
+    std::unique_ptr<TensorStore> store_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Stores, TensorStoreTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "Staged" : "Embedded"; });
+
+TEST_P(TensorStoreTest, PutGetRoundTripEveryDType) {
+    for (int i = 0; i < kNumDTypes; ++i) {
+        const auto dtype = static_cast<DType>(i);
+        const Shape shape{3, 5};
+        auto bytes = Pattern(15 * DTypeSize(dtype), i);
+        const std::string key = "t/" + std::string(DTypeName(dtype));
+        MCS_ASSERT_OK(store_->Put(key, TensorRef::ConstHost(dtype, shape, bytes), {}));
+        auto got = store_->Get(key);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        EXPECT_EQ(got->dtype, dtype);
+        EXPECT_EQ(got->shape, shape);
+        ASSERT_EQ(got->data.size(), bytes.size());
+        EXPECT_EQ(std::memcmp(got->data.data(), bytes.data(), bytes.size()), 0);
+
+        std::vector<std::byte> into(bytes.size());
+        MCS_ASSERT_OK(store_->GetInto(key, TensorRef::Host(dtype, shape, into)));
+        EXPECT_EQ(into, bytes);
+    }
+}
+
+TEST_P(TensorStoreTest, ScalarRoundTrip) {
+    auto bytes = Pattern(8, 3);
+    MCS_ASSERT_OK(store_->Put("scalar", TensorRef::ConstHost(DType::kFloat64, {}, bytes), {}));
+    std::vector<std::byte> into(8);
+    MCS_ASSERT_OK(store_->GetInto("scalar", TensorRef::Host(DType::kFloat64, {}, into)));
+    EXPECT_EQ(into, bytes);
+}
+
+TEST_P(TensorStoreTest, StoredBytesAreUpstreamsValue) {
+    auto bytes = Pattern(2 * 3 * 2, 1);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kBFloat16, {2, 3}, bytes), {}));
+    auto info = objects_->Stat("k");
+    ASSERT_TRUE(info.ok());
+    ASSERT_EQ(info->members.size(), 1u);
+    EXPECT_EQ(info->members[0].name, kTensorMemberName);
+    EXPECT_EQ(info->members[0].size_bytes, kTensorHeaderBytes + bytes.size());
+    std::vector<std::byte> blob(info->members[0].size_bytes);
+    MCS_ASSERT_OK(objects_->ReadMember("k", kTensorMemberName, blob));
+    auto header = DecodeTensorHeader(blob, blob.size());
+    ASSERT_TRUE(header.ok());
+    EXPECT_EQ(header->dtype, DType::kBFloat16);
+    EXPECT_EQ(header->local_shape, (Shape{2, 3}));
+    EXPECT_EQ(std::memcmp(blob.data() + kTensorHeaderBytes, bytes.data(), bytes.size()), 0);
+}
+
+TEST_P(TensorStoreTest, ReadsAnUpstreamWrittenObject) {
+    // Upstream's value for a key, with its data after a padded data_offset, written raw.
+    auto h = MakeFullTensorHeader(DType::kInt16, {4});
+    ASSERT_TRUE(h.ok());
+    h->data_offset = kTensorHeaderBytes + 16;
+    std::vector<std::byte> blob(h->data_offset + 8);
+    EncodeTensorHeader(*h, std::span<std::byte, kTensorHeaderBytes>(blob.data(), kTensorHeaderBytes));
+    auto data = Pattern(8, 9);
+    std::copy(data.begin(), data.end(), blob.begin() + static_cast<std::ptrdiff_t>(h->data_offset));
+    const MemberData m{std::string(kTensorMemberName), DType::kUInt8,
+                       {static_cast<Index>(blob.size())}, blob, 0};
+    MCS_ASSERT_OK(objects_->Put("raw", {}, {&m, 1}, {}));
+    std::vector<std::byte> into(8);
+    MCS_ASSERT_OK(store_->GetInto("raw", TensorRef::Host(DType::kInt16, {4}, into)));
+    EXPECT_EQ(into, data);
+}
+
+TEST_P(TensorStoreTest, CreateConflictsUpsertReplaces) {
+    auto a = Pattern(16, 1);
+    auto b = Pattern(16, 2);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, a), {}));
+    EXPECT_THAT(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, b), {}),
+                StatusIs(StatusCode::kConflict));
+    std::vector<std::byte> into(16);
+    MCS_ASSERT_OK(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {4}, into)));
+    EXPECT_EQ(into, a);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, b),
+                              {PutMode::kUpsert, false}));
+    MCS_ASSERT_OK(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {4}, into)));
+    EXPECT_EQ(into, b);
+    // An upsert may change dtype and shape.
+    auto c = Pattern(6, 3);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kUInt8, {2, 3}, c),
+                              {PutMode::kUpsert, true}));
+    auto info = store_->Stat("k");
+    ASSERT_TRUE(info.ok());
+    EXPECT_EQ(info->header.dtype, DType::kUInt8);
+    EXPECT_EQ(info->header.local_shape, (Shape{2, 3}));
+    EXPECT_EQ(info->version, 3u);
+    EXPECT_TRUE(info->hard_pinned);
+}
+
+TEST_P(TensorStoreTest, BatchPutAndBatchGetInto) {
+    std::vector<std::string> keys;
+    std::vector<std::vector<std::byte>> data;
+    std::vector<TensorRef> refs;
+    for (int i = 0; i < 40; ++i) {
+        keys.push_back("b/" + std::to_string(i));
+        data.push_back(Pattern(std::size_t(1 + i) * 1024 * 4, i));
+    }
+    for (int i = 0; i < 40; ++i) {
+        refs.push_back(TensorRef::ConstHost(DType::kInt32, {1 + i, 1024}, data[i]));
+    }
+    MCS_ASSERT_OK(store_->Put(keys, refs, {}));
+    std::vector<std::vector<std::byte>> out(40);
+    std::vector<TensorRef> dsts;
+    for (int i = 0; i < 40; ++i) {
+        out[i].resize(data[i].size());
+        dsts.push_back(TensorRef::Host(DType::kInt32, {1 + i, 1024}, out[i]));
+    }
+    MCS_ASSERT_OK(store_->GetInto(keys, dsts));
+    EXPECT_EQ(out, data);
+}
+
+TEST_P(TensorStoreTest, BatchPutIsAllOrNothing) {
+    auto a = Pattern(16, 1);
+    MCS_ASSERT_OK(store_->Put("exists", TensorRef::ConstHost(DType::kFloat32, {4}, a), {}));
+    const std::vector<std::string> keys = {"new1", "exists", "new2"};
+    const std::vector<TensorRef> refs(3, TensorRef::ConstHost(DType::kFloat32, {4}, a));
+    EXPECT_THAT(store_->Put(keys, refs, {}), StatusIs(StatusCode::kConflict));
+    EXPECT_THAT(store_->Stat("new1"), StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(store_->Stat("new2"), StatusIs(StatusCode::kNotFound));
+
+    // One invalid tensor: nothing is written.
+    std::vector<TensorRef> bad = refs;
+    bad[2].host_bytes = 15;
+    EXPECT_THAT(store_->Put(std::vector<std::string>{"x1", "x2", "x3"}, bad, {}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "tensor 2 'x3'"));
+    EXPECT_THAT(store_->Stat("x1"), StatusIs(StatusCode::kNotFound));
+
+    EXPECT_THAT(store_->Put(std::vector<std::string>{"d", "d"},
+                            std::vector<TensorRef>(2, refs[0]), {PutMode::kUpsert, false}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "more than once"));
+    EXPECT_THAT(store_->Put(std::vector<std::string>{"a", "b"},
+                            std::vector<TensorRef>(1, refs[0]), {}),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->Put("", refs[0], {}), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST_P(TensorStoreTest, ValidationLeavesDestinationsUntouched) {
+    auto a = Pattern(24, 1);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {2, 3}, a), {}));
+    const std::vector<std::byte> sentinel(24, std::byte{0x5a});
+    std::vector<std::byte> dst = sentinel;
+
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kInt32, {2, 3}, dst)),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "float32 [2, 3]"));
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {3, 2}, dst)),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "destination is float32 [3, 2]"));
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {6}, dst)),
+                StatusIs(StatusCode::kInvalidArgument));
+    std::vector<std::byte> small(20, std::byte{0x5a});
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {2, 3}, small)),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "20 bytes given"));
+    TensorRef strided = TensorRef::Host(DType::kFloat32, {2, 3}, dst);
+    strided.strides = {1, 2};  // Fortran order.
+    EXPECT_THAT(store_->GetInto("k", strided),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "C-contiguous"));
+    TensorRef read_only = TensorRef::ConstHost(DType::kFloat32, {2, 3}, dst);
+    EXPECT_THAT(store_->GetInto("k", read_only),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "read-only"));
+    EXPECT_THAT(store_->GetInto("missing", TensorRef::Host(DType::kFloat32, {2, 3}, dst)),
+                StatusIs(StatusCode::kNotFound));
+    EXPECT_EQ(dst, sentinel);
+
+    // A batch whose last item fails writes none of the others.
+    std::vector<std::byte> first = sentinel;
+    EXPECT_THAT(store_->GetInto(std::vector<std::string>{"k", "missing"},
+                                std::vector<TensorRef>{
+                                    TensorRef::Host(DType::kFloat32, {2, 3}, first),
+                                    TensorRef::Host(DType::kFloat32, {2, 3}, dst)}),
+                StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(store_->GetInto(std::vector<std::string>{"k", "k"},
+                                std::vector<TensorRef>{
+                                    TensorRef::Host(DType::kFloat32, {2, 3}, first),
+                                    TensorRef::Host(DType::kInt32, {2, 3}, dst)}),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_EQ(first, sentinel);
+    EXPECT_EQ(dst, sentinel);
+
+    // Strides that are C-contiguous (extent-1 dims may have any stride) are fine; the shape
+    // must still match the stored one.
+    TensorRef ok = TensorRef::Host(DType::kFloat32, {2, 3}, dst);
+    ok.strides = {3, 1};
+    MCS_EXPECT_OK(store_->GetInto("k", ok));
+    EXPECT_EQ(dst, a);
+    TensorRef unit = TensorRef::Host(DType::kFloat32, {2, 1, 3}, dst);
+    unit.strides = {3, 99, 1};
+    EXPECT_THAT(store_->GetInto("k", unit), StatusIsWithMessage(StatusCode::kInvalidArgument, "[2, 1, 3]"));
+}
+
+TEST_P(TensorStoreTest, PutValidation) {
+    auto a = Pattern(24, 1);
+    TensorRef strided = TensorRef::ConstHost(DType::kFloat32, {2, 3}, a);
+    strided.strides = {1, 2};
+    EXPECT_THAT(store_->Put("k", strided, {}), StatusIsWithMessage(StatusCode::kInvalidArgument, "C-contiguous"));
+    EXPECT_THAT(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {2, 0}, {}), {}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "extent < 1"));
+    EXPECT_THAT(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {5}, a), {}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "24 bytes given"));
+    TensorRef bad_dtype = TensorRef::ConstHost(DType::kFloat32, {6}, a);
+    bad_dtype.dtype = static_cast<DType>(77);
+    EXPECT_THAT(store_->Put("k", bad_dtype, {}), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->Stat("k"), StatusIs(StatusCode::kNotFound));
+}
+
+TEST_P(TensorStoreTest, NonTensorObjectsAreRejected) {
+    auto bytes = Pattern(8, 1);
+    const MemberData members[] = {{"indices", DType::kUInt8, {8}, bytes, 0},
+                                  {"values", DType::kUInt8, {8}, bytes, 0}};
+    MCS_ASSERT_OK(objects_->Put("sparse", "meta", members, {}));
+    EXPECT_THAT(store_->Get("sparse"), StatusIsWithMessage(StatusCode::kInvalidArgument, "not a tensor object"));
+    const MemberData junk{std::string(kTensorMemberName), DType::kUInt8, {8}, bytes, 0};
+    MCS_ASSERT_OK(objects_->Put("junk", {}, {&junk, 1}, {}));
+    EXPECT_THAT(store_->Stat("junk"), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST_P(TensorStoreTest, CudaTensorsWithoutCudaAreUnimplemented) {
+    if (cuda::GetSupport().available) GTEST_SKIP() << "CUDA present: covered by the GPU tests";
+    const TensorRef t = TensorRef::Cuda(DType::kFloat32, {4}, {0x1000, 16, 0});
+    EXPECT_THAT(store_->Put("c", t, {}), StatusIs(StatusCode::kUnimplemented));
+    EXPECT_THAT(store_->GetInto("c", t), StatusIs(StatusCode::kUnimplemented));
+}
+
+TEST_P(TensorStoreTest, CapabilitiesReportTheHostPool) {
+    auto a = Pattern(1 << 20, 1);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kUInt8, {1 << 20}, a), {}));
+    const TensorCapabilities c = store_->Capabilities();
+    EXPECT_EQ(c.backend, "embedded");
+    EXPECT_EQ(c.host.pinned_quota_bytes, std::uint64_t{64} << 20);
+    if (!c.cuda_available && !GetParam()) {
+        EXPECT_EQ(c.host.pinned_bytes, 0u);
+        EXPECT_GE(c.host.pageable_bytes, std::uint64_t{1} << 20);
+    }
+    const TensorStoreStats s = store_->Stats();
+    EXPECT_EQ(s.tensors_put, 1u);
+    EXPECT_EQ(s.bytes_put, std::uint64_t{1} << 20);
+}
+
+TEST(TensorStoreParallelMemcpyTest, CopiesEveryByte) {
+    for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{40} << 20}) {
+        auto src = Pattern(n, 5);
+        std::vector<std::byte> dst(n);
+        internal::ParallelMemcpy(dst.data(), src.data(), n, 4);
+        EXPECT_EQ(dst, src);
+    }
+}
+
+}  // namespace
+}  // namespace mooncake::sparse

@@ -1,0 +1,473 @@
+"""One node, many processes: the node daemon (mooncake_sparse_node) and its DummyClients.
+
+Every test runs a real daemon process (mooncake.sparse.testing.start_node_daemon) and talks to
+it through mcs.connect("unix:///..."), from this process and from 'spawn' children."""
+
+import multiprocessing as mp
+import os
+import signal
+import socket
+import stat
+import struct
+import time
+
+import numpy as np
+import pytest
+
+import mooncake.sparse as mcs
+import node_workers as nw
+from conftest import dense_of, random_coo
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+
+try:
+    find_node_daemon()
+except FileNotFoundError as e:  # pragma: no cover - the wheel always ships it
+    pytest.skip(str(e), allow_module_level=True)
+
+GEN = (0, 1)
+CTX = mp.get_context("spawn")
+
+
+@pytest.fixture
+def node(tmp_path):
+    with start_node_daemon(tmp_path, segment_size="8MiB", num_segments=4) as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def store(node):
+    s = mcs.connect(node.url)
+    yield s
+    s.close()
+
+
+def join_all(procs, timeout=120):
+    deadline = time.time() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.time()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        p.kill()
+    assert not alive, f"{len(alive)} worker(s) hung"
+
+
+def drain(queue, n, timeout=60):
+    return [queue.get(timeout=timeout) for _ in range(n)]
+
+
+def metrics_of(store):
+    return store.metrics()
+
+
+# ---------------------------------------------------------------------------------------------
+# The daemon process and connect().
+# ---------------------------------------------------------------------------------------------
+
+
+def test_daemon_socket_is_private_and_removed_on_sigterm_and_sigint(tmp_path):
+    with start_node_daemon(tmp_path / "a") as daemon:
+        mode = stat.S_IMODE(os.stat(daemon.socket_path).st_mode)
+        assert mode == 0o600
+        mcs.connect(daemon.url).list_keys("")
+        assert daemon.stop() == 0  # SIGTERM: clean exit
+        assert not daemon.socket_path.exists()
+    with start_node_daemon(tmp_path / "b", log_level="info") as daemon:
+        daemon.process.send_signal(signal.SIGINT)
+        assert daemon.process.wait(20) == 0
+        assert not daemon.socket_path.exists()
+        assert "shutting down" in daemon.log()
+
+
+def test_daemon_reads_a_yaml_config_and_flags_win(tmp_path):
+    config = tmp_path / "node.yaml"
+    config.write_text("segment_size: 2MiB\ncapacity: 6MiB\nnode_id: rack7\nlog_level: info\n")
+    with start_node_daemon(tmp_path, config=config, node_id="rack9") as daemon:
+        caps = mcs.connect(daemon.url).capabilities()
+        assert caps["shm_segments"] == 3 and caps["shm_capacity_bytes"] == 6 << 20
+        assert caps["node_id"] == "rack9"  # the flag wins over the file
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("no_such_key: 1\n")
+    with pytest.raises(mcs.Unavailable, match="unknown configuration key"):
+        with start_node_daemon(tmp_path / "bad", config=bad):
+            pass
+
+
+def test_connect_without_a_daemon_is_unavailable(tmp_path):
+    with pytest.raises(mcs.Unavailable, match="not running"):
+        mcs.connect(f"unix://{tmp_path}/nobody.sock")
+    with pytest.raises(mcs.InvalidArgument):
+        mcs.connect("unix://")
+    with pytest.raises(mcs.InvalidArgument):
+        mcs.connect(f"unix://{tmp_path}/x.sock", bogus=1)
+
+
+def test_node_store_has_the_embedded_stores_methods(store):
+    embedded = mcs.connect()
+    for name in ("put_sparse_object", "manifest", "read_sparse_objects", "admit",
+                 "current_generation", "metrics", "reset_metrics", "clear_caches", "list_keys",
+                 "store_counters", "capabilities", "objects"):
+        assert hasattr(store, name) and hasattr(embedded, name), name
+    caps = store.capabilities()
+    assert caps["backend"] == "node"
+    assert caps["pinned_bytes"] + caps["pageable_bytes"] == caps["shm_capacity_bytes"]
+    assert caps["cuda_ipc_available"] is False
+    assert len(caps["segments"]) == 4 and all(s["read_only"] for s in caps["segments"])
+
+
+def test_node_store_answers_like_the_embedded_store(store, rng):
+    embedded = mcs.connect()
+    shape = (512, 768)
+    idx, vals = random_coo(rng, shape, 6000)
+    targets = [mcs.Target("w", f"n/r{e * 2 + t}", "node0", {"ep": e, "tp": t},
+                          (t * 256, 0), (256, 768)) for e in range(2) for t in range(2)]
+    results = {}
+    for name, s in (("node", store), ("embedded", embedded)):
+        info = s.put_sparse_object("w", shape, idx, vals, placement_policy="replicate(ep)",
+                                   generation=GEN, return_info=True)
+        again = s.put_sparse_object("w", shape, idx, vals, placement_policy="replicate(ep)",
+                                    generation=GEN, return_info=True)
+        assert info["created"] and not again["created"]
+        assert again["source_ref"] == info["source_ref"]
+        assert s.current_generation("w") == GEN
+        s.reset_metrics()
+        manifest = s.manifest(GEN)
+        objs = s.read_sparse_objects(manifest, targets)
+        results[name] = (info, [(o.target_id, o.nnz, o.indices.copy(), o._values_raw.copy(),
+                                 o.tile_ptr.copy()) for o in objs], s.metrics())
+    assert results["node"][0] == results["embedded"][0]
+    for a, b in zip(results["node"][1], results["embedded"][1]):
+        assert a[0] == b[0] and a[1] == b[1]
+        for x, y in zip(a[2:], b[2:]):
+            np.testing.assert_array_equal(x, y)
+    for key in ("range_gets", "range_bytes_read", "full_gets", "index_gets",
+                "target_objects_published", "target_bytes", "fanout_bytes"):
+        assert results["node"][2][key] == results["embedded"][2][key], key
+    ref = dense_of(shape, idx, vals)
+    objs = store.read_sparse_objects(store.manifest(GEN), targets)
+    for obj, t in zip(objs, targets):
+        shard = np.zeros(t.local_shape, np.float32)
+        mcs.apply_sparse_object(shard, obj)
+        np.testing.assert_array_equal(shard, ref[t.global_offset[0]:t.global_offset[0] + 256])
+    # Errors map to the same classes.
+    with pytest.raises(mcs.StaleGeneration):
+        store.put_sparse_object("w", shape, idx, vals, placement_policy="replicate(ep)",
+                                generation=(5, 6))
+    with pytest.raises(mcs.Conflict):
+        store.put_sparse_object("w", shape, idx, vals * 2, placement_policy="replicate(ep)",
+                                generation=GEN)
+    with pytest.raises(mcs.InvalidArgument):
+        store.put_sparse_object("bad", shape, idx + 10000, vals, generation=GEN)
+    with pytest.raises(mcs.NotFound):
+        store.objects.stat("nope")
+
+
+def test_results_are_zero_copy_views_that_hold_their_lease(store, rng):
+    shape = (256, 256)
+    idx, vals = random_coo(rng, shape, 3000)
+    store.put_sparse_object("z", shape, idx, vals, generation=GEN)
+    t = mcs.Target("z", "r0", "node0", {}, (0, 0), shape)
+    (obj,) = store.read_sparse_objects(store.manifest(GEN), [t])
+    indices = obj.indices
+    assert not indices.flags.writeable and not indices.flags.owndata
+    with pytest.raises(ValueError):
+        indices[0, 0] = 1
+    assert metrics_of(store)["shm_leases"] == 1
+    del obj
+    assert metrics_of(store)["shm_leases"] == 1  # the array still holds the lease
+    ref = dense_of(shape, idx, vals)
+    assert np.array_equal(np.sort(ref[tuple(indices.T.astype(np.int64))]), np.sort(vals))
+    del indices
+    store.list_keys("")  # any call sends queued releases
+    assert metrics_of(store)["shm_leases"] == 0
+
+
+def test_clear_caches_and_reset_metrics_reach_the_daemon(store, rng):
+    shape = (256, 256)
+    idx, vals = random_coo(rng, shape, 1000)
+    store.put_sparse_object("c", shape, idx, vals, generation=GEN)
+    t = mcs.Target("c", "r0", "node0", {}, (0, 0), shape)
+    store.read_sparse_objects(store.manifest(GEN), [t])
+    store.reset_metrics()
+    store.read_sparse_objects(store.manifest(GEN), [t])
+    m = store.metrics()
+    assert m["range_gets"] == 0 and m["cache_hits"] >= 1
+    store.clear_caches()
+    store.reset_metrics()
+    store.read_sparse_objects(store.manifest(GEN), [t])
+    assert store.metrics()["range_gets"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Many processes.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_eight_readers_read_each_unique_range_once_for_the_node(node):
+    """8 ranks (EP2 x TP4) each read their own targets of one non-EP weight and of the experts
+    they host, at the same time. Node dedup: each unique range is one physical read."""
+    nw.commit_scenario(node.url)
+    store = mcs.connect(node.url)
+    store.reset_metrics()
+    barrier = CTX.Barrier(8)
+    results = CTX.Queue()
+    procs = [CTX.Process(target=nw.dedup_reader, args=(node.url, e, t, barrier, results))
+             for e in range(nw.EP) for t in range(nw.TP)]
+    for p in procs:
+        p.start()
+    out = drain(results, len(procs), timeout=120)
+    join_all(procs)
+    for r in out:
+        assert r["ok"], r.get("error", r)
+        assert r["zero_copy"]
+    m = store.metrics()
+    # Unique ranges for the node: 4 TP boxes of the shared weight (each read by both EP
+    # replicas) + 4 TP boxes of each of the 4 experts (each read by one rank).
+    unique = nw.TP + nw.TP * len(nw.EXPERTS)
+    requested = nw.EP * nw.TP + nw.TP * len(nw.EXPERTS)
+    assert m["range_gets"] == unique
+    assert m["range_gets"] + m["range_cache_hits"] + m["single_flight_waits"] == requested
+    assert m["index_gets"] == 1 + len(nw.EXPERTS)
+    assert m["full_gets"] == 0
+    # Every entry of every object read exactly once for the node.
+    entries = nw.SHARED[2] + sum(e[2] for e in nw.EXPERTS)
+    assert m["range_bytes_read"] == entries * (2 * 2 + 4)
+    assert m["target_objects_published"] == requested
+    # While the per-process requests add up to more: the shared weight twice.
+    assert sum(r["requested_bytes"] for r in out) > m["range_bytes_read"]
+
+
+def test_admission_race_across_processes_has_exactly_one_winner(node):
+    n = 8
+    barrier = CTX.Barrier(n)
+    results = CTX.Queue()
+    procs = [CTX.Process(target=nw.admit_racer, args=(node.url, f"writer{i}", barrier, results))
+             for i in range(n)]
+    for p in procs:
+        p.start()
+    out = drain(results, n)
+    join_all(procs)
+    for r in out:
+        assert "error" not in r, r["error"]
+    winners = [r for r in out if r["won"]]
+    assert len(winners) == 1
+    assert winners[0]["again"]  # the winner's retry is admitted again
+    assert all(not r["again"] for r in out if not r["won"])
+
+
+def test_concurrent_writers_and_readers(node):
+    writers, count = 3, 6
+    results = CTX.Queue()
+    deadline = time.time() + 90
+    procs = [CTX.Process(target=nw.sparse_writer, args=(node.url, w, count, results))
+             for w in range(writers)]
+    procs += [CTX.Process(target=nw.sparse_reader, args=(node.url, writers, count, deadline, results))
+              for _ in range(2)]
+    for p in procs:
+        p.start()
+    out = drain(results, len(procs), timeout=120)
+    join_all(procs)
+    for r in out:
+        assert r["ok"], r
+    store = mcs.connect(node.url)
+    assert len(store.manifest(GEN)) == writers * count
+
+
+def test_sigkill_of_a_writer_during_upserts_never_shows_a_torn_object(node):
+    key = "hot"
+    ready, stop = CTX.Event(), CTX.Event()
+    results = CTX.Queue()
+    writer = CTX.Process(target=nw.upsert_writer, args=(node.url, key, 4 << 20, 1, ready))
+    writer.start()
+    assert ready.wait(60)
+    readers = [CTX.Process(target=nw.object_reader, args=(node.url, key, stop, results))
+               for _ in range(2)]
+    for r in readers:
+        r.start()
+    for delay in (0.3, 0.05, 0.2):
+        time.sleep(delay)
+        os.kill(writer.pid, signal.SIGKILL)
+        writer.join()
+        # The object is whole: the old version or a newer one.
+        store = mcs.connect(node.url)
+        meta, members = store.backend.lease_object(key)
+        tag = int(meta)
+        assert np.all(members["a"] == tag) and np.all(members["b"] == tag)
+        del members
+        store.close()
+        writer = CTX.Process(target=nw.upsert_writer, args=(node.url, key, 4 << 20, tag + 1000, ready))
+        ready.clear()
+        writer.start()
+        assert ready.wait(60)
+    time.sleep(0.2)
+    stop.set()
+    out = drain(results, len(readers))
+    os.kill(writer.pid, signal.SIGKILL)
+    join_all(readers + [writer])
+    for r in out:
+        assert "error" not in r, r["error"]
+        assert r["torn"] == 0
+        assert r["reads"] > 0
+    # Killed clients' buffers and leases are reclaimed with their connections.
+    store = mcs.connect(node.url)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        m = store.metrics()
+        if m["connections_active"] == 1 and m["shm_leases"] == 0:
+            break
+        time.sleep(0.05)
+    assert m["connections_active"] == 1
+    assert m["shm_leases"] == 0
+    assert m["shm_in_place_upserts"] + m["shm_realloc_upserts"] > 0
+
+
+def test_sigkill_of_a_writer_during_commits_leaves_only_whole_objects(tmp_path):
+    with start_node_daemon(tmp_path, segment_size="16MiB", num_segments=8) as node:
+        _sigkill_during_commits(node)
+
+
+def _sigkill_during_commits(node):
+    ready = CTX.Event()
+    for delay in (0.0, 0.15, 0.4):
+        ready.clear()
+        w = CTX.Process(target=nw.commit_writer, args=(node.url, f"k{delay}", ready))
+        w.start()
+        assert ready.wait(60)
+        time.sleep(delay)
+        if w.is_alive():
+            os.kill(w.pid, signal.SIGKILL)
+        w.join()
+    store = mcs.connect(node.url)
+    manifest = store.manifest(GEN)
+    sources = [k for k in store.list_keys("mcs/src/")]
+    heads = store.list_keys("mcs/head/")
+    # Every committed source has its manifest entry and head, and reads back completely.
+    assert len(manifest) == len(sources) == len(heads) >= 3
+    shape = (2048, 1024)
+    ref = dense_of(shape, *nw.coo(7, shape, 200000))
+    for src in manifest[:3]:
+        t = mcs.Target(src.tensor_id, "r0", "node0", {"ep": 0}, (0, 0), shape)
+        (obj,) = store.read_sparse_objects([src], [t])
+        got = np.zeros(shape, np.float32)
+        mcs.apply_sparse_object(got, obj)
+        np.testing.assert_array_equal(got, ref)
+    deadline = time.time() + 10
+    while store.metrics()["connections_active"] != 1 and time.time() < deadline:
+        time.sleep(0.05)
+    assert store.metrics()["connections_active"] == 1
+
+
+def test_daemon_restart_with_client_reconnect(node):
+    store = mcs.connect(node.url, call_timeout=5.0)
+    store.objects.put("before", {"a": np.arange(10)})
+    stop = CTX.Event()
+    results = CTX.Queue()
+    looper = CTX.Process(target=nw.looping_reader, args=(node.url, stop, results))
+    looper.start()
+    time.sleep(0.5)
+    node.kill()  # in-flight and later calls fail with Unavailable, never hang
+    time.sleep(0.5)
+    with pytest.raises(mcs.Unavailable):
+        store.list_keys("")
+    node.start()
+    time.sleep(0.5)
+    stop.set()
+    (r,) = drain(results, 1)
+    join_all([looper])
+    assert "error" not in r, r["error"]
+    assert set(r["errors"]) <= {"Unavailable"}, r["errors"]
+    assert r["errors"].get("Unavailable", 0) > 0
+    assert r["ok_after_error"] > 0  # reconnected to the new daemon by itself
+    # This process's handle reconnects too; the new daemon starts empty.
+    assert store.list_keys("") == []
+    store.objects.put("after", {"a": np.arange(3)})
+    assert store.list_keys("") == ["after"]
+
+
+def test_quota_exhaustion_is_resource_exhausted_and_changes_nothing(tmp_path, rng):
+    with start_node_daemon(tmp_path, segment_size="1MiB", num_segments=2) as daemon:
+        store = mcs.connect(daemon.url)
+        shape = (4096, 4096)
+        small_idx, small_vals = random_coo(rng, (512, 512), 20000)
+        store.put_sparse_object("small", (512, 512), small_idx, small_vals, generation=GEN)
+        keys = store.list_keys("")
+        idx, vals = random_coo(rng, shape, 300000)  # ~2.4 MB of members: over a segment
+        with pytest.raises(mcs.ResourceExhausted):
+            store.put_sparse_object("big", shape, idx, vals, generation=GEN)
+        assert store.list_keys("") == keys
+        # Raw objects over the quota: the same.
+        with pytest.raises(mcs.ResourceExhausted):
+            store.objects.put("blob", {"a": np.zeros(3 << 18, np.uint64)})
+        assert store.list_keys("") == keys
+        # The store still works.
+        t = mcs.Target("small", "r0", "node0", {}, (0, 0), (512, 512))
+        (obj,) = store.read_sparse_objects(store.manifest(GEN), [t])
+        assert obj.nnz == 20000
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostile clients.
+# ---------------------------------------------------------------------------------------------
+
+MAGIC = 0x5053434D
+
+
+def frame(msg_type, payload=b"", request_id=1, magic=MAGIC, version=1, length=None, flags=0):
+    n = len(payload) if length is None else length
+    return struct.pack("<IHHQII", magic, version, msg_type, request_id, n, flags) + payload
+
+
+def raw_socket(path):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    s.settimeout(5)
+    s.connect(str(path))
+    return s
+
+
+def hello_payload():
+    name = b"raw"
+    return struct.pack("<II", 1, os.getpid()) + struct.pack("<I", len(name)) + name
+
+
+def test_malformed_and_truncated_messages_never_take_the_daemon_down(node, rng):
+    attacks = [
+        b"",                                    # empty packet
+        b"\x00" * 7,                            # shorter than a header
+        frame(1, magic=0xDEADBEEF),             # bad magic
+        frame(1, version=9),                    # bad version
+        frame(999),                             # unknown type
+        frame(10, flags=1),                     # reserved flags
+        frame(1, hello_payload(), length=10 ** 9),  # length beyond the limit
+        frame(1, hello_payload())[:-3],         # truncated Hello
+    ]
+    for attack in attacks:
+        s = raw_socket(node.socket_path)
+        try:
+            s.send(attack)
+            try:
+                s.recv(1 << 16)
+            except OSError:
+                pass
+        finally:
+            s.close()
+    # A session that says Hello, then sends malformed payloads of every request type.
+    s = raw_socket(node.socket_path)
+    s.send(frame(1, hello_payload()))
+    s.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
+    for msg_type in (5, 10, 11, 13, 14, 15, 16, 18, 20, 30, 32, 34, 36, 38, 40, 2, 4):
+        junk = bytes(rng.integers(0, 256, size=int(rng.integers(0, 64)), dtype=np.uint8))
+        s.send(frame(msg_type, junk, request_id=msg_type))
+        reply = s.recv(1 << 16)
+        assert len(reply) >= 24
+        magic, _, rtype, rid, _, _ = struct.unpack("<IHHQII", reply[:24])
+        assert magic == MAGIC and rid == msg_type
+    # Huge counts in an otherwise valid-looking ReadRanges.
+    s.send(frame(14, struct.pack("<I", 0xFFFFFFFF), request_id=77))
+    assert struct.unpack("<IHHQII", s.recv(1 << 16)[:24])[3] == 77
+    s.close()
+    assert node.alive()
+    store = mcs.connect(node.url)
+    store.objects.put("still", {"a": np.arange(4)})
+    assert store.list_keys("") == ["still"]
+    m = store.metrics()
+    assert m["protocol_errors"] >= 4
+    assert m["request_errors"] >= 15

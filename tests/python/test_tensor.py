@@ -1,0 +1,355 @@
+"""The tensor API (DESIGN.md §5) on host tensors, in the embedded store and through the node
+daemon: the seven calls, upstream Mooncake's tensor object format, and validation that leaves
+destinations untouched. CUDA tensors: test_tensor_gpu.py."""
+
+import struct
+import threading
+
+import numpy as np
+import pytest
+
+import mooncake.sparse as mcs
+from mooncake.sparse import _core
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+
+try:
+    find_node_daemon()
+    HAVE_DAEMON = True
+except FileNotFoundError:
+    HAVE_DAEMON = False
+
+# Upstream's TensorDtype numbering (mooncake integration_utils.h).
+UPSTREAM_CODES = {
+    "float32": 0, "float64": 1, "int8": 2, "uint8": 3, "int16": 4, "uint16": 5, "int32": 6,
+    "uint32": 7, "int64": 8, "uint64": 9, "bool": 10, "float16": 11, "bfloat16": 12,
+    "float8_e4m3fn": 13, "float8_e5m2": 14,
+}
+NUMPY_DTYPES = [np.float32, np.float64, np.int8, np.uint8, np.int16, np.uint16, np.int32,
+                np.uint32, np.int64, np.uint64, np.bool_, np.float16]
+
+
+@pytest.fixture(params=["embedded", "node"])
+def store(request, tmp_path):
+    if request.param == "embedded":
+        yield mcs.connect(pinned_quota_bytes=64 << 20)
+        return
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    with start_node_daemon(tmp_path, segment_size="16MiB", num_segments=4) as node:
+        s = mcs.connect(node.url)
+        yield s
+        s.close()
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng()  # fresh data every run
+
+
+def random_array(rng, shape, dtype):
+    dtype = np.dtype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, size=shape).astype(np.bool_)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def upstream_header(dtype_code, shape, data_bytes, data_offset=304):
+    """An independent writer of upstream's TensorMetadata (struct layout, little-endian)."""
+    dims = list(shape) + [-1] * (8 - len(shape))
+    header = struct.pack("<IHHiiIIQQ", 0x4D4F4F4E, 1, 304, dtype_code, len(shape), 0, 0,
+                         data_offset, data_bytes)
+    layout = struct.pack("<8q8qII", *dims, *dims, 0, 0) + bytes(4 * 32)
+    out = header + layout
+    assert len(header) == 40 and len(layout) == 264 and len(out) == 304
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The seven calls.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_all_seven_calls_numpy(store, rng):
+    a = random_array(rng, (7, 33), np.float32)
+    store.put_tensor("w/a", a)
+    np.testing.assert_array_equal(store.get_tensor("w/a"), a)
+
+    keys = [f"w/b{i}" for i in range(5)]
+    arrays = [random_array(rng, (i + 1, 16), np.int32) for i in range(5)]
+    store.batch_put_tensor(keys, arrays)
+    outs = [np.zeros_like(x) for x in arrays]
+    store.batch_get_tensor_into(keys, outs)
+    for x, y in zip(arrays, outs):
+        np.testing.assert_array_equal(x, y)
+
+    a2 = random_array(rng, (7, 33), np.float32)
+    store.upsert_tensor("w/a", a2)
+    into = np.empty_like(a2)
+    store.get_tensor_into("w/a", into)
+    np.testing.assert_array_equal(into, a2)
+
+    arrays2 = [random_array(rng, (2, 3), np.float64) for _ in range(5)]
+    store.batch_upsert_tensor(keys + ["w/new"], arrays2 + [a])
+    for k, x in zip(keys, arrays2):
+        np.testing.assert_array_equal(store.get_tensor(k), x)
+    np.testing.assert_array_equal(store.get_tensor("w/new"), a)
+    assert store.tensor_info("w/a")["version"] == 2
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=lambda d: np.dtype(d).name)
+def test_every_numpy_dtype(store, rng, dtype):
+    a = random_array(rng, (3, 4, 5), dtype)
+    store.put_tensor("k", a)
+    got = store.get_tensor("k")
+    assert got.dtype == a.dtype and got.shape == a.shape
+    np.testing.assert_array_equal(got, a)
+    info = store.tensor_info("k")
+    assert info["upstream_dtype"] == UPSTREAM_CODES[np.dtype(dtype).name if dtype is not np.bool_ else "bool"]
+
+
+def test_scalar_and_rank8(store, rng):
+    s = np.array(3.5, dtype=np.float64)
+    store.put_tensor("s", s)
+    got = store.get_tensor("s")
+    assert got.shape == () and got == 3.5
+    a = random_array(rng, (1, 2, 1, 2, 1, 2, 1, 2), np.uint8)
+    store.put_tensor("r8", a)
+    np.testing.assert_array_equal(store.get_tensor("r8"), a)
+
+
+def test_torch_cpu_bf16_all_calls(store):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(64, 48, dtype=torch.bfloat16)
+    store.put_tensor("bf", t)
+    got = store.get_tensor("bf")
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.bfloat16
+    assert torch.equal(got, t)
+    out = torch.empty_like(t)
+    store.get_tensor_into("bf", out)
+    assert torch.equal(out, t)
+    ts = [torch.randn(8, 8, dtype=torch.bfloat16) for _ in range(3)]
+    store.batch_put_tensor(["b0", "b1", "b2"], ts)
+    store.batch_upsert_tensor(["b0", "b1"], [ts[1], ts[0]])
+    outs = [torch.empty(8, 8, dtype=torch.bfloat16) for _ in range(3)]
+    store.batch_get_tensor_into(["b0", "b1", "b2"], outs)
+    assert torch.equal(outs[0], ts[1]) and torch.equal(outs[1], ts[0]) and torch.equal(outs[2], ts[2])
+    store.upsert_tensor("bf", t * 2)
+    assert torch.equal(store.get_tensor("bf"), t * 2)
+    # requires_grad tensors are stored by value; as_torch forces a torch result.
+    g = torch.randn(5, requires_grad=True)
+    store.put_tensor("grad", g)
+    assert torch.equal(store.get_tensor("grad", as_torch=True), g.detach())
+    for name in ("float8_e4m3fn", "float8_e5m2"):
+        tdt = getattr(torch, name, None)
+        if tdt is None:
+            continue
+        f8 = torch.randn(16).to(tdt)
+        store.put_tensor(name, f8)
+        assert store.tensor_info(name)["upstream_dtype"] == UPSTREAM_CODES[name]
+        assert torch.equal(store.get_tensor(name).view(torch.uint8), f8.view(torch.uint8))
+
+
+def test_module_level_functions(rng):
+    a = random_array(rng, (4,), np.int64)
+    key = f"module/{rng.integers(1 << 62)}"
+    mcs.put_tensor(key, a)
+    mcs.upsert_tensor(key, a + 1)
+    mcs.batch_put_tensor([key + "/x"], [a])
+    mcs.batch_upsert_tensor([key + "/x"], [a + 2])
+    np.testing.assert_array_equal(mcs.get_tensor(key), a + 1)
+    out = np.empty_like(a)
+    mcs.get_tensor_into(key + "/x", out)
+    np.testing.assert_array_equal(out, a + 2)
+    mcs.batch_get_tensor_into([key], [out])
+    np.testing.assert_array_equal(out, a + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Upstream Mooncake's format.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_dtype_codes_both_ways():
+    for name, code in UPSTREAM_CODES.items():
+        assert _core.upstream_dtype_code(name) == code
+        assert _core.dtype_of_upstream_code(code) == name
+    with pytest.raises(mcs.InvalidArgument):
+        _core.dtype_of_upstream_code(15)
+
+
+def test_header_matches_an_independent_writer():
+    assert mcs.TENSOR_HEADER_BYTES == 304
+    for name, code in UPSTREAM_CODES.items():
+        for shape in [(), (3,), (2, 3, 4), (1,) * 8]:
+            itemsize = 2 if "16" in name else 1 if ("8" in name or name == "bool") else \
+                8 if "64" in name else 4
+            n = int(np.prod(shape)) * itemsize
+            ours = mcs.encode_tensor_header(name, shape)
+            assert ours == upstream_header(code, shape, n), (name, shape)
+            info = mcs.decode_tensor_header(ours + bytes(n))
+            assert info["dtype"] == name and info["shape"] == shape and info["nbytes"] == n
+
+
+def test_stored_bytes_are_upstreams_value(store, rng):
+    a = random_array(rng, (5, 6), np.float16)
+    store.put_tensor("u", a)
+    meta, members = store.objects.get("u")
+    assert list(members) == ["tensor"]
+    blob = members["tensor"].tobytes()
+    assert blob[:304] == upstream_header(11, (5, 6), a.nbytes)
+    assert blob[304:] == a.tobytes()
+
+
+def test_reads_an_upstream_written_object(store, rng):
+    a = random_array(rng, (3, 7), np.int16)
+    # Upstream may place the data after a padded data_offset.
+    blob = upstream_header(4, a.shape, a.nbytes, data_offset=320) + bytes(16) + a.tobytes()
+    store.objects.put("raw", {"tensor": np.frombuffer(blob, dtype=np.uint8)})
+    np.testing.assert_array_equal(store.get_tensor("raw"), a)
+    out = np.zeros_like(a)
+    store.get_tensor_into("raw", out)
+    np.testing.assert_array_equal(out, a)
+    # A shard written by upstream's TP writers reads as its local shard.
+    dims_g, dims_l = [6, 7] + [-1] * 6, [3, 7] + [-1] * 6
+    header = struct.pack("<IHHiiIIQQ", 0x4D4F4F4E, 1, 304, 4, 2, 1, 0, 304, a.nbytes)
+    axis = struct.pack("<iiiiiiq", 1, 0, 1, 2, 0, 0, 0)
+    layout = struct.pack("<8q8qII", *dims_g, *dims_l, 1, 0) + axis + bytes(3 * 32)
+    store.objects.put("shard", {"tensor": np.frombuffer(header + layout + a.tobytes(), np.uint8)})
+    info = store.tensor_info("shard")
+    assert info["layout"] == "shard" and info["global_shape"] == (6, 7) and info["shape"] == (3, 7)
+    assert info["axes"][0]["shard_rank"] == 1
+    np.testing.assert_array_equal(store.get_tensor("shard"), a)
+
+
+def test_non_tensor_objects_are_rejected(store):
+    store.objects.put("two", {"a": np.zeros(4, np.uint8), "b": np.zeros(4, np.uint8)})
+    with pytest.raises(mcs.InvalidArgument, match="not a tensor object"):
+        store.get_tensor("two")
+    store.objects.put("junk", {"tensor": np.zeros(400, np.uint8)})
+    with pytest.raises(mcs.InvalidArgument, match="magic"):
+        store.get_tensor_into("junk", np.zeros(4, np.uint8))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation before any byte moves.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_get_into_validation_leaves_destinations_untouched(store, rng):
+    a = random_array(rng, (4, 6), np.float32)
+    store.put_tensor("k", a)
+    sentinel = np.full((4, 6), 7.0, dtype=np.float32)
+
+    cases = [
+        (np.full((4, 6), 7, dtype=np.int32), mcs.InvalidArgument, "float32 \\[4, 6\\]"),  # dtype
+        (np.full((6, 4), 7.0, dtype=np.float32), mcs.InvalidArgument, "destination is float32 \\[6, 4\\]"),
+        (np.full((24,), 7.0, dtype=np.float32), mcs.InvalidArgument, "\\[24\\]"),  # shape
+        (np.full((4, 7), 7.0, dtype=np.float32), mcs.InvalidArgument, "\\[4, 7\\]"),  # size
+        (np.full((6, 4), 7.0, dtype=np.float32).T, mcs.InvalidArgument, "C-contiguous"),
+    ]
+    for dst, error, match in cases:
+        before = dst.copy()
+        with pytest.raises(error, match=match):
+            store.get_tensor_into("k", dst)
+        np.testing.assert_array_equal(dst, before)
+
+    read_only = sentinel.copy()
+    read_only.setflags(write=False)
+    with pytest.raises(mcs.InvalidArgument, match="read-only"):
+        store.get_tensor_into("k", read_only)
+    with pytest.raises(mcs.InvalidArgument, match="numpy array or a tensor"):
+        store.get_tensor_into("k", [[0.0] * 6] * 4)
+
+    first, second = sentinel.copy(), sentinel.copy()
+    with pytest.raises(mcs.NotFound):
+        store.batch_get_tensor_into(["k", "missing"], [first, second])
+    with pytest.raises(KeyError):  # NotFound is also a KeyError
+        store.get_tensor_into("missing", second)
+    with pytest.raises(mcs.InvalidArgument):
+        store.batch_get_tensor_into(["k", "k"], [first, np.zeros((4, 6), np.float64)])
+    np.testing.assert_array_equal(first, sentinel)
+    np.testing.assert_array_equal(second, sentinel)
+    with pytest.raises(mcs.InvalidArgument, match="2 keys but 1"):
+        store.batch_get_tensor_into(["k", "k"], [first])
+
+    torch = pytest.importorskip("torch")
+    t = torch.full((6, 4), 7.0).t()  # non-contiguous view
+    with pytest.raises(mcs.InvalidArgument, match="C-contiguous"):
+        store.get_tensor_into("k", t)
+    assert bool((t == 7.0).all())
+
+
+def test_put_validation_writes_nothing(store, rng):
+    a = random_array(rng, (4, 6), np.float32)
+    with pytest.raises(mcs.InvalidArgument, match="C-contiguous"):
+        store.put_tensor("nc", a.T)
+    with pytest.raises(mcs.InvalidArgument, match="extent < 1"):
+        store.put_tensor("empty", np.zeros((0, 3), np.float32))
+    with pytest.raises(mcs.InvalidArgument, match="at most 8"):
+        store.put_tensor("rank9", np.zeros((1,) * 9, np.float32))
+    with pytest.raises(mcs.InvalidArgument, match="more than once"):
+        store.batch_put_tensor(["d", "d"], [a, a])
+    with pytest.raises(mcs.InvalidArgument, match="2 keys but 1"):
+        store.batch_put_tensor(["x", "y"], [a])
+    for key in ("nc", "empty", "rank9", "d", "x"):
+        with pytest.raises(mcs.NotFound):
+            store.tensor_info(key)
+
+    store.put_tensor("exists", a)
+    with pytest.raises(mcs.Conflict):
+        store.put_tensor("exists", a + 1)
+    with pytest.raises(mcs.Conflict):
+        store.batch_put_tensor(["fresh1", "exists", "fresh2"], [a, a, a])
+    for key in ("fresh1", "fresh2"):
+        with pytest.raises(mcs.NotFound):
+            store.get_tensor(key)
+    np.testing.assert_array_equal(store.get_tensor("exists"), a)
+
+
+def test_capabilities(store):
+    caps = store.capabilities()
+    for key in ("cuda_available", "cuda_ipc_available", "pinned_quota_bytes", "pinned_bytes",
+                "pageable_bytes"):
+        assert key in caps, key
+    if caps["backend"] == "embedded":
+        assert caps["pinned_quota_bytes"] == 64 << 20
+        store.put_tensor("c", np.zeros(1 << 20, np.uint8))
+        caps = store.capabilities()
+        if not caps["cuda_available"]:
+            assert caps["pinned_bytes"] == 0 and caps["pageable_bytes"] >= 1 << 20
+
+
+def test_upserts_are_atomic_for_readers(store):
+    """A reader never sees a mix of two versions."""
+    n = 1 << 16
+    patterns = [np.full(n, v, dtype=np.uint32) for v in (1, 2)]
+    store.put_tensor("flip", patterns[0])
+    stop = threading.Event()
+    errors = []
+
+    def writer():
+        i = 0
+        while not stop.is_set():
+            store.upsert_tensor("flip", patterns[i % 2])
+            i += 1
+
+    def reader():
+        out = np.empty(n, np.uint32)
+        for _ in range(200):
+            store.get_tensor_into("flip", out)
+            if not (out[0] in (1, 2) and (out == out[0]).all()):
+                errors.append(np.unique(out))
+
+    w = threading.Thread(target=writer)
+    w.start()
+    readers = [threading.Thread(target=reader) for _ in range(2)]
+    for r in readers:
+        r.start()
+    for r in readers:
+        r.join()
+    stop.set()
+    w.join()
+    assert not errors

@@ -1,0 +1,268 @@
+"""The tensor fast path with CUDA tensors (DESIGN.md §5): the embedded store's direct D2H/H2D
+copies into pinned object memory, ordering on the caller's stream, and the node daemon's CUDA IPC
+handoff between processes. Skips cleanly without torch or a GPU; the IPC tests start children
+with the 'spawn' context. Data is fresh random every run and compared bit-exactly."""
+
+import hashlib
+import multiprocessing as mp
+import os
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device", allow_module_level=True)
+
+import mooncake.sparse as mcs  # noqa: E402
+import tensor_workers as tw  # noqa: E402
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon  # noqa: E402
+
+try:
+    find_node_daemon()
+    HAVE_DAEMON = True
+except FileNotFoundError:
+    HAVE_DAEMON = False
+
+CTX = mp.get_context("spawn")
+needs_daemon = pytest.mark.skipif(not HAVE_DAEMON, reason="mooncake_sparse_node is not built")
+
+
+def seed():
+    torch.manual_seed(int.from_bytes(os.urandom(8), "little"))
+
+
+def digest(t):
+    return hashlib.sha256(t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+
+
+def bits_equal(a, b):
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(
+        a.contiguous().view(torch.uint8).cpu(), b.contiguous().view(torch.uint8).cpu())
+
+
+@pytest.fixture
+def embedded():
+    if not mcs.connect().capabilities()["cuda_available"]:
+        pytest.skip("the library cannot load the CUDA runtime here")
+    return mcs.connect(pinned_quota_bytes=512 << 20)
+
+
+@pytest.fixture
+def node(tmp_path):
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4,
+                           pinned_quota_bytes="256MiB") as daemon:
+        yield daemon
+
+
+@pytest.fixture
+def node_store(node):
+    s = mcs.connect(node.url)
+    if not s.capabilities()["cuda_ipc_available"]:
+        pytest.skip("CUDA IPC is not available here")
+    yield s
+    s.close()
+
+
+def all_calls(store):
+    seed()
+    dev = torch.device("cuda")
+    a = torch.randn(1000, 37, device=dev, dtype=torch.bfloat16)
+    store.put_tensor("g/a", a)
+    got = store.get_tensor("g/a")
+    assert got.device.type == "cpu" and bits_equal(got, a.cpu())
+    out = torch.empty_like(a)
+    store.get_tensor_into("g/a", out)
+    assert bits_equal(out, a)
+
+    keys = [f"g/b{i}" for i in range(8)]
+    ts = [torch.randn(i + 1, 4096, device=dev) for i in range(8)]
+    store.batch_put_tensor(keys, ts)
+    outs = [torch.empty_like(t) for t in ts]
+    store.batch_get_tensor_into(keys, outs)
+    assert all(bits_equal(x, y) for x, y in zip(ts, outs))
+
+    a2 = torch.randn_like(a)
+    store.upsert_tensor("g/a", a2)
+    store.get_tensor_into("g/a", out)
+    assert bits_equal(out, a2)
+    ts2 = [t * 3 for t in ts]
+    store.batch_upsert_tensor(keys, ts2)
+    store.batch_get_tensor_into(keys, outs)
+    assert all(bits_equal(x, y) for x, y in zip(ts2, outs))
+
+    # Mixed memory kinds in one batch, both directions.
+    cpu = torch.randn(64, 64)
+    cuda = torch.randn(64, 64, device=dev)
+    store.batch_upsert_tensor(["g/cpu", "g/cuda"], [cpu, cuda])
+    o_cuda, o_cpu = torch.empty_like(cuda), torch.empty_like(cpu)
+    store.batch_get_tensor_into(["g/cpu", "g/cuda"], [o_cuda, o_cpu])
+    assert bits_equal(o_cuda, cpu.cuda()) and bits_equal(o_cpu, cuda.cpu())
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedded store.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_embedded_all_calls(embedded):
+    all_calls(embedded)
+
+
+def test_embedded_copies_are_ordered_on_the_callers_stream(embedded):
+    n = 16 << 20
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        x = torch.empty(n, device="cuda")
+        torch.cuda._sleep(100_000_000)  # pending work on the side stream (~50+ ms)
+        x.fill_(3.0)
+        embedded.put_tensor("ord", x)  # must wait for fill_
+        y = torch.zeros(n, device="cuda")
+        torch.cuda._sleep(100_000_000)
+        y.fill_(1.0)
+        embedded.get_tensor_into("ord", y)  # must land after fill_(1.0)
+        z = y * 2
+    side.synchronize()
+    assert bool((embedded.get_tensor("ord", as_torch=True) == 3.0).all())
+    assert bool((z == 6.0).all())
+
+
+def test_embedded_pinned_quota(embedded):
+    t = torch.randn(4 << 20, device="cuda")
+    embedded.put_tensor("p", t)
+    out = torch.empty_like(t)
+    embedded.get_tensor_into("p", out)
+    assert bits_equal(out, t)
+    caps = embedded.capabilities()
+    assert caps["pinned_bytes"] >= t.numel() * 4
+    stats = embedded.tensor_stats()
+    assert stats["pinned_copies"] >= 2 and stats["pageable_copies"] == 0
+
+    pageable = mcs.connect(pinned_quota_bytes=0)
+    pageable.put_tensor("p", t)
+    pageable.get_tensor_into("p", out)
+    assert bits_equal(out, t)
+    assert pageable.capabilities()["pinned_bytes"] == 0
+    assert pageable.tensor_stats()["pageable_copies"] >= 2
+
+
+def test_embedded_cuda_validation_leaves_destination_untouched(embedded):
+    t = torch.randn(32, 16, device="cuda")
+    embedded.put_tensor("v", t)
+    for dst in (torch.full((32, 16), 7.0, device="cuda", dtype=torch.float16),
+                torch.full((16, 32), 7.0, device="cuda"),
+                torch.full((16, 32), 7.0, device="cuda").t()):
+        before = dst.clone()
+        with pytest.raises(mcs.InvalidArgument):
+            embedded.get_tensor_into("v", dst)
+        assert bits_equal(dst, before)
+    first = torch.full((32, 16), 7.0, device="cuda")
+    with pytest.raises(mcs.NotFound):
+        embedded.batch_get_tensor_into(["v", "missing"], [first, first.clone()])
+    assert bool((first == 7.0).all())
+    with pytest.raises(mcs.InvalidArgument, match="C-contiguous"):
+        embedded.put_tensor("nc", torch.randn(16, 32, device="cuda").t())
+
+
+def test_embedded_cuda_array_interface(embedded):
+    t = torch.randn(1024, device="cuda")
+
+    class Producer:  # only __cuda_array_interface__ (as numba / cupy arrays expose)
+        def __init__(self, tensor):
+            self.__cuda_array_interface__ = tensor.__cuda_array_interface__
+            self.keep = tensor
+
+    torch.cuda.synchronize()
+    embedded.put_tensor("cai", Producer(t))
+    out = torch.empty_like(t)
+    embedded.get_tensor_into("cai", Producer(out))
+    torch.cuda.synchronize()
+    assert bits_equal(out, t)
+
+
+def test_embedded_large_bit_exact(embedded):
+    seed()
+    t = torch.randint(0, 1 << 16, (96 << 20,), dtype=torch.int32, device="cuda").to(torch.int16)
+    embedded.put_tensor("big", t)
+    out = torch.empty_like(t)
+    embedded.get_tensor_into("big", out)
+    assert digest(out) == digest(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# Node daemon: CUDA IPC.
+# ---------------------------------------------------------------------------------------------
+
+
+@needs_daemon
+def test_node_all_calls(node_store):
+    all_calls(node_store)
+    m = node_store.metrics()
+    assert m["cuda_ipc_opens"] >= 1
+    assert m["tensor_cuda_copies"] >= 1
+
+
+@needs_daemon
+def test_node_validation_leaves_destination_untouched(node_store):
+    t = torch.randn(32, 16, device="cuda")
+    node_store.put_tensor("v", t)
+    for dst in (torch.full((32, 16), 7.0, device="cuda", dtype=torch.float16),
+                torch.full((16, 32), 7.0, device="cuda")):
+        before = dst.clone()
+        with pytest.raises(mcs.InvalidArgument):
+            node_store.get_tensor_into("v", dst)
+        assert bits_equal(dst, before)
+    first = torch.full((32, 16), 7.0, device="cuda")
+    with pytest.raises(mcs.NotFound):
+        node_store.batch_get_tensor_into(["v", "missing"], [first, first.clone()])
+    assert bool((first == 7.0).all())
+
+
+@needs_daemon
+def test_node_freed_and_reused_allocations_are_never_confused(node_store):
+    """The daemon caches IPC mappings: after the client frees an allocation and gets new memory
+    (often at the same address), what is stored must be the new data."""
+    for i in range(4):
+        seed()
+        x = torch.randn(3 << 20, device="cuda")
+        node_store.upsert_tensor("reuse", x)
+        out = torch.empty_like(x)
+        node_store.get_tensor_into("reuse", out)
+        assert bits_equal(out, x), i
+        expect = digest(x)
+        del x, out
+        torch.cuda.empty_cache()
+        assert digest(node_store.get_tensor("reuse", as_torch=True)) == expect
+
+
+@needs_daemon
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float32"])
+def test_ipc_child_puts_parent_gets(node, node_store, dtype_name):
+    q = CTX.Queue()
+    numel = (5 << 20) + 3
+    p = CTX.Process(target=tw.put_random_cuda, args=(node.url, "ipc/x", numel, dtype_name, q))
+    p.start()
+    status, child_digest, child_ipc = q.get(timeout=180)
+    p.join(60)
+    assert status == "ok", child_digest
+    assert child_ipc
+    out = torch.full((numel,), 7, device="cuda").to(getattr(torch, dtype_name))
+    node_store.get_tensor_into("ipc/x", out)
+    assert digest(out) == child_digest
+
+
+@needs_daemon
+def test_ipc_parent_puts_child_gets(node, node_store):
+    seed()
+    numel = 1 << 20
+    t = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
+    node_store.put_tensor("ipc/y", t)
+    q = CTX.Queue()
+    p = CTX.Process(target=tw.get_into_cuda, args=(node.url, "ipc/y", numel, "bfloat16", q))
+    p.start()
+    status, child_digest, _ = q.get(timeout=180)
+    p.join(60)
+    assert status == "ok", child_digest
+    assert child_digest == digest(t)
