@@ -136,23 +136,26 @@ struct ParsedTensor {
     std::shared_ptr<void> keepalive;
 };
 
-/// Tensors through DLPack. For CUDA tensors `stream` (a cudaStream_t value or None) is passed to
-/// the producer so that it orders its pending work before our copy; our copy then runs on it.
-ParsedTensor FromDLPack(const pyb::handle& obj, const std::string& what, const pyb::object& stream,
-                        bool cuda) {
-    pyb::object capsule;
-    CudaStream copy_stream = kCudaLegacyStream;
-    if (stream.is_none() || !cuda) {
-        capsule = obj.attr("__dlpack__")();
-    } else {
-        const auto s = stream.cast<std::uintptr_t>();
-        // DLPack reserves 0 for CUDA ("ambiguous"): the legacy default stream is 1 there.
-        capsule = obj.attr("__dlpack__")(pyb::arg("stream") = s == 0 ? std::uintptr_t{1} : s);
-        copy_stream = s;
-    }
+/// Tensors through DLPack. A CUDA tensor's copy runs on `stream` (a cudaStream_t value: torch's
+/// current stream, which the Python layer passes), else on the legacy default stream — either
+/// way after the producer's pending work there. The capsule is taken without a stream argument:
+/// asking the producer to make our stream wait on its current one is a no-op when they are the
+/// same stream, and costs a Python-level stream object and an event per tensor in torch.
+ParsedTensor FromCapsule(const pyb::object& capsule, const std::string& what,
+                         const pyb::object& stream, const pyb::handle& producer);
+
+ParsedTensor FromDLPack(const pyb::handle& obj, const std::string& what, const pyb::object& stream) {
+    return FromCapsule(obj.attr("__dlpack__")(), what, stream, obj);
+}
+
+/// A legacy DLPack capsule ("dltensor"), consumed here: from __dlpack__(), or handed over by the
+/// Python layer (torch's _to_dlpack, which skips __dlpack__'s Python-level checks: a batch of
+/// hundreds of tensors would otherwise spend a quarter of its time there).
+ParsedTensor FromCapsule(const pyb::object& capsule, const std::string& what,
+                         const pyb::object& stream, const pyb::handle& producer) {
     PyObject* cap = capsule.ptr();
     if (!PyCapsule_IsValid(cap, "dltensor")) {
-        ThrowIfError(InvalidArgument(what + ": __dlpack__ did not return a DLPack capsule"));
+        ThrowIfError(InvalidArgument(what + ": not an unconsumed DLPack capsule"));
     }
     auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
     PyCapsule_SetName(cap, "used_dltensor");  // Ours now: we call the deleter.
@@ -164,6 +167,14 @@ ParsedTensor FromDLPack(const pyb::handle& obj, const std::string& what, const p
         }
     });
     const DLTensor& t = managed->dl_tensor;
+    const int type = t.device.device_type;
+    const bool cuda = type == kDLCudaDevice || type == kDLCudaManagedDevice;
+    if (!cuda && type != 1 && type != kDLCudaHostDevice) {
+        ThrowIfError(Unimplemented(what + " lives on DLPack device type " + std::to_string(type) +
+                                   "; tensors must be in host or CUDA memory"));
+    }
+    CudaStream copy_stream = kCudaLegacyStream;
+    if (cuda && !stream.is_none()) copy_stream = stream.cast<std::uintptr_t>();
     ParsedTensor out;
     out.ref.memory = cuda ? TensorMemory::kCuda : TensorMemory::kHost;
     auto dtype = DTypeOfDLPack(t.dtype);
@@ -186,7 +197,7 @@ ParsedTensor FromDLPack(const pyb::handle& obj, const std::string& what, const p
         out.ref.writable = true;  // DLPack < 1.0 has no read-only flag
     }
     out.keepalive = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
-        std::move(owner), HoldObject(pyb::reinterpret_borrow<pyb::object>(obj)));
+        std::move(owner), HoldObject(pyb::reinterpret_borrow<pyb::object>(producer)));
     return out;
 }
 
@@ -231,25 +242,26 @@ ParsedTensor FromCudaArrayInterface(const pyb::handle& obj, const std::string& w
 ParsedTensor ParseTensor(const pyb::handle& obj, const std::string& what, bool destination,
                          const pyb::object& stream) {
     if (obj.is_none()) ThrowIfError(InvalidArgument(what + " is None"));
+    if (PyCapsule_CheckExact(obj.ptr())) {
+        return FromCapsule(pyb::reinterpret_borrow<pyb::object>(obj), what, stream, obj);
+    }
     if (pyb::isinstance<pyb::array>(obj)) {
         // numpy: the buffer path keeps its read-only flag (DLPack export refuses read-only).
     } else if (pyb::hasattr(obj, "__dlpack_device__")) {
         pyb::tuple dev = obj.attr("__dlpack_device__")();
         const int type = dev[0].cast<int>();
-        if (type == kDLCudaDevice || type == kDLCudaManagedDevice) {
-            return FromDLPack(obj, what, stream, /*cuda=*/true);
-        }
-        if (type != 1 && type != kDLCudaHostDevice) {
+        if (type != 1 && type != kDLCudaHostDevice && type != kDLCudaDevice &&
+            type != kDLCudaManagedDevice) {
             ThrowIfError(Unimplemented(what + " lives on DLPack device type " + std::to_string(type) +
                                        "; tensors must be in host or CUDA memory"));
         }
-        return FromDLPack(obj, what, stream, /*cuda=*/false);
+        return FromDLPack(obj, what, stream);
     } else if (pyb::hasattr(obj, "__cuda_array_interface__")) {
         return FromCudaArrayInterface(obj, what, stream);
     }
     if (destination && !pyb::isinstance<pyb::array>(obj) && !pyb::hasattr(obj, "__dlpack__")) {
         ThrowIfError(InvalidArgument(what + " must be a numpy array or a tensor (got " +
-                                     std::string(pyb::str(obj.get_type())) + ")"));
+                                     std::string(pyb::str(pyb::type::handle_of(obj))) + ")"));
     }
     // Host memory: numpy, buffer protocol, CPU DLPack (arrays.h: C-contiguous is checked there).
     BorrowedArray a = Borrow(obj, what.c_str(), destination);

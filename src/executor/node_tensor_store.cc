@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "transport/cuda_ipc.h"
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -50,8 +51,8 @@ public:
         MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ReadTensorObjectHeader(view, key));
         HostTensor out;
         MCS_ASSIGN_OR_RETURN(out.data, HostBuffer::Pageable(h.data_bytes));
-        internal::ParallelMemcpy(out.data.data(), leased.members[0].data() + h.data_offset,
-                                 h.data_bytes, 8);
+        ParallelMemcpy(out.data.data(), leased.members[0].data() + h.data_offset, h.data_bytes,
+                       DefaultCopyThreads());
         out.dtype = h.dtype;
         out.shape = h.local_shape;
         tensors_read_.fetch_add(1, std::memory_order_relaxed);

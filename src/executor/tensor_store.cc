@@ -1,6 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "executor/tensor_store.h"
 
+#include "transport/host_copy.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -169,68 +171,11 @@ Status CheckTensorMatch(const TensorHeader& stored, const TensorHeader& expected
     return Status::Ok();
 }
 
-void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, unsigned threads) {
-    constexpr std::uint64_t kMinChunk = std::uint64_t{8} << 20;
-    if (bytes == 0) return;
-    const std::uint64_t parts =
-        std::max<std::uint64_t>(1, std::min<std::uint64_t>(threads, bytes / kMinChunk));
-    if (parts <= 1) {
-        std::memcpy(dst, src, bytes);
-        return;
-    }
-    const std::uint64_t chunk = (bytes + parts - 1) / parts;
-    std::vector<std::thread> workers;
-    workers.reserve(parts - 1);
-    for (std::uint64_t p = 1; p < parts; ++p) {
-        const std::uint64_t begin = p * chunk;
-        if (begin >= bytes) break;
-        const std::uint64_t n = std::min(chunk, bytes - begin);
-        workers.emplace_back([=] { std::memcpy(dst + begin, src + begin, n); });
-    }
-    std::memcpy(dst, src, std::min(chunk, bytes));
-    for (auto& w : workers) w.join();
-}
-
 }  // namespace internal
 
 namespace {
 
 using internal::Quote;
-
-/// A host-to-host copy, run with the others of a call across threads.
-struct HostCopy {
-    std::byte* dst;
-    const std::byte* src;
-    std::uint64_t bytes;
-};
-
-void RunHostCopies(std::span<const HostCopy> copies, unsigned threads) {
-    std::uint64_t total = 0;
-    for (const HostCopy& c : copies) total += c.bytes;
-    if (copies.size() == 1 || total < (std::uint64_t{16} << 20) || threads <= 1) {
-        for (const HostCopy& c : copies) internal::ParallelMemcpy(c.dst, c.src, c.bytes, threads);
-        return;
-    }
-    // Many items: split into ~1-8 MiB pieces and let the threads take them in turn.
-    const std::uint64_t piece =
-        std::clamp<std::uint64_t>(total / (std::uint64_t{threads} * 4), 1 << 20, 8 << 20);
-    std::vector<HostCopy> pieces;
-    for (const HostCopy& c : copies) {
-        for (std::uint64_t off = 0; off < c.bytes; off += piece) {
-            pieces.push_back({c.dst + off, c.src + off, std::min(piece, c.bytes - off)});
-        }
-    }
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-        for (std::size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
-            std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
-        }
-    };
-    std::vector<std::thread> workers;
-    for (unsigned t = 1; t < threads; ++t) workers.emplace_back(work);
-    work();
-    for (auto& w : workers) w.join();
-}
 
 /// The (device, stream) pairs a call issued copies on; synchronized before it returns.
 class StreamSet {
@@ -262,9 +207,7 @@ public:
         : store_(std::move(store)),
           options_(options),
           pool_(PinnedHostPool::Make(options.pinned_quota_bytes)),
-          threads_(options.copy_threads != 0
-                       ? options.copy_threads
-                       : std::clamp(std::thread::hardware_concurrency(), 1u, 8u)) {}
+          threads_(options.copy_threads != 0 ? options.copy_threads : DefaultCopyThreads()) {}
 
     Status Put(std::span<const std::string> keys, std::span<const TensorRef> tensors,
                const TensorPutOptions& options) override;
@@ -348,7 +291,7 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
                 CountCopy(true, t.pinned);
             }
         }
-        if (status.ok()) RunHostCopies(host_copies, threads_);
+        if (status.ok()) ParallelCopies(host_copies, threads_);
         // Always wait for what was issued: the object memory must not go while DMA writes it.
         Status synced = streams.SyncAll();
         return status.ok() ? synced : status;
@@ -368,7 +311,7 @@ Result<HostTensor> LocalTensorStore::Get(std::string_view key) {
         MCS_ASSIGN_OR_RETURN(out.data, HostBuffer::Pageable(h.data_bytes));
         const HostCopy copy{out.data.data(), views[0].members[0].data() + h.data_offset,
                             h.data_bytes};
-        RunHostCopies({&copy, 1}, threads_);
+        ParallelCopies({&copy, 1}, threads_);
         out.dtype = h.dtype;
         out.shape = h.local_shape;
         return Status::Ok();
@@ -425,7 +368,7 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
                 CountCopy(true, views[i].pinned);
             }
         }
-        if (status.ok()) RunHostCopies(host_copies, threads_);
+        if (status.ok()) ParallelCopies(host_copies, threads_);
         // The snapshot must outlive every copy that reads it.
         Status synced = streams.SyncAll();
         return status.ok() ? synced : status;

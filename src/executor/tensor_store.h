@@ -170,8 +170,5 @@ Result<TensorHeader> ReadTensorObjectHeader(const ObjectView& view, std::string_
 Status CheckTensorMatch(const TensorHeader& stored, const TensorHeader& expected,
                         std::string_view key);
 
-/// Copies `bytes` from src to dst with up to `threads` threads (large copies only).
-void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, unsigned threads);
-
 }  // namespace internal
 }  // namespace mooncake::sparse

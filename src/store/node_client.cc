@@ -12,6 +12,7 @@
 
 #include "store/shm_segment.h"
 #include "store/uds.h"
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -486,12 +487,14 @@ Status NodeClient::PutTensors(std::span<const NodeTensor> tensors, PutMode mode,
     request.hard_pin = hard_pin;
     if (host_total > 0) {
         MCS_RETURN_IF_ERROR(EnsureBuffer(host_total));
+        std::vector<HostCopy> copies;
         for (std::size_t i = 0; i < tensors.size(); ++i) {
             const NodeTensor& t = tensors[i];
             if (!t.cuda && !t.host.empty()) {
-                std::memcpy(session_->buffer->data() + offsets[i], t.host.data(), t.host.size());
+                copies.push_back({session_->buffer->data() + offsets[i], t.host.data(), t.host.size()});
             }
         }
+        ParallelCopies(copies, DefaultCopyThreads());
     }
     MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request));
     std::lock_guard slock(stats_mu_);
@@ -513,13 +516,15 @@ Status NodeClient::GetTensorsInto(std::span<const NodeTensor> tensors) {
     if (host_total > 0) MCS_RETURN_IF_ERROR(EnsureBuffer(host_total));
     MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request));
     std::uint64_t bytes = 0;
+    std::vector<HostCopy> copies;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const NodeTensor& t = tensors[i];
         if (!t.cuda && !t.host.empty()) {
-            std::memcpy(t.host.data(), session_->buffer->data() + offsets[i], t.host.size());
+            copies.push_back({t.host.data(), session_->buffer->data() + offsets[i], t.host.size()});
         }
         bytes += t.cuda ? t.cuda->ref.size : t.host.size();
     }
+    ParallelCopies(copies, DefaultCopyThreads());
     std::lock_guard slock(stats_mu_);
     counters_.member_gets += tensors.size();
     counters_.member_bytes += bytes;

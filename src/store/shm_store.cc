@@ -291,7 +291,15 @@ Result<std::unique_ptr<ShmStore>> ShmStore::Create(const ShmStoreOptions& option
 ShmStore::ShmStore(const ShmStoreOptions& options, std::shared_ptr<ShmState> state)
     : options_(options), state_(std::move(state)) {}
 
-ShmStore::~ShmStore() = default;
+ShmStore::~ShmStore() {
+    // The table's objects hold extents, which hold the state that holds the table: break the
+    // cycle. Leases (and snapshots in flight) keep what they use alive on their own.
+    std::map<std::string, std::shared_ptr<const ShmObject>, std::less<>> objects;
+    {
+        std::unique_lock lock(state_->mu);
+        objects.swap(state_->objects);
+    }
+}
 
 Result<ShmStore::Layout> ShmStore::Validate(std::string_view key, std::string_view metadata,
                                             std::span<const MemberData> members) const {

@@ -353,6 +353,21 @@ TEST_F(NodeServerTest, SparseCommitManifestAndReadMatchTheEmbeddedStore) {
     EXPECT_EQ(m["range_gets"], 2);  // two TP boxes, each read once for both EP replicas
     EXPECT_EQ(m["cuda_ipc_available"], 0);
     EXPECT_GT(m["shm_capacity_bytes"], 0);
+
+    // A second read is served by the daemon's caches; after ClearCaches it reads again.
+    ASSERT_TRUE(client->Metrics(/*reset=*/true).ok());
+    ASSERT_TRUE(client->ReadSparseObjects(*manifest, targets, {}).ok());
+    auto cached = client->Metrics();
+    std::map<std::string, double> c(cached->begin(), cached->end());
+    EXPECT_EQ(c["range_gets"], 0);
+    EXPECT_EQ(c["index_gets"], 0);
+    ASSERT_OK(client->ClearCaches());
+    ASSERT_TRUE(client->Metrics(/*reset=*/true).ok());
+    ASSERT_TRUE(client->ReadSparseObjects(*manifest, targets, {}).ok());
+    auto cleared = client->Metrics();
+    std::map<std::string, double> d(cleared->begin(), cleared->end());
+    EXPECT_EQ(d["range_gets"], 2);
+    EXPECT_EQ(d["index_gets"], 1);
 }
 
 TEST_F(NodeServerTest, SparseCommitIsValidatedAgainByTheDaemon) {

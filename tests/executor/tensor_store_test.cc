@@ -21,6 +21,7 @@
 #include "executor/tensor_store.h"
 #include "store/object_store.h"
 #include "store/tensor_object.h"
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -321,7 +322,7 @@ TEST(TensorStoreParallelMemcpyTest, CopiesEveryByte) {
     for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{40} << 20}) {
         auto src = Pattern(n, 5);
         std::vector<std::byte> dst(n);
-        internal::ParallelMemcpy(dst.data(), src.data(), n, 4);
+        ParallelMemcpy(dst.data(), src.data(), n, 4);
         EXPECT_EQ(dst, src);
     }
 }

@@ -7,7 +7,6 @@ import hashlib
 import multiprocessing as mp
 import os
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
