@@ -814,8 +814,15 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
             }
             m.read_seconds = Seconds(t1);
         }
-        // Steps 7-8: filter, rebase, publish target-local objects.
-        ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
+        // Steps 7-8: filter, rebase, publish target-local objects. Threads only pay off for
+        // large batches: starting them costs far more than filtering a few thousand entries.
+        std::uint64_t entries = 0;
+        for (const auto& p : pieces) {
+            for (const Piece& piece : p) entries += piece.range.size();
+        }
+        constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
+        const int threads = entries < 2 * kEntriesPerThread ? 1 : options.num_threads;
+        ParallelFor(targets.size(), threads, [&](std::size_t t) {
             results[t] = Materialize(manifest, targets[t], selection.matches_of(t), pieces[t],
                                      fanout[t]);
         });
