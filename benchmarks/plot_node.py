@@ -34,8 +34,8 @@ def main() -> int:
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else max(
         (p for p in results.iterdir() if p.is_dir()), key=lambda p: p.name)
     thr = load(folder / "node_throughput.jsonl")
-    lat = load(folder / "node_latency.jsonl")
-    dedup = load(folder / "node_dedup.jsonl")
+    lat = [r for r in load(folder / "node_latency.jsonl") if "p50_us" in r]
+    dedup = [r for r in load(folder / "node_dedup.jsonl") if r["what"] == "node_dedup"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
 
     ax = axes[0]
@@ -57,7 +57,9 @@ def main() -> int:
     ax.grid(alpha=0.3)
 
     ax = axes[1]
-    names = [r["what"].replace("node_", "").replace("_rtt", "") for r in lat]
+    names = [r["what"].replace("node_", "").replace("_rtt", "").replace("_cpp", " (C++)")
+             .replace("stat", "stat (Py)" if not r["what"].endswith("_cpp") else "stat")
+             for r in lat]
     x = range(len(lat))
     ax.bar([i - 0.2 for i in x], [r["p50_us"] for r in lat], 0.2, label="p50")
     ax.bar([i for i in x], [r["p99_us"] for r in lat], 0.2, label="p99")
