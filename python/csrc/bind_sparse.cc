@@ -11,6 +11,7 @@
 #include "bind_common.h"
 #include "executor/sparse_store.h"
 #include "object_store_handle.h"
+#include "python_object_store.h"
 #include "sparse_object.h"
 
 namespace mooncake::sparse::py {
@@ -19,10 +20,15 @@ namespace {
 /// The Python-visible store: a SparseStore over an ObjectStore.
 class PyStore {
 public:
-    PyStore(std::string node_id, std::uint64_t capacity_bytes) {
+    /// Over the embedded store, or over `object_store` (a Python implementation of the
+    /// ObjectStore contract, e.g. the upstream Mooncake adapter) when it is not None.
+    PyStore(std::string node_id, std::uint64_t capacity_bytes, const pyb::object& object_store) {
         SparseStoreOptions opts;
         opts.node_id = std::move(node_id);
-        store_ = std::make_shared<SparseStore>(MakeEmbeddedStore({capacity_bytes}), opts);
+        std::shared_ptr<ObjectStore> objects =
+            object_store.is_none() ? std::shared_ptr<ObjectStore>(MakeEmbeddedStore({capacity_bytes}))
+                                   : MakePythonObjectStore(object_store);
+        store_ = std::make_shared<SparseStore>(std::move(objects), opts);
     }
 
     pyb::dict PutSparseObject(const std::string& tensor_id, const pyb::object& global_shape,
@@ -78,13 +84,22 @@ public:
     }
 
     pyb::object CurrentGeneration(const std::string& tensor_id) {
-        return GenerationOrNone(ValueOrThrow(store_->CurrentGeneration(tensor_id)));
+        Result<std::optional<Generation>> g = Internal("unset");
+        {
+            pyb::gil_scoped_release nogil;  // The object store may be written in Python.
+            g = store_->CurrentGeneration(tensor_id);
+        }
+        return GenerationOrNone(ValueOrThrow(std::move(g)));
     }
 
     pyb::dict Metrics() const { return MetricsDict(store_->Metrics().Items()); }
 
     pyb::dict StoreCounters() const {
-        sparse::StoreCounters c = store_->object_store().Counters();
+        sparse::StoreCounters c;
+        {
+            pyb::gil_scoped_release nogil;
+            c = store_->object_store().Counters();
+        }
         pyb::dict d;
         d["puts"] = c.puts;
         d["bytes_put"] = c.bytes_put;
@@ -97,7 +112,12 @@ public:
     }
 
     std::vector<std::string> ListKeys(const std::string& prefix) {
-        return ValueOrThrow(store_->object_store().List(prefix));
+        Result<std::vector<std::string>> keys = Internal("unset");
+        {
+            pyb::gil_scoped_release nogil;
+            keys = store_->object_store().List(prefix);
+        }
+        return ValueOrThrow(std::move(keys));
     }
 
     SparseStore& store() { return *store_; }
@@ -134,8 +154,9 @@ void RegisterSparse(pyb::module_& m) {
     RegisterSparseObject(m);
 
     pyb::class_<PyStore>(m, "_Store")
-        .def(pyb::init<std::string, std::uint64_t>(), pyb::arg("node_id") = "node0",
-             pyb::arg("capacity_bytes") = 0)
+        .def(pyb::init<std::string, std::uint64_t, const pyb::object&>(),
+             pyb::arg("node_id") = "node0", pyb::arg("capacity_bytes") = 0,
+             pyb::arg("object_store") = pyb::none())
         .def("put_sparse_object", &PyStore::PutSparseObject, pyb::arg("tensor_id"),
              pyb::arg("global_shape"), pyb::arg("indices"), pyb::arg("values"),
              pyb::arg("source_placement") = pyb::none(), pyb::arg("placement_policy") = pyb::none(),
@@ -151,8 +172,10 @@ void RegisterSparse(pyb::module_& m) {
              pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
         .def("current_generation", &PyStore::CurrentGeneration, pyb::arg("tensor_id"))
         .def("metrics", &PyStore::Metrics)
-        .def("reset_metrics", [](PyStore& s) { s.store().ResetMetrics(); })
-        .def("clear_caches", [](PyStore& s) { s.store().ClearCaches(); })
+        .def("reset_metrics", [](PyStore& s) { s.store().ResetMetrics(); },
+             pyb::call_guard<pyb::gil_scoped_release>())
+        .def("clear_caches", [](PyStore& s) { s.store().ClearCaches(); },
+             pyb::call_guard<pyb::gil_scoped_release>())
         .def("store_counters", &PyStore::StoreCounters)
         .def("list_keys", &PyStore::ListKeys, pyb::arg("prefix") = "")
         .def("_object_store",

@@ -8,6 +8,7 @@ void RegisterObjectStore(pyb::module_& m);
 void RegisterSparse(pyb::module_& m);
 void RegisterNode(pyb::module_& m);
 void RegisterTensor(pyb::module_& m);  // bind_tensor.cc
+void RegisterNodeServer(pyb::module_& m);  // bind_node_server.cc
 }  // namespace mooncake::sparse::py
 
 PYBIND11_MODULE(_core, m) {
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
     mooncake::sparse::py::RegisterSparse(m);
     mooncake::sparse::py::RegisterNode(m);
     mooncake::sparse::py::RegisterTensor(m);
+    mooncake::sparse::py::RegisterNodeServer(m);
 }

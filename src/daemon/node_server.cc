@@ -597,7 +597,9 @@ NodeServer::NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> stor
     sparse_options.node_id = options_.node_id;
     sparse_options.index_cache_capacity_bytes = options_.cache_capacity_bytes;
     sparse_options.range_cache_capacity_bytes = options_.cache_capacity_bytes;
-    sparse_ = std::make_unique<SparseStore>(store_, sparse_options);
+    sparse_ = std::make_unique<SparseStore>(
+        options_.sparse_objects ? options_.sparse_objects : std::shared_ptr<ObjectStore>(store_),
+        sparse_options);
     LocalTensorStoreOptions tensor_options;
     tensor_options.backend = "node";  // Segment memory: pinned by the store's own quota.
     tensors_ = MakeLocalTensorStore(store_, tensor_options);

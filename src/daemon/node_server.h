@@ -49,6 +49,11 @@ struct NodeServerOptions {
     std::uint64_t client_buffer_max_bytes = std::uint64_t{1} << 30;
     std::uint32_t max_connections = 1024;
     std::uint32_t max_leases_per_connection = 1 << 20;
+    /// Where sparse source objects, manifests and generation heads live. Null: the node's
+    /// shared-memory store. A distributed store (e.g. upstream Mooncake Store) here makes the
+    /// daemon's caches and single-flight table serve the node's processes across nodes: each
+    /// unique range a node needs crosses the network once. Tensors stay in the segments.
+    std::shared_ptr<ObjectStore> sparse_objects;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
     /// A reply that the client does not read within this time closes the connection.

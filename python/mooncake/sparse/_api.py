@@ -70,7 +70,7 @@ class Store(TensorMixin):
 
     def __init__(
         self, *, node_id: str = "node0", capacity_bytes: int = 0, backend: _Backend | None = None,
-        url: str | None = None, pinned_quota_bytes: int | None = None,
+        url: str | None = None, pinned_quota_bytes: int | None = None, upstream: Any = None,
     ) -> None:
         self._pinned_quota_bytes = pinned_quota_bytes  # tensor objects (_tensor.py); None: default
         self._core: _Backend = (
@@ -78,6 +78,7 @@ class Store(TensorMixin):
             else _core._Store(node_id=node_id, capacity_bytes=capacity_bytes)
         )
         self.url = url
+        self._upstream = upstream  # mooncake://: the UpstreamObjectStore under the core
 
     @property
     def backend(self) -> _Backend:
@@ -92,7 +93,8 @@ class Store(TensorMixin):
     def capabilities(self) -> dict[str, Any]:
         """What this store can do here: backend, CUDA availability, pinned quota and use."""
         if isinstance(self._core, _core._Store):
-            return {"backend": "embedded", **self._tensor_capabilities()}
+            kind = "embedded" if self._upstream is None else "mooncake"
+            return {"backend": kind, **self._tensor_capabilities()}
         m = self._core.metrics()
         caps: dict[str, Any] = {"backend": "node", "url": self.url}
         for key in ("cuda_available", "cuda_ipc_available"):
@@ -113,6 +115,12 @@ class Store(TensorMixin):
         disconnect = getattr(self._core, "disconnect", None)
         if disconnect is not None:
             disconnect()
+
+    @property
+    def upstream(self) -> Any:
+        """mooncake:// stores: the upstream adapter (its ``client`` is upstream's
+        MooncakeDistributedStore, e.g. for upstream's own get_tensor); None otherwise."""
+        return self._upstream
 
     def __repr__(self) -> str:
         return f"<mooncake.sparse.Store {self.url or 'embedded'}>"
@@ -253,7 +261,11 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
     - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH; kwargs
       connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes. Raises
       Unavailable when no daemon runs there. A call that loses the daemon raises Unavailable
-      and the next call reconnects (e.g. to a restarted daemon)."""
+      and the next call reconnects (e.g. to a restarted daemon).
+    - "mooncake://HOST:PORT?protocol=tcp&metadata=URL&local_hostname=H&segment_bytes=N":
+      upstream Mooncake Store (its mooncake_master at HOST:PORT, a client of its own in this
+      process that contributes segment_bytes of memory, default 512 MiB); the same options are
+      accepted as kwargs. Needs the mooncake-transfer-engine wheel. See docs/multi_node.md."""
     if url is None or url in ("", "embedded", "embedded://"):
         return Store(**kwargs)
     if url.startswith("unix://"):
@@ -267,10 +279,11 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
         kwargs.setdefault("client_name", f"pid {os.getpid()}")
         return Store(backend=_core._NodeStore(path, **kwargs), url=url)
     if url.startswith("mooncake://"):
-        raise Unimplemented(
-            "mooncake:// stores are not available in this build yet; use connect() for the "
-            "embedded store or connect('unix:///PATH') for the node daemon"
-        )
+        from ._upstream import UpstreamObjectStore, parse_mooncake_url
+        config = parse_mooncake_url(url, **kwargs)
+        objects = UpstreamObjectStore.connect(config)
+        return Store(backend=_core._Store(node_id=config.node_id, object_store=objects), url=url,
+                     upstream=objects)
     raise InvalidArgument(f"unknown store URL {url!r} (expected None, unix:///PATH or mooncake://HOST:PORT)")
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "DataLoss",
     "PermissionDenied",
     "error_class",
+    "code_of",
 ]
 
 
@@ -94,3 +95,13 @@ _BY_CODE = {
 def error_class(code: int) -> type[Error]:
     """The exception class for a C++ StatusCode value."""
     return _BY_CODE.get(code, Internal)
+
+
+def code_of(exc: BaseException) -> int:
+    """The C++ StatusCode value of an exception (Internal for anything not a mooncake.sparse
+    error): how a backend written in Python reports errors to the native core."""
+    for cls in type(exc).__mro__:
+        for code, known in _BY_CODE.items():
+            if cls is known:
+                return code
+    return 9  # Internal

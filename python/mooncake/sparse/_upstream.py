@@ -1,0 +1,581 @@
+"""The ObjectStore of this library on upstream Mooncake Store (DESIGN.md §6).
+
+Across nodes this library runs on the real Mooncake Store: its ``mooncake_master``, its clients
+and TransferEngine, reached through the public Python API of the ``mooncake-transfer-engine``
+wheels (``mooncake.store.MooncakeDistributedStore``). Upstream exposes no C++ SDK in those
+wheels, so the adapter is written here in Python and plugged under the native sparse layer
+(``_core._Store`` / ``_core._NodeServer``) as an ObjectStore: the planner, the range caches, the
+single-flight table and the tensor path run unchanged on top of it.
+
+How a structured object maps onto upstream keys (every byte moves with upstream's calls):
+
+* ``KEY#TOKEN/MEMBER`` — one key per non-empty member, written with
+  ``batch_put_from_multi_buffers`` before the head. TOKEN is random per write, so two versions
+  of an object never share a member key.
+* ``KEY`` — the head: magic, a small JSON table (version, token, members with dtype, shape,
+  size and checksum, hard pin) and the opaque metadata. It is written last, so an object is
+  visible only once all its members are (atomic visibility). ``kCreate`` relies on upstream's
+  first-writer-wins put of an existing key and reads the head back to learn who won
+  (exclusive create, the admission primitive); ``kUpsert`` writes with ``upsert_from`` and then
+  removes the replaced version's members.
+* A tensor object (one member ``tensor``, no metadata) is stored as upstream's own tensor value
+  at ``KEY`` (the 304-byte ``TensorObjectHeader`` + data), so upstream's ``get_tensor`` reads
+  what ``put_tensor`` here wrote and the reverse.
+* Upstream has no key listing, so each directory (a key's first three ``/``-separated
+  components, e.g. ``mcs/manifest/GENERATION/``) keeps a slot table ``mcs-slots/DIR#N``: a
+  created head claims the next free slot with the same first-writer-wins put.
+  ``list(prefix)`` (prefixes of at least three components) scans the slots and keeps the heads
+  that exist.
+
+Range reads go through ``get_into_ranges`` into a registered staging buffer (upstream requires
+registered destinations) and are copied from there into the caller's memory. A read validates
+the heads of every object it names first; a member that disappears under it (a concurrent
+upsert removed that version) makes the call retry once on the new heads, so one call never
+mixes two versions. Hard pin maps to ``ReplicateConfig.with_hard_pin``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import secrets
+import struct
+import threading
+import time
+import urllib.parse
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._errors import (Conflict, InvalidArgument, NotFound, OutOfRange, ResourceExhausted,
+                      Unavailable, Unimplemented)
+
+__all__ = ["UpstreamObjectStore", "UpstreamConfig", "parse_mooncake_url", "upstream_available"]
+
+_HEAD_MAGIC = b"MCSOBJ1\n"
+_TENSOR_MAGIC = b"NOOM"  # upstream's kTensorObjectMagic (0x4d4f4f4e, little-endian)
+_TENSOR_MEMBER = "tensor"
+_PROBE_BYTES = 4096  # heads are read in slots of this size; larger ones take a second read
+_SLOT_WINDOW = 64
+_LIST_DEPTH = 3  # keys are listed in the slot table of their first three path components
+
+# Upstream's ErrorCode values this adapter tells apart (mooncake-store types.h).
+_OBJECT_NOT_FOUND = -704
+_OBJECT_HAS_LEASE = -706
+_INVALID_PARAMS = -600
+_NO_AVAILABLE_HANDLE = -200  # allocation failed: out of segment space
+
+
+def upstream_available() -> bool:
+    """True when upstream Mooncake's Python store module can be imported here."""
+    try:
+        import mooncake.store  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class UpstreamConfig:
+    """What ``connect("mooncake://HOST:PORT?...")`` sets up (parse_mooncake_url)."""
+
+    def __init__(self, master: str, *, protocol: str = "tcp", metadata: str | None = None,
+                 local_hostname: str = "127.0.0.1", segment_bytes: int = 512 << 20,
+                 buffer_bytes: int = 64 << 20, rdma_devices: str = "",
+                 node_id: str | None = None, replicas: int = 1) -> None:
+        self.master = master
+        self.protocol = protocol
+        host = master.rsplit(":", 1)[0]
+        self.metadata = metadata or f"http://{host}:8080/metadata"
+        self.local_hostname = local_hostname
+        self.segment_bytes = int(segment_bytes)
+        self.buffer_bytes = int(buffer_bytes)
+        self.rdma_devices = rdma_devices
+        self.node_id = node_id or local_hostname
+        self.replicas = int(replicas)
+
+
+def parse_mooncake_url(url: str, **overrides: Any) -> UpstreamConfig:
+    """``mooncake://HOST:PORT?protocol=tcp&metadata=URL&local_hostname=H&segment_bytes=N&
+    buffer_bytes=N&rdma_devices=D&node_id=ID&replicas=N``. HOST:PORT is the mooncake_master's
+    RPC address; metadata defaults to the master's HTTP metadata server on port 8080."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme != "mooncake" or not parsed.netloc:
+        raise InvalidArgument(f"store URL {url!r} is not mooncake://HOST:PORT[?options]")
+    if parsed.port is None:
+        raise InvalidArgument(f"store URL {url!r} names no master port (mooncake://HOST:PORT)")
+    query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
+    query.update({k: v for k, v in overrides.items() if v is not None})
+    known = {"protocol", "metadata", "local_hostname", "segment_bytes", "buffer_bytes",
+             "rdma_devices", "node_id", "replicas"}
+    unknown = set(query) - known
+    if unknown:
+        raise InvalidArgument(f"unknown option(s) for a mooncake:// store: {sorted(unknown)}")
+    ints = {"segment_bytes", "buffer_bytes", "replicas"}
+    try:
+        kwargs = {k: (int(v) if k in ints else str(v)) for k, v in query.items()}
+    except ValueError as e:
+        raise InvalidArgument(f"store URL {url!r}: {e}") from None
+    return UpstreamConfig(parsed.netloc, **kwargs)
+
+
+def _raise_for(code: int, what: str) -> None:
+    if code == _OBJECT_NOT_FOUND:
+        raise NotFound(f"{what}: no such object in the Mooncake store")
+    if code == _NO_AVAILABLE_HANDLE:
+        raise ResourceExhausted(f"{what}: the Mooncake store has no space left (error {code})")
+    if code == _INVALID_PARAMS:
+        raise InvalidArgument(f"{what}: Mooncake store rejected the parameters (error {code})")
+    raise Unavailable(f"{what}: Mooncake store error {code}")
+
+
+class _Staging:
+    """A registered host buffer that range reads land in (grown on demand, one user at a time)."""
+
+    def __init__(self, client: Any, nbytes: int) -> None:
+        self._client = client
+        self._buf: np.ndarray | None = None
+        self.lock = threading.Lock()
+        self.reserve(nbytes)
+
+    def reserve(self, nbytes: int) -> None:
+        if self._buf is not None and self._buf.nbytes >= nbytes:
+            return
+        size = max(nbytes, 1 << 20)
+        if self._buf is not None:
+            size = max(size, 2 * self._buf.nbytes)
+            self._client.unregister_buffer(self._buf.ctypes.data)
+        buf = np.empty(size, dtype=np.uint8)
+        rc = self._client.register_buffer(buf.ctypes.data, buf.nbytes)
+        if rc != 0:
+            _raise_for(rc, "registering the staging buffer")
+        self._buf = buf
+
+    @property
+    def array(self) -> np.ndarray:
+        assert self._buf is not None
+        return self._buf
+
+    @property
+    def address(self) -> int:
+        return int(self.array.ctypes.data)
+
+    def close(self) -> None:
+        if self._buf is not None:
+            self._client.unregister_buffer(self._buf.ctypes.data)
+            self._buf = None
+
+
+class _Head:
+    __slots__ = ("key", "raw_tensor", "version", "token", "hard_pinned", "members", "metadata")
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.raw_tensor = False
+        self.version = 0
+        self.token = ""
+        self.hard_pinned = False
+        self.members: list[tuple[str, str, tuple[int, ...], int, int]] = []
+        self.metadata = b""
+
+    def member(self, name: str) -> tuple[str, str, tuple[int, ...], int, int]:
+        for m in self.members:
+            if m[0] == name:
+                return m
+        raise NotFound(f"object {self.key!r} has no member {name!r}")
+
+    def member_key(self, name: str) -> str:
+        return self.key if self.raw_tensor else f"{self.key}#{self.token}/{name}"
+
+    def as_tuple(self) -> tuple:
+        return (self.metadata, self.members, self.version, self.hard_pinned)
+
+
+def _encode_head(version: int, token: str, hard_pin: bool, members: list, metadata: bytes) -> bytes:
+    table = json.dumps({"v": version, "t": token, "pin": hard_pin,
+                        "m": [[n, d, list(s), size, cs] for n, d, s, size, cs in members]},
+                       separators=(",", ":")).encode()
+    return _HEAD_MAGIC + struct.pack("<I", len(table)) + table + metadata
+
+
+def _decode_head(key: str, data: bytes, object_bytes: int) -> _Head:
+    h = _Head(key)
+    if data.startswith(_HEAD_MAGIC):
+        (n,) = struct.unpack_from("<I", data, len(_HEAD_MAGIC))
+        start = len(_HEAD_MAGIC) + 4
+        table = json.loads(data[start:start + n])
+        h.version, h.token, h.hard_pinned = int(table["v"]), str(table["t"]), bool(table["pin"])
+        h.members = [(m[0], m[1], tuple(m[2]), int(m[3]), int(m[4])) for m in table["m"]]
+        h.metadata = bytes(data[start + n:])
+        return h
+    if data.startswith(_TENSOR_MAGIC):
+        # An upstream tensor value (written by upstream's put_tensor or by this library).
+        h.raw_tensor = True
+        h.members = [(_TENSOR_MEMBER, "uint8", (object_bytes,), object_bytes, 0)]
+        return h
+    raise InvalidArgument(f"key {key!r} holds a value that is neither a mooncake.sparse object "
+                          "nor an upstream tensor")
+
+
+class UpstreamObjectStore:
+    """The ObjectStore contract (src/store/object_store.h) on a MooncakeDistributedStore.
+
+    The native core calls put/stat/read_member/read_ranges/remove/list/counters (with the GIL
+    held); errors are this package's typed exceptions, which the core turns back into statuses.
+    """
+
+    def __init__(self, client: Any, *, replicas: int = 1, local_segment: str | None = None,
+                 staging_bytes: int = 16 << 20, owns_client: bool = False) -> None:
+        self._client = client
+        self._owns_client = owns_client
+        self._replicas = replicas
+        self._local_segment = local_segment
+        self._staging = _Staging(client, staging_bytes)
+        self._put_staging = _Staging(client, 1 << 20)
+        self._mu = threading.Lock()
+        self._slot_hint: dict[str, int] = {}
+        self._counters = {k: 0 for k in ("puts", "bytes_put", "member_gets", "member_bytes",
+                                         "range_reads", "range_bytes", "removes",
+                                         "upstream_calls")}
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def connect(cls, config: UpstreamConfig) -> "UpstreamObjectStore":
+        try:
+            from mooncake.store import MooncakeDistributedStore
+        except ImportError as e:
+            raise Unavailable(
+                "mooncake:// needs upstream Mooncake's Python store module: pip install "
+                f"mooncake-transfer-engine-non-cuda (or a CUDA variant) ({e})") from None
+        client = MooncakeDistributedStore()
+        rc = client.setup(config.local_hostname, config.metadata, config.segment_bytes,
+                          config.buffer_bytes, config.protocol, config.rdma_devices, config.master)
+        if rc != 0:
+            raise Unavailable(f"could not set up a Mooncake client against master {config.master} "
+                              f"(metadata {config.metadata}, protocol {config.protocol}): error {rc}")
+        local = client.get_hostname() if config.segment_bytes > 0 else None
+        return cls(client, replicas=config.replicas, local_segment=local, owns_client=True)
+
+    @property
+    def client(self) -> Any:
+        """The upstream MooncakeDistributedStore under this adapter."""
+        return self._client
+
+    def close(self) -> None:
+        self._staging.close()
+        self._put_staging.close()
+        if self._owns_client:
+            self._client.close()
+
+    # -- helpers --------------------------------------------------------------------------------
+    def _config(self, hard_pin: bool) -> Any:
+        from mooncake.store import ReplicateConfig
+        c = ReplicateConfig()
+        c.replica_num = self._replicas
+        c.with_hard_pin = bool(hard_pin)
+        if self._local_segment:
+            # The writer's node keeps the replica: readers on other nodes then pull exactly the
+            # ranges they need across the network, once per node.
+            c.preferred_segment = self._local_segment
+        return c
+
+    def _count(self, **deltas: int) -> None:
+        with self._mu:
+            for k, v in deltas.items():
+                self._counters[k] += v
+
+    def _heads(self, keys: Sequence[str]) -> dict[str, _Head | None]:
+        """The heads of `keys` (None: not found), with one batched read (+1 per large value)."""
+        unique = list(dict.fromkeys(keys))
+        out: dict[str, _Head | None] = {}
+        with self._staging.lock:
+            self._staging.reserve(len(unique) * _PROBE_BYTES)
+            base = self._staging.address
+            ptrs = [base + i * _PROBE_BYTES for i in range(len(unique))]
+            rcs = self._client.batch_get_into(unique, ptrs, [_PROBE_BYTES] * len(unique))
+            self._count(upstream_calls=1)
+            arr = self._staging.array
+            large = []
+            for i, (key, rc) in enumerate(zip(unique, rcs)):
+                if rc >= 0:
+                    data = arr[i * _PROBE_BYTES:i * _PROBE_BYTES + rc].tobytes()
+                    out[key] = _decode_head(key, data, rc)
+                elif rc == _OBJECT_NOT_FOUND:
+                    out[key] = None
+                elif rc == _INVALID_PARAMS:
+                    large.append(key)  # larger than a probe slot
+                else:
+                    _raise_for(rc, f"reading the head of {key!r}")
+        for key in large:
+            size = self._client.get_size(key)
+            if size < 0:
+                if size == _OBJECT_NOT_FOUND:
+                    out[key] = None
+                    continue
+                _raise_for(size, f"sizing {key!r}")
+            with self._staging.lock:
+                first = self._read_prefix(key, min(size, _PROBE_BYTES))
+                if first.startswith(_HEAD_MAGIC):
+                    first = self._read_prefix(key, size)  # a head with large metadata
+            out[key] = _decode_head(key, first, size)
+        return out
+
+    def _read_prefix(self, key: str, n: int) -> bytes:
+        self._staging.reserve(n)
+        res = self._client.get_into_ranges([self._staging.address], [[key]], [[[0]]], [[[0]]],
+                                           [[[n]]])
+        self._count(upstream_calls=1)
+        rc = res[0][0][0]
+        if rc < 0:
+            _raise_for(rc, f"reading {key!r}")
+        return self._staging.array[:n].tobytes()
+
+    def _head(self, key: str) -> _Head:
+        h = self._heads([key])[key]
+        if h is None:
+            raise NotFound(f"no object {key!r}")
+        return h
+
+    def _remove_keys(self, keys: Sequence[str]) -> None:
+        if keys:
+            self._client.batch_remove(list(keys), True)
+            self._count(upstream_calls=1)
+
+    # -- ObjectStore ----------------------------------------------------------------------------
+    def put(self, key: str, metadata: bytes, members: list, mode: str, hard_pin: bool) -> None:
+        """members: (name, dtype, shape, address, nbytes, checksum) tuples whose bytes stay
+        valid for the call."""
+        config = self._config(hard_pin)
+        total = sum(m[4] for m in members) + len(metadata)
+        if (len(members) == 1 and members[0][0] == _TENSOR_MEMBER and not metadata
+                and members[0][4] >= len(_TENSOR_MAGIC)
+                and ctypes.string_at(members[0][3], 4) == _TENSOR_MAGIC):
+            self._put_raw_tensor(key, members[0][3], members[0][4], mode, config)
+            self._count(puts=1, bytes_put=total)
+            return
+        existing = self._heads([key])[key]
+        if mode == "create" and existing is not None:
+            raise Conflict(f"object {key!r} already exists")
+        if existing is not None and existing.raw_tensor:
+            self._remove_keys([key])  # an upsert replaces an upstream tensor value with an object
+            existing = None
+        token = secrets.token_hex(8)
+        version = max(time.time_ns(), (existing.version + 1) if existing else 0)
+        table = [(n, d, tuple(s), size, cs) for n, d, s, _, size, cs in members]
+        head = _encode_head(version, token, bool(hard_pin), table, bytes(metadata))
+        member_keys = [f"{key}#{token}/{m[0]}" for m in members if m[4] > 0]
+        data = [m for m in members if m[4] > 0]
+        if data:
+            rcs = self._client.batch_put_from_multi_buffers(
+                member_keys, [[m[3]] for m in data], [[m[4]] for m in data], config)
+            self._count(upstream_calls=1)
+            bad = [(k, rc) for k, rc in zip(member_keys, rcs) if rc != 0]
+            if bad:
+                self._remove_keys(member_keys)
+                _raise_for(bad[0][1], f"writing member {bad[0][0]!r}")
+        try:
+            self._write_head(key, head, token, mode, config)
+        except BaseException:
+            self._remove_keys(member_keys)
+            raise
+        if existing is not None:
+            self._remove_keys([existing.member_key(m[0]) for m in existing.members if m[3] > 0])
+        else:
+            self._register_in_directory(key)
+        self._count(puts=1, bytes_put=total)
+
+    def _write_head(self, key: str, head: bytes, token: str, mode: str, config: Any) -> None:
+        with self._put_staging.lock:
+            self._put_staging.reserve(len(head))
+            self._put_staging.array[:len(head)] = np.frombuffer(head, dtype=np.uint8)
+            ptr = self._put_staging.address
+            if mode == "create":
+                rc = self._client.put_from(key, ptr, len(head), config)
+            else:
+                rc = self._client.upsert_from(key, ptr, len(head), config)
+            self._count(upstream_calls=1)
+        if rc != 0:
+            _raise_for(rc, f"writing the head of {key!r}")
+        if mode == "create":
+            # Upstream keeps the first writer's value of a key: read it back to learn who won.
+            won = self._heads([key])[key]
+            if won is None or won.raw_tensor or won.token != token:
+                raise Conflict(f"object {key!r} already exists (created concurrently)")
+
+    def _put_raw_tensor(self, key: str, address: int, nbytes: int, mode: str, config: Any) -> None:
+        if mode == "create":
+            if self._client.is_exist(key) == 1:
+                raise Conflict(f"object {key!r} already exists")
+            rc = self._client.put_from(key, address, nbytes, config)
+        else:
+            existing = self._heads([key])[key]
+            if existing is not None and not existing.raw_tensor:
+                self.remove(key)
+            rc = self._client.upsert_from(key, address, nbytes, config)
+        self._count(upstream_calls=2)
+        if rc != 0:
+            _raise_for(rc, f"writing tensor {key!r}")
+
+    def stat(self, key: str) -> tuple:
+        return self._head(key).as_tuple()
+
+    def read_member(self, key: str, member: str, address: int, nbytes: int) -> None:
+        self._read([(key, member, None, None, address, nbytes)])
+        self._count(member_gets=1, member_bytes=nbytes)
+
+    def read_ranges(self, items: list) -> None:
+        """items: (key, member, row_start, row_end, address, nbytes). All items are checked
+        before any destination is written."""
+        self._read(items)
+        self._count(range_reads=len(items), range_bytes=sum(int(it[5]) for it in items))
+
+    def _read(self, items: list) -> None:
+        """read_ranges / read_member; row_start None = the whole member."""
+        for attempt in range(2):
+            heads = self._heads([it[0] for it in items])
+            plan = []
+            for key, member, r0, r1, address, nbytes in items:
+                h = heads[key]
+                if h is None:
+                    raise NotFound(f"no object {key!r}")
+                name, dtype, shape, size, _ = h.member(member)
+                if r0 is None:
+                    start, length = 0, size
+                else:
+                    rows = shape[0] if shape else 0
+                    if r0 > r1 or r1 > rows:
+                        raise OutOfRange(f"rows [{r0}, {r1}) of member {member!r} of {key!r} "
+                                         f"(it has {rows})")
+                    row_bytes = size // rows if rows else 0
+                    start, length = r0 * row_bytes, (r1 - r0) * row_bytes
+                if length != nbytes:
+                    raise InvalidArgument(f"destination of {nbytes} bytes for {length} bytes of "
+                                          f"member {member!r} of {key!r}")
+                plan.append((h.member_key(name), start, length, address))
+            try:
+                self._fetch(plan)
+            except NotFound:
+                if attempt == 0:
+                    continue  # a concurrent upsert replaced a version: read the new heads
+                raise
+            return
+
+    def _fetch(self, plan: list) -> None:
+        """Reads (member_key, start, length, dst) ranges through the staging buffer in batches
+        that fit it, then copies each into its destination. Nothing is written to a destination
+        unless every range of the call has been read."""
+        todo = [p for p in plan if p[2] > 0]
+        if not todo:
+            return
+        total = sum(p[2] for p in todo)
+        with self._staging.lock:
+            self._staging.reserve(total)
+            by_key: dict[str, list[tuple[int, int, int]]] = {}
+            offset = 0
+            places = []
+            for mkey, start, length, _ in todo:
+                by_key.setdefault(mkey, []).append((offset, start, length))
+                places.append(offset)
+                offset += length
+            keys = list(by_key)
+            res = self._client.get_into_ranges(
+                [self._staging.address], [keys],
+                [[[r[0] for r in by_key[k]] for k in keys]],
+                [[[r[1] for r in by_key[k]] for k in keys]],
+                [[[r[2] for r in by_key[k]] for k in keys]])
+            self._count(upstream_calls=1)
+            for k, rcs in zip(keys, res[0]):
+                for (_, _, length), rc in zip(by_key[k], rcs):
+                    if rc != length:
+                        if rc == _OBJECT_NOT_FOUND:
+                            raise NotFound(f"member {k!r} vanished during the read")
+                        if rc < 0:
+                            _raise_for(rc, f"range read of {k!r}")
+                        raise Unavailable(f"short range read of {k!r}: {rc} of {length} bytes")
+            src = self._staging.address
+            for (_, _, length, dst), place in zip(todo, places):
+                ctypes.memmove(dst, src + place, length)
+
+    def remove(self, key: str) -> None:
+        h = self._head(key)
+        keys = [h.member_key(m[0]) for m in h.members if m[3] > 0 and not h.raw_tensor]
+        self._remove_keys(keys)
+        rc = self._client.remove(key, True)
+        self._count(upstream_calls=1, removes=1)
+        if rc != 0:
+            _raise_for(rc, f"removing {key!r}")
+
+    # -- key directories ------------------------------------------------------------------------
+    @staticmethod
+    def _directory(key: str) -> str:
+        """The slot table a key is listed in: its parent directory, cut at _LIST_DEPTH
+        components (manifests live at mcs/manifest/GENERATION/...)."""
+        parts = key.split("/")[:-1][:_LIST_DEPTH]
+        return "/".join(parts) + "/" if parts else ""
+
+    def _register_in_directory(self, key: str) -> None:
+        d = self._directory(key)
+        payload = key.encode()
+        config = self._config(True)
+        n = self._slot_hint.get(d, 0)
+        with self._put_staging.lock:
+            self._put_staging.reserve(len(payload))
+            self._put_staging.array[:len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+            ptr = self._put_staging.address
+            while True:
+                # Claim slot n with a first-writer-wins put, then read it back to learn who won.
+                slot = f"mcs-slots/{d}#{n}"
+                rc = self._client.put_from(slot, ptr, len(payload), config)
+                self._count(upstream_calls=2)
+                if rc != 0:
+                    _raise_for(rc, f"registering {key!r} in its directory")
+                if self._client.get(slot) == payload:
+                    self._slot_hint[d] = n + 1
+                    return
+                n += 1  # another writer holds it
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (sorted); `prefix` must have at least _LIST_DEPTH components,
+        such as a manifest's mcs/manifest/GENERATION/."""
+        if prefix.count("/") < _LIST_DEPTH:
+            raise Unimplemented(
+                f"mooncake:// stores list keys only under a prefix of at least {_LIST_DEPTH} "
+                f"'/'-separated components (e.g. 'mcs/manifest/0-1/'), not {prefix!r}")
+        d = self._directory(prefix + "x")
+        found: set[str] = set()
+        n, misses = 0, 0
+        while misses < 2:  # two empty windows in a row: past the end (claims are in order)
+            window = [f"mcs-slots/{d}#{i}" for i in range(n, n + _SLOT_WINDOW)]
+            exist = self._client.batch_is_exist(window)
+            present = [k for k, e in zip(window, exist) if e == 1]
+            if present:
+                misses = 0
+                for v in self._client.get_batch(present):
+                    k = bytes(v).decode(errors="replace")
+                    if k.startswith(prefix):
+                        found.add(k)
+            else:
+                misses += 1
+            n += _SLOT_WINDOW
+        keys = sorted(found)
+        if not keys:
+            return []
+        alive = self._client.batch_is_exist(keys)
+        return [k for k, e in zip(keys, alive) if e == 1]
+
+    def counters(self) -> dict[str, int]:
+        with self._mu:
+            return dict(self._counters)
+
+
+def connect_upstream(url: str, **overrides: Any) -> UpstreamObjectStore:
+    return UpstreamObjectStore.connect(parse_mooncake_url(url, **overrides))
+
+
+def master_command(rpc_port: int = 50051, http_metadata_port: int = 8080,
+                   metrics_port: int = 9003) -> list[str]:
+    """The mooncake_master command line this library's docs and tests use (HTTP metadata
+    server embedded in the master)."""
+    exe = os.environ.get("MOONCAKE_MASTER", "mooncake_master")
+    return [exe, f"--rpc_port={rpc_port}", "--enable_http_metadata_server=true",
+            f"--http_metadata_server_port={http_metadata_port}", f"--metrics_port={metrics_port}"]
