@@ -758,7 +758,18 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"request_errors", double(server.request_errors)},
         {"protocol_errors", double(server.protocol_errors)},
     };
+    // Traffic of the store the sparse layer reads (the segments, or a distributed store such as
+    // upstream Mooncake, whose range bytes are then the bytes that crossed the network).
+    const StoreCounters sparse_counters = sparse_->object_store().Counters();
+    const std::pair<const char*, double> sparse_extra[] = {
+        {"sparse_store_remote", options_.sparse_objects ? 1.0 : 0.0},
+        {"sparse_store_member_gets", double(sparse_counters.member_gets)},
+        {"sparse_store_member_bytes", double(sparse_counters.member_bytes)},
+        {"sparse_store_range_reads", double(sparse_counters.range_reads)},
+        {"sparse_store_range_bytes", double(sparse_counters.range_bytes)},
+    };
     for (const auto& [name, value] : extra) items.emplace_back(name, value);
+    for (const auto& [name, value] : sparse_extra) items.emplace_back(name, value);
     return items;
 }
 

@@ -61,7 +61,9 @@ _SLOT_WINDOW = 64
 _LIST_DEPTH = 3  # keys are listed in the slot table of their first three path components
 
 # Upstream's ErrorCode values this adapter tells apart (mooncake-store types.h).
+_REPLICA_NOT_READY = -703  # a put of the key is in progress (started, not yet ended)
 _OBJECT_NOT_FOUND = -704
+_OBJECT_ALREADY_EXISTS = -705
 _OBJECT_HAS_LEASE = -706
 _INVALID_PARAMS = -600
 _NO_AVAILABLE_HANDLE = -200  # allocation failed: out of segment space
@@ -120,7 +122,7 @@ def parse_mooncake_url(url: str, **overrides: Any) -> UpstreamConfig:
 
 
 def _raise_for(code: int, what: str) -> None:
-    if code == _OBJECT_NOT_FOUND:
+    if code in (_OBJECT_NOT_FOUND, _REPLICA_NOT_READY):
         raise NotFound(f"{what}: no such object in the Mooncake store")
     if code == _NO_AVAILABLE_HANDLE:
         raise ResourceExhausted(f"{what}: the Mooncake store has no space left (error {code})")
@@ -167,10 +169,12 @@ class _Staging:
 
 
 class _Head:
-    __slots__ = ("key", "raw_tensor", "version", "token", "hard_pinned", "members", "metadata")
+    __slots__ = ("key", "raw_tensor", "version", "token", "hard_pinned", "members", "metadata",
+                 "pending")
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, key: str, pending: bool = False) -> None:
         self.key = key
+        self.pending = pending  # another writer's put of this key has not completed yet
         self.raw_tensor = False
         self.version = 0
         self.token = ""
@@ -284,8 +288,10 @@ class UpstreamObjectStore:
             for k, v in deltas.items():
                 self._counters[k] += v
 
-    def _heads(self, keys: Sequence[str]) -> dict[str, _Head | None]:
-        """The heads of `keys` (None: not found), with one batched read (+1 per large value)."""
+    def _heads(self, keys: Sequence[str], *, pending: bool = False) -> dict[str, _Head | None]:
+        """The heads of `keys` (None: not found), with one batched read (+1 per large value).
+        A key whose put is still in progress is not visible (None), or with pending=True a
+        _Head with .pending set (a writer needs to know that the key is taken)."""
         unique = list(dict.fromkeys(keys))
         out: dict[str, _Head | None] = {}
         with self._staging.lock:
@@ -302,6 +308,8 @@ class UpstreamObjectStore:
                     out[key] = _decode_head(key, data, rc)
                 elif rc == _OBJECT_NOT_FOUND:
                     out[key] = None
+                elif rc == _REPLICA_NOT_READY:
+                    out[key] = _Head(key, pending=True) if pending else None
                 elif rc == _INVALID_PARAMS:
                     large.append(key)  # larger than a probe slot
                 else:
@@ -309,8 +317,8 @@ class UpstreamObjectStore:
         for key in large:
             size = self._client.get_size(key)
             if size < 0:
-                if size == _OBJECT_NOT_FOUND:
-                    out[key] = None
+                if size in (_OBJECT_NOT_FOUND, _REPLICA_NOT_READY):
+                    out[key] = _Head(key, pending=True) if pending and size != _OBJECT_NOT_FOUND else None
                     continue
                 _raise_for(size, f"sizing {key!r}")
             with self._staging.lock:
@@ -353,9 +361,11 @@ class UpstreamObjectStore:
             self._put_raw_tensor(key, members[0][3], members[0][4], mode, config)
             self._count(puts=1, bytes_put=total)
             return
-        existing = self._heads([key])[key]
+        existing = self._heads([key], pending=True)[key]
         if mode == "create" and existing is not None:
             raise Conflict(f"object {key!r} already exists")
+        if existing is not None and existing.pending:
+            existing = None  # an upsert over a create in progress: the last write wins
         if existing is not None and existing.raw_tensor:
             self._remove_keys([key])  # an upsert replaces an upstream tensor value with an object
             existing = None
@@ -395,11 +405,13 @@ class UpstreamObjectStore:
                 rc = self._client.upsert_from(key, ptr, len(head), config)
             self._count(upstream_calls=1)
         if rc != 0:
+            if mode == "create" and rc in (_REPLICA_NOT_READY, _OBJECT_ALREADY_EXISTS):
+                raise Conflict(f"object {key!r} already exists (created concurrently)")
             _raise_for(rc, f"writing the head of {key!r}")
         if mode == "create":
             # Upstream keeps the first writer's value of a key: read it back to learn who won.
-            won = self._heads([key])[key]
-            if won is None or won.raw_tensor or won.token != token:
+            won = self._heads([key], pending=True)[key]
+            if won is None or won.pending or won.raw_tensor or won.token != token:
                 raise Conflict(f"object {key!r} already exists (created concurrently)")
 
     def _put_raw_tensor(self, key: str, address: int, nbytes: int, mode: str, config: Any) -> None:

@@ -7,6 +7,14 @@
 
 The daemon binary is found, in order, at $MOONCAKE_SPARSE_NODE_BIN, next to this package
 (mooncake/sparse/bin/, where the wheel installs it), or on PATH.
+
+For many nodes on upstream Mooncake Store (needs the mooncake-transfer-engine wheel):
+
+    with start_mooncake_master(tmp_path) as master:            # a real mooncake_master
+        trainer = mcs.connect(master.url(local_hostname="127.0.0.1"))
+        with start_python_node_daemon(tmp_path / "b", master.url(local_hostname="127.0.0.2"),
+                                      node_id="nodeB") as node_b:
+            reader = mcs.connect(node_b.url)
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import Any, Iterator
 
 from ._errors import Unavailable
 
-__all__ = ["NodeDaemon", "find_node_daemon", "start_node_daemon"]
+__all__ = ["NodeDaemon", "find_node_daemon", "start_node_daemon", "MooncakeMaster",
+           "find_mooncake_master", "start_mooncake_master", "start_python_node_daemon"]
 
 _BINARY = "mooncake_sparse_node"
 
@@ -170,6 +179,189 @@ def start_node_daemon(tmp_path: os.PathLike | str, **flags: Any) -> Iterator[Nod
     daemon = NodeDaemon(socket_path, flags, tmp / "node.log")
     daemon.start()
     try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Upstream Mooncake Store: a real mooncake_master, and node daemons hosted in Python on it.
+# ---------------------------------------------------------------------------------------------
+def find_mooncake_master() -> str:
+    """Path of upstream's mooncake_master (from the mooncake-transfer-engine wheel): at
+    $MOONCAKE_MASTER, on PATH, or inside the installed mooncake package."""
+    env = os.environ.get("MOONCAKE_MASTER")
+    if env:
+        return env
+    found = shutil.which("mooncake_master")
+    if found:
+        return found
+    try:
+        import mooncake
+
+        for base in getattr(mooncake, "__path__", []):
+            candidate = Path(base) / "mooncake_master"
+            if os.access(candidate, os.X_OK):
+                return str(candidate)
+    except ImportError:
+        pass
+    raise FileNotFoundError("mooncake_master not found: pip install mooncake-transfer-engine-non-cuda")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MooncakeMaster:
+    """A running mooncake_master with its HTTP metadata server (see start_mooncake_master)."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.rpc_port = _free_port()
+        self.metadata_port = _free_port()
+        self.metrics_port = _free_port()
+        self.log_path = Path(log_path)
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.rpc_port}"
+
+    @property
+    def metadata(self) -> str:
+        return f"http://127.0.0.1:{self.metadata_port}/metadata"
+
+    def url(self, **options: Any) -> str:
+        """mooncake://127.0.0.1:PORT?metadata=...&OPTION=VALUE..."""
+        import urllib.parse
+
+        query = {"protocol": "tcp", "metadata": self.metadata, **options}
+        return f"mooncake://{self.address}?" + urllib.parse.urlencode(query)
+
+    def start(self, timeout: float = 30.0) -> "MooncakeMaster":
+        args = [find_mooncake_master(), f"--rpc_port={self.rpc_port}",
+                "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
+                f"--http_metadata_server_port={self.metadata_port}",
+                f"--metrics_port={self.metrics_port}"]
+        log = open(self.log_path, "ab")
+        try:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL)
+        finally:
+            log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise Unavailable(f"mooncake_master exited with {self.process.returncode}; "
+                                  f"log:\n{self.log()}")
+            if _tcp_accepts(self.rpc_port) and _tcp_accepts(self.metadata_port):
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise Unavailable(f"mooncake_master did not listen within {timeout} s; log:\n{self.log()}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+def _tcp_accepts(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def start_mooncake_master(tmp_path: os.PathLike | str) -> Iterator[MooncakeMaster]:
+    """Runs upstream's mooncake_master on free loopback ports for the duration of the block."""
+    tmp = Path(tmp_path)
+    tmp.mkdir(parents=True, exist_ok=True)
+    master = MooncakeMaster(tmp / "master.log").start()
+    try:
+        yield master
+    finally:
+        master.stop()
+
+
+class PythonNodeDaemon:
+    """A `python -m mooncake.sparse.node` process (see start_python_node_daemon)."""
+
+    def __init__(self, process: subprocess.Popen, socket_path: Path, log_path: Path) -> None:
+        self.process = process
+        self.socket_path = socket_path
+        self.log_path = log_path
+
+    @property
+    def url(self) -> str:
+        return f"unix://{self.socket_path}"
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return int(self.process.returncode)
+
+
+@contextlib.contextmanager
+def start_python_node_daemon(tmp_path: os.PathLike | str, store: str | None, *,
+                             node_id: str = "node0", segment_bytes: int = 16 << 20,
+                             num_segments: int = 4, timeout: float = 60.0,
+                             env: dict[str, str] | None = None) -> Iterator[PythonNodeDaemon]:
+    """Runs a node daemon hosted in Python (mooncake.sparse.node), with its sparse objects on
+    `store` (a mooncake:// URL) when given, for the duration of the block."""
+    import sys
+    import tempfile
+
+    tmp = Path(tmp_path)
+    tmp.mkdir(parents=True, exist_ok=True)
+    socket_path = Path(tempfile.mkdtemp(prefix="mcs-")) / "node.sock"
+    log_path = tmp / f"{node_id}.log"
+    args = [sys.executable, "-m", "mooncake.sparse.node", f"--socket-path={socket_path}",
+            f"--node-id={node_id}", f"--segment-bytes={segment_bytes}",
+            f"--num-segments={num_segments}"]
+    if store:
+        args.append(f"--store={store}")
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    daemon = PythonNodeDaemon(process, socket_path, log_path)
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            if process.poll() is not None:
+                raise Unavailable(f"node daemon {node_id} exited with {process.returncode}; "
+                                  f"log:\n{daemon.log()}")
+            if socket_path.exists() and _socket_accepts(str(socket_path)):
+                break
+            if time.monotonic() > deadline:
+                raise Unavailable(f"node daemon {node_id} did not listen within {timeout} s; "
+                                  f"log:\n{daemon.log()}")
+            time.sleep(0.05)
         yield daemon
     finally:
         daemon.stop()

@@ -1,0 +1,299 @@
+"""Many nodes on the real Mooncake Store (DESIGN.md §6): a real mooncake_master on loopback,
+clients from upstream's mooncake-transfer-engine wheel, this library's sparse layer on top.
+
+Node A and node B are separate processes with their own Mooncake clients, segments and
+addresses (127.0.0.1 and 127.0.0.2). Skipped when the upstream wheel is not installed."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import random
+
+import numpy as np
+import pytest
+
+import mooncake.sparse as mcs
+from mooncake.sparse._upstream import parse_mooncake_url, upstream_available
+from mooncake.sparse.testing import (find_mooncake_master, start_mooncake_master,
+                                     start_python_node_daemon)
+
+import upstream_workers as W
+
+pytestmark = pytest.mark.skipif(not upstream_available(), reason="upstream Mooncake not installed")
+
+CTX = mp.get_context("spawn")
+NODE_A = {"local_hostname": "127.0.0.1", "segment_bytes": 64 << 20, "buffer_bytes": 16 << 20}
+NODE_B = {"local_hostname": "127.0.0.2", "segment_bytes": 16 << 20, "buffer_bytes": 16 << 20}
+
+
+@pytest.fixture(scope="module")
+def master(tmp_path_factory):
+    try:
+        find_mooncake_master()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    with start_mooncake_master(tmp_path_factory.mktemp("master")) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+def node_a(master):
+    """This process as node A: a client with its own segment (holds what it writes)."""
+    return mcs.connect(master.url(**NODE_A))
+
+
+def fresh_generation():
+    base = random.randint(1, 1 << 40)
+    return (base, base + 1)
+
+
+def unique_key(prefix: str) -> str:
+    return f"{prefix}{random.getrandbits(48):x}"
+
+
+def recv(conn, timeout=120.0):
+    assert conn.poll(timeout), "worker timed out"
+    msg = conn.recv()
+    assert msg[0] != "error", msg[1]
+    return msg
+
+
+# ---------------------------------------------------------------------------------------------
+# URL parsing.
+# ---------------------------------------------------------------------------------------------
+def test_url_parsing():
+    c = parse_mooncake_url("mooncake://10.0.0.5:50051?protocol=rdma&rdma_devices=mlx5_0"
+                           "&local_hostname=10.0.0.7&segment_bytes=1024")
+    assert (c.master, c.protocol, c.rdma_devices, c.local_hostname, c.segment_bytes) == (
+        "10.0.0.5:50051", "rdma", "mlx5_0", "10.0.0.7", 1024)
+    assert c.metadata == "http://10.0.0.5:8080/metadata"
+    with pytest.raises(mcs.InvalidArgument):
+        parse_mooncake_url("mooncake://host-without-port")
+    with pytest.raises(mcs.InvalidArgument):
+        parse_mooncake_url("mooncake://h:1?colour=blue")
+    with pytest.raises(mcs.InvalidArgument):
+        parse_mooncake_url("mooncake://h:1?segment_bytes=lots")
+
+
+def test_unreachable_master_is_unavailable():
+    with pytest.raises(mcs.Unavailable):
+        mcs.connect("mooncake://127.0.0.1:1?metadata=http://127.0.0.1:1/metadata")
+
+
+# ---------------------------------------------------------------------------------------------
+# The ObjectStore contract on upstream.
+# ---------------------------------------------------------------------------------------------
+def test_objects_put_stat_read_upsert_remove(node_a):
+    objs = node_a.objects
+    key = unique_key("t/objects/")
+    a = np.arange(24, dtype=np.uint16).reshape(6, 4)
+    b = np.linspace(0, 1, 5, dtype=np.float32)
+    objs.put(key, {"a": a, "b": b}, metadata=b"meta-1", checksum=True)
+    info, members = objs.get(key)
+    assert info["metadata"] == b"meta-1" and info["hard_pinned"] is False
+    assert [m["name"] for m in info["members"]] == ["a", "b"]
+    assert info["members"][0]["shape"] == (6, 4) and info["members"][0]["dtype"] == "uint16"
+    assert info["members"][0]["checksum"] == objs.checksum(a)
+    np.testing.assert_array_equal(members["a"], a)
+    np.testing.assert_array_equal(members["b"], b)
+    v1 = info["version"]
+
+    with pytest.raises(mcs.Conflict):  # exclusive create
+        objs.put(key, {"a": a}, metadata=b"other")
+    assert objs.stat(key)["metadata"] == b"meta-1"
+
+    old_token = node_a.upstream._head(key).token
+    objs.put(key, {"c": np.zeros((0, 3), np.uint8)}, metadata=b"meta-2", mode="upsert",
+             hard_pin=True)  # an empty member has no key upstream
+    info2, members2 = objs.get(key)
+    assert info2["version"] > v1 and info2["metadata"] == b"meta-2" and info2["hard_pinned"]
+    assert members2["c"].shape == (0, 3)
+    # The replaced version's member keys are gone from upstream.
+    client = node_a.upstream.client
+    assert client.is_exist(f"{key}#{old_token}/a") == 0
+
+    objs.remove(key)
+    with pytest.raises(mcs.NotFound):
+        objs.stat(key)
+    with pytest.raises(mcs.NotFound):
+        objs.remove(key)
+
+
+def test_objects_listing(node_a):
+    objs = node_a.objects
+    d = unique_key("t/list/") + "/"
+    keys = [f"{d}k{i}" for i in range(70)]  # more than one probe window of slots
+    for k in keys:
+        objs.put(k, {"x": np.ones(3, np.uint8)})
+    objs.put(d + "deeper/k", {"x": np.ones(3, np.uint8)})
+    assert objs.list(d) == sorted(keys + [d + "deeper/k"])
+    assert objs.list(d + "k1") == sorted(k for k in keys if k.startswith(d + "k1"))
+    objs.remove(keys[5])
+    assert keys[5] not in objs.list(d)
+    with pytest.raises(mcs.Unimplemented):
+        objs.list("t/")
+
+
+def test_bad_input_leaves_upstream_unchanged(node_a):
+    g = fresh_generation()
+    name = unique_key("bad.")
+    idx = np.array([[0, 0], [9, 9]], np.int64)  # (9, 9) is outside (4, 4)
+    with pytest.raises(mcs.InvalidArgument):
+        node_a.put_sparse_object(name, (4, 4), idx, np.ones(2, np.float32), generation=g)
+    dup = np.array([[1, 1], [1, 1]], np.int64)
+    with pytest.raises(mcs.InvalidArgument):
+        node_a.put_sparse_object(name, (4, 4), dup, np.ones(2, np.float32), generation=g)
+    assert node_a.manifest(g) == []
+    assert node_a.current_generation(name) is None
+    # A commit that does not extend the tensor's generation is fenced.
+    node_a.put_sparse_object(name, (4, 4), idx[:1], np.ones(1, np.float32), generation=g)
+    with pytest.raises(mcs.StaleGeneration):
+        node_a.put_sparse_object(name, (4, 4), idx[:1], np.ones(1, np.float32),
+                                 generation=(g[1] + 5, g[1] + 6))
+    assert node_a.current_generation(name) == g
+    assert len(node_a.manifest(g)) == 1
+
+
+def test_single_process_round_trip_and_idempotence(node_a):
+    g = fresh_generation()
+    old, new = W.weights(7, (300, 200), 0.03)
+    idx, vals = mcs.encode_update(new, old)
+    name = unique_key("rt.")
+    info = node_a.put_sparse_object(name, old.shape, idx, vals, generation=g, return_info=True)
+    assert info["created"]
+    again = node_a.put_sparse_object(name, old.shape, idx, vals, generation=g, return_info=True)
+    assert not again["created"] and again["source_ref"] == info["source_ref"]
+    with pytest.raises(mcs.Conflict):
+        node_a.put_sparse_object(name, old.shape, idx, vals * 2, generation=g)
+    manifest = node_a.manifest(g)
+    targets = [mcs.Target(name, f"n/r{i}", "n", {}, (0, 100 * i), (300, 100)) for i in range(2)]
+    for t, obj in zip(targets, node_a.read_sparse_objects(manifest, targets)):
+        shard = np.ascontiguousarray(old[:, t.global_offset[1]:t.global_offset[1] + 100])
+        mcs.apply_sparse_object(shard, obj)
+        assert shard.tobytes() == np.ascontiguousarray(new[:, t.global_offset[1]:t.global_offset[1] + 100]).tobytes()
+    m = node_a.metrics()
+    assert m["full_gets"] == 0 and m["range_gets"] >= 2
+
+
+def test_admission_across_processes(master, node_a):
+    url = master.url(local_hostname="127.0.0.3", segment_bytes=0)
+    conns, procs = [], []
+    for i in range(4):
+        parent, child = CTX.Pipe()
+        p = CTX.Process(target=W.admit, args=(url, f"writer-{i}", child))
+        p.start()
+        conns.append(parent)
+        procs.append(p)
+    won = [recv(c)[1] for c in conns]
+    for p in procs:
+        p.join(30)
+    assert sum(won) == 1, won
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor interop with upstream's own put_tensor / get_tensor.
+# ---------------------------------------------------------------------------------------------
+def test_tensor_interop_both_ways(node_a):
+    torch = pytest.importorskip("torch")
+    client = node_a.upstream.client
+    ours = unique_key("tensor.ours.")
+    t = torch.randn(300, 70).to(torch.bfloat16)
+    node_a.put_tensor(ours, t)
+    theirs_view = client.get_tensor(ours)
+    assert theirs_view.dtype == torch.bfloat16 and torch.equal(theirs_view, t)
+
+    theirs = unique_key("tensor.theirs.")
+    u = torch.randn(33, 17)
+    assert client.put_tensor(theirs, u) == 0
+    out = torch.empty(33, 17)
+    node_a.get_tensor_into(theirs, out)
+    assert out.numpy().tobytes() == u.numpy().tobytes()
+    got = node_a.get_tensor(theirs)
+    assert np.asarray(got).tobytes() == u.numpy().tobytes()
+
+    with pytest.raises(mcs.Conflict):
+        node_a.put_tensor(ours, t)
+    with pytest.raises(mcs.InvalidArgument):
+        node_a.get_tensor_into(theirs, torch.empty(3, 3))
+    node_a.upsert_tensor(ours, u)
+    assert torch.equal(client.get_tensor(ours), u)
+
+    keys = [unique_key("tensor.batch.") for _ in range(4)]
+    node_a.batch_put_tensor(keys, [u + i for i in range(4)])
+    outs = [torch.empty(33, 17) for _ in keys]
+    node_a.batch_get_tensor_into(keys, outs)
+    assert all(torch.equal(o, u + i) for i, o in enumerate(outs))
+
+
+# ---------------------------------------------------------------------------------------------
+# The cross-node update.
+# ---------------------------------------------------------------------------------------------
+def test_cross_node_update_each_unique_range_crosses_once(master, tmp_path):
+    generation = fresh_generation()
+    seed = random.randint(0, 1 << 30)
+
+    parent_a, child_a = CTX.Pipe()
+    trainer = CTX.Process(target=W.trainer, args=(master.url(**NODE_A), generation, seed, child_a))
+    trainer.start()
+    try:
+        _, committed, _ = recv(parent_a)
+        assert committed > 0
+
+        with start_python_node_daemon(tmp_path, master.url(**NODE_B), node_id="nodeB") as node_b:
+            # Four inference processes on node B (EP2 x TP2), concurrently.
+            conns, procs = [], []
+            for ep in range(W.EP):
+                for tp in range(W.TP):
+                    parent, child = CTX.Pipe()
+                    p = CTX.Process(target=W.inference_rank,
+                                    args=(node_b.url, "nodeB", generation, seed, ep, tp, child))
+                    p.start()
+                    conns.append(parent)
+                    procs.append(p)
+            results = [recv(c) for c in conns]
+            for p in procs:
+                p.join(60)
+            assert all(r[1] for r in results), "a rank's weights differ from the trainer's"
+            assert all(r[2] == 1 + W.EP for r in results)
+
+            b = mcs.connect(node_b.url)
+            m = b.metrics()
+            assert m["sparse_store_remote"] == 1
+            assert m["full_gets"] == 0 and m["dense_fallbacks"] == 0
+            crossed = m["sparse_store_range_bytes"]
+            # Every byte the sparse layer read came across from node A, once: what crossed is
+            # exactly what the planner's unique ranges asked for.
+            assert crossed == m["range_bytes_read"] > 0
+            assert m["sparse_store_range_reads"] >= m["range_gets"]
+
+            # The same distinct boxes read by ONE process from cold caches cross the same bytes:
+            # the four processes (two of each shared box) did not fetch anything twice.
+            b.clear_caches()
+            b.reset_metrics()
+            before = b.metrics()["sparse_store_range_bytes"]
+            distinct = []
+            for ep in range(W.EP):
+                for tp in range(W.TP):
+                    for t in W.targets_of("nodeB", ep, tp):
+                        key = (t.tensor_id, tuple(t.global_offset), tuple(t.local_shape))
+                        if key not in {(d.tensor_id, tuple(d.global_offset), tuple(d.local_shape)) for d in distinct}:
+                            distinct.append(t)
+            b.read_sparse_objects(b.manifest(generation), distinct)
+            again = b.metrics()["sparse_store_range_bytes"] - before
+            assert again == crossed
+
+            # And a rank that reads again later is served by the node's caches: nothing crosses.
+            before = b.metrics()["sparse_store_range_bytes"]
+            b.read_sparse_objects(b.manifest(generation), W.targets_of("nodeB", 0, 0))
+            assert b.metrics()["sparse_store_range_bytes"] == before
+
+            # Node B holds every box of the layer, so each committed entry crossed exactly once
+            # (four processes, shared boxes, no full-object GET).
+            full = sum(s.nnz * s.entry_bytes for s in b.manifest(generation))
+            assert crossed == full
+    finally:
+        if trainer.is_alive():
+            parent_a.send("stop")
+            trainer.join(30)
+        if trainer.is_alive():
+            trainer.kill()
