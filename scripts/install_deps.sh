@@ -10,11 +10,15 @@ APT_PACKAGES=(
     libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
     libgoogle-glog-dev libgflags-dev libyaml-cpp-dev libxxhash-dev nlohmann-json3-dev libdlpack-dev
     python3 python3-dev python3-pip
+    libibverbs1 libnuma1 libcurl4
 )
 # import name:pip requirement. torch 2.13.0 is the CPU build (bfloat16 tests and the demo).
+# Upstream Mooncake Store (many nodes; its shared libraries need libibverbs1, libnuma1 and
+# libcurl4 from apt): the non-CUDA wheel unless some variant is installed already.
 PY_MODULES=(
     numpy:numpy pytest:pytest matplotlib:matplotlib tqdm:tqdm
     scikit_build_core:scikit-build-core pybind11:pybind11 torch:torch==2.13.0
+    mooncake.store:mooncake-transfer-engine-non-cuda==0.3.13.post1
 )
 
 # A cmake >= 3.20 already on PATH (e.g. from pip) is kept; otherwise Debian's is installed.

@@ -8,6 +8,14 @@ compared: dense full transfer, complete-source GET per target, and sparse range 
     python -m mooncake.sparse.demo            # default: about a minute on 2 cores
     python -m mooncake.sparse.demo --quick    # a few seconds
     python -m mooncake.sparse.demo --json out.json
+
+Across two nodes on upstream Mooncake Store (docs/multi_node.md): node A commits and keeps its
+Mooncake client (whose segment holds the objects) alive; node B reads through its node daemon.
+
+    A$ python -m mooncake.sparse.demo --role trainer --store "mooncake://MASTER:50051?local_hostname=A"
+    B$ python -m mooncake.sparse.node --socket-path /tmp/mcs.sock \
+           --store "mooncake://MASTER:50051?local_hostname=B" &
+    B$ python -m mooncake.sparse.demo --role inference --store unix:///tmp/mcs.sock
 """
 
 from __future__ import annotations
@@ -218,7 +226,10 @@ class Progress:
 # The run.
 # ---------------------------------------------------------------------------------------------
 def run(cfg: ModelConfig, *, apply: str, density: float, seed: int, show_progress: bool,
-        prefer_torch: bool = True) -> dict:
+        prefer_torch: bool = True, store_url: str | None = None, role: str = "both",
+        wait_seconds: float = 0.0, store: Any = None) -> dict:
+    """role "both": commit and read in this process (one store); "trainer": commit only;
+    "inference": read what a trainer committed (same --seed) and verify it."""
     be = Backend(prefer_torch)
     rng = np.random.default_rng(seed)
     specs = model_tensors(cfg)
@@ -236,8 +247,45 @@ def run(cfg: ModelConfig, *, apply: str, density: float, seed: int, show_progres
     all_targets = [t for s in specs for t in inference_targets(s, cfg)]
     shard_bytes = sum(int(np.prod(t.local_shape)) * 2 for t in all_targets)
 
+    if store is None:
+        store = mcs.connect(store_url)
+    results: dict[str, Any] = {
+        "config": dataclasses.asdict(cfg), "apply": apply, "density": density,
+        "dtype": be.dtype_name, "tensors": len(specs), "targets": len(all_targets),
+        "model_bytes": model_bytes, "shard_bytes": shard_bytes, "role": role,
+        "store": store_url or "embedded", "strategies": {},
+    }
+    if role in ("both", "trainer"):
+        commit(store, specs, cfg, old, new, apply, generation, show_progress, results)
+        if role == "trainer":
+            return results
+    manifest = wait_for_manifest(store, generation, len(specs), wait_seconds)
+    if role == "inference":
+        results.update(source_objects_put=len(manifest), encode_seconds=0.0, commit_seconds=0.0,
+                       source_bytes_put=sum(m.nnz * m.entry_bytes for m in manifest))
+    read_all(store, specs, cfg, old, new, apply, manifest, model_bytes, shard_bytes,
+             results["source_bytes_put"], show_progress, be, results)
+    return results
+
+
+def wait_for_manifest(store: Any, generation: tuple[int, int], expected: int,
+                      wait_seconds: float) -> list:
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        manifest = store.manifest(generation)
+        if len(manifest) >= expected or time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    if len(manifest) != expected:
+        raise SystemExit(f"the manifest of generation {generation} has {len(manifest)} of "
+                         f"{expected} source objects: has the trainer (same --seed and model "
+                         "options) committed? (--wait SECONDS waits for it)")
+    return manifest
+
+
+def commit(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, apply: str,
+           generation: tuple[int, int], show_progress: bool, results: dict) -> None:
     # ---- Trainer: EP4; each tensor is encoded once by its one owner, committed once. -------
-    store = mcs.connect()
     t0 = time.perf_counter()
     encode_s = 0.0
     prog = Progress(len(specs), "trainer commit", show_progress)
@@ -261,17 +309,14 @@ def run(cfg: ModelConfig, *, apply: str, density: float, seed: int, show_progres
     prog.close()
     commit_s = time.perf_counter() - t0
     commit_metrics = store.metrics()
-    manifest = store.manifest(generation)
-    assert len(manifest) == len(specs)
+    results.update(source_objects_put=commit_metrics["source_objects_put"],
+                   source_bytes_put=commit_metrics["source_bytes_put"],
+                   encode_seconds=encode_s, commit_seconds=commit_s)
 
-    results: dict[str, Any] = {
-        "config": dataclasses.asdict(cfg), "apply": apply, "density": density,
-        "dtype": be.dtype_name, "tensors": len(specs), "targets": len(all_targets),
-        "model_bytes": model_bytes, "shard_bytes": shard_bytes,
-        "source_objects_put": commit_metrics["source_objects_put"],
-        "source_bytes_put": commit_metrics["source_bytes_put"],
-        "encode_seconds": encode_s, "commit_seconds": commit_s, "strategies": {},
-    }
+
+def read_all(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, apply: str,
+             manifest: list, model_bytes: int, shard_bytes: int, source_bytes_put: int,
+             show_progress: bool, be: "Backend", results: dict) -> None:
 
     # ---- Dense full transfer: the trainer puts every dense tensor, every rank copies its
     # dense shard (measured as the shard copies themselves: the floor of that approach). ------
@@ -308,13 +353,12 @@ def run(cfg: ModelConfig, *, apply: str, density: float, seed: int, show_progres
         m = store.metrics()
         verified, max_err = verify(be, new, shards, apply)
         results["strategies"][label] = {
-            "bytes_put": commit_metrics["source_bytes_put"],
+            "bytes_put": source_bytes_put,
             "range_bytes_read": m["range_bytes_read"], "full_bytes_read": m["full_bytes_read"],
             "fanout_bytes": m["fanout_bytes"], "target_bytes": m["target_bytes"],
             "seconds": total_s, "read_seconds": read_s, "verified": verified,
             "max_abs_error": max_err, "metrics": m,
         }
-    return results
 
 
 def verify(be: Backend, new: dict, shards: dict, apply: str) -> tuple[bool, float]:
@@ -345,10 +389,13 @@ def format_table(r: dict) -> str:
         f"inference EP{INFER_EP}xTP{INFER_TP} ({r['targets']} targets on one node)",
         f"committed {r['source_objects_put']} source objects, {r['source_bytes_put'] / 1e6:.2f} MB "
         f"(encode {r['encode_seconds']:.2f} s, commit {r['commit_seconds']:.2f} s)",
+        f"store: {r['store']}",
         "",
         f"{'strategy':<24}{'put MB':>11}{'range MB':>11}{'full MB':>11}{'fanout MB':>11}"
         f"{'target MB':>11}{'time s':>9}  verified",
     ]
+    if r["role"] == "trainer":
+        return "\n".join(lines[:3] + ["committed; the inference side can read it now"])
     for name, s in r["strategies"].items():
         lines.append(
             f"{name:<24}{mb(s['bytes_put'])} {mb(s['range_bytes_read'])} {mb(s['full_bytes_read'])} "
@@ -383,6 +430,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="PATH", help="save the results as JSON")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--numpy", action="store_true", help="float16 numpy weights even if torch is installed")
+    ap.add_argument("--store", metavar="URL", default=None,
+                    help="store URL: embedded (default), unix:///PATH (node daemon) or mooncake://")
+    ap.add_argument("--role", choices=["both", "trainer", "inference"], default="both",
+                    help="both (default): one process; trainer: commit only (then --hold); "
+                         "inference: read and verify what a trainer committed with the same --seed")
+    ap.add_argument("--hold", action="store_true",
+                    help="trainer: keep running after the commit (a mooncake:// client's segment "
+                         "holds the objects) until Ctrl-C / SIGTERM")
+    ap.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                    help="inference: wait up to this long for the trainer's manifest")
     args = ap.parse_args(argv)
 
     cfg = ModelConfig.quick() if args.quick else ModelConfig()
@@ -392,14 +449,28 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.experts % TRAIN_EP or cfg.layers < 1:
         ap.error(f"--experts must be a multiple of {TRAIN_EP} and --layers >= 1")
 
+    # The handle lives as long as this process: a mooncake:// client's segment holds what it
+    # committed, so a holding trainer must keep it.
+    store = mcs.connect(args.store)
     results = run(cfg, apply=args.apply, density=args.density, seed=args.seed,
                   show_progress=not args.no_progress and sys.stderr.isatty(),
-                  prefer_torch=not args.numpy)
-    print(format_table(results))
+                  prefer_torch=not args.numpy, store_url=args.store, role=args.role,
+                  wait_seconds=args.wait, store=store)
+    print(format_table(results), flush=True)
+    if args.role == "trainer" and args.hold:
+        import signal
+        import threading
+
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        print("holding (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        while not stop.wait(0.5):
+            pass
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
-    ok = all(s["verified"] for s in results["strategies"].values())
+    ok = all(s["verified"] for s in results["strategies"].values())  # trainer: nothing to verify
     if not ok:
         print("VERIFICATION FAILED", file=sys.stderr)
     return 0 if ok else 1
