@@ -26,6 +26,7 @@
 #include "store/node_client.h"
 #include "executor/node_tensor_store.h"
 #include "store/tensor_object.h"
+#include "tensor_args.h"
 
 namespace mooncake::sparse::py {
 namespace {
@@ -131,10 +132,6 @@ const char* NumpyFormatOf(DType t) {
 }
 
 /// A caller tensor as the core sees it, plus what keeps its memory alive.
-struct ParsedTensor {
-    TensorRef ref;
-    std::shared_ptr<void> keepalive;
-};
 
 /// Tensors through DLPack. A CUDA tensor's copy runs on `stream` (a cudaStream_t value: torch's
 /// current stream, which the Python layer passes), else on the legacy default stream — either
@@ -434,6 +431,11 @@ private:
 };
 
 }  // namespace
+
+ParsedTensor ParseTensorArg(const pyb::handle& obj, const std::string& what, bool destination,
+                            const pyb::object& stream) {
+    return ParseTensor(obj, what, destination, stream);
+}
 
 void RegisterTensor(pyb::module_& m) {
     pyb::class_<PyTensorStore>(m, "_TensorStore",

@@ -9,6 +9,7 @@ void RegisterSparse(pyb::module_& m);
 void RegisterNode(pyb::module_& m);
 void RegisterTensor(pyb::module_& m);  // bind_tensor.cc
 void RegisterNodeServer(pyb::module_& m);  // bind_node_server.cc
+void RegisterGpu(pyb::module_& m);         // bind_gpu.cc
 }  // namespace mooncake::sparse::py
 
 PYBIND11_MODULE(_core, m) {
@@ -19,4 +20,5 @@ PYBIND11_MODULE(_core, m) {
     mooncake::sparse::py::RegisterNode(m);
     mooncake::sparse::py::RegisterTensor(m);
     mooncake::sparse::py::RegisterNodeServer(m);
+    mooncake::sparse::py::RegisterGpu(m);
 }

@@ -467,4 +467,26 @@ Status ApplySparse(const DeviceArray& w, const DeviceArray& idx, const DeviceArr
     }
 }
 
+Status CopyToDevice(std::span<const std::byte> src, DevicePtr dst, std::uintptr_t stream) {
+    if (src.empty()) return Status::Ok();
+    int current = 0;
+    MCS_CUDA(cudaGetDevice(&current));
+    if (current != dst.device) MCS_CUDA(cudaSetDevice(dst.device));
+    MCS_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(dst.address), src.data(), src.size(),
+                             cudaMemcpyHostToDevice, AsStream(stream)));
+    MCS_CUDA(cudaStreamSynchronize(AsStream(stream)));
+    return Status::Ok();
+}
+
+Status CopyToHost(DevicePtr src, std::span<std::byte> dst, std::uintptr_t stream) {
+    if (dst.empty()) return Status::Ok();
+    int current = 0;
+    MCS_CUDA(cudaGetDevice(&current));
+    if (current != src.device) MCS_CUDA(cudaSetDevice(src.device));
+    MCS_CUDA(cudaMemcpyAsync(dst.data(), reinterpret_cast<const void*>(src.address), dst.size(),
+                             cudaMemcpyDeviceToHost, AsStream(stream)));
+    MCS_CUDA(cudaStreamSynchronize(AsStream(stream)));
+    return Status::Ok();
+}
+
 }  // namespace mooncake::sparse::cuda

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
@@ -91,5 +92,14 @@ Result<GpuEncoded> EncodeUpdate(const DeviceArray& new_values, const DeviceArray
 /// Errors: InvalidArgument (dtype/rank mismatch, out-of-range coordinate); Unavailable.
 Status ApplySparse(const DeviceArray& weight, const DeviceArray& indices, const DeviceArray& values,
                    ApplyMode apply, std::uintptr_t stream = 0);
+
+/// Copies host bytes into device memory, ordered on `stream`; the copy has completed when the
+/// call returns (the host bytes may be reused at once).
+/// Errors: Unavailable (no device / CUDA error).
+Status CopyToDevice(std::span<const std::byte> src, DevicePtr dst, std::uintptr_t stream);
+
+/// Copies device bytes into host memory, ordered on `stream`; completed when the call returns.
+/// Errors: Unavailable.
+Status CopyToHost(DevicePtr src, std::span<std::byte> dst, std::uintptr_t stream);
 
 }  // namespace mooncake::sparse::cuda

@@ -269,6 +269,18 @@ def test_errors_are_typed():
 
 
 def test_pep420_namespace():
-    import mooncake
+    """This package ships no mooncake/__init__.py: the namespace is shared with upstream's
+    wheel, which may provide one (then mooncake is upstream's regular package)."""
+    import importlib.metadata
 
-    assert not hasattr(mooncake, "__file__") or mooncake.__file__ is None
+    import mooncake
+    import mooncake.sparse
+
+    try:
+        files = importlib.metadata.files("mooncake-sparse") or []
+    except importlib.metadata.PackageNotFoundError:
+        files = []
+    assert "mooncake/__init__.py" not in {str(f) for f in files}
+    init = getattr(mooncake, "__file__", None)
+    assert init is None or "sparse" not in init
+    assert mooncake.sparse.__name__ == "mooncake.sparse"

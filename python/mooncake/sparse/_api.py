@@ -11,6 +11,7 @@ from . import _core
 from ._arrays import as_core_array, values_out
 from ._errors import InvalidArgument, Unimplemented
 from ._tensor import TensorMixin
+from . import _gpu
 
 __all__ = [
     "Target",
@@ -151,6 +152,10 @@ class Store(TensorMixin):
 
         Raises InvalidArgument, StaleGeneration, Conflict, ResourceExhausted; on error the
         store is unchanged."""
+        if _gpu.is_cuda(indices):
+            indices = _gpu.to_host(indices)  # e.g. from a GPU encode_update
+        if _gpu.is_cuda(values):
+            values = _gpu.to_host(values)
         result = self._core.put_sparse_object(
             tensor_id,
             tuple(global_shape),
@@ -198,12 +203,16 @@ class Store(TensorMixin):
         strategy: str = "sparse",
         read_coalesce_gap: int = -1,
         num_threads: int = 0,
-    ) -> list[SparseObject]:
+        device: Any = None,
+    ) -> list[Any]:
         """One target-local object per target, same order (DESIGN.md §4 steps 1-8).
-        strategy="full_source" is the baseline that GETs complete sources per target."""
-        return self._core.read_sparse_objects(
+        strategy="full_source" is the baseline that GETs complete sources per target.
+        device="cuda" / "cuda:N": the objects' indices and values are copied into that GPU's
+        memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights."""
+        objs = self._core.read_sparse_objects(
             list(manifest), list(targets), strategy, read_coalesce_gap, num_threads
         )
+        return objs if device is None else _gpu.upload(objs, device)
 
     def metrics(self) -> dict[str, float]:
         """The §4 counters (source_objects_put, range_gets, full_gets, ...)."""
@@ -300,7 +309,10 @@ def encode_update(
 
     overwrite: coordinates whose bits differ, with the new values (bit-exact);
     scatter_add: new - old where |new - old| > threshold. The result is already sorted by tile,
-    so put_sparse_object takes it without sorting."""
+    so put_sparse_object takes it without sorting. CUDA tensors (2-D bf16/fp16/fp32) are
+    encoded on the GPU and the result stays there (torch CUDA tensors)."""
+    if _gpu.is_cuda(new):
+        return _gpu.encode_update_gpu(new, old, apply, threshold, tile_shape)
     idx, vals, dtype_name = _core.encode_update(
         as_core_array(new),
         as_core_array(old),
@@ -313,9 +325,15 @@ def encode_update(
 
 
 def apply_sparse_object(weight: Any, obj: SparseObject, *, num_threads: int = 0) -> None:
-    """Applies a target-local object to `weight` in place (numpy array or CPU torch tensor of
-    the object's local shape and value dtype): W[idx] = v (overwrite, bit-exact) or
-    W[idx] += v (scatter_add)."""
+    """Applies a target-local object to `weight` in place (numpy array or torch tensor of the
+    object's local shape and value dtype): W[idx] = v (overwrite, bit-exact) or W[idx] += v
+    (scatter_add). A CUDA weight is updated on the GPU, on its current stream; `obj` may then
+    also be a DeviceSparseObject (read_sparse_objects(..., device=...))."""
+    if _gpu.is_cuda(weight):
+        _gpu.apply_gpu(weight, obj)
+        return
+    if isinstance(obj, _gpu.DeviceSparseObject):
+        obj = obj._host
     _core.apply_sparse_object(as_core_array(weight), obj, num_threads)
 
 
