@@ -14,8 +14,15 @@
 # ); without either, the daemon is not built and the daemon tests and benchmark points skip.
 # OUTDIR/parts.txt says which parts ran.
 #
+# The extension is built with the GPU codec when nvcc is found (GPU_CODEC=0 skips it). Upstream
+# Mooncake (for the mooncake:// tests and the side-by-side benchmark) is used when
+# `import mooncake.store` works, else installed from a wheel in .devdeps/wheels/ (e.g. the
+# mooncake-transfer-engine-cuda13 wheel matching this machine's Python) into the build tree.
+#
 # Environment: PYTHON (python3), JOBS (nproc), BUILD_DIR (build-tensor-gpu), BENCH_ARGS (extra
-# arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), SKIP_TESTS=1, SKIP_BENCH=1.
+# arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), UPSTREAM_BENCH_ARGS (of
+# benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1,
+# NSYS=1 (profile 64 MiB puts/gets with nsys when present: OUTDIR/nsys_*.txt).
 set -uo pipefail
 
 out="${1:?usage: benchmarks/run_gpu_tensor.sh OUTDIR}"
@@ -65,12 +72,18 @@ fi
 
 # ---- 2. Configure + build (daemon only when gflags/glog/yaml-cpp are found) -------------------
 pybind_dir="$("${py}" -m pybind11 --cmakedir)"
+with_cuda=OFF
+if [[ "${GPU_CODEC:-1}" == 1 ]] && { command -v nvcc > /dev/null || [[ -x /usr/local/cuda/bin/nvcc ]]; }; then
+    with_cuda=ON
+    command -v nvcc > /dev/null || export PATH="/usr/local/cuda/bin:${PATH}"
+fi
+note "GPU codec in the extension: ${with_cuda}"
 configure() {
     cmake -S . -B "${build}" -G Ninja -DCMAKE_BUILD_TYPE=Release \
         -DCMAKE_PREFIX_PATH="${prefix_path}" \
         -DPython_EXECUTABLE="$(command -v "${py}")" -Dpybind11_DIR="${pybind_dir}" \
         -DMOONCAKE_SPARSE_BUILD_PYTHON=ON -DMOONCAKE_SPARSE_BUILD_TESTS=OFF \
-        -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF -DMOONCAKE_SPARSE_WITH_CUDA=OFF \
+        -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF -DMOONCAKE_SPARSE_WITH_CUDA="${with_cuda}" \
         -DMOONCAKE_SPARSE_USE_CCACHE=OFF ${extra_inc} "$@" > "${out}/configure.log" 2>&1
 }
 # Unpacks the daemon's dependencies from .devdeps/debs into the build tree (paths rewritten).
@@ -122,6 +135,21 @@ cp python/mooncake/sparse/*.py python/mooncake/sparse/py.typed "${pkg}/"
 cp "${build}"/python/_core*.so "${pkg}/"
 [[ "${daemon}" == 1 ]] && cp "${build}/src/daemon/mooncake_sparse_node" "${pkg}/bin/"
 export PYTHONPATH="${build}/pyroot${PYTHONPATH:+:${PYTHONPATH}}"
+# Upstream Mooncake: installed already, or from a wheel in .devdeps/wheels (no network needed).
+if ! "${py}" -c "import mooncake.store" > /dev/null 2>&1; then
+    wheel="$(ls "${devdeps}"/wheels/mooncake_transfer_engine*.whl 2> /dev/null | head -1)"
+    if [[ -n "${wheel}" ]]; then
+        rm -rf "${build}/upstream"
+        if "${py}" -m pip install -q --no-deps --no-index --target "${build}/upstream" "${wheel}" \
+            > "${out}/upstream_install.log" 2>&1; then
+            export PYTHONPATH="${PYTHONPATH}:${build}/upstream"
+            note "upstream: $(basename "${wheel}") installed into the build tree"
+        else
+            note "upstream: installing $(basename "${wheel}") failed (see upstream_install.log)"
+        fi
+    fi
+fi
+"${py}" -c "import mooncake.store, mooncake.sparse as m; print('upstream importable; mooncake.sparse at', m.__file__)" 2>&1 | tail -1 | tee -a "${parts}" >&2
 # The daemon has no torch to bring libcudart along: point the loader at torch's copy (and the
 # toolkit's) so that it, too, finds the CUDA runtime.
 cudart_dir="$("${py}" - <<'EOF' 2>/dev/null
@@ -145,7 +173,8 @@ status=0
 # ---- 4. Tests (from outside the tree, so the package above is what is imported) --------------
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
     (cd /tmp && "${py}" -m pytest -q -p no:cacheprovider -rs --junitxml="${out}/pytest.xml" \
-        "${root}/tests/python/test_tensor_gpu.py" "${root}/tests/python/test_tensor.py") \
+        "${root}/tests/python/test_tensor_gpu.py" "${root}/tests/python/test_tensor.py" \
+        "${root}/tests/python/test_gpu_codec.py" "${root}/tests/python/test_upstream.py") \
         > "${out}/pytest.log" 2>&1
     rc=$?
     note "tests: rc=${rc} ($(tail -1 "${out}/pytest.log"))"
@@ -161,5 +190,27 @@ if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
     rc=$?
     note "bench: rc=${rc}, $(grep -c '"what": "tensor_\|"what": "staged_' "${out}/tensor_bench.jsonl" 2>/dev/null || echo 0) result lines"
     [[ ${rc} != 0 ]] && { tail -20 "${out}/tensor_bench.log" >&2; status=1; }
+fi
+# ---- 6. Side by side with upstream Mooncake's tensor calls -------------------------------------
+if [[ "${SKIP_UPSTREAM_BENCH:-0}" != 1 ]] && "${py}" -c "import mooncake.store" > /dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    "${py}" benchmarks/upstream_tensor_bench.py --json "${out}/upstream_tensor_bench.jsonl" \
+        ${UPSTREAM_BENCH_ARGS:-} > /dev/null 2> "${out}/upstream_tensor_bench.log"
+    rc=$?
+    note "upstream bench: rc=${rc}, $(wc -l < "${out}/upstream_tensor_bench.jsonl" 2>/dev/null || echo 0) lines"
+    [[ ${rc} != 0 ]] && { tail -20 "${out}/upstream_tensor_bench.log" >&2; status=1; }
+fi
+
+# ---- 7. Where the fixed cost of a 64 MiB put/get goes (nsys, when present) ---------------------
+if [[ "${NSYS:-0}" == 1 ]] && command -v nsys > /dev/null; then
+    for backend in embedded node; do
+        nsys profile -q -t cuda,osrt -o "${out}/nsys_${backend}" --force-overwrite true \
+            "${py}" benchmarks/tensor_bench.py --sizes-mib 64 --batch "" --devices cuda --backends "${backend}" \
+            --iters 20 > /dev/null 2>&1
+        nsys stats -q --report cuda_api_sum,cuda_gpu_trace --format csv \
+            "${out}/nsys_${backend}.nsys-rep" > "${out}/nsys_${backend}.txt" 2>&1
+        rm -f "${out}/nsys_${backend}.nsys-rep" "${out}/nsys_${backend}.sqlite"
+    done
+    note "nsys: profiles in nsys_*.txt"
 fi
 exit ${status}
