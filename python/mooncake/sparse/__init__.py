@@ -9,6 +9,26 @@
 
 from __future__ import annotations
 
+
+def _preload_upstream() -> None:
+    """Loads upstream Mooncake's store module (when its wheel is installed) before this
+    package's native core. Both carry glog; in the other order upstream's client setup crashed
+    on a host whose glog differed from the one this core was built against. 40 ms, once;
+    MOONCAKE_SPARSE_NO_UPSTREAM_PRELOAD=1 skips it."""
+    import importlib.util
+    import os
+
+    if os.environ.get("MOONCAKE_SPARSE_NO_UPSTREAM_PRELOAD") == "1":
+        return
+    try:
+        if importlib.util.find_spec("mooncake.store") is not None:
+            import mooncake.store  # noqa: F401
+    except Exception:  # noqa: BLE001 - an unusable upstream install only disables mooncake://
+        pass
+
+
+_preload_upstream()
+
 from ._api import (
     SourceInfo,
     SparseObject,
