@@ -21,7 +21,8 @@
 #
 # Environment: PYTHON (python3), JOBS (nproc), BUILD_DIR (build-tensor-gpu), BENCH_ARGS (extra
 # arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), UPSTREAM_BENCH_ARGS (of
-# benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1,
+# benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, TEST_FILES (the pytest files
+# to run), SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1,
 # NSYS=1 (profile 64 MiB puts/gets with nsys when present: OUTDIR/nsys_*.txt).
 set -uo pipefail
 
@@ -110,6 +111,11 @@ unpack_debs() {
     export LD_LIBRARY_PATH="${lib}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
     note "deps: daemon dependencies unpacked from ${devdeps}/debs into ${debroot}"
 }
+# A build tree kept from an earlier run already has them unpacked (and configured against them).
+if [[ -d "${build}/debroot/usr/lib/x86_64-linux-gnu" ]]; then
+    prefix_path="${prefix_path};${build}/debroot/usr"
+    export LD_LIBRARY_PATH="${build}/debroot/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+fi
 daemon=1
 if ! configure -DMOONCAKE_SPARSE_BUILD_DAEMON=ON && ! { unpack_debs && configure -DMOONCAKE_SPARSE_BUILD_DAEMON=ON; }; then
     daemon=0
@@ -173,8 +179,8 @@ status=0
 # ---- 4. Tests (from outside the tree, so the package above is what is imported) --------------
 if [[ "${SKIP_TESTS:-0}" != 1 ]]; then
     (cd /tmp && "${py}" -m pytest -q -p no:cacheprovider -rs --junitxml="${out}/pytest.xml" \
-        "${root}/tests/python/test_tensor_gpu.py" "${root}/tests/python/test_tensor.py" \
-        "${root}/tests/python/test_gpu_codec.py" "${root}/tests/python/test_upstream.py") \
+        ${TEST_FILES:-"${root}/tests/python/test_tensor_gpu.py" "${root}/tests/python/test_tensor.py" \
+        "${root}/tests/python/test_gpu_codec.py" "${root}/tests/python/test_upstream.py"}) \
         > "${out}/pytest.log" 2>&1
     rc=$?
     note "tests: rc=${rc} ($(tail -1 "${out}/pytest.log"))"

@@ -144,8 +144,10 @@ def main(argv=None):
         emit({"what": "ceiling", "tensor_bytes": s, **ceilings[s]})
     tmp = Path(tempfile.mkdtemp(prefix="mcs-upbench-"))
 
-    with start_mooncake_master(tmp / "master") as master:
-        if "upstream_dummy" in backends:
+    # A fresh master per upstream backend: a stopped client's segment stays registered with its
+    # master for a while, and allocations there would fail.
+    if "upstream_dummy" in backends:
+        with start_mooncake_master(tmp / "master-dummy") as master:
             port = master.rpc_port + 17
             rc_log = open(tmp / "mooncake_client.log", "wb")
             proc = subprocess.Popen(
@@ -166,7 +168,8 @@ def main(argv=None):
             finally:
                 proc.terminate()
                 proc.wait(30)
-        if "upstream_embedded" in backends:
+    if "upstream_embedded" in backends:
+        with start_mooncake_master(tmp / "master-embedded") as master:
             client = MooncakeDistributedStore()
             rc = client.setup("127.0.0.1", master.metadata, segment, 1 << 30, "tcp", "",
                               master.address)
@@ -176,16 +179,18 @@ def main(argv=None):
                 bench_backend("upstream_embedded", UpstreamCalls(client, torch), torch, sizes,
                               args.iters, ceilings, emit)
                 client.close()
-        if "ours_embedded" in backends:
-            bench_backend("ours_embedded", OurCalls(mcs.connect()), torch, sizes, args.iters,
+    if "ours_embedded" in backends:
+        bench_backend("ours_embedded", OurCalls(mcs.connect()), torch, sizes, args.iters,
+                      ceilings, emit)
+    if "ours_daemon" in backends:
+        segment_mib = (max(sizes) + (64 << 20)) // MiB  # one tensor object per segment at most
+        with start_node_daemon(tmp / "node", segment_size=f"{segment_mib}MiB", num_segments=3,
+                               pinned_quota_bytes=str(3 * segment_mib * MiB),
+                               client_buffer_max_bytes=str(2 << 30)) as node:
+            bench_backend("ours_daemon", OurCalls(mcs.connect(node.url)), torch, sizes, args.iters,
                           ceilings, emit)
-        if "ours_daemon" in backends:
-            with start_node_daemon(tmp / "node", segment_size="1GiB",
-                                   capacity=f"{segment // MiB}MiB",
-                                   pinned_quota_bytes=str(segment)) as node:
-                bench_backend("ours_daemon", OurCalls(mcs.connect(node.url)), torch, sizes,
-                              args.iters, ceilings, emit)
-        if "ours_mooncake" in backends:
+    if "ours_mooncake" in backends:
+        with start_mooncake_master(tmp / "master-ours") as master:
             store = mcs.connect(master.url(local_hostname="127.0.0.1", segment_bytes=segment,
                                            buffer_bytes=1 << 30))
             bench_backend("ours_mooncake", OurCalls(store), torch, sizes, args.iters, ceilings,
@@ -200,6 +205,11 @@ def main(argv=None):
                 a = bool(torch.equal(out, t))
             except Exception as e:  # noqa: BLE001
                 a = f"{type(e).__name__}: {e}"
+            try:  # upstream's host-side read of the same object
+                host = store.upstream.client.get_tensor("interop/ours")
+                a_host = bool(torch.equal(host.to("cuda"), t))
+            except Exception as e:  # noqa: BLE001
+                a_host = f"{type(e).__name__}: {e}"
             out.zero_()
             try:
                 up.put("interop/theirs", t)
@@ -207,7 +217,8 @@ def main(argv=None):
                 b = bool(torch.equal(out, t))
             except Exception as e:  # noqa: BLE001
                 b = f"{type(e).__name__}: {e}"
-            emit({"what": "interop_cuda", "ours_put_upstream_get_equal": a,
+            emit({"what": "interop_cuda", "ours_put_upstream_get_into_cuda_equal": a,
+                  "ours_put_upstream_get_tensor_equal": a_host,
                   "upstream_put_ours_get_equal": b, "tensor_bytes": 8 * MiB})
     return 0
 

@@ -372,7 +372,7 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         // The snapshot must outlive every copy that reads it.
         Status synced = streams.SyncAll();
         return status.ok() ? synced : status;
-    }));
+    }, pool_.get()));
     tensors_read_.fetch_add(keys.size(), std::memory_order_relaxed);
     bytes_read_.fetch_add(total, std::memory_order_relaxed);
     return Status::Ok();

@@ -103,7 +103,8 @@ public:
     StoreCounters Counters() const override;
     Status PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
                      const FillFn& fill, PinnedHostPool* host_pool) override;
-    Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) override;
+    Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
+                       PinnedHostPool* host_pool = nullptr) override;
 
 private:
     /// What Validate learns about a request.
@@ -456,7 +457,8 @@ Status EmbeddedStore::PutFilled(std::span<const FilledPut> puts, const PutOption
     return Status::Ok();
 }
 
-Status EmbeddedStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) {
+Status EmbeddedStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
+                                  PinnedHostPool* /*host_pool*/) {
     std::vector<ObjectPtr> snapshots(keys.size());
     {
         std::shared_lock lock(mu_);

@@ -3,6 +3,8 @@
 // Out-of-line helpers of the ObjectStore value types.
 #include "store/object_store.h"
 
+#include "transport/pinned_pool.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -109,9 +111,10 @@ std::uint64_t MemberInfo::RowBytes() const {
 }
 
 Status ObjectStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
-                              const FillFn& fill, PinnedHostPool* /*host_pool*/) {
-    // Staged: validate, allocate temporary buffers, fill them, then Put each object.
-    std::vector<std::vector<std::vector<std::byte>>> staged(puts.size());
+                              const FillFn& fill, PinnedHostPool* host_pool) {
+    // Staged: validate, allocate temporary buffers (pinned from `host_pool` when given, so a
+    // device-to-host fill runs at the copy engine's speed), fill them, then Put each object.
+    std::vector<std::vector<HostBuffer>> staged(puts.size());
     std::vector<std::vector<std::span<std::byte>>> spans(puts.size());
     std::vector<FillTarget> targets(puts.size());
     for (std::size_t i = 0; i < puts.size(); ++i) {
@@ -121,12 +124,16 @@ Status ObjectStore::PutFilled(std::span<const FilledPut> puts, const PutOptions&
                 return InvalidArgument("key " + Quote(puts[i].key) + " appears more than once in one batch");
             }
         }
+        bool pinned = true;
         for (const MemberSpec& m : puts[i].members) {
             MCS_ASSIGN_OR_RETURN(const std::uint64_t size, internal::ValidateMemberSpec(m));
-            staged[i].emplace_back(size);
+            MCS_ASSIGN_OR_RETURN(HostBuffer buf, host_pool ? host_pool->Allocate(size)
+                                                           : HostBuffer::Pageable(size));
+            pinned &= buf.pinned() || size == 0;
+            staged[i].push_back(std::move(buf));
         }
-        for (auto& b : staged[i]) spans[i].emplace_back(b);
-        targets[i] = {i, spans[i], false};
+        for (auto& b : staged[i]) spans[i].emplace_back(b.data(), b.size());
+        targets[i] = {i, spans[i], pinned && !staged[i].empty()};
     }
     if (options.mode == PutMode::kCreate) {
         for (const FilledPut& p : puts) {
@@ -138,26 +145,32 @@ Status ObjectStore::PutFilled(std::span<const FilledPut> puts, const PutOptions&
         std::vector<MemberData> members;
         for (std::size_t m = 0; m < puts[i].members.size(); ++m) {
             const MemberSpec& spec = puts[i].members[m];
-            members.push_back({spec.name, spec.dtype, spec.shape, staged[i][m], spec.checksum});
+            members.push_back({spec.name, spec.dtype, spec.shape,
+                               {staged[i][m].data(), staged[i][m].size()}, spec.checksum});
         }
         MCS_RETURN_IF_ERROR(Put(puts[i].key, puts[i].metadata, members, options));
     }
     return Status::Ok();
 }
 
-Status ObjectStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) {
+Status ObjectStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
+                                PinnedHostPool* host_pool) {
     std::vector<ObjectInfo> infos(keys.size());
-    std::vector<std::vector<std::vector<std::byte>>> copies(keys.size());
+    std::vector<std::vector<HostBuffer>> copies(keys.size());
     std::vector<std::vector<std::span<const std::byte>>> spans(keys.size());
     std::vector<ObjectView> views(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {
         MCS_ASSIGN_OR_RETURN(infos[i], Stat(keys[i]));
+        bool pinned = true;
         for (const MemberInfo& m : infos[i].members) {
-            auto& buf = copies[i].emplace_back(m.size_bytes);
-            MCS_RETURN_IF_ERROR(ReadMember(keys[i], m.name, buf));
+            MCS_ASSIGN_OR_RETURN(HostBuffer buf, host_pool ? host_pool->Allocate(m.size_bytes)
+                                                           : HostBuffer::Pageable(m.size_bytes));
+            MCS_RETURN_IF_ERROR(ReadMember(keys[i], m.name, {buf.data(), buf.size()}));
+            pinned &= buf.pinned() || m.size_bytes == 0;
+            copies[i].push_back(std::move(buf));
         }
-        for (const auto& b : copies[i]) spans[i].emplace_back(b);
-        views[i] = {&infos[i], spans[i], false};
+        for (const auto& b : copies[i]) spans[i].emplace_back(b.data(), b.size());
+        views[i] = {&infos[i], spans[i], pinned && !copies[i].empty()};
     }
     return fn(views);
 }

@@ -161,8 +161,9 @@ public:
     /// item is validated as Put validates it, and kCreate conflicts are detected, before `fill`
     /// runs; keys must be distinct. `host_pool` (may be null) is where a store that allocates
     /// host memory per object takes it from (the tensor layer's pinned pool).
-    /// The base implementation stages the bytes in temporary buffers and Puts each object (not
-    /// atomic across items); stores with a direct path override it.
+    /// The base implementation stages the bytes in temporary buffers (from `host_pool` when
+    /// given) and Puts each object (not atomic across items); stores with a direct path override
+    /// it.
     /// Errors: as Put (InvalidArgument, Conflict, ResourceExhausted); whatever `fill` returns.
     virtual Status PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
                              const FillFn& fill, PinnedHostPool* host_pool);
@@ -170,9 +171,12 @@ public:
     /// Calls `fn` once with views of the current versions of `keys` (duplicates allowed), all
     /// from one state of the store and immutable while `fn` runs, so a reader can validate every
     /// item before copying any byte. The base implementation copies the objects (Stat +
-    /// ReadMember) into temporary buffers first; stores with a direct path override it.
+    /// ReadMember) into temporary buffers first (from `host_pool` when given: pinned, so that
+    /// a host-to-device copy out of them runs at full speed); stores with a direct path
+    /// override it and ignore `host_pool`.
     /// Errors: NotFound (the first missing key); whatever `fn` returns.
-    virtual Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn);
+    virtual Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
+                               PinnedHostPool* host_pool = nullptr);
 };
 
 namespace internal {

@@ -689,7 +689,8 @@ Status ShmStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& op
     return Status::Ok();
 }
 
-Status ShmStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) {
+Status ShmStore::ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
+                             PinnedHostPool* /*host_pool*/) {
     ShmState& st = *state_;
     std::vector<ObjectPtr> objects(keys.size());
     for (;;) {

@@ -138,7 +138,8 @@ public:
                      const FillFn& fill, PinnedHostPool* host_pool) override;
     /// Direct path: snapshots every key under one table lock and holds a lease on each extent
     /// (no in-place rewrite, no eviction) while `fn` reads segment memory in place.
-    Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn) override;
+    Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
+                       PinnedHostPool* host_pool = nullptr) override;
 
     /// Leases the current version of `key` for zero-copy reads.
     /// Errors: NotFound.

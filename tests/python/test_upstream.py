@@ -250,7 +250,11 @@ def test_cross_node_update_each_unique_range_crosses_once(master, tmp_path):
                     p.start()
                     conns.append(parent)
                     procs.append(p)
-            results = [recv(c) for c in conns]
+            try:
+                results = [recv(c) for c in conns]
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n--- node B daemon log (tail) ---\n"
+                                     + "\n".join(node_b.log().splitlines()[-40:])) from None
             for p in procs:
                 p.join(60)
             assert all(r[1] for r in results), "a rank's weights differ from the trainer's"

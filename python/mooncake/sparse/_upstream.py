@@ -463,7 +463,7 @@ class UpstreamObjectStore:
                 if length != nbytes:
                     raise InvalidArgument(f"destination of {nbytes} bytes for {length} bytes of "
                                           f"member {member!r} of {key!r}")
-                plan.append((h.member_key(name), start, length, address))
+                plan.append((h.member_key(name), start, length, address, r0 is None))
             try:
                 self._fetch(plan)
             except NotFound:
@@ -473,10 +473,22 @@ class UpstreamObjectStore:
             return
 
     def _fetch(self, plan: list) -> None:
-        """Reads (member_key, start, length, dst) ranges through the staging buffer in batches
-        that fit it, then copies each into its destination. Nothing is written to a destination
-        unless every range of the call has been read."""
-        todo = [p for p in plan if p[2] > 0]
+        """Reads (member_key, start, length, dst, whole) items: whole members directly into
+        their destinations, ranges through the registered staging buffer (then copied out, only
+        once every range of the call has been read)."""
+        # Whole members (tensor payloads, tile indexes) go straight into the destination with
+        # get_into (upstream stages unregistered memory itself); ranges take get_into_ranges.
+        for mkey, _, length, dst, whole in plan:
+            if whole and length > 0:
+                rc = self._client.get_into(mkey, dst, length)
+                self._count(upstream_calls=1)
+                if rc != length:
+                    if rc in (_OBJECT_NOT_FOUND, _REPLICA_NOT_READY):
+                        raise NotFound(f"member {mkey!r} vanished during the read")
+                    if rc < 0:
+                        _raise_for(rc, f"reading {mkey!r}")
+                    raise Unavailable(f"short read of {mkey!r}: {rc} of {length} bytes")
+        todo = [p[:4] for p in plan if p[2] > 0 and not p[4]]
         if not todo:
             return
         total = sum(p[2] for p in todo)

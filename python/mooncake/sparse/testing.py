@@ -341,7 +341,8 @@ def start_python_node_daemon(tmp_path: os.PathLike | str, store: str | None, *,
     tmp.mkdir(parents=True, exist_ok=True)
     socket_path = Path(tempfile.mkdtemp(prefix="mcs-")) / "node.sock"
     log_path = tmp / f"{node_id}.log"
-    args = [sys.executable, "-m", "mooncake.sparse.node", f"--socket-path={socket_path}",
+    args = [sys.executable, "-X", "faulthandler", "-m", "mooncake.sparse.node",
+            f"--socket-path={socket_path}",
             f"--node-id={node_id}", f"--segment-bytes={segment_bytes}",
             f"--num-segments={num_segments}"]
     if store:
