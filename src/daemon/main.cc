@@ -18,6 +18,7 @@
 #include <string>
 
 #include "daemon/daemon_config.h"
+#include "daemon/log.h"
 #include "daemon/node_server.h"
 #include "store/pinned_memory.h"
 
@@ -62,6 +63,28 @@ mcs::Result<mcs::NodeDaemonConfig> ResolveConfig() {
 
 }  // namespace
 
+namespace {
+
+void GlogSink(mcs::daemon::LogSeverity severity, const char* file, int line,
+              const std::string& text) {
+    switch (severity) {
+        case mcs::daemon::LogSeverity::kDebug:
+            if (VLOG_IS_ON(1)) google::LogMessage(file, line, google::GLOG_INFO).stream() << text;
+            break;
+        case mcs::daemon::LogSeverity::kInfo:
+            google::LogMessage(file, line, google::GLOG_INFO).stream() << text;
+            break;
+        case mcs::daemon::LogSeverity::kWarning:
+            google::LogMessage(file, line, google::GLOG_WARNING).stream() << text;
+            break;
+        case mcs::daemon::LogSeverity::kError:
+            google::LogMessage(file, line, google::GLOG_ERROR).stream() << text;
+            break;
+    }
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
     gflags::SetUsageMessage(
         "the mooncake-sparse node daemon\n  mooncake_sparse_node --socket_path=PATH "
@@ -71,6 +94,8 @@ int main(int argc, char** argv) {
     FLAGS_logtostderr = true;
     gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
     google::InitGoogleLogging(argv[0]);
+    // The server logs through daemon/log.h; here that goes to glog (its flags and levels).
+    mcs::daemon::SetLogSink(&GlogSink, mcs::daemon::LogSeverity::kDebug);
 
     auto config = ResolveConfig();
     if (!config.ok()) {

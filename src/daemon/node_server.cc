@@ -4,7 +4,8 @@
 // (see node_server.h for the design).
 #include "daemon/node_server.h"
 
-#include <glog/logging.h>
+#include "daemon/log.h"
+
 
 #include <algorithm>
 #include <cstring>
@@ -117,12 +118,12 @@ void NodeServer::Session::Run() {
         auto bytes = conn.RecvFrame(wire::kMaxFrameBytes, &fds, Deadline::Never(), /*max_fds=*/1);
         if (!bytes.ok()) {
             if (bytes.status().code() == StatusCode::kUnavailable) {
-                VLOG(1) << "connection " << connection_.id << ": " << bytes.status().ToString();
+                MCS_LOG(kDebug) << "connection " << connection_.id << ": " << bytes.status().ToString();
             } else {
                 // The framing is broken (bad header, oversized frame): nothing more can be
                 // read reliably from this peer. Tell it why, then close.
                 server_.protocol_errors_.fetch_add(1, std::memory_order_relaxed);
-                LOG(WARNING) << "connection " << connection_.id << " (pid " << connection_.peer.pid
+                MCS_LOG(kWarning) << "connection " << connection_.id << " (pid " << connection_.peer.pid
                              << "): closing after a malformed frame: "
                              << bytes.status().ToString();
                 auto err = wire::EncodeFrame(wire::ErrorReply::FromStatus(bytes.status()), 0);
@@ -135,7 +136,7 @@ void NodeServer::Session::Run() {
         auto frame = wire::DecodeFrame(*bytes);
         if (!frame.ok()) {  // RecvFrame validated the header; this is a length mismatch.
             server_.protocol_errors_.fetch_add(1, std::memory_order_relaxed);
-            LOG(WARNING) << "connection " << connection_.id
+            MCS_LOG(kWarning) << "connection " << connection_.id
                          << ": closing after an undecodable frame: " << frame.status().ToString();
             return;
         }
@@ -150,13 +151,13 @@ void NodeServer::Session::Run() {
         }
         if (!reply.ok()) {
             server_.request_errors_.fetch_add(1, std::memory_order_relaxed);
-            VLOG(1) << "connection " << connection_.id << " "
+            MCS_LOG(kDebug) << "connection " << connection_.id << " "
                     << wire::MessageTypeName(frame->header.type) << ": "
                     << reply.status().ToString();
             out = wire::EncodeFrame(wire::ErrorReply::FromStatus(reply.status()), request_id);
         }
         if (!out.ok()) {
-            LOG(ERROR) << "connection " << connection_.id
+            MCS_LOG(kError) << "connection " << connection_.id
                        << ": cannot encode a reply: " << out.status().ToString();
             return;
         }
@@ -164,7 +165,7 @@ void NodeServer::Session::Run() {
             reply.ok() ? std::span<const int>(reply->fds) : std::span<const int>();
         Status sent = conn.SendFrame(*out, reply_fds, Deadline::After(server_.options_.send_timeout));
         if (!sent.ok()) {
-            VLOG(1) << "connection " << connection_.id << ": " << sent.ToString();
+            MCS_LOG(kDebug) << "connection " << connection_.id << ": " << sent.ToString();
             return;
         }
     }
@@ -253,7 +254,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Hello(const wire::HelloR
     }
     if (hello_done_) return FailedPrecondition("Hello was already received");
     hello_done_ = true;
-    LOG(INFO) << "connection " << connection_.id << ": client '" << req.client_name << "' pid "
+    MCS_LOG(kInfo) << "connection " << connection_.id << ": client '" << req.client_name << "' pid "
               << connection_.peer.pid;
     wire::HelloReply reply;
     reply.daemon_version = std::string(kDaemonVersion);
@@ -616,7 +617,7 @@ void NodeServer::AcceptLoop() {
         }
         ReapFinished();
         if (!accepted.ok()) {
-            LOG(WARNING) << "accept: " << accepted.status().ToString();
+            MCS_LOG(kWarning) << "accept: " << accepted.status().ToString();
             if (accepted.status().code() == StatusCode::kUnavailable) return;  // shut down
             std::this_thread::sleep_for(std::chrono::milliseconds(10));  // e.g. out of fds
             continue;
@@ -627,7 +628,7 @@ void NodeServer::AcceptLoop() {
         Status allowed = cred.ok() ? RequireSameUser(*cred) : cred.status();
         if (!allowed.ok()) {
             rejected_peers_.fetch_add(1, std::memory_order_relaxed);
-            LOG(WARNING) << "rejecting a connection: " << allowed.ToString();
+            MCS_LOG(kWarning) << "rejecting a connection: " << allowed.ToString();
             continue;  // Closed by the destructor.
         }
         connection->peer = *cred;
@@ -635,7 +636,7 @@ void NodeServer::AcceptLoop() {
         if (stopping_) return;
         if (connections_.size() >= options_.max_connections) {
             rejected_peers_.fetch_add(1, std::memory_order_relaxed);
-            LOG(WARNING) << "rejecting pid " << cred->pid << ": " << connections_.size()
+            MCS_LOG(kWarning) << "rejecting pid " << cred->pid << ": " << connections_.size()
                          << " connections already (max_connections)";
             continue;
         }
@@ -653,7 +654,7 @@ void NodeServer::Serve(const std::shared_ptr<Connection>& connection) {
         // The session's leases and buffer mapping are released here, before the thread ends.
     }
     connection->conn.Shutdown();
-    VLOG(1) << "connection " << connection->id << " closed";
+    MCS_LOG(kDebug) << "connection " << connection->id << " closed";
     connection->finished.store(true, std::memory_order_release);
 }
 

@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
 #include <utility>
 
 namespace mooncake::sparse::cuda {
@@ -337,7 +340,28 @@ Status SetDevice(int device) {
     return Status::Ok();
 }
 
+// Both directions of the bus-id mapping are fixed for the life of the process and sit on the
+// path of every CUDA IPC put/get (exporter and importer), so they are looked up once.
+namespace {
+std::mutex& PciCacheMutex() {
+    static std::mutex mu;
+    return mu;
+}
+std::map<int, std::string>& PciByDevice() {
+    static std::map<int, std::string> m;
+    return m;
+}
+std::map<std::string, int>& DeviceByPci() {
+    static std::map<std::string, int> m;
+    return m;
+}
+}  // namespace
+
 Result<std::string> DevicePciBusId(int device) {
+    {
+        std::lock_guard lock(PciCacheMutex());
+        if (auto it = PciByDevice().find(device); it != PciByDevice().end()) return it->second;
+    }
     MCS_RETURN_IF_ERROR(RequireCuda("cudaDeviceGetPCIBusId"));
     if (Rt().pci_bus_id == nullptr) return Unimplemented("cudaDeviceGetPCIBusId is missing");
     char buf[64] = {};
@@ -345,10 +369,16 @@ Result<std::string> DevicePciBusId(int device) {
         return Fail(StatusCode::kInvalidArgument,
                     "cudaDeviceGetPCIBusId(" + std::to_string(device) + ")", err);
     }
+    std::lock_guard lock(PciCacheMutex());
+    PciByDevice()[device] = buf;
     return std::string(buf);
 }
 
 Result<int> DeviceByPciBusId(const std::string& bus_id) {
+    {
+        std::lock_guard lock(PciCacheMutex());
+        if (auto it = DeviceByPci().find(bus_id); it != DeviceByPci().end()) return it->second;
+    }
     MCS_RETURN_IF_ERROR(RequireCuda("cudaDeviceGetByPCIBusId"));
     if (Rt().by_pci_bus_id == nullptr) return Unimplemented("cudaDeviceGetByPCIBusId is missing");
     int device = -1;
@@ -356,6 +386,8 @@ Result<int> DeviceByPciBusId(const std::string& bus_id) {
         return Fail(StatusCode::kInvalidArgument,
                     "no CUDA device with PCI bus id '" + bus_id + "' is visible here", err);
     }
+    std::lock_guard lock(PciCacheMutex());
+    DeviceByPci()[bus_id] = device;
     return device;
 }
 
