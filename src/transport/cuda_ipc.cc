@@ -2,10 +2,46 @@
 #include "transport/cuda_ipc.h"
 
 #include <cstdio>
+#include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 namespace mooncake::sparse {
+
+namespace {
+
+/// Exported handles by allocation: cudaIpcGetMemHandle is a driver round trip on every put/get
+/// of a CUDA tensor, while the allocation's buffer id (unique for the life of the process, so a
+/// freed and reused address never matches) is a cheap query.
+struct ExportedHandle {
+    std::uint64_t buffer_id = 0;
+    std::uint64_t alloc_size = 0;
+    CudaIpcHandle handle{};
+};
+
+Result<CudaIpcHandle> ExportHandle(const cuda::AllocationRange& range, int device) {
+    static std::mutex mu;
+    static std::map<std::pair<int, std::uintptr_t>, ExportedHandle> cache;
+    auto id = cuda::AllocationBufferId(range.base, device);
+    const std::pair<int, std::uintptr_t> key{device, range.base};
+    if (id.ok()) {
+        std::lock_guard lock(mu);
+        auto it = cache.find(key);
+        if (it != cache.end() && it->second.buffer_id == *id && it->second.alloc_size == range.size) {
+            return it->second.handle;
+        }
+    }
+    MCS_ASSIGN_OR_RETURN(CudaIpcHandle handle, cuda::IpcGetMemHandle(range.base, device));
+    if (id.ok()) {
+        std::lock_guard lock(mu);
+        if (cache.size() >= 4096) cache.clear();  // bounded; entries are cheap to rebuild
+        cache[key] = {*id, range.size, handle};
+    }
+    return handle;
+}
+
+}  // namespace
 
 Result<CudaIpcExport> ExportCudaIpc(const DeviceMemory& region) {
     MCS_RETURN_IF_ERROR(cuda::RequireCuda("exporting a CUDA IPC handle"));
@@ -28,7 +64,7 @@ Result<CudaIpcExport> ExportCudaIpc(const DeviceMemory& region) {
                                " runs past its allocation");
     }
     CudaIpcExport out;
-    MCS_ASSIGN_OR_RETURN(out.handle, cuda::IpcGetMemHandle(range.base, region.device));
+    MCS_ASSIGN_OR_RETURN(out.handle, ExportHandle(range, region.device));
     out.base = range.base;
     out.alloc_size = range.size;
     out.offset = region.address - range.base;

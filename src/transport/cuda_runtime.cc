@@ -20,6 +20,7 @@ struct IpcHandleAbi {
 };
 using GetDeviceCountFn = int (*)(int*);
 using GetDeviceFn = int (*)(int*);
+using CuPointerGetAttributeFn = int (*)(void*, int, unsigned long long);
 using SetDeviceFn = int (*)(int);
 using PointerGetAttributesFn = int (*)(void*, const void*);
 using MemcpyAsyncFn = int (*)(void*, const void*, std::size_t, int, void*);
@@ -63,6 +64,7 @@ struct Runtime {
     DeviceGetPciBusIdFn pci_bus_id = nullptr;
     DeviceGetByPciBusIdFn by_pci_bus_id = nullptr;
     CuMemGetAddressRangeFn mem_get_address_range = nullptr;
+    CuPointerGetAttributeFn pointer_get_attribute = nullptr;
 
     /// The runtime's text for `code`; clears the thread's last error so that it is not reported
     /// again by whoever checks next (e.g. torch after its next kernel launch).
@@ -146,6 +148,7 @@ Runtime LoadRuntime() {
     std::string driver_name;
     if (void* drv = OpenLibrary({"libcuda.so.1", "libcuda.so"}, driver_name)) {
         rt.support.driver_loaded = Load(drv, "cuMemGetAddressRange_v2", rt.mem_get_address_range);
+        (void)Load(drv, "cuPointerGetAttribute", rt.pointer_get_attribute);  // optional
     }
     int devices = 0;
     if (const int err = count(&devices); err != 0) {
@@ -215,6 +218,22 @@ Result<AllocationRange> GetAllocationRange(std::uintptr_t address, int device) {
                                std::to_string(err) + " (not device memory of that device?)");
     }
     return AllocationRange{static_cast<std::uintptr_t>(base), static_cast<std::uint64_t>(size)};
+}
+
+Result<std::uint64_t> AllocationBufferId(std::uintptr_t address, int device) {
+    MCS_RETURN_IF_ERROR(RequireCuda("cuPointerGetAttribute"));
+    if (Rt().pointer_get_attribute == nullptr) {
+        return Unimplemented("cuPointerGetAttribute: libcuda was not loaded");
+    }
+    MCS_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::Make(device));
+    MCS_RETURN_IF_ERROR(SetDevice(device));
+    constexpr int kBufferIdAttribute = 7;  // CU_POINTER_ATTRIBUTE_BUFFER_ID
+    unsigned long long id = 0;
+    if (const int err = Rt().pointer_get_attribute(&id, kBufferIdAttribute, address); err != 0) {
+        return InvalidArgument("cuPointerGetAttribute(BUFFER_ID) failed with CUresult " +
+                               std::to_string(err));
+    }
+    return static_cast<std::uint64_t>(id);
 }
 
 Status MemcpyAsync(void* dst, const void* src, std::uint64_t bytes, CopyKind kind,

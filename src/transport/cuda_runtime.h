@@ -78,6 +78,11 @@ struct AllocationRange {
     std::uint64_t size = 0;
 };
 
+/// The driver's id of the allocation holding `address`: unique per allocation for the life of
+/// the process (a freed and reused address gets a new id).
+/// Errors: Unimplemented (no libcuda), InvalidArgument (not device memory).
+Result<std::uint64_t> AllocationBufferId(std::uintptr_t address, int device);
+
 /// The cudaMalloc allocation that contains `address` on `device` (cuMemGetAddressRange).
 /// Errors: Unimplemented; InvalidArgument (not device memory of that device).
 Result<AllocationRange> GetAllocationRange(std::uintptr_t address, int device);
