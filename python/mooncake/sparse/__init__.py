@@ -41,6 +41,7 @@ from ._api import (
     encode_update,
 )
 from ._tensor import TENSOR_HEADER_BYTES, decode_tensor_header, encode_tensor_header
+from ._gpu import DeviceSparseObject, gpu_available
 from ._errors import (
     Conflict,
     DataLoss,
@@ -116,6 +117,7 @@ manifest.__doc__ = Store.manifest.__doc__
 __all__ = [
     "Conflict",
     "DataLoss",
+    "DeviceSparseObject",
     "Error",
     "FailedPrecondition",
     "Internal",
@@ -140,6 +142,7 @@ __all__ = [
     "encode_tensor_header",
     "get_tensor",
     "get_tensor_into",
+    "gpu_available",
     "put_tensor",
     "upsert_tensor",
     "connect",
