@@ -9,7 +9,6 @@
 // a SOCK_SEQPACKET socket pair (framing and socket cost, no daemon work).
 //
 // Usage: node_rpc_bench [iterations]   (default 20000)
-#include <glog/logging.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -103,9 +102,8 @@ void Emit(const char* what, int iterations, const Stats& s, const Stats& c) {
 
 int main(int argc, char** argv) {
     const int iterations = argc > 1 ? std::max(100, std::atoi(argv[1])) : 20000;
-    FLAGS_logtostderr = true;
-    FLAGS_minloglevel = 1;  // the server's per-connection INFO lines would interleave
-    google::InitGoogleLogging(argv[0]);
+    // The in-process server logs warnings and errors to stderr (daemon/log.h); its
+    // per-connection INFO lines stay off and do not interleave with the JSON lines.
     char tmpl[] = "/tmp/mcs-rpc-bench-XXXXXX";
     const std::string dir = ::mkdtemp(tmpl);
     mcs::NodeServerOptions options;
