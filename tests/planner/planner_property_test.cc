@@ -11,6 +11,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <numeric>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -28,6 +31,7 @@ using ::mooncake::sparse::testing::Axes;
 using ::mooncake::sparse::testing::BruteForceScan;
 using ::mooncake::sparse::testing::BuildSource;
 using ::mooncake::sparse::testing::BuiltSource;
+using ::mooncake::sparse::testing::ExpectSamePlan;
 using ::mooncake::sparse::testing::ExpectWellFormedRanges;
 using ::mooncake::sparse::testing::IsOk;
 using ::mooncake::sparse::testing::LookupOf;
@@ -309,6 +313,18 @@ TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
         ASSERT_OK_AND_ASSIGN(BatchPlan plan,
                              PlanBatch(manifest, targets, sel, LookupOf(sources), options));
 
+        // The selection bounds the regions from geometry alone (no source here reaches 2^32
+        // entries), and PlanBatch only sizes its arrays with it: any value plans the same.
+        EXPECT_LE(plan.regions.size(), sel.region_bound);
+        for (const std::uint64_t hint :
+             {std::uint64_t{0}, std::uint64_t{1}, 3 * sel.region_bound + 7}) {
+            SourceSelection hinted = sel;
+            hinted.region_bound = hint;
+            ASSERT_OK_AND_ASSIGN(BatchPlan again,
+                                 PlanBatch(manifest, targets, hinted, LookupOf(sources), options));
+            ExpectSamePlan(plan, again);
+        }
+
         // Plan-level bookkeeping.
         ASSERT_EQ(plan.num_targets(), targets.size());
         EXPECT_EQ(plan.stats.sources_matched, sel.needed_sources.size());
@@ -425,6 +441,344 @@ TEST(PlannerPropertyTest, BatchPlanMatchesBruteForce) {
         }
     }
     EXPECT_GT(shared_reads, 0u);  // dedup across targets was exercised
+}
+
+TEST(PlannerPropertyTest, IntersectingQueryAndRunBound) {
+    // QueryTilesIntersecting(box) is QueryTiles(source box ∩ box), counters included, and
+    // internal::RunBound (SelectSources' region_bound, from geometry alone) bounds the runs of
+    // every query, exactly for a dense index.
+    constexpr std::uint64_t kSeed = 0x5eed0004;
+    std::mt19937_64 rng(kSeed);
+    int disjoint_boxes = 0, dense_queries = 0, sparse_queries = 0;
+    for (int iter = 0; iter < 300; ++iter) {
+        SCOPED_TRACE("seed " + std::to_string(kSeed) + " iteration " + std::to_string(iter));
+        SourceSpec spec;
+        spec.global_shape = RandomShape(rng, RandomRank(rng));
+        spec.tile_shape = RandomTile(rng, spec.global_shape);
+        const Box src_box = RandomSourceBox(rng, spec.global_shape);
+        spec.box_origin.assign(src_box.origin().begin(), src_box.origin().end());
+        spec.box_shape.assign(src_box.shape().begin(), src_box.shape().end());
+        const auto coords = RandomCoords(rng, src_box, RandomCount(rng, src_box.NumElements()));
+        const BuiltSource src = ValueOrDie(BuildSource(spec, coords));
+        const std::size_t rank = src.rank();
+        const Box whole = ValueOrDie(Box::Whole(spec.global_shape));
+        for (int q = 0; q < 12; ++q) {
+            // Anywhere in the tensor: inside, across or outside the source box.
+            const Box box = RandomBox(rng, whole, spec.tile_shape);
+            SCOPED_TRACE("source " + src_box.ToString() + " box " + box.ToString());
+            std::vector<TileRange> via = {{5, 6, true}};
+            QueryStats via_stats;
+            bool disjoint = false;
+            ASSERT_OK(src.index->QueryTilesIntersecting(box, {}, via, via_stats, disjoint));
+            const std::optional<Box> overlap = Intersect(src_box, box);
+            EXPECT_EQ(disjoint, !overlap.has_value());
+            if (!overlap) {
+                ++disjoint_boxes;
+                EXPECT_EQ(via.size(), 1u);  // untouched
+                EXPECT_EQ(via_stats.queries, 0u);
+                continue;
+            }
+            std::vector<TileRange> direct = {{5, 6, true}};
+            QueryStats direct_stats;
+            ASSERT_OK(src.index->QueryTiles(*overlap, {}, direct, direct_stats));
+            ASSERT_EQ(via.size(), direct.size());
+            for (std::size_t i = 0; i < via.size(); ++i) {
+                EXPECT_EQ(std::tuple(via[i].first, via[i].last, via[i].exact_coordinate_filter),
+                          std::tuple(direct[i].first, direct[i].last,
+                                     direct[i].exact_coordinate_filter));
+            }
+            EXPECT_EQ(std::tuple(via_stats.queries, via_stats.whole_source, via_stats.row_path,
+                                 via_stats.column_path, via_stats.nd_path,
+                                 via_stats.groups_visited, via_stats.tiles_visited),
+                      std::tuple(direct_stats.queries, direct_stats.whole_source,
+                                 direct_stats.row_path, direct_stats.column_path,
+                                 direct_stats.nd_path, direct_stats.groups_visited,
+                                 direct_stats.tiles_visited));
+
+            std::vector<Index> lo(rank), hi(rank);
+            for (std::size_t d = 0; d < rank; ++d) {
+                lo[d] = overlap->begin(d);
+                hi[d] = overlap->end(d);
+            }
+            std::vector<Index> begin(rank), end(rank);
+            for (std::size_t d = 0; d < rank; ++d) {
+                begin[d] = src_box.begin(d);
+                end[d] = src_box.end(d);
+            }
+            const std::uint64_t bound = internal::RunBound(
+                rank, lo.data(), hi.data(), begin, end, spec.tile_shape, src.desc.num_tiles);
+            const std::size_t runs = direct.size() - 1;
+            EXPECT_LE(runs, bound);
+            if (src.index->dense()) {
+                EXPECT_EQ(runs, bound);
+                ++dense_queries;
+            } else {
+                ++sparse_queries;
+            }
+        }
+    }
+    EXPECT_GT(disjoint_boxes, 0);
+    EXPECT_GT(dense_queries, 100);
+    EXPECT_GT(sparse_queries, 100);
+}
+
+/// A source whose tile index is drawn directly (no entries exist, as in the planning
+/// benchmark): each tile of the box's tile grid is present with probability `fill` and holds
+/// 1..1000 entries, or with `huge`, sometimes billions, so that ranges of 2^32 entries or more
+/// (split into several regions) occur.
+struct DrawnSource {
+    SourceDescriptor desc;
+    std::shared_ptr<TileIndex> index;
+};
+
+DrawnSource DrawSource(std::mt19937_64& rng, std::string ref, std::string tensor,
+                       const Shape& shape, const Shape& tile, const Box& box, double fill,
+                       bool huge, NamedAxes placement, PlacementPolicy policy) {
+    SourceDescriptor d;
+    d.source_ref = std::move(ref);
+    d.tensor_id = std::move(tensor);
+    d.global_shape = shape;
+    d.box = box;
+    d.generation = {0, 1};
+    d.placement = std::move(placement);
+    d.policy = std::move(policy);
+    d.tile_shape = tile;
+    d.index_dtype = NarrowestIndexDType(*std::max_element(shape.begin(), shape.end()));
+    const std::size_t rank = shape.size();
+    const Box grid = TileBounds(box, tile);
+    std::vector<TileCoord> coords;
+    std::vector<std::uint64_t> ptr = {0};
+    std::vector<Index> pos(grid.origin().begin(), grid.origin().end());
+    std::bernoulli_distribution present(fill);
+    for (bool done = false; !done;) {
+        if (present(rng)) {
+            for (Index c : pos) coords.push_back(static_cast<TileCoord>(c));
+            const auto count = huge && Uniform(rng, 0, 3) == 0
+                                   ? Uniform(rng, Index{1} << 31, Index{3} << 31)
+                                   : Uniform(rng, 1, 1000);
+            ptr.push_back(ptr.back() + static_cast<std::uint64_t>(count));
+        }
+        done = true;
+        for (std::size_t k = rank; k-- > 0;) {  // next tile, row-major
+            if (++pos[k] < grid.end(k)) {
+                done = false;
+                break;
+            }
+            pos[k] = grid.begin(k);
+        }
+    }
+    d.nnz = ptr.back();
+    d.num_tiles = ptr.size() - 1;
+    DrawnSource out;
+    out.desc = ValueOrDie(SourceDescriptor::Make(std::move(d)));
+    out.index = std::make_shared<TileIndex>(
+        ValueOrDie(TileIndex::Make(out.desc, std::move(coords), std::move(ptr))));
+    return out;
+}
+
+/// PlanBatch as documented, built the obvious way (no pipeline, no in-place writes, no merge
+/// of sorted runs): sources in manifest order; a source's matches in target order, then
+/// stably by node, node ids numbered by first appearance in that order; each match's Query()
+/// ranges are its regions (split at Region::kMaxLength); per (source, node), the regions
+/// sorted by (start, length) and swept into reads, a region joining the open read when it
+/// starts before its end, or with gap >= 0, at most gap entries after it.
+BatchPlan ReferencePlan(std::span<const SourceDescriptor> manifest,
+                        std::span<const TargetDescriptor> targets, const SourceSelection& sel,
+                        std::span<const TileIndex* const> indexes, const PlanOptions& options) {
+    BatchPlan plan;
+    plan.selection = sel;
+    plan.match_regions.resize(sel.matches.size());
+    std::map<std::string, std::uint32_t> node_ids;
+    auto node_of = [&](std::uint32_t m) {
+        const std::string& id = targets[sel.matches[m].target_index].node_id;
+        const auto [it, inserted] =
+            node_ids.try_emplace(id, static_cast<std::uint32_t>(plan.nodes.size()));
+        if (inserted) plan.nodes.push_back(id);
+        return it->second;
+    };
+    for (std::uint32_t s = 0; s < manifest.size(); ++s) {
+        std::vector<std::uint32_t> group;
+        for (std::uint32_t m = 0; m < sel.matches.size(); ++m) {
+            if (sel.matches[m].source_index == s) group.push_back(m);
+        }
+        if (group.empty()) continue;
+        ++plan.stats.sources_matched;
+        std::vector<std::uint32_t> node(group.size());
+        for (std::size_t k = 0; k < group.size(); ++k) node[k] = node_of(group[k]);
+        std::vector<std::size_t> order(group.size());
+        std::iota(order.begin(), order.end(), std::size_t{0});
+        std::stable_sort(order.begin(), order.end(),
+                         [&](std::size_t a, std::size_t b) { return node[a] < node[b]; });
+        const SourceDescriptor& src = manifest[s];
+        for (std::size_t k : order) {
+            const std::uint32_t m = group[k];
+            const auto overlap = Intersect(src.box, targets[sel.matches[m].target_index].box);
+            std::vector<EntryRange> ranges;
+            if (!overlap || !indexes[s]->Query(*overlap, options.limits, ranges,
+                                               plan.stats.query).ok()) {
+                ADD_FAILURE() << "reference query failed";
+                return plan;
+            }
+            plan.match_regions[m].begin = static_cast<std::uint32_t>(plan.regions.size());
+            for (const EntryRange& r : ranges) {
+                plan.stats.requested_entries += r.size();
+                for (std::uint64_t at = r.start; at < r.end; at += Region::kMaxLength) {
+                    Region region;
+                    region.start = at;
+                    region.length =
+                        static_cast<std::uint32_t>(std::min(r.end - at, Region::kMaxLength));
+                    region.set_exact_coordinate_filter(r.exact_coordinate_filter);
+                    plan.regions.push_back(region);
+                }
+            }
+            plan.match_regions[m].end = static_cast<std::uint32_t>(plan.regions.size());
+        }
+        std::uint64_t entries = 0;
+        for (std::size_t x = 0; x < order.size();) {
+            std::size_t y = x;
+            std::vector<std::uint32_t> requests;
+            for (; y < order.size() && node[order[y]] == node[order[x]]; ++y) {
+                const RegionSpan span = plan.match_regions[group[order[y]]];
+                for (std::uint32_t q = span.begin; q < span.end; ++q) requests.push_back(q);
+            }
+            std::stable_sort(requests.begin(), requests.end(),
+                             [&](std::uint32_t a, std::uint32_t b) {
+                                 return std::pair(plan.regions[a].start, plan.regions[a].length) <
+                                        std::pair(plan.regions[b].start, plan.regions[b].length);
+                             });
+            const auto first_read = static_cast<std::uint32_t>(plan.reads.size());
+            for (std::uint32_t q : requests) {
+                Region& r = plan.regions[q];
+                const bool joins =
+                    plan.reads.size() > first_read &&
+                    (r.start < plan.reads.back().end ||
+                     (options.read_coalesce_gap >= 0 &&
+                      r.start - plan.reads.back().end <=
+                          static_cast<std::uint64_t>(options.read_coalesce_gap)));
+                if (joins) {
+                    plan.reads.back().end = std::max(plan.reads.back().end, r.end());
+                } else {
+                    plan.reads.push_back({r.start, r.end()});
+                }
+                r.set_read_index(static_cast<std::uint32_t>(plan.reads.size() - 1));
+            }
+            const auto last_read = static_cast<std::uint32_t>(plan.reads.size());
+            if (last_read != first_read) {
+                plan.read_groups.push_back({s, node[order[x]], first_read, last_read});
+            }
+            for (std::uint32_t r = first_read; r < last_read; ++r) entries += plan.reads[r].size();
+            x = y;
+        }
+        plan.stats.planned_entries += entries;
+        plan.stats.planned_bytes += entries * src.EntryBytes();
+    }
+    plan.stats.regions = plan.regions.size();
+    plan.stats.unique_ranges = plan.reads.size();
+    return plan;
+}
+
+TEST(PlannerPropertyTest, BatchPlanEqualsReferencePlanner) {
+    // PlanBatch's pipeline, in-place region writes and merged dedup produce exactly the plan of
+    // the straightforward reference above: the same regions in the same order with the same
+    // read indexes, reads, read groups, node ids and counters. Cases mix tensors, nodes
+    // (interleaved), EP replicas of one box, many targets per source (every merge strategy),
+    // dense and sparse indexes, ranges that split, and every coalescing gap.
+    constexpr std::uint64_t kSeed = 0x5eed0005;
+    std::mt19937_64 rng(kSeed);
+    std::uint64_t split_regions = 0, many_spans = 0, multi_node = 0;
+    for (int iter = 0; iter < 200; ++iter) {
+        SCOPED_TRACE("seed " + std::to_string(kSeed) + " iteration " + std::to_string(iter));
+        std::vector<DrawnSource> sources;
+        std::vector<std::pair<std::string, Shape>> tensors;
+        const int num_tensors = static_cast<int>(Uniform(rng, 1, 3));
+        bool any_huge = false, all_dense = true;
+        for (int w = 0; w < num_tensors; ++w) {
+            const std::string tensor = "w" + std::to_string(w);
+            const Shape shape = RandomShape(rng, Uniform(rng, 1, 3));
+            const Shape tile = RandomTile(rng, shape);
+            const auto boxes =
+                Slabs(shape, static_cast<std::size_t>(Uniform(rng, 0, Index(shape.size()) - 1)),
+                      Uniform(rng, 1, 3));
+            for (std::size_t i = 0; i < boxes.size(); ++i) {
+                static const double kFill[] = {1.0, 1.0, 0.6, 0.2};
+                const double fill = kFill[Uniform(rng, 0, 3)];
+                const bool huge = Uniform(rng, 0, 9) == 0;
+                any_huge |= huge;
+                all_dense &= fill == 1.0;
+                sources.push_back(DrawSource(
+                    rng, tensor + "/src" + std::to_string(i), tensor, shape, tile, boxes[i],
+                    fill, huge, Axes({{"ep", static_cast<std::int64_t>(i)}}),
+                    Policy(Uniform(rng, 0, 1) ? "replicate(ep)" : "none")));
+            }
+            tensors.push_back({tensor, shape});
+        }
+        {  // An object in the manifest that no target asks for.
+            const Shape shape = {10, 10};
+            sources.push_back(DrawSource(rng, "other", "other", shape, {4, 4},
+                                         ValueOrDie(Box::Whole(shape)), 1.0, false, NamedAxes(),
+                                         PlacementPolicy::None()));
+        }
+        std::vector<SourceDescriptor> manifest;
+        std::vector<const TileIndex*> lookup;
+        for (const DrawnSource& s : sources) {
+            manifest.push_back(s.desc);
+            lookup.push_back(s.index.get());
+        }
+
+        // Targets of all tensors interleaved, on a few nodes (interleaved too), some repeating
+        // an earlier box of their tensor (EP replicas); sometimes more than 16 per source.
+        const int num_nodes = static_cast<int>(Uniform(rng, 1, 3));
+        const int num_targets = static_cast<int>(Uniform(rng, 0, 3) == 0 ? Uniform(rng, 17, 40)
+                                                                         : Uniform(rng, 1, 8));
+        std::vector<TargetDescriptor> targets;
+        for (int t = 0; t < num_targets; ++t) {
+            const auto& [tensor, shape] = tensors[Uniform(rng, 0, num_tensors - 1)];
+            const Box whole = ValueOrDie(Box::Whole(shape));
+            std::vector<Box> earlier;
+            for (const TargetDescriptor& other : targets) {
+                if (other.tensor_id == tensor) earlier.push_back(other.box);
+            }
+            const Box box = !earlier.empty() && Uniform(rng, 0, 2) == 0
+                                ? earlier[Uniform(rng, 0, Index(earlier.size()) - 1)]
+                                : RandomBox(rng, whole, Shape(shape.size(), 1));
+            const std::string node = "node" + std::to_string(Uniform(rng, 0, num_nodes - 1));
+            targets.push_back(MakeTarget(node + "/t" + std::to_string(t), node, tensor,
+                                         Axes({{"ep", t}, {"tp", 0}}),
+                                         Shape(box.origin().begin(), box.origin().end()),
+                                         Shape(box.shape().begin(), box.shape().end())));
+        }
+        PlanOptions options;
+        options.read_coalesce_gap =
+            Uniform(rng, -1, 3) == 3 ? Uniform(rng, 1, 2000) : Uniform(rng, -1, 0);
+
+        ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
+        const BatchPlan expected = ReferencePlan(manifest, targets, sel, lookup, options);
+        ASSERT_OK_AND_ASSIGN(BatchPlan plan, PlanBatch(manifest, targets, sel, lookup, options));
+        ExpectSamePlan(plan, expected);
+        if (!any_huge) {
+            EXPECT_LE(plan.regions.size(), sel.region_bound);
+            if (all_dense) {
+                EXPECT_EQ(plan.regions.size(), sel.region_bound);
+            }
+        }
+        for (const std::uint64_t hint :
+             {std::uint64_t{0}, std::uint64_t{1}, 2 * sel.region_bound + 3}) {
+            SourceSelection hinted = sel;
+            hinted.region_bound = hint;
+            ASSERT_OK_AND_ASSIGN(BatchPlan again,
+                                 PlanBatch(manifest, targets, hinted, lookup, options));
+            ExpectSamePlan(again, expected);
+        }
+
+        for (const Region& r : plan.regions) split_regions += r.length == Region::kMaxLength;
+        std::map<std::uint32_t, std::uint32_t> per_source;
+        for (const SourceMatch& m : sel.matches) ++per_source[m.source_index];
+        for (const auto& [source, count] : per_source) many_spans += count > 16 ? 1 : 0;
+        multi_node += plan.nodes.size() > 1 ? 1 : 0;
+    }
+    EXPECT_GT(split_regions, 0u);
+    EXPECT_GT(many_spans, 0u);
+    EXPECT_GT(multi_node, 0u);
 }
 
 }  // namespace

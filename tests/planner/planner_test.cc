@@ -1533,5 +1533,112 @@ TEST(PlanBatchTest, InconsistentSelectionIsInvalid) {
     }
 }
 
+TEST(TileIndexTest, DescribesOnlyItsOwnDescriptor) {
+    // What PlanBatch checks of every index it is handed (from the index's hot lines): nnz,
+    // rank, num_tiles and the box, as TileIndex::Make validated them.
+    const BuiltSource src = Dense64();
+    EXPECT_TRUE(src.index->Describes(src.desc));
+    SourceDescriptor other = src.desc;
+    other.nnz += 1;
+    EXPECT_FALSE(src.index->Describes(other));
+    other = src.desc;
+    other.num_tiles -= 1;
+    EXPECT_FALSE(src.index->Describes(other));
+    other = src.desc;
+    other.box = MakeBox({0, 0}, {64, 63});
+    EXPECT_FALSE(src.index->Describes(other));
+    other = src.desc;
+    other.box = MakeBox({1, 0}, {63, 64});
+    EXPECT_FALSE(src.index->Describes(other));
+    other = src.desc;
+    other.global_shape = {64, 64, 1};
+    other.box = MakeBox({0, 0, 0}, {64, 64, 1});
+    EXPECT_FALSE(src.index->Describes(other));
+}
+
+TEST(ManifestIndexTest, CandidatesCarryBoxTileShapeAndTileCount) {
+    // The same records whether each tensor's sources are consecutive in the manifest (kept in
+    // place) or interleaved (reordered by tensor).
+    for (const bool interleaved : {false, true}) {
+        SCOPED_TRACE(interleaved ? "interleaved" : "grouped");
+        std::vector<BuiltSource> sources;
+        for (int i = 0; i < 4; ++i) {
+            const int tensor = interleaved ? i % 2 : i / 2;
+            const int part = interleaved ? i / 2 : i % 2;
+            SourceSpec spec;
+            spec.source_ref = "s" + std::to_string(i);
+            spec.tensor_id = "w" + std::to_string(tensor);
+            spec.global_shape = {16, 8};
+            spec.tile_shape = tensor == 0 ? Shape{4, 4} : Shape{8, 2};
+            spec.box_origin = {8 * part, 0};
+            spec.box_shape = {8, 8};
+            sources.push_back(ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({8 * part, 0},
+                                                                               {8 - part, 8})))));
+        }
+        const auto manifest = ManifestOf(sources);
+        ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest));
+        for (const std::string id : {"w0", "w1"}) {
+            const std::uint32_t group = index.Lookup(ManifestIndex::HashId(id), id);
+            ASSERT_NE(group, ManifestIndex::kNone);
+            const auto found = index.Find(id);
+            const auto candidates = index.candidates(group);
+            ASSERT_EQ(candidates.size(), 2u);
+            ASSERT_EQ(found.size(), 2u);
+            for (std::size_t k = 0; k < 2; ++k) {
+                const ManifestIndex::Candidate& c = candidates[k];
+                EXPECT_EQ(c.source, found[k]);
+                const SourceDescriptor& d = manifest[c.source];
+                EXPECT_EQ(d.tensor_id, id);
+                EXPECT_EQ(c.rank, 2u);
+                EXPECT_EQ(c.tiles, d.num_tiles);
+                EXPECT_THAT(index.global_shape(c), ElementsAre(16, 8));
+                EXPECT_THAT(index.box_begin(c), ElementsAre(d.box.begin(0), d.box.begin(1)));
+                EXPECT_THAT(index.box_end(c), ElementsAre(d.box.end(0), d.box.end(1)));
+                EXPECT_THAT(index.tile_shape(c), ElementsAre(d.tile_shape[0], d.tile_shape[1]));
+            }
+        }
+    }
+}
+
+TEST(SelectSourcesTest, RegionBoundFromGeometry) {
+    // Dense64 (8 x 8 tiles of 8 x 8): the whole tensor is 1 range, a TP column half one range
+    // per tile row (8), a TP row half 1 (its tile rows are complete), and an unaligned box
+    // over tile rows 0..2 and part of their columns 3; dense, so the bound is exact.
+    {
+        const std::vector<BuiltSource> sources = {Dense64()};
+        const auto manifest = ManifestOf(sources);
+        const std::vector<TargetDescriptor> targets = {
+            MakeTarget("t0", "n", "tensor", NamedAxes(), {0, 0}, {64, 64}),
+            MakeTarget("t1", "n", "tensor", NamedAxes(), {0, 32}, {64, 32}),
+            MakeTarget("t2", "n", "tensor", NamedAxes(), {32, 0}, {32, 64}),
+            MakeTarget("t3", "n", "tensor", NamedAxes(), {3, 5}, {19, 7})};
+        ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
+        EXPECT_EQ(sel.region_bound, 1u + 8u + 1u + 3u);
+        ASSERT_OK_AND_ASSIGN(BatchPlan plan, PlanBatch(manifest, targets, sel, LookupOf(sources)));
+        EXPECT_EQ(plan.regions.size(), sel.region_bound);
+    }
+    // ThreeColumns64 (24 tiles, in tile columns 0..2): a band over tile columns 0..1 plans one
+    // range per tile row (8), one over tile columns 4..7 plans none; the bound does not know
+    // which tiles exist (8 each), but never exceeds the tiles there are.
+    {
+        const std::vector<BuiltSource> sources = {ThreeColumns64()};
+        const auto manifest = ManifestOf(sources);
+        const std::vector<TargetDescriptor> targets = {
+            MakeTarget("t0", "n", "tensor", NamedAxes(), {0, 0}, {64, 16}),
+            MakeTarget("t1", "n", "tensor", NamedAxes(), {0, 32}, {64, 32})};
+        ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, targets));
+        EXPECT_EQ(sel.region_bound, 16u);
+        ASSERT_OK_AND_ASSIGN(BatchPlan plan, PlanBatch(manifest, targets, sel, LookupOf(sources)));
+        EXPECT_EQ(plan.regions.size(), 8u);
+    }
+    // The bound never exceeds the tiles present, and without a usable tile shape it is them.
+    const std::vector<Index> lo = {0, 0}, hi = {64, 32}, begin = {0, 0}, end = {64, 64};
+    const std::vector<Index> tile = {1, 1}, no_tile = {0, 8};
+    EXPECT_EQ(internal::RunBound(2, lo.data(), hi.data(), begin, end, tile, 1000), 64u);
+    EXPECT_EQ(internal::RunBound(2, lo.data(), hi.data(), begin, end, tile, 10), 10u);
+    EXPECT_EQ(internal::RunBound(2, lo.data(), hi.data(), begin, end, no_tile, 10), 10u);
+    EXPECT_EQ(internal::RunBound(2, lo.data(), hi.data(), begin, end, tile, 0), 0u);
+}
+
 }  // namespace
 }  // namespace mooncake::sparse

@@ -17,6 +17,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <unordered_set>
 #include <utility>
 #include <vector>
@@ -364,6 +365,47 @@ inline std::vector<PlannedRegion> RegionsOf(const BatchPlan& plan, std::size_t t
         }
     }
     return out;
+}
+
+/// Expects two plans of one selection to be identical: every region (range, filter and read
+/// index), read, read group, match span, node id and counter.
+inline void ExpectSamePlan(const BatchPlan& a, const BatchPlan& b) {
+    ASSERT_EQ(a.regions.size(), b.regions.size());
+    for (std::size_t i = 0; i < a.regions.size(); ++i) {
+        const Region& x = a.regions[i];
+        const Region& y = b.regions[i];
+        ASSERT_EQ(std::tuple(x.start, x.length, x.read_index(), x.exact_coordinate_filter()),
+                  std::tuple(y.start, y.length, y.read_index(), y.exact_coordinate_filter()))
+            << "region " << i;
+    }
+    EXPECT_EQ(a.reads, b.reads);
+    ASSERT_EQ(a.read_groups.size(), b.read_groups.size());
+    for (std::size_t g = 0; g < a.read_groups.size(); ++g) {
+        const ReadGroup& x = a.read_groups[g];
+        const ReadGroup& y = b.read_groups[g];
+        EXPECT_EQ(std::tuple(x.source_index, x.node, x.begin, x.end),
+                  std::tuple(y.source_index, y.node, y.begin, y.end))
+            << "read group " << g;
+    }
+    ASSERT_EQ(a.match_regions.size(), b.match_regions.size());
+    for (std::size_t m = 0; m < a.match_regions.size(); ++m) {
+        EXPECT_EQ(std::pair(a.match_regions[m].begin, a.match_regions[m].end),
+                  std::pair(b.match_regions[m].begin, b.match_regions[m].end))
+            << "match " << m;
+    }
+    EXPECT_EQ(a.nodes, b.nodes);
+    const PlanStats& s = a.stats;
+    const PlanStats& t = b.stats;
+    EXPECT_EQ(std::tuple(s.sources_matched, s.regions, s.requested_entries, s.planned_entries,
+                         s.planned_bytes, s.unique_ranges),
+              std::tuple(t.sources_matched, t.regions, t.requested_entries, t.planned_entries,
+                         t.planned_bytes, t.unique_ranges));
+    const QueryStats& q = s.query;
+    const QueryStats& r = t.query;
+    EXPECT_EQ(std::tuple(q.queries, q.whole_source, q.row_path, q.column_path, q.nd_path,
+                         q.groups_visited, q.tiles_visited),
+              std::tuple(r.queries, r.whole_source, r.row_path, r.column_path, r.nd_path,
+                         r.groups_visited, r.tiles_visited));
 }
 
 inline std::vector<SourceDescriptor> ManifestOf(const std::vector<BuiltSource>& sources) {

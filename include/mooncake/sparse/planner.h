@@ -31,10 +31,16 @@
 // (SourceMatch 8 bytes, Region 16, UniqueRead 16) with offsets instead of per-target vectors;
 // the manifest is looked up through a reusable ManifestIndex; PlanBatch works source by source,
 // fetching a few sources ahead, and dedups each source's requests while they are still in cache.
+// A first-touched page costs more than the arithmetic of the records on it (a VM takes ~1.6 us
+// to fault in and zero 4 KiB), so the output arrays are sized once, from the region bound that
+// SelectSources derives from geometry alone, and never outgrown; and a TileIndex keeps what a
+// query reads in its first cache lines (3 of them for a 2-D index), so that tens of thousands
+// of cold indexes cost 3 misses each, not 9.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -135,7 +141,12 @@ struct TileRange {
 /// A dense index (every tile of the source box's tile grid present, as in any update that
 /// changes more than a few entries per tile) needs no secondary index at all: a tile's position
 /// follows from its coordinates, so its queries read only `tile_ptr`.
-class TileIndex {
+///
+/// Layout: a batch plan reads tens of thousands of these objects once each, cold, so what a
+/// query reads sits in the first cache lines: line 0 holds the scalars and tile_ptr, line 1 + d
+/// everything about dimension d (aligned to a cache line, so a 2-D query reads 3 lines); the
+/// rest (tile_coords, the accessors' Box and tile shape, the lazy indexes) follows.
+class alignas(64) TileIndex {
 public:
     TileIndex(TileIndex&&) noexcept = default;
     TileIndex& operator=(TileIndex&&) noexcept = default;
@@ -165,7 +176,7 @@ public:
 
     TileIndexView view() const { return {rank_, coords_, ptr_}; }
     std::size_t rank() const { return rank_; }
-    std::size_t num_tiles() const { return ptr_.size() - 1; }
+    std::size_t num_tiles() const { return num_tiles_; }
     std::uint64_t nnz() const { return nnz_; }
     const Box& source_box() const { return source_box_; }
     std::span<const Index> tile_shape() const { return {tile_shape_.data(), rank_}; }
@@ -197,18 +208,235 @@ public:
             return InvalidArgument("query box " + overlap.ToString() +
                                    " is not inside the source box " + source_box_.ToString());
         }
+        std::array<Index, kMaxRank> lo{}, hi{};
+        for (std::size_t d = 0; d < rank_; ++d) {
+            lo[d] = overlap.begin(d);
+            hi[d] = overlap.end(d);
+        }
+        return Run(lo.data(), hi.data(), limits, out, stats);
+    }
+
+    /// QueryTiles for the intersection of the source box with `box` (a box of any position,
+    /// of this index's rank), without building the intersection: what a batch plan calls once
+    /// per (target, source) match. Sets `disjoint` (and appends nothing) when the two boxes do
+    /// not meet. Same errors and limits as QueryTiles.
+    Status QueryTilesIntersecting(const Box& box, const PlanningLimits& limits,
+                                  std::vector<TileRange>& out, QueryStats& stats,
+                                  bool& disjoint) const {
+        disjoint = box.rank() != rank_;
+        std::array<Index, kMaxRank> lo{}, hi{};
+        for (std::size_t d = 0; d < rank_ && !disjoint; ++d) {
+            lo[d] = std::max(dims_[d].box_begin, box.begin(d));
+            hi[d] = std::min(dims_[d].box_end, box.end(d));
+            disjoint = hi[d] <= lo[d];
+        }
+        if (disjoint) return Status::Ok();
+        return Run(lo.data(), hi.data(), limits, out, stats);
+    }
+
+    /// The index was made for a source with this descriptor's nnz, rank, num_tiles and box:
+    /// what a batch checks of every index it is handed, from the index's hot lines only.
+    bool Describes(const SourceDescriptor& src) const {
+        if (nnz_ != src.nnz || rank_ != src.rank() || num_tiles_ != src.num_tiles ||
+            src.box.rank() != rank_) {
+            return false;
+        }
+        for (std::size_t d = 0; d < rank_; ++d) {
+            if (dims_[d].box_begin != src.box.begin(d) || dims_[d].box_end != src.box.end(d)) {
+                return false;
+            }
+        }
+        return true;
+    }
+
+    /// The entry range of a run of tiles. The ends of the index are known without reading
+    /// tile_ptr (0 and nnz), so a whole-source range costs no load at all.
+    EntryRange Entries(const TileRange& t) const {
+        return {t.first == 0 ? 0 : ptr_[t.first], t.last == num_tiles_ ? nnz_ : ptr_[t.last],
+                t.exact_coordinate_filter};
+    }
+
+    /// Starts fetching the tile_ptr lines that Entries(t) will read.
+    void PrefetchEntries(const TileRange& t) const {
+        if (t.first != 0) internal::Prefetch(ptr_.data() + t.first);
+        if (t.last != num_tiles_) internal::Prefetch(ptr_.data() + t.last);
+    }
+
+    /// Starts fetching what validation and a query read first (see internal::Prefetch): the
+    /// object's hot lines of a 1-D or 2-D index (see the class comment). Its rank is not read,
+    /// as that would wait for the very line being fetched.
+    void PrefetchSelf() const {
+        internal::Prefetch(this);
+        internal::Prefetch(&dims_[0]);
+        internal::Prefetch(&dims_[1]);
+    }
+
+    /// Bytes held, including any secondary index built so far.
+    std::size_t MemoryBytes() const {
+        std::size_t bytes = coords_.size() * sizeof(TileCoord) + ptr_.size() * sizeof(std::uint64_t);
+        if (lazy_->row_built) bytes += lazy_->row_values.size() * (sizeof(TileCoord) + 4);
+        if (lazy_->col_built) {
+            bytes += lazy_->col_values.size() * (sizeof(TileCoord) + 4) +
+                     lazy_->col_tiles.size() * 4;
+        }
+        return bytes;
+    }
+
+private:
+    /// Everything a query needs about one dimension, in one cache line.
+    struct alignas(64) Dim {
+        Index tile = 1;        ///< Tile extent.
+        Index global = 0;      ///< Tensor extent.
+        Index box_begin = 0;   ///< Source box.
+        Index box_end = 0;
+        Index grid_begin = 0;  ///< Tile coordinates the source box spans: [grid_begin, grid_end).
+        Index grid_end = 0;
+        std::uint64_t stride = 0;  ///< Dense only: tiles per step in this dimension.
+        int shift = -1;            ///< log2(tile) when tile is a power of two, else -1.
+
+        /// The tile coordinate of element coordinate x >= 0: a shift for the usual power-of-two
+        /// tiles instead of a 64-bit division (several per query).
+        Index TileOf(Index x) const { return shift >= 0 ? x >> shift : x / tile; }
+        Index grid_extent() const { return grid_end - grid_begin; }
+    };
+
+    TileIndex(const SourceDescriptor& source, std::vector<TileCoord> coords,
+              std::vector<std::uint64_t> ptr)
+        : ptr_(std::move(ptr)),
+          nnz_(ptr_.back()),
+          num_tiles_(static_cast<std::uint32_t>(ptr_.size() - 1)),
+          rank_(static_cast<std::uint8_t>(source.rank())),
+          coords_(std::move(coords)),
+          source_box_(source.box),
+          lazy_(std::make_unique<Lazy>()) {
+        std::copy(source.tile_shape.begin(), source.tile_shape.end(), tile_shape_.begin());
+        // Grid cells as a double: exact while it matters (a dense grid has < 2^32 cells) and
+        // free of int64 overflow for huge sparse grids.
+        double cells = 1.0;
+        for (std::size_t d = 0; d < rank_; ++d) {
+            Dim& dim = dims_[d];
+            dim.tile = source.tile_shape[d];
+            dim.global = source.global_shape[d];
+            dim.box_begin = source.box.begin(d);
+            dim.box_end = source.box.end(d);
+            if ((dim.tile & (dim.tile - 1)) == 0) {
+                dim.shift = std::countr_zero(static_cast<std::uint64_t>(dim.tile));
+            }
+            // TileBounds(source box, tile shape).
+            dim.grid_begin = dim.box_begin / dim.tile;
+            dim.grid_end = (dim.box_end - 1) / dim.tile + 1;
+            cells *= static_cast<double>(dim.grid_extent());
+        }
+        const double tiles = static_cast<double>(num_tiles());
+        dense_ = tiles > 0 && tiles == cells;
+        if (dense_) {
+            dims_[rank_ - 1].stride = 1;
+            for (std::size_t d = rank_ - 1; d > 0; --d) {
+                dims_[d - 1].stride =
+                    dims_[d].stride * static_cast<std::uint64_t>(dims_[d].grid_extent());
+            }
+        }
+        if (rank_ == 2) {
+            const double fill = tiles / cells;
+            row_group_cost_ =
+                dense_ ? 1.0 : 2.0 * std::log2(fill * double(dims_[1].grid_extent()) + 2.0) + 1.0;
+            col_group_cost_ = 2.0 * std::log2(fill * double(dims_[0].grid_extent()) + 2.0);
+            fill_ = fill;
+        }
+    }
+
+    struct Lazy {
+        std::once_flag row_once;
+        std::once_flag col_once;
+        bool row_built = false;
+        bool col_built = false;
+        // Row groups: distinct tile rows and the first tile of each (+ sentinel).
+        std::vector<TileCoord> row_values;
+        std::vector<std::uint32_t> row_begin;
+        // Column groups: distinct tile columns, their offsets into col_tiles (+ sentinel), and
+        // the tile ids of each column in increasing row order.
+        std::vector<TileCoord> col_values;
+        std::vector<std::uint32_t> col_begin;
+        std::vector<std::uint32_t> col_tiles;
+    };
+
+    /// Per-query constants: the overlap's tile bounds [t0[d], t1[d]) and which of its edge
+    /// tiles are only partly inside the overlap.
+    struct QueryState {
+        QueryState(const TileIndex& index, const Index* lo, const Index* hi,
+                   const PlanningLimits& lim, QueryStats& st)
+            : limits(lim), stats(st) {
+            const std::size_t rank = index.rank_;
+            for (std::size_t d = 0; d < rank; ++d) {
+                const Dim& dim = index.dims_[d];
+                const Index first = dim.TileOf(lo[d]);
+                const Index last = dim.TileOf(hi[d] - 1);
+                t0[d] = first;
+                t1[d] = last + 1;
+                const Index t = dim.tile;
+                const Index first_lo = first * t;
+                const Index last_lo = last * t;
+                // lo + min(t, G - lo) == min(lo + t, G) without overflowing near INT64_MAX.
+                const Index g = dim.global;
+                const Index last_hi = last_lo + std::min(t, g - last_lo);
+                partial_lo[d] = first_lo < lo[d] || first_lo + std::min(t, g - first_lo) > hi[d];
+                partial_hi[d] = last_lo < lo[d] || last_hi > hi[d];
+            }
+            // full_from[d]: every dim >= d spans the whole tile grid of the source box, so the
+            // matching tiles of one prefix are contiguous.
+            full_from[rank] = true;
+            for (std::size_t d = rank; d-- > 0;) {
+                full_from[d] = full_from[d + 1] && t0[d] <= index.dims_[d].grid_begin &&
+                               t1[d] >= index.dims_[d].grid_end;
+            }
+            for (std::size_t d = rank; d-- > 0;) {
+                any_partial_from[d] = any_partial_from[d + 1] || partial_lo[d] || partial_hi[d];
+            }
+        }
+        bool EdgePartial(std::size_t d, Index c) const {
+            return (c == t0[d] && partial_lo[d]) || (c == t1[d] - 1 && partial_hi[d]);
+        }
+        /// Counts work; false once the query is over budget.
+        bool Charge(std::uint64_t groups, std::uint64_t tiles_seen) {
+            stats.groups_visited += groups;
+            stats.tiles_visited += tiles_seen;
+            groups_used += groups;
+            tiles_used += tiles_seen;
+            return groups_used <= limits.max_groups_per_query &&
+                   tiles_used <= limits.max_tiles_per_query;
+        }
+
+        std::array<Index, kMaxRank> t0{};
+        std::array<Index, kMaxRank> t1{};
+        const PlanningLimits& limits;
+        QueryStats& stats;
+        std::array<bool, kMaxRank> partial_lo{};
+        std::array<bool, kMaxRank> partial_hi{};
+        std::array<bool, kMaxRank + 1> full_from{};
+        std::array<bool, kMaxRank + 1> any_partial_from{};
+        std::uint64_t groups_used = 0;
+        std::uint64_t tiles_used = 0;
+    };
+
+    /// The query for the overlap [lo[d], hi[d]) (non-empty, inside the source box).
+    Status Run(const Index* lo, const Index* hi, const PlanningLimits& limits,
+               std::vector<TileRange>& out, QueryStats& stats) const {
         ++stats.queries;
-        if (num_tiles() == 0) return Status::Ok();
-        if (Contains(overlap, source_box_)) {
+        if (num_tiles_ == 0) return Status::Ok();
+        bool whole = true;
+        for (std::size_t d = 0; d < rank_; ++d) {
+            whole = whole && lo[d] <= dims_[d].box_begin && hi[d] >= dims_[d].box_end;
+        }
+        if (whole) {
             ++stats.whole_source;
-            out.push_back({0, static_cast<std::uint32_t>(num_tiles()), false});
+            out.push_back({0, num_tiles_, false});
             return Status::Ok();
         }
-        QueryState q(*this, overlap, limits, stats);
+        QueryState q(*this, lo, hi, limits, stats);
         const std::size_t first = out.size();
         bool ok;
         if (rank_ == 2 && !q.full_from[1]) {
-            if (PreferRowPath(q.tiles.shape()[0], q.tiles.shape()[1])) {
+            if (PreferRowPath(q.t1[0] - q.t0[0], q.t1[1] - q.t0[1])) {
                 ++stats.row_path;
                 ok = RowPath(q, out);
             } else {
@@ -232,140 +460,6 @@ public:
         return Status::Ok();
     }
 
-    /// The entry range of a run of tiles. The ends of the index are known without reading
-    /// tile_ptr (0 and nnz), so a whole-source range costs no load at all.
-    EntryRange Entries(const TileRange& t) const {
-        return {t.first == 0 ? 0 : ptr_[t.first], t.last == num_tiles_ ? nnz_ : ptr_[t.last],
-                t.exact_coordinate_filter};
-    }
-
-    /// Starts fetching the tile_ptr lines that Entries(t) will read.
-    void PrefetchEntries(const TileRange& t) const {
-        if (t.first != 0) internal::Prefetch(ptr_.data() + t.first);
-        if (t.last != num_tiles_) internal::Prefetch(ptr_.data() + t.last);
-    }
-
-    /// Starts fetching this object's fields (what validation and a query read first); see
-    /// internal::Prefetch.
-    void PrefetchSelf() const {
-        const char* p = reinterpret_cast<const char*>(this);
-        for (std::size_t off = 0; off < sizeof(TileIndex); off += 64) internal::Prefetch(p + off);
-    }
-
-    /// Bytes held, including any secondary index built so far.
-    std::size_t MemoryBytes() const {
-        std::size_t bytes = coords_.size() * sizeof(TileCoord) + ptr_.size() * sizeof(std::uint64_t);
-        if (lazy_->row_built) bytes += lazy_->row_values.size() * (sizeof(TileCoord) + 4);
-        if (lazy_->col_built) {
-            bytes += lazy_->col_values.size() * (sizeof(TileCoord) + 4) +
-                     lazy_->col_tiles.size() * 4;
-        }
-        return bytes;
-    }
-
-private:
-    TileIndex(const SourceDescriptor& source, std::vector<TileCoord> coords,
-              std::vector<std::uint64_t> ptr)
-        : rank_(source.rank()),
-          source_box_(source.box),
-          grid_(TileBounds(source.box, source.tile_shape)),
-          coords_(std::move(coords)),
-          ptr_(std::move(ptr)),
-          nnz_(ptr_.back()),
-          num_tiles_(ptr_.size() - 1),
-          lazy_(std::make_unique<Lazy>()) {
-        std::copy(source.tile_shape.begin(), source.tile_shape.end(), tile_shape_.begin());
-        std::copy(source.global_shape.begin(), source.global_shape.end(), global_shape_.begin());
-        // Grid cells as a double: exact while it matters (a dense grid has < 2^32 cells) and
-        // free of int64 overflow for huge sparse grids.
-        double cells = 1.0;
-        for (std::size_t d = 0; d < rank_; ++d) cells *= static_cast<double>(grid_.shape()[d]);
-        const double tiles = static_cast<double>(num_tiles());
-        dense_ = tiles > 0 && tiles == cells;
-        if (dense_) {
-            stride_[rank_ - 1] = 1;
-            for (std::size_t d = rank_ - 1; d > 0; --d) {
-                stride_[d - 1] = stride_[d] * static_cast<std::uint64_t>(grid_.shape()[d]);
-            }
-        }
-        if (rank_ == 2) {
-            const double fill = tiles / cells;
-            row_group_cost_ = dense_ ? 1.0
-                                     : 2.0 * std::log2(fill * double(grid_.shape()[1]) + 2.0) + 1.0;
-            col_group_cost_ = 2.0 * std::log2(fill * double(grid_.shape()[0]) + 2.0);
-            fill_ = fill;
-        }
-    }
-
-    struct Lazy {
-        std::once_flag row_once;
-        std::once_flag col_once;
-        bool row_built = false;
-        bool col_built = false;
-        // Row groups: distinct tile rows and the first tile of each (+ sentinel).
-        std::vector<TileCoord> row_values;
-        std::vector<std::uint32_t> row_begin;
-        // Column groups: distinct tile columns, their offsets into col_tiles (+ sentinel), and
-        // the tile ids of each column in increasing row order.
-        std::vector<TileCoord> col_values;
-        std::vector<std::uint32_t> col_begin;
-        std::vector<std::uint32_t> col_tiles;
-    };
-
-    /// Per-query constants: the overlap's tile bounds and which of its edge tiles are only
-    /// partly inside the overlap.
-    struct QueryState {
-        QueryState(const TileIndex& index, const Box& box, const PlanningLimits& lim,
-                   QueryStats& st)
-            : overlap(box), tiles(TileBounds(box, index.tile_shape())), limits(lim), stats(st) {
-            const std::size_t rank = index.rank_;
-            for (std::size_t d = 0; d < rank; ++d) {
-                const Index t = index.tile_shape_[d];
-                const Index first_lo = tiles.begin(d) * t;
-                const Index last_lo = (tiles.end(d) - 1) * t;
-                // lo + min(t, G - lo) == min(lo + t, G) without overflowing near INT64_MAX.
-                const Index g = index.global_shape_[d];
-                const Index last_hi = last_lo + std::min(t, g - last_lo);
-                partial_lo[d] = first_lo < box.begin(d) ||
-                                first_lo + std::min(t, g - first_lo) > box.end(d);
-                partial_hi[d] = last_lo < box.begin(d) || last_hi > box.end(d);
-            }
-            // full_from[d]: every dim >= d spans the whole tile grid of the source box, so the
-            // matching tiles of one prefix are contiguous.
-            full_from[rank] = true;
-            for (std::size_t d = rank; d-- > 0;) {
-                full_from[d] = full_from[d + 1] && tiles.begin(d) <= index.grid_.begin(d) &&
-                               tiles.end(d) >= index.grid_.end(d);
-            }
-            for (std::size_t d = rank; d-- > 0;) {
-                any_partial_from[d] = any_partial_from[d + 1] || partial_lo[d] || partial_hi[d];
-            }
-        }
-        bool EdgePartial(std::size_t d, Index c) const {
-            return (c == tiles.begin(d) && partial_lo[d]) || (c == tiles.end(d) - 1 && partial_hi[d]);
-        }
-        /// Counts work; false once the query is over budget.
-        bool Charge(std::uint64_t groups, std::uint64_t tiles_seen) {
-            stats.groups_visited += groups;
-            stats.tiles_visited += tiles_seen;
-            groups_used += groups;
-            tiles_used += tiles_seen;
-            return groups_used <= limits.max_groups_per_query &&
-                   tiles_used <= limits.max_tiles_per_query;
-        }
-
-        const Box& overlap;
-        Box tiles;
-        const PlanningLimits& limits;
-        QueryStats& stats;
-        std::array<bool, kMaxRank> partial_lo{};
-        std::array<bool, kMaxRank> partial_hi{};
-        std::array<bool, kMaxRank + 1> full_from{};
-        std::array<bool, kMaxRank + 1> any_partial_from{};
-        std::uint64_t groups_used = 0;
-        std::uint64_t tiles_used = 0;
-    };
-
     Index Coord(std::size_t tile, std::size_t d) const {
         return static_cast<Index>(coords_[tile * rank_ + d]);
     }
@@ -374,8 +468,9 @@ private:
     /// tile_coords).
     Index CoordAt(std::size_t tile, std::size_t d) const {
         if (!dense_) return Coord(tile, d);
-        const auto extent = static_cast<std::uint64_t>(grid_.shape()[d]);
-        return grid_.begin(d) + static_cast<Index>((tile / stride_[d]) % extent);
+        const Dim& dim = dims_[d];
+        const auto extent = static_cast<std::uint64_t>(dim.grid_extent());
+        return dim.grid_begin + static_cast<Index>((tile / dim.stride) % extent);
     }
 
     /// First tile in [lo, hi) whose coordinate in dim d is >= value, given that [lo, hi) is
@@ -393,10 +488,13 @@ private:
     /// coordinate c of dim d at offset (c - grid begin) * stride from the group's start.
     std::size_t Seek(std::size_t lo, std::size_t hi, std::size_t d, Index value) const {
         if (!dense_) return LowerBound(lo, hi, d, value);
-        const std::uint64_t group_tiles = stride_[d] * static_cast<std::uint64_t>(grid_.shape()[d]);
+        const Dim& dim = dims_[d];
+        const std::uint64_t group_tiles =
+            dim.stride * static_cast<std::uint64_t>(dim.grid_extent());
         const std::uint64_t group = lo - lo % group_tiles;
-        const Index c = std::clamp(value, grid_.begin(d), grid_.end(d));
-        const std::uint64_t at = group + static_cast<std::uint64_t>(c - grid_.begin(d)) * stride_[d];
+        const Index c = std::clamp(value, dim.grid_begin, dim.grid_end);
+        const std::uint64_t at =
+            group + static_cast<std::uint64_t>(c - dim.grid_begin) * dim.stride;
         return static_cast<std::size_t>(std::clamp<std::uint64_t>(at, lo, hi));
     }
 
@@ -405,8 +503,8 @@ private:
     /// (when every later dim spans the whole grid) or recurse group by group.
     bool Lexicographic(QueryState& q, std::size_t lo, std::size_t hi, std::size_t d,
                        bool prefix_partial, std::vector<TileRange>& out) const {
-        const std::size_t a = Seek(lo, hi, d, q.tiles.begin(d));
-        const std::size_t z = Seek(a, hi, d, q.tiles.end(d));
+        const std::size_t a = Seek(lo, hi, d, q.t0[d]);
+        const std::size_t z = Seek(a, hi, d, q.t1[d]);
         if (a >= z) return true;
         if (d + 1 == rank_ || q.full_from[d + 1]) {
             if (!q.Charge(1, z - a)) return false;
@@ -456,8 +554,8 @@ private:
         std::call_once(lazy_->col_once, [this] {
             Lazy& l = *lazy_;
             const std::size_t n = num_tiles();
-            const Index c0 = grid_.begin(1);
-            const std::size_t width = static_cast<std::size_t>(grid_.shape()[1]);
+            const Index c0 = dims_[1].grid_begin;
+            const std::size_t width = static_cast<std::size_t>(dims_[1].grid_extent());
             if (width > 4 * n + 1024) {
                 // A sparse, very wide grid: sort instead of counting. O(T log T).
                 l.col_tiles.resize(n);
@@ -495,11 +593,15 @@ private:
         });
     }
 
-    /// The 2-D path rule of the header comment: candidate groups weighted by their cost.
+    /// The 2-D path rule of the header comment: candidate groups weighted by their cost. The
+    /// tiles term (a log2) is only evaluated when the groups alone do not decide: it is >= 0,
+    /// so rows that cost no more than the columns' searches win either way.
     bool PreferRowPath(Index rows, Index cols) const {
+        const double row_cost = double(rows) * row_group_cost_;
+        const double col_cost = double(cols) * col_group_cost_;
+        if (row_cost <= col_cost) return true;
         const double k = fill_ * double(rows) * double(cols);
-        return double(rows) * row_group_cost_ <=
-               double(cols) * col_group_cost_ + k * (1.0 + std::log2(k + 1.0));
+        return row_cost <= col_cost + k * (1.0 + std::log2(k + 1.0));
     }
 
     /// First tile in row [lo, hi) whose column is >= c. A row's columns are strictly
@@ -507,7 +609,7 @@ private:
     /// when the tile at offset c - g - 1 has column c - 1 the row is complete below c and the
     /// answer is offset c - g: O(1) for the full rows of a nearly dense index.
     std::size_t RowLowerBound(std::size_t lo, std::size_t hi, Index c) const {
-        const auto k = static_cast<std::uint64_t>(c - grid_.begin(1));
+        const auto k = static_cast<std::uint64_t>(c - dims_[1].grid_begin);
         if (k == 0) return lo;
         if (k <= hi - lo && Coord(lo + k - 1, 1) == c - 1) return lo + k;
         return LowerBound(lo, hi, 1, c);
@@ -515,12 +617,12 @@ private:
 
     /// 2-D row path: O(log R + selected rows * log C + K); O(selected rows) when dense.
     bool RowPath(QueryState& q, std::vector<TileRange>& out) const {
-        const Index r0 = q.tiles.begin(0), r1 = q.tiles.end(0);
-        const Index c0 = q.tiles.begin(1), c1 = q.tiles.end(1);
+        const Index r0 = q.t0[0], r1 = q.t1[0];
+        const Index c0 = q.t0[1], c1 = q.t1[1];
         if (dense_) {
             // Row r's tiles are [(r - g0) * W, +W): no search, no row index, no tile_coords.
-            const std::uint64_t width = stride_[0];
-            const auto first_col = static_cast<std::uint64_t>(c0 - grid_.begin(1));
+            const std::uint64_t width = dims_[0].stride;
+            const auto first_col = static_cast<std::uint64_t>(c0 - dims_[1].grid_begin);
             const auto cols = static_cast<std::uint64_t>(c1 - c0);
             const auto rows = static_cast<std::uint64_t>(r1 - r0);
             // Every row costs the same: charge them at once (a query over budget emits nothing).
@@ -529,7 +631,8 @@ private:
             const std::size_t first = out.size();
             out.resize(first + rows);
             TileRange* o = out.data() + first;
-            std::uint64_t a = static_cast<std::uint64_t>(r0 - grid_.begin(0)) * width + first_col;
+            std::uint64_t a =
+                static_cast<std::uint64_t>(r0 - dims_[0].grid_begin) * width + first_col;
             for (std::uint64_t k = 0; k < rows; ++k, a += width) {
                 o[k] = {static_cast<std::uint32_t>(a), static_cast<std::uint32_t>(a + cols), col_flag};
             }
@@ -562,8 +665,8 @@ private:
     bool ColumnPath(QueryState& q, std::vector<TileRange>& out) const {
         BuildColumnGroups();
         const Lazy& l = *lazy_;
-        const Index r0 = q.tiles.begin(0), r1 = q.tiles.end(0);
-        const Index c0 = q.tiles.begin(1), c1 = q.tiles.end(1);
+        const Index r0 = q.t0[0], r1 = q.t1[0];
+        const Index c0 = q.t0[1], c1 = q.t1[1];
         auto it = std::lower_bound(l.col_values.begin(), l.col_values.end(), c0,
                                    [](TileCoord v, Index c) { return Index(v) < c; });
         auto row_of = [&](std::uint32_t k) { return Coord(l.col_tiles[k], 0); };
@@ -617,27 +720,29 @@ private:
         out.resize(w);
     }
 
-    std::size_t rank_ = 0;
-    Box source_box_;
-    Box grid_;  ///< Tile coordinates the source box spans.
-    std::array<Index, kMaxRank> tile_shape_{};
-    std::array<Index, kMaxRank> global_shape_{};
-    std::vector<TileCoord> coords_;
+    // Line 0 (hot): tile_ptr and the scalars every query reads.
     std::vector<std::uint64_t> ptr_;
-    std::uint64_t nnz_ = 0;        ///< ptr_.back(), kept so that checks need not load it.
-    std::uint64_t num_tiles_ = 0;  ///< ptr_.size() - 1.
+    std::uint64_t nnz_ = 0;          ///< ptr_.back(), kept so that checks need not load it.
+    std::uint32_t num_tiles_ = 0;    ///< ptr_.size() - 1 (< 2^32: Make checks).
+    std::uint8_t rank_ = 0;
     bool dense_ = false;
-    std::array<std::uint64_t, kMaxRank> stride_{};  ///< Dense only: tiles per step in dim d.
     double fill_ = 0;            ///< 2-D: tiles / grid cells.
     double row_group_cost_ = 0;  ///< 2-D: estimated cost of one candidate tile row.
     double col_group_cost_ = 0;  ///< 2-D: of one candidate tile column, before its tiles.
+    // Lines 1..rank (hot): one per dimension.
+    std::array<Dim, kMaxRank> dims_{};
+    // Cold: tile_coords (read only by sparse indexes), what the accessors return, lazy indexes.
+    std::vector<TileCoord> coords_;
+    std::array<Index, kMaxRank> tile_shape_{};
+    Box source_box_;
     std::unique_ptr<Lazy> lazy_;
 };
 
 /// The sources of each tensor of one manifest, found by tensor_id in O(1): an open-addressing
 /// table over a hash of tensor_id, pointing at each tensor's sources in manifest order, with
-/// a compact copy of what matching a target needs (rank, shape, box, policy, owner ordinal) so
-/// that SelectSources reads a few sequential bytes per source instead of its descriptor.
+/// a compact copy of what matching a target needs (rank, shape, box, policy, owner ordinal;
+/// the tile shape and tile count, which bound its regions) so that SelectSources reads a few
+/// sequential bytes per source instead of its descriptor.
 /// A manifest is fixed for a generation, so a caller that plans several batches against one
 /// manifest (an executor serving many read calls of one generation) builds this once and
 /// passes it to every SelectSources; the two-argument SelectSources builds a fresh one
@@ -648,11 +753,13 @@ public:
     /// What SelectSources needs of one source, stored next to its tensor's other sources.
     struct Candidate {
         std::uint32_t source = 0;  ///< Manifest position.
-        std::uint32_t coords = 0;  ///< Where global_shape, box begin and box end are stored.
+        /// Where global_shape, box begin, box end and tile_shape are stored.
+        std::uint32_t coords = 0;
         std::int64_t owner = 0;    ///< owner(AXIS) ordinal; -1 when the source has none.
         std::uint16_t axis = 0;    ///< owner(AXIS): the axis, as an index into axes().
         std::uint8_t rank = 0;
         PlacementPolicy::Kind kind = PlacementPolicy::Kind::kNone;
+        std::uint32_t tiles = 0;   ///< The descriptor's num_tiles, at most 2^32 - 1.
     };
 
     ManifestIndex() = default;
@@ -668,18 +775,32 @@ public:
         while (capacity < n + n / 2 + 1) capacity *= 2;  // load factor <= 2/3
         ix.mask_ = capacity - 1;
         ix.slots_.assign(capacity, Slot{0, kEmpty});
-        ix.coords_.reserve(6 * n);
+        // Every array is sized once up front (at most, not touched beyond what is used): on a
+        // cold plan an outgrown buffer is pages faulted in and copied for nothing. ids_ gets
+        // the first sources' mean id length (+1/4) per source, up to 64 MiB (then it grows).
+        ix.coords_.reserve(8 * n);
+        ix.id_begin_.reserve(n + 1);
+        {
+            const std::size_t k = std::min<std::size_t>(n, 64);
+            std::size_t sample = 0;
+            for (std::size_t i = 0; i < k; ++i) sample += manifest[i].tensor_id.size();
+            const double estimate = k == 0 ? 0.0 : 1.25 * double(sample) / double(k) * double(n);
+            ix.ids_.reserve(static_cast<std::size_t>(std::min(estimate, double(1 << 26))));
+        }
         ix.id_begin_.push_back(0);  // groups + 1 offsets at every step, so IdOf works throughout
         // One pass over the descriptors (they are large and cold): group by tensor_id and
-        // take each source's candidate record, in manifest order; then reorder by group.
+        // take each source's candidate record, in manifest order; then reorder by group,
+        // unless (as usual) each tensor's sources are consecutive already.
         std::vector<std::uint32_t> group_of(n);
-        std::vector<Candidate> by_source(n);
+        ix.candidates_.resize(n);
+        bool grouped = true;
         constexpr std::size_t kAhead = 8;
         for (std::size_t i = 0; i < n; ++i) {
             if (i + kAhead < n) {
                 const SourceDescriptor& ahead = manifest[i + kAhead];
                 internal::Prefetch(ahead.tensor_id.data());
                 internal::Prefetch(ahead.global_shape.data());
+                internal::Prefetch(ahead.tile_shape.data());
                 internal::Prefetch(ahead.placement.entries().data());
             }
             const SourceDescriptor& src = manifest[i];
@@ -703,7 +824,8 @@ public:
                     break;
                 }
             }
-            Candidate& c = by_source[i];
+            grouped = grouped && (i == 0 || group_of[i] >= group_of[i - 1]);
+            Candidate& c = ix.candidates_[i];
             c.source = static_cast<std::uint32_t>(i);
             c.coords = static_cast<std::uint32_t>(ix.coords_.size());
             c.rank = static_cast<std::uint8_t>(src.rank());
@@ -718,14 +840,22 @@ public:
                 c.axis = static_cast<std::uint16_t>(it - ix.axes_.begin());
                 c.owner = src.placement.Get(axis).value_or(-1);  // ordinals are >= 0
             }
-            if (src.box.rank() != src.rank() || ix.coords_.size() + 3 * src.rank() >= kEmpty) {
+            if (src.box.rank() != src.rank() || ix.coords_.size() + 4 * src.rank() >= kEmpty) {
                 return InvalidArgument("source " + src.source_ref + " box rank " +
                                        std::to_string(src.box.rank()) + " != tensor rank " +
                                        std::to_string(src.rank()));
             }
+            c.tiles = static_cast<std::uint32_t>(
+                std::min<std::uint64_t>(src.num_tiles, std::numeric_limits<std::uint32_t>::max()));
             ix.coords_.insert(ix.coords_.end(), src.global_shape.begin(), src.global_shape.end());
             for (std::size_t d = 0; d < src.rank(); ++d) ix.coords_.push_back(src.box.begin(d));
             for (std::size_t d = 0; d < src.rank(); ++d) ix.coords_.push_back(src.box.end(d));
+            // The tile shape only bounds the regions a match plans (SourceSelection::
+            // region_bound); 0 where a descriptor's tile_shape does not fit its rank.
+            const bool tiled = src.tile_shape.size() == src.rank();
+            for (std::size_t d = 0; d < src.rank(); ++d) {
+                ix.coords_.push_back(tiled ? src.tile_shape[d] : 0);
+            }
         }
         const std::size_t groups = ix.id_begin_.size() - 1;
         // Each group's sources, in manifest order (a counting sort by group).
@@ -733,6 +863,11 @@ public:
         for (std::uint32_t g : group_of) ++ix.group_begin_[g + 1];
         for (std::size_t g = 0; g < groups; ++g) ix.group_begin_[g + 1] += ix.group_begin_[g];
         ix.sources_.resize(n);
+        if (grouped) {  // groups are numbered in order of first appearance: nothing moves
+            for (std::size_t i = 0; i < n; ++i) ix.sources_[i] = static_cast<std::uint32_t>(i);
+            return ix;
+        }
+        const std::vector<Candidate> by_source = std::move(ix.candidates_);
         ix.candidates_.resize(n);
         std::vector<std::uint32_t> cursor(ix.group_begin_.begin(), ix.group_begin_.end() - 1);
         for (std::size_t i = 0; i < n; ++i) {
@@ -777,7 +912,8 @@ public:
     }
 
     // Lookup in stages, for batches that overlap their misses (SelectSources): fetch the home
-    // slot, then the group it points at, then look up.
+    // slot, then the group it points at (its id and candidates), then the coordinates of its
+    // first candidate, then look up.
     static constexpr std::uint32_t kNone = 0xffffffffu;
     void PrefetchSlot(std::uint64_t hash) const {
         if (!slots_.empty()) internal::Prefetch(&slots_[hash & mask_]);
@@ -787,9 +923,13 @@ public:
         const Slot& slot = slots_[hash & mask_];
         if (slot.group == kEmpty) return;
         internal::Prefetch(ids_.data() + id_begin_[slot.group]);
-        const std::uint32_t first = group_begin_[slot.group];
-        internal::Prefetch(&candidates_[first]);
-        internal::Prefetch(coords_.data() + candidates_[first].coords);
+        internal::Prefetch(&candidates_[group_begin_[slot.group]]);
+    }
+    void PrefetchCoords(std::uint64_t hash) const {
+        if (slots_.empty()) return;
+        const Slot& slot = slots_[hash & mask_];
+        if (slot.group == kEmpty) return;
+        internal::Prefetch(coords_.data() + candidates_[group_begin_[slot.group]].coords);
     }
     /// The group (tensor) of `tensor_id`, kNone when absent; `hash` is HashId(tensor_id).
     std::uint32_t Lookup(std::uint64_t hash, std::string_view tensor_id) const {
@@ -813,6 +953,10 @@ public:
     }
     std::span<const Index> box_end(const Candidate& c) const {
         return {coords_.data() + c.coords + 2 * std::size_t{c.rank}, c.rank};
+    }
+    /// The descriptor's tile_shape (zeros where it does not have the source's rank).
+    std::span<const Index> tile_shape(const Candidate& c) const {
+        return {coords_.data() + c.coords + 3 * std::size_t{c.rank}, c.rank};
     }
     const std::vector<std::string>& axes() const { return axes_; }
 
@@ -847,6 +991,13 @@ struct SourceSelection {
     /// Targets + 1 offsets into `matches` (empty for an empty target set).
     std::vector<std::uint32_t> target_begin;
     std::vector<std::uint32_t> needed_sources;  ///< Sorted, unique: whose tile index to fetch.
+    /// At most this many regions come out of planning `matches` (internal::RunBound summed
+    /// over them), known from the boxes and tile shapes alone; 0: not known. PlanBatch sizes
+    /// its region and read arrays with it once instead of growing them: a node's plan writes
+    /// tens of MB of fresh pages, and every abandoned smaller buffer is pages touched (and
+    /// copied) for nothing. Only a hint: ranges of 2^32 entries or more are split into more
+    /// regions, and a selection made by hand may leave it 0.
+    std::uint64_t region_bound = 0;
 
     std::size_t num_targets() const { return target_begin.empty() ? 0 : target_begin.size() - 1; }
     /// Target t's matches; t < num_targets().
@@ -856,10 +1007,53 @@ struct SourceSelection {
     }
 };
 
+namespace internal {
+
+/// The tile coordinate of element coordinate x >= 0 for tile extent t >= 1 (a shift for the
+/// usual power-of-two tiles: SelectSources calls this per match).
+inline Index TileCoordOf(Index x, Index t) {
+    return (t & (t - 1)) == 0 ? x >> std::countr_zero(static_cast<std::uint64_t>(t)) : x / t;
+}
+
+/// An upper bound, from geometry alone, on the runs TileIndex::QueryTiles returns for the
+/// overlap [lo[d], hi[d]) of a source box [begin[d], end[d]) tiled by `tile` with `tiles`
+/// tiles present. Every query path emits at most one run per combination of tile coordinates
+/// in the dims before the longest suffix of dims whose tile grid the overlap spans (see
+/// QueryState::full_from; the 2-D row and column paths: at most one per tile row), and every
+/// run holds a tile of its own. A tile extent < 1 (a malformed descriptor) gives `tiles`.
+inline std::uint64_t RunBound(std::size_t rank, const Index* lo, const Index* hi,
+                              std::span<const Index> begin, std::span<const Index> end,
+                              std::span<const Index> tile, std::uint64_t tiles) {
+    for (std::size_t d = 0; d < rank; ++d) {
+        if (tile[d] < 1) return tiles;
+    }
+    // k: the first dim of the longest fully spanned suffix.
+    std::size_t k = rank;
+    while (k > 0) {
+        const std::size_t d = k - 1;
+        const bool full = (lo[d] == begin[d] && hi[d] == end[d]) ||
+                          (TileCoordOf(lo[d], tile[d]) == TileCoordOf(begin[d], tile[d]) &&
+                           TileCoordOf(hi[d] - 1, tile[d]) == TileCoordOf(end[d] - 1, tile[d]));
+        if (!full) break;
+        --k;
+    }
+    // Runs are emitted at depth k - 1 (one per prefix of dims < k - 1), or once when k == 0.
+    std::uint64_t bound = 1;
+    for (std::size_t d = 0; d + 1 < k && bound < tiles; ++d) {
+        const auto extent = static_cast<std::uint64_t>(TileCoordOf(hi[d] - 1, tile[d]) -
+                                                       TileCoordOf(lo[d], tile[d]) + 1);
+        bound = extent > tiles / bound ? tiles : bound * extent;
+    }
+    return std::min(bound, tiles);
+}
+
+}  // namespace internal
+
 /// Placement filtering and box intersection for a batch of targets, with the manifest's
 /// prebuilt index. Every target must be covered exactly by the boxes of the sources it matches:
-/// a gap is an error, never a silent hole in the weights. Targets are looked up in blocks whose
-/// hash slots and candidate records are fetched before any is used.
+/// a gap is an error, never a silent hole in the weights. Targets are looked up in a software
+/// pipeline: each one's descriptor, ids, hash slot and candidate records are fetched a few
+/// targets before it is matched. Also sums the selection's region_bound.
 /// Errors: InvalidArgument (index built for another manifest, shape mismatch, target outside
 /// the tensor, overlapping sources, 2^32 matches or more); NotFound (no source for the tensor,
 /// or a target box not fully covered).
@@ -891,81 +1085,108 @@ inline Result<SourceSelection> SelectSources(std::span<const SourceDescriptor> m
         return true;
     };
 
-    constexpr std::size_t kBlock = 32;
-    std::array<std::uint64_t, kBlock> hashes{};
-    for (std::size_t t0 = 0; t0 < targets.size(); t0 += kBlock) {
-        const std::size_t n = std::min(kBlock, targets.size() - t0);
-        for (std::size_t k = 0; k < n; ++k) {
-            internal::Prefetch(targets[t0 + k].tensor_id.data());
-            internal::Prefetch(targets[t0 + k].placement.entries().data());
+    // A software pipeline over the targets, so that the misses of the next targets overlap the
+    // work on this one: each stage reads what an earlier stage requested a few targets before.
+    // Target t + kDescriptor: fetch its descriptor; t + kStrings: its tensor_id and placement;
+    // t + kHash: hash tensor_id, fetch the hash slot; t + kGroup: fetch the tensor's group;
+    // t + kCoords: its first candidate's coordinates; t: match.
+    constexpr std::ptrdiff_t kDescriptor = 16, kStrings = 12, kHash = 8, kGroup = 4, kCoords = 2;
+    constexpr std::size_t kRing = 16;  // hashes of targets t .. t + kHash, by index mod kRing
+    static_assert(kRing > kHash);
+    std::array<std::uint64_t, kRing> hashes{};
+    const auto num_targets = static_cast<std::ptrdiff_t>(targets.size());
+    auto ahead = [&](std::ptrdiff_t t) {  // the stages of the targets after t
+        if (const std::ptrdiff_t u = t + kDescriptor; u >= 0 && u < num_targets) {
+            const char* p = reinterpret_cast<const char*>(&targets[u]);
+            for (std::size_t off = 0; off < sizeof(TargetDescriptor); off += 64) {
+                internal::Prefetch(p + off);
+            }
+            internal::Prefetch(p + sizeof(TargetDescriptor) - 1);
         }
-        for (std::size_t k = 0; k < n; ++k) {
-            hashes[k] = ManifestIndex::HashId(targets[t0 + k].tensor_id);
-            index.PrefetchSlot(hashes[k]);
+        if (const std::ptrdiff_t u = t + kStrings; u >= 0 && u < num_targets) {
+            internal::Prefetch(targets[u].tensor_id.data());
+            internal::Prefetch(targets[u].placement.entries().data());
         }
-        for (std::size_t k = 0; k < n; ++k) index.PrefetchGroup(hashes[k]);
-        for (std::size_t k = 0; k < n; ++k) {
-            const std::size_t t = t0 + k;
-            const TargetDescriptor& tgt = targets[t];
-            sel.target_begin[t] = static_cast<std::uint32_t>(sel.matches.size());
-            const std::uint32_t group = index.Lookup(hashes[k], tgt.tensor_id);
-            if (group == ManifestIndex::kNone) {
-                return NotFound("target " + tgt.target_id + ": tensor '" + tgt.tensor_id +
-                                "' has no source object in the manifest");
+        if (const std::ptrdiff_t u = t + kHash; u >= 0 && u < num_targets) {
+            const std::uint64_t h = ManifestIndex::HashId(targets[u].tensor_id);
+            hashes[std::size_t(u) % kRing] = h;
+            index.PrefetchSlot(h);
+        }
+        if (const std::ptrdiff_t u = t + kGroup; u >= 0 && u < num_targets) {
+            index.PrefetchGroup(hashes[std::size_t(u) % kRing]);
+        }
+        if (const std::ptrdiff_t u = t + kCoords; u >= 0 && u < num_targets) {
+            index.PrefetchCoords(hashes[std::size_t(u) % kRing]);
+        }
+    };
+    for (std::ptrdiff_t t = -kDescriptor; t < 0; ++t) ahead(t);
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        ahead(static_cast<std::ptrdiff_t>(t));
+        const TargetDescriptor& tgt = targets[t];
+        sel.target_begin[t] = static_cast<std::uint32_t>(sel.matches.size());
+        const std::uint32_t group = index.Lookup(hashes[t % kRing], tgt.tensor_id);
+        if (group == ManifestIndex::kNone) {
+            return NotFound("target " + tgt.target_id + ": tensor '" + tgt.tensor_id +
+                            "' has no source object in the manifest");
+        }
+        const std::size_t rank = tgt.box.rank();
+        matched.clear();
+        Index covered = 0;
+        // owner(AXIS) ordinals of this target, looked up once per axis.
+        std::uint32_t cached_axis = ManifestIndex::kNone;
+        std::optional<std::int64_t> cached_ordinal;
+        for (const Candidate& c : index.candidates(group)) {
+            const auto shape = index.global_shape(c);
+            bool inside = rank == c.rank;
+            for (std::size_t d = 0; inside && d < rank; ++d) inside = tgt.box.end(d) <= shape[d];
+            if (!inside) {
+                return InvalidArgument("target " + tgt.target_id + " box " +
+                                       tgt.box.ToString() + " is not inside tensor '" +
+                                       tgt.tensor_id + "' of shape " +
+                                       internal::JoinIndices(shape));
             }
-            const std::size_t rank = tgt.box.rank();
-            matched.clear();
-            Index covered = 0;
-            // owner(AXIS) ordinals of this target, looked up once per axis.
-            std::uint32_t cached_axis = ManifestIndex::kNone;
-            std::optional<std::int64_t> cached_ordinal;
-            for (const Candidate& c : index.candidates(group)) {
-                const auto shape = index.global_shape(c);
-                bool inside = rank == c.rank;
-                for (std::size_t d = 0; inside && d < rank; ++d) inside = tgt.box.end(d) <= shape[d];
-                if (!inside) {
-                    return InvalidArgument("target " + tgt.target_id + " box " +
-                                           tgt.box.ToString() + " is not inside tensor '" +
-                                           tgt.tensor_id + "' of shape " +
-                                           internal::JoinIndices(shape));
+            if (c.kind == PlacementPolicy::Kind::kOwner) {
+                if (cached_axis != c.axis) {
+                    cached_axis = c.axis;
+                    cached_ordinal = tgt.placement.Get(index.axes()[c.axis]);
                 }
-                if (c.kind == PlacementPolicy::Kind::kOwner) {
-                    if (cached_axis != c.axis) {
-                        cached_axis = c.axis;
-                        cached_ordinal = tgt.placement.Get(index.axes()[c.axis]);
-                    }
-                    if (c.owner < 0 || !cached_ordinal || *cached_ordinal != c.owner) continue;
-                }
-                const auto lo = index.box_begin(c), hi = index.box_end(c);
-                Index volume = 1;
-                for (std::size_t d = 0; d < rank && volume > 0; ++d) {
-                    const Index a = std::max(lo[d], tgt.box.begin(d));
-                    const Index b = std::min(hi[d], tgt.box.end(d));
-                    volume = b > a ? volume * (b - a) : 0;  // <= the target's volume
-                }
-                if (volume == 0) continue;
-                for (const Candidate* other : matched) {
-                    if (boxes_meet(*other, c)) {
-                        return InvalidArgument("target " + tgt.target_id +
-                                               " matches overlapping sources " +
-                                               manifest[other->source].source_ref + " and " +
-                                               manifest[c.source].source_ref);
-                    }
-                }
-                if (sel.matches.size() >= kMaxMatches) {
-                    return InvalidArgument("2^32 - 1 matches or more");
-                }
-                matched.push_back(&c);
-                covered += volume;
-                sel.matches.push_back({c.source, static_cast<std::uint32_t>(t)});
-                needed[c.source] = 1;
+                if (c.owner < 0 || !cached_ordinal || *cached_ordinal != c.owner) continue;
             }
-            if (covered != tgt.box.NumElements()) {
-                return NotFound("target " + tgt.target_id + " box " + tgt.box.ToString() +
-                                " of '" + tgt.tensor_id + "' is covered by sources for " +
-                                std::to_string(covered) + " of " +
-                                std::to_string(tgt.box.NumElements()) + " elements");
+            const auto lo = index.box_begin(c), hi = index.box_end(c);
+            std::array<Index, kMaxRank> overlap_lo, overlap_hi;
+            Index volume = 1;
+            for (std::size_t d = 0; d < rank && volume > 0; ++d) {
+                const Index a = std::max(lo[d], tgt.box.begin(d));
+                const Index b = std::min(hi[d], tgt.box.end(d));
+                overlap_lo[d] = a;
+                overlap_hi[d] = b;
+                volume = b > a ? volume * (b - a) : 0;  // <= the target's volume
             }
+            if (volume == 0) continue;
+            for (const Candidate* other : matched) {
+                if (boxes_meet(*other, c)) {
+                    return InvalidArgument("target " + tgt.target_id +
+                                           " matches overlapping sources " +
+                                           manifest[other->source].source_ref + " and " +
+                                           manifest[c.source].source_ref);
+                }
+            }
+            if (sel.matches.size() >= kMaxMatches) {
+                return InvalidArgument("2^32 - 1 matches or more");
+            }
+            matched.push_back(&c);
+            covered += volume;
+            sel.region_bound +=
+                internal::RunBound(rank, overlap_lo.data(), overlap_hi.data(), lo, hi,
+                                   index.tile_shape(c), c.tiles);
+            sel.matches.push_back({c.source, static_cast<std::uint32_t>(t)});
+            needed[c.source] = 1;
+        }
+        if (covered != tgt.box.NumElements()) {
+            return NotFound("target " + tgt.target_id + " box " + tgt.box.ToString() +
+                            " of '" + tgt.tensor_id + "' is covered by sources for " +
+                            std::to_string(covered) + " of " +
+                            std::to_string(tgt.box.NumElements()) + " elements");
         }
     }
     sel.target_begin[targets.size()] = static_cast<std::uint32_t>(sel.matches.size());
@@ -1172,9 +1393,11 @@ inline void MergeIntoReads(std::vector<Region>& regions, std::span<const RegionS
 /// away from its matches' runs, which are already sorted (one per target), so they are merged,
 /// never sorted. Sources are pipelined: a few sources ahead of the one being planned, their tile
 /// index, target boxes and the tile_ptr lines their queries will read are already being fetched.
-/// Regions and reads are appended to flat arrays whose capacity follows the regions per match
-/// seen so far (one or two reallocations, not a doubling series whose abandoned buffers would
-/// each be paged in). O(matches + regions) beyond the queries.
+/// Regions and reads go to flat arrays sized once from the selection's region_bound (exact for
+/// dense indexes; without one, the capacity follows the regions per match seen so far: one or
+/// two reallocations, not a doubling series whose abandoned buffers would each be paged in);
+/// a source's regions are written in place, run j of the source being region base + j.
+/// O(matches + regions) beyond the queries.
 /// Node ids are numbered in order of first appearance in this (source-major) order.
 /// Errors: NotFound (a needed tile index missing); InvalidArgument (a selection for other
 /// targets or another manifest, a tile index that does not match its descriptor);
@@ -1225,16 +1448,15 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
     };
     auto node_of = [&](std::uint32_t m) { return target_node[matches[m].target_index]; };
 
-    // The matches of each source (a counting sort; within a source, in target order).
-    std::vector<std::uint32_t> source_begin(manifest.size() + 1, 0);
-    for (const SourceMatch& mt : matches) ++source_begin[mt.source_index + 1];
-    for (std::size_t s = 0; s < manifest.size(); ++s) source_begin[s + 1] += source_begin[s];
+    // The matches of each source (a counting sort; within a source, in target order). Counted
+    // one slot up and placed with source_begin[s + 1] as the cursor, which leaves
+    // source_begin[s] at the first match of s: no cursor array.
+    std::vector<std::uint32_t> source_begin(manifest.size() + 2, 0);
+    for (const SourceMatch& mt : matches) ++source_begin[mt.source_index + 2];
+    for (std::size_t s = 0; s < manifest.size(); ++s) source_begin[s + 2] += source_begin[s + 1];
     std::vector<std::uint32_t> by_source(num_matches);
-    {
-        std::vector<std::uint32_t> cursor(source_begin.begin(), source_begin.end() - 1);
-        for (std::size_t m = 0; m < num_matches; ++m) {
-            by_source[cursor[matches[m].source_index]++] = static_cast<std::uint32_t>(m);
-        }
+    for (std::size_t m = 0; m < num_matches; ++m) {
+        by_source[source_begin[matches[m].source_index + 1]++] = static_cast<std::uint32_t>(m);
     }
 
     const std::uint64_t max_regions =
@@ -1249,7 +1471,20 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
         regions.reserve(want);
         reads.reserve(want);
     };
-    reserve(num_matches + num_matches / 8 + 16);
+    // A selection's region_bound is exact for dense indexes (any update that changes more
+    // than a few entries per tile); without one, start at one region per match (whole sources,
+    // row bands) and let the capacity follow what is seen.
+    const std::uint64_t bound = plan.selection.region_bound;
+    reserve(bound != 0 ? bound : num_matches + num_matches / 8 + 16);
+    // Before `need` regions are stored: when they do not fit, extrapolate the regions per match
+    // so far (+1/8) to the matches left.
+    auto grow = [&](std::uint64_t need, std::uint64_t matches_done) {
+        if (need <= regions.capacity()) return;
+        const std::uint64_t left = num_matches - matches_done;
+        const std::uint64_t want = need + need / 8 + need * left / matches_done;
+        reserve(std::max<std::uint64_t>(
+            need, std::max<std::uint64_t>(want, regions.capacity() + regions.capacity() / 2)));
+    };
 
     // The sources to plan, in manifest order, as a three-stage pipeline so that the misses of
     // one source overlap the work on others: kFar sources ahead, fetch the tile index object,
@@ -1276,7 +1511,13 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
     };
     auto fetch_far = [&](std::uint32_t s) {
         if (const TileIndex* index = index_of(s)) index->PrefetchSelf();
-        prefetch_object(&manifest[s], sizeof(SourceDescriptor));
+        // What is read of a descriptor: its rank, box, nnz, num_tiles and dtypes (not its ids,
+        // placement or tile shape).
+        const SourceDescriptor& src = manifest[s];
+        prefetch_object(&src.global_shape, sizeof(src.global_shape));
+        prefetch_object(&src.box, sizeof(Box));
+        internal::Prefetch(&src.nnz);
+        internal::Prefetch(&src.value_dtype);
         for (std::uint32_t k = source_begin[s]; k < source_begin[s + 1]; ++k) {
             const TargetDescriptor& tgt = targets[matches[by_source[k]].target_index];
             prefetch_object(&tgt.node_id, sizeof(tgt.node_id));
@@ -1290,11 +1531,7 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
         if (index == nullptr) {
             return NotFound("tile index of source " + src.source_ref + " is not loaded");
         }
-        const bool nnz_ok = index->nnz() == src.nnz;
-        const bool rank_ok = index->rank() == src.rank();
-        const bool tiles_ok = index->num_tiles() == src.num_tiles;
-        const bool box_ok = index->source_box() == src.box;
-        if (!nnz_ok || !rank_ok || !tiles_ok || !box_ok) {
+        if (!index->Describes(src)) {
             return InvalidArgument("tile index of " + src.source_ref +
                                    " does not match its descriptor");
         }
@@ -1311,14 +1548,14 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
         p.runs.clear();
         p.run_end.clear();
         for (std::uint32_t m : group) {
-            const std::optional<Box> overlap =
-                Intersect(src.box, targets[matches[m].target_index].box);
-            if (!overlap) return InvalidArgument("selection matches a disjoint source and target");
-            const std::size_t first = p.runs.size();
-            MCS_RETURN_IF_ERROR(index->QueryTiles(*overlap, options.limits, p.runs, plan.stats.query));
-            for (std::size_t k = first; k < p.runs.size(); ++k) index->PrefetchEntries(p.runs[k]);
+            bool disjoint = false;
+            MCS_RETURN_IF_ERROR(index->QueryTilesIntersecting(targets[matches[m].target_index].box,
+                                                              options.limits, p.runs,
+                                                              plan.stats.query, disjoint));
+            if (disjoint) return InvalidArgument("selection matches a disjoint source and target");
             p.run_end.push_back(static_cast<std::uint32_t>(p.runs.size()));
         }
+        for (const TileRange& t : p.runs) index->PrefetchEntries(t);
         return Status::Ok();
     };
 
@@ -1341,45 +1578,60 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
             source_begin[s], source_begin[s + 1] - source_begin[s]);
         ++plan.stats.sources_matched;
 
-        // Step 4: each match's runs become its regions (ranges longer than a region can hold,
-        // only possible in sources of 2^32 entries or more, become consecutive regions).
+        // Step 4: each match's runs become its regions. In a source of fewer than 2^32 entries
+        // (any but a giant one) no range needs splitting, so run j of the source is region
+        // base + j: the regions are sized at once and written in place. In a giant source a
+        // longer range becomes consecutive regions.
         matches_done += group.size();
-        if (regions.size() + p.runs.size() > regions.capacity()) {
-            // Extrapolate the regions per match so far (+1/8) to the matches left.
-            const std::uint64_t need = regions.size() + p.runs.size();
-            const std::uint64_t left = num_matches - matches_done;
-            const std::uint64_t want = need + need / 8 + need * left / matches_done;
-            reserve(std::max<std::uint64_t>(
-                need, std::max<std::uint64_t>(want, regions.capacity() + regions.capacity() / 2)));
-        }
-        std::uint32_t run = 0;
+        const std::size_t base = regions.size();
+        const std::size_t num_runs = p.runs.size();
         std::uint64_t requested = 0;
-        for (std::size_t k = 0; k < group.size(); ++k) {
-            const std::uint32_t m = group[k];
-            plan.match_regions[m].begin = static_cast<std::uint32_t>(regions.size());
-            const std::uint32_t run_end = p.run_end[k];
-            for (; run < run_end; ++run) {
-                const EntryRange r = index.Entries(p.runs[run]);
-                requested += r.size();
-                Region region;
-                region.set_exact_coordinate_filter(r.exact_coordinate_filter);
-                if (r.size() <= Region::kMaxLength) {
-                    region.start = r.start;
-                    region.length = static_cast<std::uint32_t>(r.size());
-                    regions.push_back(region);
-                    continue;
-                }
-                for (std::uint64_t at = r.start; at < r.end; at += region.length) {
-                    region.start = at;
-                    region.length =
-                        static_cast<std::uint32_t>(std::min(r.end - at, Region::kMaxLength));
-                    regions.push_back(region);
-                }
-            }
-            plan.match_regions[m].end = static_cast<std::uint32_t>(regions.size());
-            if (regions.size() > max_regions) {
+        if (index.nnz() <= Region::kMaxLength) {
+            if (base + num_runs > max_regions) {
                 return ResourceExhausted("batch plan exceeds " + std::to_string(max_regions) +
                                          " regions");
+            }
+            grow(base + num_runs, matches_done);
+            regions.resize(base + num_runs);
+            Region* const out = regions.data() + base;
+            const TileRange* const run = p.runs.data();
+            for (std::size_t j = 0; j < num_runs; ++j) {
+                const EntryRange r = index.Entries(run[j]);
+                requested += r.size();
+                out[j].start = r.start;
+                out[j].length = static_cast<std::uint32_t>(r.size());
+                out[j].set_exact_coordinate_filter(r.exact_coordinate_filter);
+            }
+            std::uint32_t begin = 0;
+            for (std::size_t k = 0; k < group.size(); ++k) {
+                plan.match_regions[group[k]] = {static_cast<std::uint32_t>(base + begin),
+                                                static_cast<std::uint32_t>(base + p.run_end[k])};
+                begin = p.run_end[k];
+            }
+        } else {
+            grow(base + num_runs, matches_done);
+            std::uint32_t run = 0;
+            for (std::size_t k = 0; k < group.size(); ++k) {
+                const std::uint32_t m = group[k];
+                plan.match_regions[m].begin = static_cast<std::uint32_t>(regions.size());
+                const std::uint32_t run_end = p.run_end[k];
+                for (; run < run_end; ++run) {
+                    const EntryRange r = index.Entries(p.runs[run]);
+                    requested += r.size();
+                    Region region;
+                    region.set_exact_coordinate_filter(r.exact_coordinate_filter);
+                    for (std::uint64_t at = r.start; at < r.end; at += region.length) {
+                        region.start = at;
+                        region.length =
+                            static_cast<std::uint32_t>(std::min(r.end - at, Region::kMaxLength));
+                        regions.push_back(region);
+                    }
+                }
+                plan.match_regions[m].end = static_cast<std::uint32_t>(regions.size());
+                if (regions.size() > max_regions) {
+                    return ResourceExhausted("batch plan exceeds " + std::to_string(max_regions) +
+                                             " regions");
+                }
             }
         }
 
