@@ -68,6 +68,25 @@ def _socket_accepts(path: str) -> bool:
         s.close()
 
 
+def _spawn_logged(args: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Starts `args` with stdout and stderr appended to `log_path`."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=env)
+
+
+def _terminate(process: subprocess.Popen, timeout: float) -> int:
+    """SIGTERM, a wait of `timeout` seconds, then SIGKILL; the exit status."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return int(process.returncode)
+
+
 class NodeDaemon:
     """A running mooncake_sparse_node process (see start_node_daemon)."""
 
@@ -99,12 +118,7 @@ class NodeDaemon:
         """Starts the daemon and waits until it accepts connections."""
         if self.process is not None and self.process.poll() is None:
             raise RuntimeError("the node daemon is already running")
-        log = open(self.log_path, "ab")
-        try:
-            self.process = subprocess.Popen(self.args(), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
-        finally:
-            log.close()
+        self.process = _spawn_logged(self.args(), self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -123,14 +137,7 @@ class NodeDaemon:
         """SIGTERM, then waits for a clean exit; returns the exit status."""
         if self.process is None:
             return 0
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        code = self.process.returncode
+        code = _terminate(self.process, timeout)
         self.process = None
         return code
 
@@ -244,12 +251,7 @@ class MooncakeMaster:
                 "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
                 f"--http_metadata_server_port={self.metadata_port}",
                 f"--metrics_port={self.metrics_port}"]
-        log = open(self.log_path, "ab")
-        try:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL)
-        finally:
-            log.close()
+        self.process = _spawn_logged(args, self.log_path)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -262,13 +264,8 @@ class MooncakeMaster:
         raise Unavailable(f"mooncake_master did not listen within {timeout} s; log:\n{self.log()}")
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        if self.process is not None:
+            _terminate(self.process, 10)
         self.process = None
 
     def log(self) -> str:
@@ -317,14 +314,7 @@ class PythonNodeDaemon:
             return ""
 
     def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return int(self.process.returncode)
+        return _terminate(self.process, 20)
 
 
 @contextlib.contextmanager
@@ -347,9 +337,7 @@ def start_python_node_daemon(tmp_path: os.PathLike | str, store: str | None, *,
             f"--num-segments={num_segments}"]
     if store:
         args.append(f"--store={store}")
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    process = _spawn_logged(args, log_path, env={**os.environ, **(env or {})})
     daemon = PythonNodeDaemon(process, socket_path, log_path)
     deadline = time.monotonic() + timeout
     try:
