@@ -43,38 +43,6 @@ Result<DType> FromNumpy(const pyb::dtype& dt) {
     return InvalidArgument("unsupported numpy dtype '" + std::string(pyb::str(dt)) + "'");
 }
 
-Result<DType> FromDLPack(DLDataType t) {
-    if (t.lanes != 1) return InvalidArgument("vector DLPack dtypes are not supported");
-    switch (t.code) {
-        case kDLInt:
-            if (t.bits == 8) return DType::kInt8;
-            if (t.bits == 16) return DType::kInt16;
-            if (t.bits == 32) return DType::kInt32;
-            if (t.bits == 64) return DType::kInt64;
-            break;
-        case kDLUInt:
-            if (t.bits == 8) return DType::kUInt8;
-            if (t.bits == 16) return DType::kUInt16;
-            if (t.bits == 32) return DType::kUInt32;
-            if (t.bits == 64) return DType::kUInt64;
-            break;
-        case kDLFloat:
-            if (t.bits == 16) return DType::kFloat16;
-            if (t.bits == 32) return DType::kFloat32;
-            if (t.bits == 64) return DType::kFloat64;
-            break;
-        case kDLBfloat:
-            if (t.bits == 16) return DType::kBFloat16;
-            break;
-        case 6:  // kDLBool (DLPack >= 0.8)
-            if (t.bits == 8) return DType::kBool;
-            break;
-        default: break;
-    }
-    return InvalidArgument("unsupported DLPack dtype (code " + std::to_string(t.code) + ", bits " +
-                           std::to_string(t.bits) + ")");
-}
-
 const char* NumpyFormat(DType t) {
     switch (t) {
         case DType::kBool: return "?";
@@ -136,7 +104,7 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what) {
                                    "; this call takes host (CPU) memory"));
     }
     BorrowedArray out;
-    out.dtype = ValueOrThrow(FromDLPack(t.dtype));
+    out.dtype = ValueOrThrow(DTypeOfDLPack(t.dtype));
     out.from_dlpack = true;
     Index expected = 1;
     bool contiguous = true;
@@ -156,6 +124,45 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what) {
 }
 
 }  // namespace
+
+Result<DType> DTypeOfDLPack(DLDataType t) {
+    if (t.lanes != 1) return InvalidArgument("vector DLPack dtypes are not supported");
+    switch (t.code) {
+        case kDLInt:
+            if (t.bits == 8) return DType::kInt8;
+            if (t.bits == 16) return DType::kInt16;
+            if (t.bits == 32) return DType::kInt32;
+            if (t.bits == 64) return DType::kInt64;
+            break;
+        case kDLUInt:
+            if (t.bits == 8) return DType::kUInt8;
+            if (t.bits == 16) return DType::kUInt16;
+            if (t.bits == 32) return DType::kUInt32;
+            if (t.bits == 64) return DType::kUInt64;
+            break;
+        case kDLFloat:
+            if (t.bits == 16) return DType::kFloat16;
+            if (t.bits == 32) return DType::kFloat32;
+            if (t.bits == 64) return DType::kFloat64;
+            break;
+        case kDLBfloat:
+            if (t.bits == 16) return DType::kBFloat16;
+            break;
+        case 6:  // kDLBool
+            if (t.bits == 8) return DType::kBool;
+            break;
+        case 10:  // kDLFloat8_e4m3fn (DLPack >= 1.1)
+            if (t.bits == 8) return DType::kFloat8E4M3;
+            break;
+        case 12:  // kDLFloat8_e5m2
+            if (t.bits == 8) return DType::kFloat8E5M2;
+            break;
+        default: break;
+    }
+    return InvalidArgument("unsupported DLPack dtype (code " + std::to_string(t.code) + ", bits " +
+                           std::to_string(t.bits) + ")");
+}
+
 
 BorrowedArray Borrow(const pyb::handle& obj, const char* what, bool need_writable) {
     if (obj.is_none()) ThrowIfError(InvalidArgument(std::string(what) + " is None"));

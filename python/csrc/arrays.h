@@ -5,6 +5,7 @@
 // producer alive. And numpy arrays over C++-owned buffers, zero-copy.
 #pragma once
 
+#include <dlpack/dlpack.h>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
@@ -64,6 +65,9 @@ T ValueOrThrow(Result<T>&& r) {
     if (!r.ok()) throw StatusError(r.status());
     return std::move(r).value();
 }
+
+/// This library's dtype of a DLPack dtype (one lane). Errors: InvalidArgument.
+Result<DType> DTypeOfDLPack(DLDataType t);
 
 void RegisterErrors(pyb::module_& m);
 

@@ -1490,12 +1490,12 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
     // one source overlap the work on others: kFar sources ahead, fetch the tile index object,
     // the descriptor and the target boxes; kNear ahead, validate, query in tile space and fetch
     // the tile_ptr lines of every run; then make regions and reads.
-    std::vector<std::uint32_t> todo;
-    todo.reserve(plan.selection.needed_sources.size());
+    std::vector<std::uint32_t> with_regions;
+    with_regions.reserve(plan.selection.needed_sources.size());
     for (std::size_t s = 0; s < manifest.size(); ++s) {
-        if (source_begin[s] != source_begin[s + 1]) todo.push_back(static_cast<std::uint32_t>(s));
+        if (source_begin[s] != source_begin[s + 1]) with_regions.push_back(static_cast<std::uint32_t>(s));
     }
-    plan.read_groups.reserve(todo.size());
+    plan.read_groups.reserve(with_regions.size());
     constexpr std::size_t kFar = 12, kNear = 4;
     struct Pending {
         std::vector<TileRange> runs;         ///< All matches' runs, match after match.
@@ -1562,16 +1562,16 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
     std::vector<RegionSpan> spans, heads;
     std::vector<std::uint32_t> order;
     std::size_t matches_done = 0;
-    for (std::size_t i = 0; i < std::min(kFar, todo.size()); ++i) fetch_far(todo[i]);
-    for (std::size_t i = 0; i < std::min(kNear, todo.size()); ++i) {
-        MCS_RETURN_IF_ERROR(query(todo[i], pending[i % pending.size()]));
+    for (std::size_t i = 0; i < std::min(kFar, with_regions.size()); ++i) fetch_far(with_regions[i]);
+    for (std::size_t i = 0; i < std::min(kNear, with_regions.size()); ++i) {
+        MCS_RETURN_IF_ERROR(query(with_regions[i], pending[i % pending.size()]));
     }
-    for (std::size_t i = 0; i < todo.size(); ++i) {
-        if (i + kFar < todo.size()) fetch_far(todo[i + kFar]);
-        if (i + kNear < todo.size()) {
-            MCS_RETURN_IF_ERROR(query(todo[i + kNear], pending[(i + kNear) % pending.size()]));
+    for (std::size_t i = 0; i < with_regions.size(); ++i) {
+        if (i + kFar < with_regions.size()) fetch_far(with_regions[i + kFar]);
+        if (i + kNear < with_regions.size()) {
+            MCS_RETURN_IF_ERROR(query(with_regions[i + kNear], pending[(i + kNear) % pending.size()]));
         }
-        const std::uint32_t s = todo[i];
+        const std::uint32_t s = with_regions[i];
         const TileIndex& index = *index_of(s);
         const Pending& p = pending[i % pending.size()];
         const auto group = std::span<const std::uint32_t>(by_source).subspan(

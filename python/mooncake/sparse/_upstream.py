@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-import os
 import secrets
 import struct
 import threading
@@ -64,7 +63,6 @@ _LIST_DEPTH = 3  # keys are listed in the slot table of their first three path c
 _REPLICA_NOT_READY = -703  # a put of the key is in progress (started, not yet ended)
 _OBJECT_NOT_FOUND = -704
 _OBJECT_ALREADY_EXISTS = -705
-_OBJECT_HAS_LEASE = -706
 _INVALID_PARAMS = -600
 _NO_AVAILABLE_HANDLE = -200  # allocation failed: out of segment space
 
@@ -590,16 +588,3 @@ class UpstreamObjectStore:
     def counters(self) -> dict[str, int]:
         with self._mu:
             return dict(self._counters)
-
-
-def connect_upstream(url: str, **overrides: Any) -> UpstreamObjectStore:
-    return UpstreamObjectStore.connect(parse_mooncake_url(url, **overrides))
-
-
-def master_command(rpc_port: int = 50051, http_metadata_port: int = 8080,
-                   metrics_port: int = 9003) -> list[str]:
-    """The mooncake_master command line this library's docs and tests use (HTTP metadata
-    server embedded in the master)."""
-    exe = os.environ.get("MOONCAKE_MASTER", "mooncake_master")
-    return [exe, f"--rpc_port={rpc_port}", "--enable_http_metadata_server=true",
-            f"--http_metadata_server_port={http_metadata_port}", f"--metrics_port={metrics_port}"]
