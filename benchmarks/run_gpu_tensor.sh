@@ -22,7 +22,8 @@
 # Environment: PYTHON (python3), JOBS (nproc), BUILD_DIR (build-tensor-gpu), BENCH_ARGS (extra
 # arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), UPSTREAM_BENCH_ARGS (of
 # benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, TEST_FILES (the pytest files
-# to run), SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1,
+# to run), SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1, NOSPIN=1 (the node points again with a client
+# that sleeps for its replies: OUTDIR/tensor_bench_nospin.jsonl),
 # NSYS=1 (profile 64 MiB puts/gets with nsys when present: OUTDIR/nsys_*.txt).
 set -uo pipefail
 
@@ -196,6 +197,15 @@ if [[ "${SKIP_BENCH:-0}" != 1 ]]; then
     rc=$?
     note "bench: rc=${rc}, $(grep -c '"what": "tensor_\|"what": "staged_' "${out}/tensor_bench.jsonl" 2>/dev/null || echo 0) result lines"
     [[ ${rc} != 0 ]] && { tail -20 "${out}/tensor_bench.log" >&2; status=1; }
+fi
+# ---- 5b. The node client sleeping for its replies instead of polling (NOSPIN=1) ------------
+if [[ "${NOSPIN:-0}" == 1 && "${SKIP_BENCH:-0}" != 1 ]]; then
+    # shellcheck disable=SC2086
+    "${py}" benchmarks/tensor_bench.py --json "${out}/tensor_bench_nospin.jsonl" --backends node \
+        --node-reply-spin-max 0 ${BENCH_ARGS:-} > /dev/null 2> "${out}/tensor_bench_nospin.log"
+    rc=$?
+    note "bench (no reply spin): rc=${rc}"
+    [[ ${rc} != 0 ]] && { tail -20 "${out}/tensor_bench_nospin.log" >&2; status=1; }
 fi
 # ---- 6. Side by side with upstream Mooncake's tensor calls -------------------------------------
 if [[ "${SKIP_UPSTREAM_BENCH:-0}" != 1 ]] && "${py}" -c "import mooncake.store" > /dev/null 2>&1; then

@@ -267,6 +267,8 @@ def main(argv=None):
     ap.add_argument("--node-segments", type=int, default=6)
     ap.add_argument("--node-pinned-quota", default="9GiB")
     ap.add_argument("--node-client-buffer-max", default="2GiB")
+    ap.add_argument("--node-reply-spin-max", type=float, default=None,
+                    help="seconds a node-store tensor call polls for its reply (0: sleeps at once)")
     args = ap.parse_args(argv)
 
     import mooncake.sparse as mcs
@@ -324,7 +326,10 @@ def main(argv=None):
                                     pinned_quota_bytes=args.node_pinned_quota,
                                     client_buffer_max_bytes=args.node_client_buffer_max)
             node = ctx.__enter__()
-            store = mcs.connect(node.url, call_timeout=600.0)
+            node_kwargs = {"call_timeout": 600.0}
+            if args.node_reply_spin_max is not None:
+                node_kwargs["reply_spin_max"] = args.node_reply_spin_max
+            store = mcs.connect(node.url, **node_kwargs)
         else:
             raise SystemExit(f"unknown backend {backend!r}")
         caps = store.capabilities()
@@ -346,6 +351,7 @@ def main(argv=None):
                 m = store.metrics()
                 emit({"what": "node_metrics", **{k: v for k, v in m.items() if "tensor" in k or
                                                  "ipc" in k or "pinned" in k}})
+                emit({"what": "node_client_stats", **store._core.client_stats()})
         finally:
             if ctx is not None:
                 store.close()

@@ -46,7 +46,8 @@ auto NoGil(Fn&& fn) {
 class PyNodeStore {
 public:
     PyNodeStore(const std::string& socket_path, double connect_timeout_s, double call_timeout_s,
-                const std::string& client_name, std::uint64_t initial_buffer_bytes) {
+                const std::string& client_name, std::uint64_t initial_buffer_bytes,
+                std::optional<double> reply_spin_max_s) {
         NodeClientOptions options;
         options.socket_path = socket_path;
         options.client_name = client_name;
@@ -55,6 +56,13 @@ public:
         options.call_timeout =
             std::chrono::milliseconds(static_cast<std::int64_t>(call_timeout_s * 1000));
         if (initial_buffer_bytes > 0) options.initial_buffer_bytes = initial_buffer_bytes;
+        if (reply_spin_max_s) {
+            if (!(*reply_spin_max_s >= 0)) {
+                throw StatusError(InvalidArgument("reply_spin_max must be >= 0 seconds"));
+            }
+            options.reply_spin_max = std::chrono::microseconds(
+                static_cast<std::int64_t>(*reply_spin_max_s * 1e6));
+        }
         client_ = NoGil([&] { return NodeClient::Connect(options); });
     }
 
@@ -175,6 +183,8 @@ public:
         d["calls"] = s.calls;
         d["connects"] = s.connects;
         d["disconnects"] = s.disconnects;
+        d["replies_spun"] = s.replies_spun;
+        d["replies_slept"] = s.replies_slept;
         d["leases_released"] = s.leases_released;
         d["buffer_bytes"] = s.buffer_bytes;
         d["connected"] = client_->connected();
@@ -209,10 +219,11 @@ private:
 void RegisterNode(pyb::module_& m) {
     pyb::class_<PyNodeStore>(m, "_NodeStore",
                              "A DummyClient of the node daemon (mooncake_sparse_node).")
-        .def(pyb::init<const std::string&, double, double, const std::string&, std::uint64_t>(),
+        .def(pyb::init<const std::string&, double, double, const std::string&, std::uint64_t,
+                       std::optional<double>>(),
              pyb::arg("socket_path"), pyb::arg("connect_timeout") = 5.0,
              pyb::arg("call_timeout") = 120.0, pyb::arg("client_name") = "",
-             pyb::arg("initial_buffer_bytes") = 0)
+             pyb::arg("initial_buffer_bytes") = 0, pyb::arg("reply_spin_max") = pyb::none())
         .def("put_sparse_object", &PyNodeStore::PutSparseObject, pyb::arg("tensor_id"),
              pyb::arg("global_shape"), pyb::arg("indices"), pyb::arg("values"),
              pyb::arg("source_placement") = pyb::none(), pyb::arg("placement_policy") = pyb::none(),

@@ -4,6 +4,7 @@
 #include "store/node_client.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -150,8 +151,27 @@ Status NodeClient::EnsureConnected() {
     return Status::Ok();
 }
 
+bool NodeClient::SpinForReply(int fd, std::uint64_t bytes) const {
+    using Clock = std::chrono::steady_clock;
+    auto budget = std::chrono::duration_cast<Clock::duration>(options_.reply_spin);
+    if (bytes > 0 && options_.spin_bytes_per_second > 0) {
+        budget += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(
+            static_cast<double>(bytes) / options_.spin_bytes_per_second));
+    }
+    budget = std::min(budget, std::chrono::duration_cast<Clock::duration>(options_.reply_spin_max));
+    if (budget <= Clock::duration::zero()) return false;
+    const Clock::time_point end = Clock::now() + budget;
+    for (;;) {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 0) > 0) return true;  // A reply, or a hang-up RecvFrame reports.
+        if (Clock::now() >= end) return false;
+        ::sched_yield();  // Stays on the core unless another thread is waiting for it.
+    }
+}
+
 Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::span<const int> fds,
-                                          std::vector<std::byte>& storage) {
+                                          std::vector<std::byte>& storage,
+                                          std::uint64_t spin_bytes) {
     // Never dials: a request may name bytes of this session's client buffer, or lease ids of
     // this session, so it must go out on the connection the caller prepared it for.
     if (!session_) {
@@ -169,6 +189,11 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
     if (Status s = session_->conn.SendFrame(frame_bytes, fds, deadline); !s.ok()) {
         DropSessionLocked("send");
         return Unavailable(where + ": " + s.message());
+    }
+    const bool spun = SpinForReply(session_->conn.fd(), spin_bytes);
+    {
+        std::lock_guard lock(stats_mu_);
+        ++(spun ? stats_.replies_spun : stats_.replies_slept);
     }
     auto bytes = session_->conn.RecvFrame(wire::kMaxFrameBytes, nullptr, deadline);
     if (!bytes.ok()) {
@@ -196,10 +221,10 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
 }
 
 template <typename Reply>
-Result<Reply> NodeClient::Call(const wire::Message& request) {
+Result<Reply> NodeClient::Call(const wire::Message& request, std::uint64_t spin_bytes) {
     MCS_RETURN_IF_ERROR(FlushReleasesLocked());
     std::vector<std::byte> storage;
-    MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, storage));
+    MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, storage, spin_bytes));
     return wire::DecodeReplyAs<Reply>(frame);
 }
 
@@ -496,12 +521,12 @@ Status NodeClient::PutTensors(std::span<const NodeTensor> tensors, PutMode mode,
         }
         ParallelCopies(copies, DefaultCopyThreads());
     }
-    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request));
+    std::uint64_t bytes = 0;
+    for (const NodeTensor& t : tensors) bytes += t.cuda ? t.cuda->ref.size : t.host.size();
+    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request, bytes));
     std::lock_guard slock(stats_mu_);
     counters_.puts += tensors.size();
-    for (const NodeTensor& t : tensors) {
-        counters_.bytes_put += t.cuda ? t.cuda->ref.size : t.host.size();
-    }
+    counters_.bytes_put += bytes;
     return Status::Ok();
 }
 
@@ -514,15 +539,15 @@ Status NodeClient::GetTensorsInto(std::span<const NodeTensor> tensors) {
     wire::TensorGetRequest request;
     request.items = TensorItems(tensors, offsets, host_total);
     if (host_total > 0) MCS_RETURN_IF_ERROR(EnsureBuffer(host_total));
-    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request));
     std::uint64_t bytes = 0;
+    for (const NodeTensor& t : tensors) bytes += t.cuda ? t.cuda->ref.size : t.host.size();
+    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request, bytes));
     std::vector<HostCopy> copies;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const NodeTensor& t = tensors[i];
         if (!t.cuda && !t.host.empty()) {
             copies.push_back({t.host.data(), session_->buffer->data() + offsets[i], t.host.size()});
         }
-        bytes += t.cuda ? t.cuda->ref.size : t.host.size();
     }
     ParallelCopies(copies, DefaultCopyThreads());
     std::lock_guard slock(stats_mu_);

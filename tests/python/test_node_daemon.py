@@ -110,8 +110,34 @@ def test_node_store_has_the_embedded_stores_methods(store):
     caps = store.capabilities()
     assert caps["backend"] == "node"
     assert caps["pinned_bytes"] + caps["pageable_bytes"] == caps["shm_capacity_bytes"]
-    assert caps["cuda_ipc_available"] is False
+    # Both ends are this machine: the daemon path has CUDA IPC exactly where this process does.
+    assert caps["cuda_ipc_available"] is embedded.capabilities()["cuda_ipc_available"]
     assert len(caps["segments"]) == 4 and all(s["read_only"] for s in caps["segments"])
+
+
+def test_reply_wait_polls_then_sleeps_as_configured(node):
+    """A call polls the socket for its reply before sleeping (a thread that sleeps through a
+    copy pays the core's wake-up latency); reply_spin_max=0 always sleeps. Every reply is
+    counted once, as polled for or slept for."""
+    t = np.arange(256 * 1024, dtype=np.float32)
+    out = np.empty_like(t)
+    with pytest.raises(mcs.InvalidArgument, match="reply_spin_max"):
+        mcs.connect(node.url, reply_spin_max=-1.0)
+    for spin_max, polled in ((0.0, False), (0.05, True)):
+        s = mcs.connect(node.url, reply_spin_max=spin_max)
+        try:
+            for i in range(20):
+                s.put_tensor(f"spin/{spin_max}/{i}", t)
+                s.get_tensor_into(f"spin/{spin_max}/{i}", out)
+            np.testing.assert_array_equal(out, t)
+            st = s._core.client_stats()
+            assert st["replies_spun"] + st["replies_slept"] == st["calls"]
+            if polled:
+                assert st["replies_spun"] > 0  # 40 calls of a 1 MiB copy each
+            else:
+                assert st["replies_spun"] == 0 and st["replies_slept"] == st["calls"]
+        finally:
+            s.close()
 
 
 def test_node_store_answers_like_the_embedded_store(store, rng):

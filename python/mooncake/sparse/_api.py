@@ -268,7 +268,9 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
     - None: a new embedded store (in-process, no daemon, no network); kwargs node_id,
       capacity_bytes.
     - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH; kwargs
-      connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes. Raises
+      connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes,
+      reply_spin_max (seconds a tensor call may poll for its reply before sleeping; 0 never
+      polls; default 0.02). Raises
       Unavailable when no daemon runs there. A call that loses the daemon raises Unavailable
       and the next call reconnects (e.g. to a restarted daemon).
     - "mooncake://HOST:PORT?protocol=tcp&metadata=URL&local_hostname=H&segment_bytes=N":
@@ -282,7 +284,7 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
         if not path:
             raise InvalidArgument(f"store URL {url!r} names no socket path (unix:///PATH)")
         unknown = set(kwargs) - {"connect_timeout", "call_timeout", "client_name",
-                                 "initial_buffer_bytes"}
+                                 "initial_buffer_bytes", "reply_spin_max"}
         if unknown:
             raise InvalidArgument(f"unknown option(s) for a node store: {sorted(unknown)}")
         kwargs.setdefault("client_name", f"pid {os.getpid()}")
