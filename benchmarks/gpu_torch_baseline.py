@@ -32,7 +32,7 @@ def main():
     ap.add_argument("--json")
     args = ap.parse_args()
     rows, cols = args.rows, args.cols
-    tr, tc = 1 << (rows // 16).bit_length() - 1, 1 << (cols // 16).bit_length() - 1
+    tr, tc = -(-rows // 8), -(-cols // 8)  # DefaultTileShape: 8 tiles per dim
     out = []
     for density in (0.001, 0.01, 0.1):
         old = (torch.rand(rows, cols, device="cuda") * 0.04 - 0.02).to(torch.bfloat16)

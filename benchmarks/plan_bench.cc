@@ -270,19 +270,6 @@ class Rng {
 // Tile shapes and synthetic tile indexes.
 // ---------------------------------------------------------------------------------------------
 
-/// The default tile extent per dimension: the largest power of two <= dim / 16 (at least 1),
-/// so that every dimension has 16..31 tiles. (The codec will own this choice later.)
-Shape DefaultTileShape(std::span<const Index> shape) {
-    Shape tile(shape.size());
-    for (std::size_t d = 0; d < shape.size(); ++d) {
-        const Index target = std::max<Index>(1, shape[d] / 16);
-        Index t = 1;
-        while (t * 2 <= target) t *= 2;
-        tile[d] = t;
-    }
-    return tile;
-}
-
 /// The compact tile index of one source object, as the store returns it (DESIGN.md §2).
 struct RawTileIndex {
     std::vector<TileCoord> coords;   ///< [num_tiles, rank], row-major.
@@ -487,7 +474,7 @@ struct Options {
     std::uint64_t nnz = 10'000'000;              ///< --sweep tiles.
     std::uint64_t materialize_max = 10'000'000;  ///< --sweep: largest nnz materialised.
     std::vector<Index> tiles;                    ///< --sweep: square tile sides.
-    /// Model tile shapes: "default" (the codec's DefaultTileShape, the headline) or
+    /// Model tile shapes: "default" (DefaultTileShape of geometry.h, what the codec uses; the headline) or
     /// "split_aware" (tensors split by TP along dim 1 get tiles spanning all of dim 0, so that a
     /// TP part is one contiguous run of tiles instead of one run per tile row).
     std::string tile_policy = "default";
@@ -672,7 +659,7 @@ std::vector<TensorSpec> KimiK2Tensors(int layers) {
 
 /// The tile shape of one model tensor under --tile_policy.
 Shape ModelTileShape(const TensorSpec& spec, const std::string& policy) {
-    Shape tile = DefaultTileShape(spec.shape);
+    Shape tile = mcs::DefaultTileShape(spec.shape);
     if (policy == "split_aware" && spec.split == TpSplit::kDim1) tile[0] = spec.shape[0];
     return tile;
 }
@@ -1299,10 +1286,10 @@ void SweepPoint(const Options& opt, std::string_view what, std::uint64_t nnz, In
 int RunSweep(const Options& opt, Emitter& emit) {
     const Shape shape{kSweepDim, kSweepDim};
     if (opt.sweep == "nnz") {
-        // Fixed tile shapes: the default one (4096^2 -> 256 tiles) and a finer 512^2 (16384
+        // Fixed tile shapes: the default one (8192^2 here: 64 tiles) and a finer 512^2 (16384
         // tiles), so that the tile count saturates at different nnz.
         std::vector<Index> sides = opt.tiles;
-        if (sides.empty()) sides = {DefaultTileShape(shape)[0], 512};
+        if (sides.empty()) sides = {mcs::DefaultTileShape(shape)[0], 512};
         const std::uint64_t points[] = {10'000,    31'623,     100'000,    316'228,    1'000'000,
                                         3'162'278, 10'000'000, 31'622'777, 100'000'000};
         for (Index side : sides) {

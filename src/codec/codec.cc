@@ -23,17 +23,6 @@ namespace mooncake::sparse {
 
 using codec_internal::LoadAs;
 
-Shape DefaultTileShape(std::span<const Index> global_shape) {
-    Shape out;
-    out.reserve(global_shape.size());
-    for (Index extent : global_shape) {
-        const Index sixteenth = extent / 16;
-        out.push_back(sixteenth < 1 ? Index{1}
-                                    : std::bit_floor(static_cast<std::uint64_t>(sixteenth)));
-    }
-    return out;
-}
-
 std::uint64_t Checksum(std::span<const std::byte> bytes) {
     return XXH3_64bits(bytes.data(), bytes.size());
 }

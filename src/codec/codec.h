@@ -66,10 +66,6 @@ struct SparseObject {
     }
 };
 
-/// Per dim: the largest power of two <= extent / 16, at least 1. Keeps the grid near 16..32
-/// tiles per dim, so TP splits into 2, 4 or 8 parts of power-of-two dims fall on tile edges.
-Shape DefaultTileShape(std::span<const Index> global_shape);
-
 /// XXH3-64 of a byte span.
 std::uint64_t Checksum(std::span<const std::byte> bytes);
 

@@ -198,7 +198,7 @@ TEST(BuildSparseObjectTest, FillsTheDescriptorAndKeepsTheCallersFields) {
     EXPECT_EQ(obj.desc.source_ref, "");                           // assigned by the store at commit
     EXPECT_EQ(obj.desc.nnz, 2u);
     EXPECT_EQ(obj.desc.num_tiles, 1u);
-    EXPECT_EQ(obj.desc.tile_shape, (Shape{128, 256}));
+    EXPECT_EQ(obj.desc.tile_shape, (Shape{256, 896}));
     EXPECT_EQ(obj.desc.index_dtype, DType::kUInt16);
     EXPECT_EQ(obj.desc.value_dtype, DType::kFloat32);
     EXPECT_EQ(DecodeIndices(obj.indices, DType::kUInt16), (std::vector<std::uint64_t>{1, 2, 5, 6}));

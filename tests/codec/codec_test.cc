@@ -25,10 +25,10 @@ using codec_testing::StatusIs;
 using codec_testing::View;
 using ::testing::HasSubstr;
 
-TEST(DefaultTileShapeTest, LargestPowerOfTwoAtMostASixteenth) {
-    EXPECT_EQ(DefaultTileShape(Shape{7168, 16384}), (Shape{256, 1024}));
-    EXPECT_EQ(DefaultTileShape(Shape{2048, 7168}), (Shape{128, 256}));
-    EXPECT_EQ(DefaultTileShape(Shape{10, 31, 32, 48}), (Shape{1, 1, 2, 2}));
+TEST(DefaultTileShapeTest, EightTilesPerDimension) {
+    EXPECT_EQ(DefaultTileShape(Shape{7168, 16384}), (Shape{896, 2048}));
+    EXPECT_EQ(DefaultTileShape(Shape{2048, 7168}), (Shape{256, 896}));
+    EXPECT_EQ(DefaultTileShape(Shape{10, 31, 32, 48}), (Shape{2, 4, 4, 6}));
     EXPECT_EQ(DefaultTileShape(Shape{1}), (Shape{1}));
     EXPECT_EQ(DefaultTileShape(Shape{}), (Shape{}));
 }

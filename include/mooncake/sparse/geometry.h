@@ -228,6 +228,18 @@ inline Status ValidateTileShape(std::span<const Index> tile_shape,
     return Status::Ok();
 }
 
+/// The tile shape of a source whose writer names none: 8 tiles per dimension (each extent / 8,
+/// rounded up, at least 1). Why 8: a reader that splits a dimension into 2, 4 or 8 equal parts
+/// (TP within a node) cuts it on tile edges whenever the extent is a multiple of 8, so it reads
+/// no entry outside its box; and tiles are stored in row-major order, so a box that splits the
+/// last dimension costs one entry range per tile row, which a finer grid multiplies.
+inline Shape DefaultTileShape(std::span<const Index> global_shape) {
+    Shape out;
+    out.reserve(global_shape.size());
+    for (const Index extent : global_shape) out.push_back(std::max<Index>(1, extent / 8 + (extent % 8 != 0)));
+    return out;
+}
+
 /// The box of tile coordinates touched by an element box: `[origin / t, (end - 1) / t + 1)`.
 inline Box TileBounds(const Box& elements, std::span<const Index> tile_shape) {
     std::array<Index, kMaxRank> origin{}, shape{};
