@@ -642,18 +642,32 @@ Result<TargetObject> Materialize(std::span<const SourceDescriptor> manifest,
 
 }  // namespace
 
+std::unique_ptr<SparseStore::PlanScratch> SparseStore::TakeScratch() {
+    {
+        std::lock_guard lock(scratch_mu_);
+        if (scratch_) return std::move(scratch_);
+    }
+    return std::make_unique<PlanScratch>();
+}
+
+void SparseStore::ReturnScratch(std::unique_ptr<PlanScratch> scratch) {
+    std::lock_guard lock(scratch_mu_);
+    if (!scratch_) scratch_ = std::move(scratch);
+}
+
 Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
     const auto t0 = Clock::now();
+    std::unique_ptr<PlanScratch> scratch = TakeScratch();
     std::optional<ManifestIndex> own_index;
     if (options.manifest_index == nullptr) {
-        MCS_ASSIGN_OR_RETURN(own_index, ManifestIndex::Make(manifest));
+        MCS_ASSIGN_OR_RETURN(own_index, ManifestIndex::Make(manifest, &scratch->index));
     }
     const ManifestIndex& manifest_index =
         options.manifest_index != nullptr ? *options.manifest_index : *own_index;
     MCS_ASSIGN_OR_RETURN(SourceSelection selection,
-                         SelectSources(manifest, manifest_index, targets));
+                         SelectSources(manifest, manifest_index, targets, &scratch->plan.selection));
     SparseMetrics m;  // this call's contribution
 
     std::vector<std::vector<Piece>> pieces(targets.size());
@@ -671,7 +685,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
         }
         // Steps 4-5: plan and dedup. The selection is copied into the plan: the budget
         // fallback below still needs it when planning fails.
-        auto plan = PlanBatch(manifest, targets, selection, lookup, options.plan);
+        auto plan = PlanBatch(manifest, targets, selection, lookup, options.plan, &scratch->plan);
         if (!plan.ok() && plan.status().code() != StatusCode::kResourceExhausted) return plan.status();
         m.plan_seconds = Seconds(t0);
         if (plan.ok()) {
@@ -764,6 +778,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
                     }
                 }
             }
+            scratch->plan = std::move(plan).value();  // its storage serves the next read
         } else {
             fallback = true;  // over the planning budget: explicit, counted fallback below
         }
@@ -857,6 +872,8 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     metrics_.plan_seconds += m.plan_seconds;
     metrics_.read_seconds += m.read_seconds;
     metrics_.materialize_seconds += m.materialize_seconds;
+    if (own_index) scratch->index = std::move(*own_index);
+    ReturnScratch(std::move(scratch));
     return out;
 }
 

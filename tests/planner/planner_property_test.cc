@@ -686,6 +686,10 @@ TEST(PlannerPropertyTest, BatchPlanEqualsReferencePlanner) {
     constexpr std::uint64_t kSeed = 0x5eed0005;
     std::mt19937_64 rng(kSeed);
     std::uint64_t split_regions = 0, many_spans = 0, multi_node = 0;
+    // A planning loop beside: every iteration also plans into the storage of the one before
+    // (another manifest, other sizes, growing and shrinking).
+    ManifestIndex last_index;
+    BatchPlan last_plan;
     for (int iter = 0; iter < 200; ++iter) {
         SCOPED_TRACE("seed " + std::to_string(kSeed) + " iteration " + std::to_string(iter));
         std::vector<DrawnSource> sources;
@@ -755,6 +759,29 @@ TEST(PlannerPropertyTest, BatchPlanEqualsReferencePlanner) {
         const BatchPlan expected = ReferencePlan(manifest, targets, sel, lookup, options);
         ASSERT_OK_AND_ASSIGN(BatchPlan plan, PlanBatch(manifest, targets, sel, lookup, options));
         ExpectSamePlan(plan, expected);
+        {
+            ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest, &last_index));
+            ASSERT_OK_AND_ASSIGN(SourceSelection recycled_sel,
+                                 SelectSources(manifest, index, targets, &last_plan.selection));
+            EXPECT_EQ(recycled_sel.target_begin, sel.target_begin);
+            EXPECT_EQ(recycled_sel.needed_sources, sel.needed_sources);
+            EXPECT_EQ(recycled_sel.region_bound, sel.region_bound);
+            ASSERT_EQ(recycled_sel.matches.size(), sel.matches.size());
+            for (std::size_t m = 0; m < sel.matches.size(); ++m) {
+                EXPECT_EQ(std::pair(recycled_sel.matches[m].source_index,
+                                    recycled_sel.matches[m].target_index),
+                          std::pair(sel.matches[m].source_index, sel.matches[m].target_index));
+            }
+            ASSERT_OK_AND_ASSIGN(BatchPlan recycled,
+                                 PlanBatch(manifest, targets, std::move(recycled_sel), lookup,
+                                           options, &last_plan));
+            ExpectSamePlan(recycled, expected);
+            EXPECT_TRUE(last_plan.regions.empty() && last_plan.reads.empty() &&
+                        last_plan.match_regions.empty() && last_plan.nodes.empty());
+            EXPECT_EQ(last_index.size(), 0u);
+            last_index = std::move(index);
+            last_plan = std::move(recycled);
+        }
         if (!any_huge) {
             EXPECT_LE(plan.regions.size(), sel.region_bound);
             if (all_dense) {

@@ -30,6 +30,7 @@ using ::mooncake::sparse::testing::BuildSource;
 using ::mooncake::sparse::testing::BuiltSource;
 using ::mooncake::sparse::testing::DenseCoords;
 using ::mooncake::sparse::testing::ExpectWellFormedRanges;
+using ::mooncake::sparse::testing::ExpectSamePlan;
 using ::mooncake::sparse::testing::IsOk;
 using ::mooncake::sparse::testing::LookupOf;
 using ::mooncake::sparse::testing::MakeBox;
@@ -1214,6 +1215,53 @@ TEST(PlanBatchTest, ReadCoalesceGapMergesNearbyRanges) {
             EXPECT_GE(plan.reads[r.read_index()].end, r.end());
         }
     }
+}
+
+TEST(PlanBatchTest, RecycledPlanIsWrittenIntoTheOldStorage) {
+    // A planning loop hands the last step's index and plan back: the next plan is the same
+    // as a fresh one and lands in the same arrays (no new pages), and what was recycled is
+    // left empty.
+    SourceSpec spec = Spec2D("s", "w", {64, 64}, {8, 8});
+    std::vector<BuiltSource> sources = {
+        ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({0, 0}, {64, 64}))))};
+    const auto manifest = ManifestOf(sources);
+    std::vector<TargetDescriptor> targets = {
+        MakeTarget("a", "n0", "w", NamedAxes(), {0, 0}, {64, 32}),
+        MakeTarget("b", "n0", "w", NamedAxes(), {0, 32}, {64, 32})};
+    ASSERT_OK_AND_ASSIGN(BatchPlan fresh, Plan(manifest, targets, LookupOf(sources)));
+    ASSERT_EQ(fresh.regions.size(), 16u);  // one per tile row per column half
+
+    ASSERT_OK_AND_ASSIGN(ManifestIndex index, ManifestIndex::Make(manifest));
+    ASSERT_OK_AND_ASSIGN(SourceSelection sel, SelectSources(manifest, index, targets));
+    ASSERT_OK_AND_ASSIGN(BatchPlan last,
+                         PlanBatch(manifest, targets, std::move(sel), LookupOf(sources)));
+    const Region* regions = last.regions.data();
+    const UniqueRead* reads = last.reads.data();
+    const SourceMatch* matches = last.selection.matches.data();
+
+    ASSERT_OK_AND_ASSIGN(ManifestIndex next_index, ManifestIndex::Make(manifest, &index));
+    EXPECT_EQ(index.size(), 0u);
+    ASSERT_OK_AND_ASSIGN(SourceSelection next_sel,
+                         SelectSources(manifest, next_index, targets, &last.selection));
+    EXPECT_EQ(next_sel.matches.data(), matches);
+    EXPECT_TRUE(last.selection.matches.empty());
+    ASSERT_OK_AND_ASSIGN(BatchPlan next, PlanBatch(manifest, targets, std::move(next_sel),
+                                                   LookupOf(sources), {}, &last));
+    ExpectSamePlan(next, fresh);
+    EXPECT_EQ(next.regions.data(), regions);
+    EXPECT_EQ(next.reads.data(), reads);
+    EXPECT_EQ(next.selection.matches.data(), matches);
+    EXPECT_TRUE(last.regions.empty() && last.reads.empty() && last.read_groups.empty() &&
+                last.nodes.empty() && last.stats.regions == 0);
+
+    // A smaller batch into the bigger storage: only its own regions.
+    targets.resize(1);
+    ASSERT_OK_AND_ASSIGN(SourceSelection one, SelectSources(manifest, next_index, targets));
+    ASSERT_OK_AND_ASSIGN(BatchPlan smaller, PlanBatch(manifest, targets, std::move(one),
+                                                      LookupOf(sources), {}, &next));
+    ASSERT_OK_AND_ASSIGN(BatchPlan smaller_fresh, Plan(manifest, targets, LookupOf(sources)));
+    ExpectSamePlan(smaller, smaller_fresh);
+    EXPECT_EQ(smaller.regions.data(), regions);
 }
 
 TEST(PlanBatchTest, RegionsCarrySourceMetadata) {

@@ -764,12 +764,27 @@ public:
 
     ManifestIndex() = default;
 
-    /// Errors: InvalidArgument when the manifest holds 2^32 - 1 sources (or 2^16 owner axes)
-    /// or more.
-    static Result<ManifestIndex> Make(std::span<const SourceDescriptor> manifest) {
+    /// `recycle`: an index this caller is done with (the previous step's); its arrays are
+    /// emptied and written again, so a step's index lands in memory already paged in, and
+    /// `*recycle` is left empty. Errors: InvalidArgument when the manifest holds 2^32 - 1
+    /// sources (or 2^16 owner axes) or more.
+    static Result<ManifestIndex> Make(std::span<const SourceDescriptor> manifest,
+                                      ManifestIndex* recycle = nullptr) {
         const std::size_t n = manifest.size();
         if (n >= kEmpty) return InvalidArgument("manifest has 2^32 - 1 sources or more");
         ManifestIndex ix;
+        if (recycle != nullptr) {
+            ix = std::move(*recycle);
+            *recycle = ManifestIndex();
+            ix.slots_.clear();
+            ix.ids_.clear();
+            ix.id_begin_.clear();
+            ix.group_begin_.clear();
+            ix.sources_.clear();
+            ix.candidates_.clear();
+            ix.coords_.clear();
+            ix.axes_.clear();
+        }
         ix.size_ = n;
         std::size_t capacity = 16;
         while (capacity < n + n / 2 + 1) capacity *= 2;  // load factor <= 2/3
@@ -1000,6 +1015,13 @@ struct SourceSelection {
     std::uint64_t region_bound = 0;
 
     std::size_t num_targets() const { return target_begin.empty() ? 0 : target_begin.size() - 1; }
+    /// Empties it, keeping the arrays' capacity.
+    void Clear() {
+        matches.clear();
+        target_begin.clear();
+        needed_sources.clear();
+        region_bound = 0;
+    }
     /// Target t's matches; t < num_targets().
     std::span<const SourceMatch> matches_of(std::size_t t) const {
         return std::span<const SourceMatch>(matches).subspan(
@@ -1054,12 +1076,15 @@ inline std::uint64_t RunBound(std::size_t rank, const Index* lo, const Index* hi
 /// a gap is an error, never a silent hole in the weights. Targets are looked up in a software
 /// pipeline: each one's descriptor, ids, hash slot and candidate records are fetched a few
 /// targets before it is matched. Also sums the selection's region_bound.
+/// `recycle`: a selection this caller is done with (e.g. the previous step's plan's); its
+/// arrays are reused and `*recycle` is left empty (see ManifestIndex::Make).
 /// Errors: InvalidArgument (index built for another manifest, shape mismatch, target outside
 /// the tensor, overlapping sources, 2^32 matches or more); NotFound (no source for the tensor,
 /// or a target box not fully covered).
 inline Result<SourceSelection> SelectSources(std::span<const SourceDescriptor> manifest,
                                              const ManifestIndex& index,
-                                             std::span<const TargetDescriptor> targets) {
+                                             std::span<const TargetDescriptor> targets,
+                                             SourceSelection* recycle = nullptr) {
     using Candidate = ManifestIndex::Candidate;
     if (index.size() != manifest.size()) {
         return InvalidArgument("manifest index was built for a manifest of " +
@@ -1069,6 +1094,11 @@ inline Result<SourceSelection> SelectSources(std::span<const SourceDescriptor> m
     constexpr std::size_t kMaxMatches = std::numeric_limits<std::uint32_t>::max();
     if (targets.size() >= kMaxMatches) return InvalidArgument("2^32 - 1 targets or more");
     SourceSelection sel;
+    if (recycle != nullptr) {
+        sel = std::move(*recycle);
+        *recycle = SourceSelection();
+        sel.Clear();
+    }
     sel.target_begin.resize(targets.size() + 1);
     sel.matches.reserve(targets.size() + targets.size() / 8);
     std::vector<std::uint8_t> needed(manifest.size(), 0);
@@ -1256,6 +1286,16 @@ struct BatchPlan {
 
     std::size_t num_targets() const { return selection.num_targets(); }
     std::span<const SourceMatch> matches() const { return selection.matches; }
+    /// Empties it, keeping the arrays' capacity (the selection's too).
+    void Clear() {
+        selection.Clear();
+        match_regions.clear();
+        regions.clear();
+        reads.clear();
+        read_groups.clear();
+        nodes.clear();
+        stats = {};
+    }
     /// Target t's matches (indexes into matches()): [first, last).
     std::pair<std::size_t, std::size_t> match_range(std::size_t t) const {
         return {selection.target_begin[t], selection.target_begin[t + 1]};
@@ -1399,13 +1439,23 @@ inline void MergeIntoReads(std::vector<Region>& regions, std::span<const RegionS
 /// a source's regions are written in place, run j of the source being region base + j.
 /// O(matches + regions) beyond the queries.
 /// Node ids are numbered in order of first appearance in this (source-major) order.
+///
+/// `recycle`: a plan this caller is done with, typically the previous step's. Its region,
+/// read and match arrays are emptied and written again, so the plan lands in memory that is
+/// already paged in (a fresh node plan of half a million regions pays thousands of page
+/// faults, a fifth of its time), and `*recycle` is left empty. Its selection's arrays are
+/// reused by SelectSources, not here: a step is
+///     auto index = ManifestIndex::Make(manifest, &last_index);
+///     auto sel = SelectSources(manifest, *index, targets, &last_plan.selection);
+///     auto plan = PlanBatch(manifest, targets, std::move(*sel), lookup, options, &last_plan);
 /// Errors: NotFound (a needed tile index missing); InvalidArgument (a selection for other
 /// targets or another manifest, a tile index that does not match its descriptor);
 /// ResourceExhausted (PlanningLimits).
 inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
                                    std::span<const TargetDescriptor> targets,
                                    SourceSelection selection, TileIndexLookup indexes,
-                                   const PlanOptions& options = {}) {
+                                   const PlanOptions& options = {},
+                                   BatchPlan* recycle = nullptr) {
     if (selection.num_targets() != targets.size()) {
         return InvalidArgument("selection was made for a different target set");
     }
@@ -1414,6 +1464,11 @@ inline Result<BatchPlan> PlanBatch(std::span<const SourceDescriptor> manifest,
         return InvalidArgument("selection target offsets do not span its matches");
     }
     BatchPlan plan;
+    if (recycle != nullptr) {
+        plan = std::move(*recycle);
+        *recycle = BatchPlan();
+        plan.Clear();
+    }
     plan.selection = std::move(selection);
     const std::vector<SourceMatch>& matches = plan.selection.matches;
     const std::vector<std::uint32_t>& target_begin = plan.selection.target_begin;
