@@ -55,12 +55,18 @@ def main(argv: list[str]) -> int:
     tb = out / "tensor_bench.jsonl"
     if tb.exists():
         rows = [r for r in load(tb) if r.get("device") == "cuda"]
+        # The same node points with a client that sleeps for its replies (NOSPIN=1).
+        nospin = out / "tensor_bench_nospin.jsonl"
+        if nospin.exists():
+            rows += [{**r, "backend": "node, client sleeps"} for r in load(nospin)
+                     if r.get("device") == "cuda" and not r["what"].startswith("staged")]
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
         for ax, (put, get) in zip(axes, (("tensor_put", "tensor_batch_put"),
                                         ("tensor_get_into", "tensor_batch_get_into"))):
             sel = [r for r in rows if r["what"] in (put, get, "staged_put", "staged_get_into")
                    and (("put" in r["what"]) == ("put" in put))]
-            bars(ax, sel, ["embedded", "node", "embedded staged", "node staged"],
+            bars(ax, sel, ["embedded", "node", "node, client sleeps", "embedded staged",
+                           "node staged"],
                  lambda r: r["backend"] + (" staged" if r["what"].startswith("staged") else ""),
                  "CUDA " + ("put" if "put" in put else "get_into"))
         fig.tight_layout()
