@@ -48,17 +48,23 @@ struct KeyPlan {
     std::array<std::uint64_t, kMaxRank> lo{};      // source box begin
     std::array<std::uint64_t, kMaxRank> ext{};     // source box extent
     std::array<std::uint64_t, kMaxRank> ts{};      // tile extent
-    std::array<std::uint64_t, kMaxRank> mask{};    // ts - 1 when ts is a power of two
-    std::array<int, kMaxRank> shift{};             // log2(ts), or -1
+    std::array<Divider, kMaxRank> div{};           // by ts
     std::array<std::uint64_t, kMaxRank> grid{};    // tiles per dim over the global shape
     std::array<std::uint64_t, kMaxRank> gshape{};  // global extents
     bool single_key = true;
     std::uint64_t tile_volume = 1;  // prod(ts)
-    int tile_volume_shift = -1;     // log2(tile_volume), or -1
+    Divider volume_div;             // by tile_volume
     std::uint64_t key_limit = 0;    // every single key is < key_limit
+    bool exact_dims = false;        // div[d] is exact for every coordinate inside the shape
+    bool exact_volume = false;      // volume_div is exact for every key
 
+    /// The tile coordinate of in-shape coordinate u in dim d (garbage for an out-of-shape u,
+    /// which ComputeKeys rejects anyway).
+    std::uint64_t TileCoordOf(std::size_t d, std::uint64_t u) const {
+        return exact_dims ? div[d].Div(u) : u / ts[d];
+    }
     std::uint64_t TileOf(std::uint64_t key) const {
-        return tile_volume_shift >= 0 ? key >> tile_volume_shift : key / tile_volume;
+        return exact_volume ? volume_div.Div(key) : key / tile_volume;
     }
 };
 
@@ -86,9 +92,9 @@ ChunkResult ComputeKeys(const std::byte* in, const KeyPlan& p, std::uint64_t beg
             // A negative signed value becomes >= 2^63 here and fails the box test too.
             const auto u = static_cast<std::uint64_t>(LoadAs<InT>(e + d * sizeof(InT)));
             bad |= (u - p.lo[d]) >= p.ext[d];
-            const std::uint64_t t = p.shift[d] >= 0 ? u >> p.shift[d] : u / p.ts[d];
+            const std::uint64_t t = p.TileCoordOf(d, u);
             if constexpr (kSingle) {
-                const std::uint64_t l = p.shift[d] >= 0 ? (u & p.mask[d]) : u - t * p.ts[d];
+                const std::uint64_t l = u - t * p.ts[d];
                 tile = tile * p.grid[d] + t;
                 local = local * p.ts[d] + l;
             } else {
@@ -481,11 +487,9 @@ Status BuildTyped(const BuildInput& in, const KeyPlan& plan, SparseObject& obj) 
         VisitElementSize(vb, [&](auto size_tag) {
             constexpr std::size_t kVB = decltype(size_tag)::value;
             using V = UIntOfSize<kVB>;
-            // With power-of-two tiles a sorted key decodes to its coordinates with shifts, which
-            // beats a random-access gather from the input indices.
-            const bool decode = plan.single_key && plan.tile_volume_shift >= 0 &&
-                                std::all_of(plan.shift.begin(), plan.shift.begin() + rank,
-                                            [](int s) { return s >= 0; });
+            // A sorted key decodes to its coordinates with shifts or multiplies (Divider),
+            // which beats a random-access gather from the input indices.
+            const bool decode = plan.single_key && plan.exact_dims && plan.exact_volume;
             ParallelFor(gparts, static_cast<std::size_t>(gparts), [&](std::size_t t) {
                 const std::uint64_t begin = gsplit.Begin(t), end = gsplit.Begin(t + 1);
                 if (decode) {
@@ -493,21 +497,23 @@ Status BuildTyped(const BuildInput& in, const KeyPlan& plan, SparseObject& obj) 
                     std::array<std::uint64_t, kMaxRank> base{};
                     for (std::uint64_t j = begin; j < end; ++j) {
                         const std::uint64_t key = keys[j];
-                        const std::uint64_t tile = key >> plan.tile_volume_shift;
+                        const std::uint64_t tile = plan.TileOf(key);
                         if (tile != cur_tile) {
                             cur_tile = tile;
                             std::uint64_t rest = tile;
                             for (std::size_t d = rank; d-- > 0;) {
-                                base[d] = (rest % plan.grid[d]) << plan.shift[d];
+                                base[d] = (rest % plan.grid[d]) * plan.ts[d];
                                 rest /= plan.grid[d];
                             }
                         }
-                        std::uint64_t local = key & (plan.tile_volume - 1);
+                        // local < tile_volume: exact for div[d] whenever exact_volume is.
+                        std::uint64_t local = key - tile * plan.tile_volume;
                         std::byte* o = out_idx + j * rank * sizeof(OutT);
                         for (std::size_t d = rank; d-- > 0;) {
+                            const std::uint64_t q = plan.div[d].Div(local);
                             StoreAs<OutT>(o + d * sizeof(OutT),
-                                          static_cast<OutT>(base[d] + (local & plan.mask[d])));
-                            local >>= plan.shift[d];
+                                          static_cast<OutT>(base[d] + (local - q * plan.ts[d])));
+                            local = q;
                         }
                         StoreAs<V>(out_val + j * kVB, LoadAs<V>(in.values + source_of(j) * kVB));
                     }
@@ -644,8 +650,7 @@ Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& i
             plan.lo[d] = static_cast<std::uint64_t>(desc.box.begin(d));
             plan.ext[d] = static_cast<std::uint64_t>(desc.box.shape()[d]);
             plan.ts[d] = t;
-            plan.shift[d] = std::has_single_bit(t) ? std::countr_zero(t) : -1;
-            plan.mask[d] = t - 1;
+            plan.div[d] = Divider(t);
             plan.grid[d] = g / t + (g % t != 0);
             plan.gshape[d] = g;
             fits &= !__builtin_mul_overflow(grid_volume, plan.grid[d], &grid_volume);
@@ -653,9 +658,12 @@ Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& i
         }
         fits &= !__builtin_mul_overflow(grid_volume, plan.tile_volume, &plan.key_limit);
         plan.single_key = fits;
-        if (fits && std::has_single_bit(plan.tile_volume)) {
-            plan.tile_volume_shift = std::countr_zero(plan.tile_volume);
+        plan.exact_dims = true;
+        for (std::size_t d = 0; d < rank; ++d) {
+            plan.exact_dims &= plan.div[d].Exact(plan.gshape[d] - 1);
         }
+        plan.volume_div = Divider(plan.tile_volume);
+        plan.exact_volume = fits && plan.volume_div.Exact(plan.key_limit - 1);
 
         BuildInput in;
         in.indices = indices.data.data();

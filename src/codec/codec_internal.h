@@ -66,6 +66,36 @@ void ParallelFor(int num_threads, std::size_t num_tasks, Fn&& fn) {
 __extension__ typedef unsigned __int128 UInt128;
 
 /// Splits [0, n) into `parts` contiguous pieces; piece i is [Begin(i), Begin(i + 1)).
+/// Division by an invariant divisor d >= 1 without a divide instruction: a shift when d is a
+/// power of two (exact for every n), else one 64x64->128-bit multiply by ceil(2^64 / d), which
+/// is exact for every n < 2^32 and d < 2^32 (Lemire, Kaser and Kurz, "Faster remainder by
+/// direct computation", 2019). Callers check Exact(n_max) once. Default tile shapes are
+/// extent / 8, rarely a power of two: tile coordinates of every entry go through this.
+struct Divider {
+    std::uint64_t d = 1;
+    std::uint64_t m = 0;  ///< ceil(2^64 / d) when shift < 0.
+    int shift = 0;        ///< log2(d) when d is a power of two, else -1.
+
+    Divider() = default;
+    explicit Divider(std::uint64_t divisor) : d(divisor) {
+        if (std::has_single_bit(d)) {
+            shift = std::countr_zero(d);
+        } else {
+            shift = -1;
+            m = ~std::uint64_t{0} / d + 1;
+        }
+    }
+    /// True when Div/Mod are exact for every n <= n_max.
+    bool Exact(std::uint64_t n_max) const {
+        return shift >= 0 || (n_max < (std::uint64_t{1} << 32) && d < (std::uint64_t{1} << 32));
+    }
+    std::uint64_t Div(std::uint64_t n) const {
+        return shift >= 0 ? n >> shift
+                          : static_cast<std::uint64_t>((static_cast<unsigned __int128>(m) * n) >> 64);
+    }
+    std::uint64_t Mod(std::uint64_t n) const { return n - Div(n) * d; }
+};
+
 struct Split {
     std::uint64_t n = 0;
     std::uint64_t parts = 1;

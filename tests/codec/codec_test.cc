@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "codec/codec_internal.h"
 #include "codec_test_util.h"
 
 namespace mooncake::sparse {
@@ -31,6 +32,33 @@ TEST(DefaultTileShapeTest, EightTilesPerDimension) {
     EXPECT_EQ(DefaultTileShape(Shape{10, 31, 32, 48}), (Shape{2, 4, 4, 6}));
     EXPECT_EQ(DefaultTileShape(Shape{1}), (Shape{1}));
     EXPECT_EQ(DefaultTileShape(Shape{}), (Shape{}));
+}
+
+TEST(DividerTest, MatchesDivisionForEveryDivisorShape) {
+    // Shifts for powers of two (any n), the multiply for the rest (n and d below 2^32): the
+    // quotient and remainder of every divisor kind against the divide instruction, at the
+    // edges (multiples, one below, the largest n) and at random.
+    using codec_internal::Divider;
+    std::mt19937_64 rng(0xd1u);
+    std::vector<std::uint64_t> divisors = {1, 2, 3, 5, 7, 64, 448, 896, 2048, 2304, 3072,
+                                           65535, 65537, (1ull << 31) - 1, (1ull << 32) - 1};
+    for (int i = 0; i < 200; ++i) divisors.push_back(1 + rng() % ((1ull << 32) - 1));
+    for (const std::uint64_t d : divisors) {
+        const Divider div(d);
+        ASSERT_TRUE(div.Exact((1ull << 32) - 1)) << d;
+        std::vector<std::uint64_t> ns = {0, 1, d - 1, d, d + 1, 2 * d - 1, (1ull << 32) - 1,
+                                         ((1ull << 32) - 1) / d * d, ((1ull << 32) - 1) / d * d - 1};
+        for (int i = 0; i < 2000; ++i) ns.push_back(rng() & 0xffffffffu);
+        for (const std::uint64_t n : ns) {
+            if (n >= (1ull << 32)) continue;
+            ASSERT_EQ(div.Div(n), n / d) << n << " / " << d;
+            ASSERT_EQ(div.Mod(n), n % d) << n << " % " << d;
+        }
+    }
+    // Powers of two stay exact past 2^32; other divisors say they are not.
+    EXPECT_TRUE(Divider(4096).Exact(~0ull));
+    EXPECT_EQ(Divider(4096).Div((1ull << 50) + 4097), ((1ull << 50) + 4097) / 4096);
+    EXPECT_FALSE(Divider(896).Exact(1ull << 32));
 }
 
 TEST(ChecksumTest, IsXxh3AndCoversEveryMember) {
