@@ -90,8 +90,8 @@ struct Divider {
         return shift >= 0 || (n_max < (std::uint64_t{1} << 32) && d < (std::uint64_t{1} << 32));
     }
     std::uint64_t Div(std::uint64_t n) const {
-        return shift >= 0 ? n >> shift
-                          : static_cast<std::uint64_t>((static_cast<unsigned __int128>(m) * n) >> 64);
+        __extension__ using U128 = unsigned __int128;  // GCC/Clang; __extension__: -Wpedantic
+        return shift >= 0 ? n >> shift : static_cast<std::uint64_t>((U128{m} * n) >> 64);
     }
     std::uint64_t Mod(std::uint64_t n) const { return n - Div(n) * d; }
 };
