@@ -485,8 +485,15 @@ Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generatio
     Status s = store_->Put(key, writer_id, {}, {PutMode::kCreate, false});
     if (s.ok()) return true;
     if (s.code() != StatusCode::kConflict) return s;
-    MCS_ASSIGN_OR_RETURN(ObjectInfo info, store_->Stat(key));
-    return info.metadata == writer_id;
+    // The key exists: ours when an earlier try of this writer created it (an idempotent retry).
+    auto info = store_->Stat(key);
+    if (!info.ok()) {
+        // Taken but not yet visible: another writer's create is still in flight (a store whose
+        // objects appear when their put ends, as upstream Mooncake's do). Not ours.
+        if (info.status().code() == StatusCode::kNotFound) return false;
+        return info.status();
+    }
+    return info->metadata == writer_id;
 }
 
 Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generation) {

@@ -138,6 +138,35 @@ def test_python_exceptions_come_back_typed():
     assert obj.nnz == 2
 
 
+def test_admission_loses_to_a_create_still_in_flight():
+    """A store that reports a key as taken before the object is visible (upstream Mooncake while
+    another writer's put of it is in progress): admit returns False instead of NotFound, and a
+    writer's retry after its own create still wins."""
+
+    class InFlight(DictObjectStore):
+        def __init__(self):
+            super().__init__()
+            self.in_flight: set[str] = set()
+
+        def put(self, key, metadata, members, mode, hard_pin):
+            if mode == "create" and key in self.in_flight:
+                raise mcs.Conflict(f"{key} is being created")
+            super().put(key, metadata, members, mode, hard_pin)
+
+    args = ("layers.9.w", (7, 8), "owner(expert)", {"expert": 3})
+    probe = DictObjectStore()  # learns the admission key
+    store_on(probe).admit(*args, "probe")
+    (key,) = probe.objects
+    impl = InFlight()
+    impl.in_flight.add(key)
+    store = store_on(impl)
+    assert store.admit(*args, "writer-b") is False
+    impl.in_flight.clear()
+    assert store.admit(*args, "writer-a") is True
+    assert store.admit(*args, "writer-a") is True   # its retry
+    assert store.admit(*args, "writer-b") is False
+
+
 def test_an_incomplete_implementation_is_rejected():
     class Partial:
         def put(self, *a):
