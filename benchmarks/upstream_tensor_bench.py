@@ -144,6 +144,14 @@ def main(argv=None):
         emit({"what": "ceiling", "tensor_bytes": s, **ceilings[s]})
     tmp = Path(tempfile.mkdtemp(prefix="mcs-upbench-"))
 
+    def bench_upstream(name, client, setup_rc):
+        """Benchmarks an upstream client whose setup returned setup_rc, then closes it."""
+        if setup_rc != 0:
+            emit({"what": "error", "backend": name, "error": f"setup {setup_rc}"})
+            return
+        bench_backend(name, UpstreamCalls(client, torch), torch, sizes, args.iters, ceilings, emit)
+        client.close()
+
     # A fresh master per upstream backend: a stopped client's segment stays registered with its
     # master for a while, and allocations there would fail.
     if "upstream_dummy" in backends:
@@ -158,27 +166,17 @@ def main(argv=None):
             try:
                 time.sleep(3)
                 client = MooncakeDistributedStore()
-                rc = client.setup_dummy(segment, 1 << 30, f"127.0.0.1:{port}")
-                if rc != 0:
-                    emit({"what": "error", "backend": "upstream_dummy", "error": f"setup_dummy {rc}"})
-                else:
-                    bench_backend("upstream_dummy", UpstreamCalls(client, torch), torch, sizes,
-                                  args.iters, ceilings, emit)
-                    client.close()
+                bench_upstream("upstream_dummy", client,
+                               client.setup_dummy(segment, 1 << 30, f"127.0.0.1:{port}"))
             finally:
                 proc.terminate()
                 proc.wait(30)
     if "upstream_embedded" in backends:
         with start_mooncake_master(tmp / "master-embedded") as master:
             client = MooncakeDistributedStore()
-            rc = client.setup("127.0.0.1", master.metadata, segment, 1 << 30, "tcp", "",
-                              master.address)
-            if rc != 0:
-                emit({"what": "error", "backend": "upstream_embedded", "error": f"setup {rc}"})
-            else:
-                bench_backend("upstream_embedded", UpstreamCalls(client, torch), torch, sizes,
-                              args.iters, ceilings, emit)
-                client.close()
+            bench_upstream("upstream_embedded", client,
+                           client.setup("127.0.0.1", master.metadata, segment, 1 << 30, "tcp",
+                                        "", master.address))
     if "ours_embedded" in backends:
         bench_backend("ours_embedded", OurCalls(mcs.connect()), torch, sizes, args.iters,
                       ceilings, emit)

@@ -125,42 +125,43 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what) {
 
 }  // namespace
 
+namespace {
+
+/// The one DLPack <-> DType mapping, both directions. Codes past kDLBfloat are spelled as
+/// numbers: older dlpack.h headers lack their names (kDLBool = 6, kDLFloat8_e4m3fn = 10,
+/// kDLFloat8_e5m2 = 12, DLPack >= 1.1).
+struct DLPackType {
+    std::uint8_t code;
+    std::uint8_t bits;
+    DType dtype;
+};
+constexpr DLPackType kDLPackTypes[] = {
+    {kDLInt, 8, DType::kInt8},        {kDLInt, 16, DType::kInt16},
+    {kDLInt, 32, DType::kInt32},      {kDLInt, 64, DType::kInt64},
+    {kDLUInt, 8, DType::kUInt8},      {kDLUInt, 16, DType::kUInt16},
+    {kDLUInt, 32, DType::kUInt32},    {kDLUInt, 64, DType::kUInt64},
+    {kDLFloat, 16, DType::kFloat16},  {kDLFloat, 32, DType::kFloat32},
+    {kDLFloat, 64, DType::kFloat64},  {kDLBfloat, 16, DType::kBFloat16},
+    {6, 8, DType::kBool},             {10, 8, DType::kFloat8E4M3},
+    {12, 8, DType::kFloat8E5M2},
+};
+
+}  // namespace
+
 Result<DType> DTypeOfDLPack(DLDataType t) {
     if (t.lanes != 1) return InvalidArgument("vector DLPack dtypes are not supported");
-    switch (t.code) {
-        case kDLInt:
-            if (t.bits == 8) return DType::kInt8;
-            if (t.bits == 16) return DType::kInt16;
-            if (t.bits == 32) return DType::kInt32;
-            if (t.bits == 64) return DType::kInt64;
-            break;
-        case kDLUInt:
-            if (t.bits == 8) return DType::kUInt8;
-            if (t.bits == 16) return DType::kUInt16;
-            if (t.bits == 32) return DType::kUInt32;
-            if (t.bits == 64) return DType::kUInt64;
-            break;
-        case kDLFloat:
-            if (t.bits == 16) return DType::kFloat16;
-            if (t.bits == 32) return DType::kFloat32;
-            if (t.bits == 64) return DType::kFloat64;
-            break;
-        case kDLBfloat:
-            if (t.bits == 16) return DType::kBFloat16;
-            break;
-        case 6:  // kDLBool
-            if (t.bits == 8) return DType::kBool;
-            break;
-        case 10:  // kDLFloat8_e4m3fn (DLPack >= 1.1)
-            if (t.bits == 8) return DType::kFloat8E4M3;
-            break;
-        case 12:  // kDLFloat8_e5m2
-            if (t.bits == 8) return DType::kFloat8E5M2;
-            break;
-        default: break;
+    for (const DLPackType& e : kDLPackTypes) {
+        if (e.code == t.code && e.bits == t.bits) return e.dtype;
     }
     return InvalidArgument("unsupported DLPack dtype (code " + std::to_string(t.code) + ", bits " +
                            std::to_string(t.bits) + ")");
+}
+
+Result<DLDataType> DLPackTypeOf(DType dtype) {
+    for (const DLPackType& e : kDLPackTypes) {
+        if (e.dtype == dtype) return DLDataType{e.code, e.bits, 1};
+    }
+    return InvalidArgument("no DLPack type for " + std::string(DTypeName(dtype)));
 }
 
 

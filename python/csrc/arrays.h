@@ -68,6 +68,8 @@ T ValueOrThrow(Result<T>&& r) {
 
 /// This library's dtype of a DLPack dtype (one lane). Errors: InvalidArgument.
 Result<DType> DTypeOfDLPack(DLDataType t);
+/// The DLPack dtype of this library's dtype (the inverse). Errors: InvalidArgument.
+Result<DLDataType> DLPackTypeOf(DType dtype);
 
 void RegisterErrors(pyb::module_& m);
 

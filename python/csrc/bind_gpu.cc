@@ -28,26 +28,6 @@ namespace mooncake::sparse::py {
 #if MCS_PY_WITH_GPU_CODEC
 namespace {
 
-DLDataType DLPackTypeOf(DType t) {
-    switch (t) {
-        case DType::kUInt8: return {kDLUInt, 8, 1};
-        case DType::kUInt16: return {kDLUInt, 16, 1};
-        case DType::kUInt32: return {kDLUInt, 32, 1};
-        case DType::kUInt64: return {kDLUInt, 64, 1};
-        case DType::kInt8: return {kDLInt, 8, 1};
-        case DType::kInt16: return {kDLInt, 16, 1};
-        case DType::kInt32: return {kDLInt, 32, 1};
-        case DType::kInt64: return {kDLInt, 64, 1};
-        case DType::kFloat16: return {kDLFloat, 16, 1};
-        case DType::kFloat32: return {kDLFloat, 32, 1};
-        case DType::kFloat64: return {kDLFloat, 64, 1};
-        case DType::kBFloat16: return {kDLBfloat, 16, 1};
-        default: break;
-    }
-    ThrowIfError(InvalidArgument("no DLPack type for " + std::string(DTypeName(t))));
-    return {};
-}
-
 /// Device memory owned by Python: one member of an encoded update or an uploaded object.
 struct DeviceArray {
     DType dtype = DType::kUInt8;
@@ -74,7 +54,7 @@ pyb::capsule ToCapsule(const DeviceArray& a) {
     t.data = reinterpret_cast<void*>(a.ptr.address);
     t.device = {kDLCUDA, a.ptr.device};
     t.ndim = static_cast<std::int32_t>(e->shape.size());
-    t.dtype = DLPackTypeOf(a.dtype);
+    t.dtype = ValueOrThrow(DLPackTypeOf(a.dtype));
     t.shape = e->shape.data();
     t.strides = nullptr;  // C-contiguous
     t.byte_offset = 0;

@@ -486,16 +486,16 @@ class UpstreamObjectStore:
                     if rc < 0:
                         _raise_for(rc, f"reading {mkey!r}")
                     raise Unavailable(f"short read of {mkey!r}: {rc} of {length} bytes")
-        todo = [p[:4] for p in plan if p[2] > 0 and not p[4]]
-        if not todo:
+        ranges = [p[:4] for p in plan if p[2] > 0 and not p[4]]
+        if not ranges:
             return
-        total = sum(p[2] for p in todo)
+        total = sum(p[2] for p in ranges)
         with self._staging.lock:
             self._staging.reserve(total)
             by_key: dict[str, list[tuple[int, int, int]]] = {}
             offset = 0
             places = []
-            for mkey, start, length, _ in todo:
+            for mkey, start, length, _ in ranges:
                 by_key.setdefault(mkey, []).append((offset, start, length))
                 places.append(offset)
                 offset += length
@@ -515,7 +515,7 @@ class UpstreamObjectStore:
                             _raise_for(rc, f"range read of {k!r}")
                         raise Unavailable(f"short range read of {k!r}: {rc} of {length} bytes")
             src = self._staging.address
-            for (_, _, length, dst), place in zip(todo, places):
+            for (_, _, length, dst), place in zip(ranges, places):
                 ctypes.memmove(dst, src + place, length)
 
     def remove(self, key: str) -> None:
