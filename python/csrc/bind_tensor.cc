@@ -409,7 +409,7 @@ void RegisterTensor(pyb::module_& m) {
              }),
              pyb::arg("backend"), pyb::arg("pinned_quota_bytes") = 0)
         .def("put", &PyTensorStore::Put, pyb::arg("keys"), pyb::arg("tensors"),
-             pyb::arg("streams"), pyb::arg("mode") = "create", pyb::arg("hard_pin") = false)
+             pyb::arg("streams"), pyb::arg("mode") = "create", pyb::arg("hard_pin") = true)
         .def("get_into", &PyTensorStore::GetInto, pyb::arg("keys"), pyb::arg("tensors"),
              pyb::arg("streams"))
         .def("get", &PyTensorStore::Get, pyb::arg("key"))

@@ -119,6 +119,7 @@ private:
             const TensorRef& t = tensors[i];
             const std::string what =
                 (destination ? "destination " : "") + ItemName(i, keys.size(), keys[i]);
+            MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(keys[i], what));
             MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ValidateTensorRef(t, destination, what));
             NodeTensor item;
             item.key = keys[i];

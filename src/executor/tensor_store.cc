@@ -56,6 +56,17 @@ Status TensorStore::GetInto(std::string_view key, const TensorRef& destination) 
 }
 
 namespace internal {
+
+Status ValidateTensorKey(std::string_view key, std::string_view what) {
+    MCS_RETURN_IF_ERROR(ValidateId(std::string(what) + " key", key));
+    if (key.starts_with(kReservedKeyPrefix)) {
+        return InvalidArgument(std::string(what) + " key '" + std::string(key) + "' is under '" +
+                               std::string(kReservedKeyPrefix) +
+                               "', which the sparse object layer reserves for its own objects");
+    }
+    return Status::Ok();
+}
+
 namespace {
 
 std::string Quote(std::string_view s) {
@@ -254,6 +265,7 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
     headers.reserve(keys.size());
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < keys.size(); ++i) {
+        MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(keys[i], ItemName(i, keys.size(), keys[i])));
         MCS_ASSIGN_OR_RETURN(TensorHeader h,
                              internal::ValidateTensorRef(tensors[i], /*destination=*/false,
                                                          ItemName(i, keys.size(), keys[i])));
@@ -304,6 +316,7 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
 }
 
 Result<HostTensor> LocalTensorStore::Get(std::string_view key) {
+    MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(key, "tensor"));
     HostTensor out;
     const std::string_view keys[] = {key};
     MCS_RETURN_IF_ERROR(store_->ViewObjects(keys, [&](std::span<const ObjectView> views) -> Status {
@@ -332,6 +345,7 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
     expected.reserve(keys.size());
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < keys.size(); ++i) {
+        MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(keys[i], ItemName(i, keys.size(), keys[i])));
         MCS_ASSIGN_OR_RETURN(TensorHeader h,
                              internal::ValidateTensorRef(destinations[i], /*destination=*/true,
                                                          "destination " + ItemName(i, keys.size(), keys[i])));
@@ -379,6 +393,7 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
 }
 
 Result<TensorInfo> LocalTensorStore::Stat(std::string_view key) {
+    MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(key, "tensor"));
     TensorInfo out;
     const std::string_view keys[] = {key};
     MCS_RETURN_IF_ERROR(store_->ViewObjects(keys, [&](std::span<const ObjectView> views) -> Status {

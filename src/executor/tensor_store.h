@@ -68,7 +68,9 @@ struct TensorRef {
 
 struct TensorPutOptions {
     PutMode mode = PutMode::kCreate;  ///< put_tensor: kCreate; upsert_tensor: kUpsert.
-    bool hard_pin = false;
+    /// A stored weight stays readable until it is removed or replaced; false lets the store
+    /// evict it under memory pressure (a cache entry the caller can recompute).
+    bool hard_pin = true;
 };
 
 /// get_tensor's result: a new host tensor.
@@ -151,7 +153,17 @@ struct LocalTensorStoreOptions {
 std::unique_ptr<TensorStore> MakeLocalTensorStore(std::shared_ptr<ObjectStore> store,
                                                   const LocalTensorStoreOptions& options = {});
 
+/// Keys under this prefix belong to the sparse object layer (source objects, manifests,
+/// generation heads, admission records): the tensor API neither writes nor reads them, so a
+/// tensor can never overwrite a tensor's generation chain.
+inline constexpr std::string_view kReservedKeyPrefix = "mcs/";
+
 namespace internal {
+
+/// A tensor key: a valid id (non-empty, <= 1024 bytes, no control characters) outside the
+/// sparse layer's reserved prefix. `what` names it in errors.
+/// Errors: InvalidArgument.
+Status ValidateTensorKey(std::string_view key, std::string_view what);
 
 /// Checks a caller tensor and returns the FULL header it is stored (or expected) with:
 /// dtype, rank <= 8, extents >= 1, byte size, C-contiguity, memory kind, writability of a

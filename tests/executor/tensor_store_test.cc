@@ -318,6 +318,36 @@ TEST_P(TensorStoreTest, CapabilitiesReportTheHostPool) {
     EXPECT_EQ(s.bytes_put, std::uint64_t{1} << 20);
 }
 
+TEST_P(TensorStoreTest, SparseLayerKeysAreReserved) {
+    auto a = Pattern(16, 1);
+    const TensorRef t = TensorRef::ConstHost(DType::kFloat32, {4}, a);
+    for (const char* key : {"mcs/head/w", "mcs/src/w/x", "mcs/"}) {
+        EXPECT_THAT(store_->Put(key, t, {}), StatusIsWithMessage(StatusCode::kInvalidArgument,
+                                                                 "reserves"));
+        EXPECT_THAT(store_->Put(key, t, {PutMode::kUpsert, true}),
+                    StatusIs(StatusCode::kInvalidArgument));
+        EXPECT_THAT(store_->Get(key), StatusIs(StatusCode::kInvalidArgument));
+        EXPECT_THAT(store_->Stat(key), StatusIs(StatusCode::kInvalidArgument));
+    }
+    const std::string keys[] = {"ok", "mcs/head/w"};
+    const TensorRef both[] = {t, t};
+    EXPECT_THAT(store_->Put(keys, both, {}), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->Stat("ok"), StatusIs(StatusCode::kNotFound));  // all or nothing
+    EXPECT_THAT(store_->Put("", t, {}), StatusIs(StatusCode::kInvalidArgument));
+    // Only the prefix is reserved.
+    MCS_EXPECT_OK(store_->Put("mcsx/w", t, {}));
+    MCS_EXPECT_OK(store_->Put("a/mcs/w", t, {}));
+}
+
+TEST_P(TensorStoreTest, PutsAreHardPinnedByDefault) {
+    auto a = Pattern(16, 1);
+    const TensorRef t = TensorRef::ConstHost(DType::kFloat32, {4}, a);
+    MCS_ASSERT_OK(store_->Put("pinned", t, {}));
+    MCS_ASSERT_OK(store_->Put("evictable", t, {PutMode::kCreate, /*hard_pin=*/false}));
+    EXPECT_TRUE(store_->Stat("pinned")->hard_pinned);
+    EXPECT_FALSE(store_->Stat("evictable")->hard_pinned);
+}
+
 TEST(TensorStoreParallelMemcpyTest, CopiesEveryByte) {
     for (std::uint64_t n : {std::uint64_t{0}, std::uint64_t{1}, std::uint64_t{40} << 20}) {
         auto src = Pattern(n, 5);

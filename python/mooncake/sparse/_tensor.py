@@ -128,24 +128,28 @@ class TensorMixin:
         objects, streams = _prepare_all(tensors)
         self._tensors().put(keys, objects, streams, mode, bool(hard_pin))
 
-    def put_tensor(self, key: str, tensor: Any, *, hard_pin: bool = False) -> None:
+    def put_tensor(self, key: str, tensor: Any, *, hard_pin: bool = True) -> None:
         """Stores `tensor` (CPU or CUDA, C-contiguous) under a NEW key.
+
+        The tensor stays readable until it is removed or replaced (hard pin); ``hard_pin=False``
+        lets the store evict it under memory pressure. Keys under ``mcs/`` are reserved for
+        the sparse object layer (InvalidArgument).
 
         Raises Conflict when the key exists, InvalidArgument for a bad tensor, ResourceExhausted,
         Unimplemented for a CUDA tensor where CUDA is unavailable."""
         self._put([key], [tensor], "create", hard_pin)
 
-    def upsert_tensor(self, key: str, tensor: Any, *, hard_pin: bool = False) -> None:
+    def upsert_tensor(self, key: str, tensor: Any, *, hard_pin: bool = True) -> None:
         """Creates or replaces `key` (readers see the old tensor or the new one, never a mix)."""
         self._put([key], [tensor], "upsert", hard_pin)
 
     def batch_put_tensor(self, keys: Sequence[str], tensors: Sequence[Any], *,
-                         hard_pin: bool = False) -> None:
+                         hard_pin: bool = True) -> None:
         """put_tensor of many tensors; the whole batch becomes visible at once, or nothing."""
         self._put(keys, tensors, "create", hard_pin)
 
     def batch_upsert_tensor(self, keys: Sequence[str], tensors: Sequence[Any], *,
-                            hard_pin: bool = False) -> None:
+                            hard_pin: bool = True) -> None:
         """upsert_tensor of many tensors; the whole batch becomes visible at once."""
         self._put(keys, tensors, "upsert", hard_pin)
 
