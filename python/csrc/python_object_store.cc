@@ -51,7 +51,7 @@ public:
                std::span<const MemberData> members, const PutOptions& options) override {
         MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(key));
         for (std::size_t i = 0; i < members.size(); ++i) {
-            MCS_RETURN_IF_ERROR(internal::ValidateMemberData(members[i]).status());
+            MCS_RETURN_IF_ERROR(internal::ValidateMemberData(members[i]));
             for (std::size_t j = 0; j < i; ++j) {
                 if (members[j].name == members[i].name) {
                     return InvalidArgument("duplicate member name '" + members[i].name + "'");

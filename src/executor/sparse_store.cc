@@ -1,6 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "executor/sparse_store.h"
 
+#include "executor/tensor_store.h"  // kReservedKeyPrefix
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -18,6 +20,12 @@ constexpr std::string_view kSourcePrefix = "mcs/src/";
 constexpr std::string_view kManifestPrefix = "mcs/manifest/";
 constexpr std::string_view kHeadPrefix = "mcs/head/";
 constexpr std::string_view kAdmitPrefix = "mcs/admit/";
+// Every key of this layer lies under the prefix the tensor API refuses (item keys of the two
+// APIs share one store).
+static_assert(kSourcePrefix.starts_with(kReservedKeyPrefix) &&
+              kManifestPrefix.starts_with(kReservedKeyPrefix) &&
+              kHeadPrefix.starts_with(kReservedKeyPrefix) &&
+              kAdmitPrefix.starts_with(kReservedKeyPrefix));
 
 double Seconds(Clock::time_point since) {
     return std::chrono::duration<double>(Clock::now() - since).count();
@@ -218,9 +226,16 @@ Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::
 // ---------------------------------------------------------------------------------------------
 // Node-local caches: tile indexes per source object, and range reads per source object.
 // ---------------------------------------------------------------------------------------------
+/// A source's tile index with the descriptor it was built from: the stored object's own
+/// metadata, never a requester's manifest entry (which may describe another object).
+struct SourceIndex {
+    SourceDescriptor source;
+    TileIndex index;
+};
+
 struct SparseStore::Caches {
     struct IndexEntry {
-        std::shared_ptr<const TileIndex> index;
+        std::shared_ptr<const SourceIndex> index;
         std::uint64_t bytes = 0;
         std::list<std::string>::iterator lru;
     };
@@ -242,7 +257,7 @@ struct SparseStore::Caches {
     // Single flight: reads in progress. A request that needs data another request is reading
     // right now waits for that read instead of issuing its own; with the range cache this makes
     // each unique range one physical read per node, also when requests arrive concurrently.
-    using IndexResult = Result<std::shared_ptr<const TileIndex>>;
+    using IndexResult = Result<std::shared_ptr<const SourceIndex>>;
     using RangeResult = Result<ReadData>;
     struct RangeFlight {
         std::uint64_t start = 0;
@@ -280,15 +295,16 @@ struct SparseStore::Caches {
         if (v.empty()) range_flights.erase(it);
     }
 
-    std::shared_ptr<const TileIndex> FindIndex(const std::string& ref) {
+    std::shared_ptr<const SourceIndex> FindIndex(const std::string& ref) {
         auto it = index.find(ref);
         if (it == index.end()) return nullptr;
         index_lru.splice(index_lru.begin(), index_lru, it->second.lru);
         return it->second.index;
     }
-    void AddIndex(const std::string& ref, std::shared_ptr<const TileIndex> idx, std::uint64_t cap) {
+    void AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx,
+                  std::uint64_t cap) {
         if (index.count(ref)) return;
-        const std::uint64_t bytes = idx->MemoryBytes();
+        const std::uint64_t bytes = idx->index.MemoryBytes() + sizeof(SourceIndex);
         index_lru.push_front(ref);
         index.emplace(ref, IndexEntry{std::move(idx), bytes, index_lru.begin()});
         index_bytes += bytes;
@@ -518,8 +534,88 @@ Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generatio
 // ---------------------------------------------------------------------------------------------
 // Read side.
 // ---------------------------------------------------------------------------------------------
+namespace {
+
+/// The first descriptor field in which a requester's manifest entry differs from the stored
+/// object's metadata, or nullptr when they agree.
+const char* FirstDifference(const SourceDescriptor& claimed, const SourceDescriptor& stored) {
+    if (claimed.tensor_id != stored.tensor_id) return "tensor_id";
+    if (claimed.global_shape != stored.global_shape) return "global_shape";
+    if (!(claimed.box == stored.box)) return "global_offset/local_shape";
+    if (!(claimed.generation == stored.generation)) return "generation";
+    if (!(claimed.placement == stored.placement)) return "source_placement";
+    if (!(claimed.policy == stored.policy)) return "placement_policy";
+    if (claimed.tile_shape != stored.tile_shape) return "tile_shape";
+    if (claimed.nnz != stored.nnz) return "nnz";
+    if (claimed.num_tiles != stored.num_tiles) return "num_tiles";
+    if (claimed.apply != stored.apply) return "apply";
+    if (claimed.index_dtype != stored.index_dtype) return "index_dtype";
+    if (claimed.value_dtype != stored.value_dtype) return "value_dtype";
+    return nullptr;
+}
+
+/// Errors: InvalidArgument when the manifest entry does not describe the stored object.
+Status CheckClaim(const SourceDescriptor& claimed, const SourceDescriptor& stored) {
+    if (const char* field = FirstDifference(claimed, stored)) {
+        return InvalidArgument("manifest entry of " + claimed.source_ref + " does not describe " +
+                               "the stored object: its " + field + " differs (a manifest of " +
+                               "another store or generation?)");
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& claimed) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", claimed.source_ref));
+    MCS_ASSIGN_OR_RETURN(ObjectInfo info, store_->Stat(claimed.source_ref));
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored,
+                         DecodeObjectMetadata(claimed.source_ref, info.metadata));
+    MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
+    // The members must hold what the metadata says: every later allocation is sized from it.
+    const struct {
+        const char* name;
+        std::uint64_t bytes;
+    } expected[] = {
+        {"indices", stored.nnz * stored.rank() * DTypeSize(stored.index_dtype)},
+        {"values", stored.nnz * DTypeSize(stored.value_dtype)},
+        {"tile_coords", stored.num_tiles * stored.rank() * sizeof(TileCoord)},
+        {"tile_ptr", (stored.num_tiles + 1) * sizeof(std::uint64_t)},
+    };
+    for (const auto& e : expected) {
+        const MemberInfo* m = info.FindMember(e.name);
+        if (m == nullptr || m->size_bytes != e.bytes) {
+            return DataLoss("stored object " + claimed.source_ref + " member " + e.name +
+                            (m == nullptr ? " is missing"
+                                          : " holds " + std::to_string(m->size_bytes) +
+                                                " bytes, its metadata says " +
+                                                std::to_string(e.bytes)));
+        }
+    }
+    return stored;
+}
+
+Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claimed) {
+    {
+        std::lock_guard lock(caches_->mu);
+        if (auto hit = caches_->FindIndex(claimed.source_ref)) {
+            MCS_RETURN_IF_ERROR(CheckClaim(claimed, hit->source));
+            return hit->source;
+        }
+    }
+    return StoredDescriptor(claimed);
+}
+
 Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDescriptor& src) {
     using IndexResult = Caches::IndexResult;
+    // The cache holds the index together with the stored descriptor it was built from; a
+    // requester's entry must match that descriptor, so a wrong manifest entry fails its own
+    // read and never poisons the node's cache for others.
+    const auto checked = [&](const IndexResult& r) -> Result<std::shared_ptr<const TileIndex>> {
+        if (!r.ok()) return r.status();
+        MCS_RETURN_IF_ERROR(CheckClaim(src, (*r)->source));
+        return std::shared_ptr<const TileIndex>(*r, &(*r)->index);
+    };
     std::promise<IndexResult> promise;
     std::shared_future<IndexResult> in_flight;
     {
@@ -528,7 +624,7 @@ Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDesc
             std::lock_guard mlock(metrics_mu_);
             ++metrics_.cache_hits;
             ++metrics_.index_cache_hits;
-            return hit;
+            return checked(hit);
         }
         if (auto it = caches_->index_flights.find(src.source_ref);
             it != caches_->index_flights.end()) {
@@ -542,24 +638,28 @@ Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDesc
             std::lock_guard mlock(metrics_mu_);
             ++metrics_.index_single_flight_waits;
         }
-        return in_flight.get();
+        return checked(in_flight.get());
     }
     IndexResult result = [&]() -> IndexResult {
-        std::vector<TileCoord> coords(src.num_tiles * src.rank());
-        std::vector<std::uint64_t> ptr(src.num_tiles + 1);
+        // Sized from the stored metadata only (checked against the members), never from the
+        // requester's numbers.
+        MCS_ASSIGN_OR_RETURN(SourceDescriptor stored, StoredDescriptor(src));
+        std::vector<TileCoord> coords(stored.num_tiles * stored.rank());
+        std::vector<std::uint64_t> ptr(stored.num_tiles + 1);
         MCS_RETURN_IF_ERROR(store_->ReadMember(
-            src.source_ref, "tile_coords",
+            stored.source_ref, "tile_coords",
             {reinterpret_cast<std::byte*>(coords.data()), coords.size() * sizeof(TileCoord)}));
         MCS_RETURN_IF_ERROR(store_->ReadMember(
-            src.source_ref, "tile_ptr",
+            stored.source_ref, "tile_ptr",
             {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
         {
             std::lock_guard mlock(metrics_mu_);
             ++metrics_.index_gets;
         }
         MCS_ASSIGN_OR_RETURN(TileIndex index,
-                             TileIndex::Make(src, std::move(coords), std::move(ptr)));
-        return std::make_shared<const TileIndex>(std::move(index));
+                             TileIndex::Make(stored, std::move(coords), std::move(ptr)));
+        return std::make_shared<const SourceIndex>(
+            SourceIndex{std::move(stored), std::move(index)});
     }();
     {
         // Cache and retire the flight under one lock: a later request finds one or the other.
@@ -570,7 +670,7 @@ Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDesc
         caches_->index_flights.erase(src.source_ref);
     }
     promise.set_value(result);
-    return result;
+    return checked(result);
 }
 
 namespace {
@@ -802,6 +902,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
             for (std::size_t k = 0; k < own.size(); ++k) {
                 const SourceMatch& match = matches[k];
                 const SourceDescriptor& s = manifest[match.source_index];
+                MCS_RETURN_IF_ERROR(VerifySource(s));
                 MCS_RETURN_IF_ERROR(ReadFullSource(*store_, s, own[k]));
                 ++m.full_gets;
                 m.full_bytes_read += own[k].indices->size() + own[k].values->size();
@@ -819,6 +920,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
             // full once for the node and filters every entry.
             const auto t1 = Clock::now();
             for (std::size_t si : selection.needed_sources) {
+                MCS_RETURN_IF_ERROR(VerifySource(manifest[si]));
                 MCS_RETURN_IF_ERROR(ReadFullSource(*store_, manifest[si], full[si]));
                 ++m.full_gets;
                 ++m.dense_fallbacks;

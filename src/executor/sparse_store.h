@@ -166,7 +166,15 @@ public:
 private:
     struct Caches;
 
+    /// The tile index of a source, from the node cache or one index-only GET. Built from the
+    /// stored object's metadata, which `source` (a requester's manifest entry) must match.
+    /// Errors: NotFound; InvalidArgument (the entry describes another object); DataLoss.
     Result<std::shared_ptr<const TileIndex>> LoadIndex(const SourceDescriptor& source);
+    /// The stored object's descriptor, read with one Stat and checked against `claimed` and
+    /// against the sizes of its members. Errors: as LoadIndex.
+    Result<SourceDescriptor> StoredDescriptor(const SourceDescriptor& claimed);
+    /// StoredDescriptor, answered from the index cache when the source is in it.
+    Result<SourceDescriptor> VerifySource(const SourceDescriptor& claimed);
 
     std::shared_ptr<ObjectStore> store_;
     SparseStoreOptions options_;

@@ -291,5 +291,74 @@ TEST(SparseStoreTest, MetadataRoundTrip) {
               StatusCode::kInvalidArgument);
 }
 
+// A read trusts only what the store holds: a manifest entry describing a stored object with
+// other numbers (another tile shape, a huge nnz or tile count) fails its own read with a typed
+// error before anything is sized from it, and never changes what honest readers get.
+TEST(SparseStoreTest, ManifestEntryThatMisdescribesTheStoredObjectIsRejected) {
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(21);
+    const Shape shape{64, 64};
+    const Coo coo = RandomCoo(rng, shape, 32);
+    PutSparseRequest req = Request("w", shape, coo);
+    req.encode.tile_shape = Shape{16, 16};
+    ASSERT_TRUE(store.PutSparseObject(req).ok());
+    const auto manifest = *store.Manifest({0, 1});
+    const std::vector<TargetDescriptor> targets = {Target("r0", "w", "n", {0, 0}, {64, 64})};
+
+    auto lie = [&](auto edit) {
+        std::vector<SourceDescriptor> m = manifest;
+        edit(m[0]);
+        return m;
+    };
+    const auto other_tiles = lie([](SourceDescriptor& d) { d.tile_shape = {8, 8}; });
+    const auto huge_nnz = lie([](SourceDescriptor& d) { d.nnz = std::uint64_t{1} << 40; });
+    const auto huge_tiles = lie([](SourceDescriptor& d) {
+        d.nnz = ~std::uint64_t{0};
+        d.num_tiles = ~std::uint64_t{0};
+    });
+    const auto missing = lie([](SourceDescriptor& d) { d.source_ref += "x"; });
+
+    // Before the honest reader fills the cache, and after.
+    for (int round = 0; round < 2; ++round) {
+        for (const auto* m : {&other_tiles, &huge_nnz, &huge_tiles}) {
+            for (ReadStrategy strategy :
+                 {ReadStrategy::kSparseRanges, ReadStrategy::kFullSourcePerTarget}) {
+                ReadOptions opts;
+                opts.strategy = strategy;
+                const Status st = store.ReadSparseObjects(*m, targets, opts).status();
+                EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+                EXPECT_THAT(std::string(st.message()), ::testing::HasSubstr("does not describe"));
+            }
+        }
+        auto r = store.ReadSparseObjects(missing, targets);
+        EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().ToString();
+
+        auto honest = store.ReadSparseObjects(manifest, targets);
+        ASSERT_TRUE(honest.ok()) << honest.status().ToString();
+        EXPECT_EQ(Entries((*honest)[0]).size(), 32u);
+    }
+    EXPECT_EQ(store.Metrics().index_gets, 1u);
+    // Nothing whole was read for a lying entry: only the honest reader's index-only GET.
+    for (const auto& [key, member] : rec->whole_reads) {
+        EXPECT_THAT(member, ::testing::AnyOf("tile_coords", "tile_ptr"));
+    }
+}
+
+TEST(SparseStoreTest, TileShapeWhoseVolumeOverflowsIsRejectedAtCommit) {
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(22);
+    const Shape shape{64, 64};
+    const Coo coo = RandomCoo(rng, shape, 10);
+    for (const Shape& tile : {Shape{Index{1} << 32, Index{1} << 32}, Shape{Index{1} << 62, 8},
+                              Shape{128, 8}}) {
+        PutSparseRequest req = Request("w", shape, coo);
+        req.encode.tile_shape = tile;
+        auto r = store.PutSparseObject(req);
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+    }
+    EXPECT_TRUE(store.Manifest({0, 1})->empty());
+}
+
 }  // namespace
 }  // namespace mooncake::sparse

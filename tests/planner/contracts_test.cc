@@ -210,6 +210,7 @@ TEST(SourceDescriptorTest, RejectsInvalidIndexDType) {
     SourceDescriptor d = ValidSource();
     d.global_shape = {70000, 16};
     d.box = MakeBox({0, 0}, {70000, 16});
+    d.tile_shape = {128, 16};
     d.index_dtype = DType::kUInt16;
     EXPECT_THAT(SourceDescriptor::Make(d), StatusIs(StatusCode::kInvalidArgument));
     d.index_dtype = DType::kUInt32;

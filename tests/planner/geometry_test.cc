@@ -138,7 +138,14 @@ TEST(GeometryTest, ContainsPointAnyIntegerType) {
 
 TEST(GeometryTest, ValidateTileShape) {
     EXPECT_THAT(ValidateTileShape(Shape{128, 128}, Shape{2048, 7168}), IsOk());
-    EXPECT_THAT(ValidateTileShape(Shape{4096, 8192}, Shape{2048, 7168}), IsOk());  // one tile
+    EXPECT_THAT(ValidateTileShape(Shape{2048, 7168}, Shape{2048, 7168}), IsOk());  // one tile
+    // A tile larger than the tensor: its volume could overflow (2^32 x 2^32 wraps to 0).
+    EXPECT_THAT(ValidateTileShape(Shape{4096, 8192}, Shape{2048, 7168}),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ValidateTileShape(Shape{Index{1} << 32, Index{1} << 32}, Shape{64, 64}),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ValidateTileShape(Shape{Index{1} << 62, 8}, Shape{64, 64}),
+                StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(ValidateTileShape(Shape{128}, Shape{2048, 7168}),
                 StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(ValidateTileShape(Shape{0, 128}, Shape{2048, 7168}),
@@ -160,7 +167,8 @@ TEST(GeometryTest, ValidateTileShapeNearInt64MaxDoesNotOverflow) {
     EXPECT_THAT(ValidateTileShape(Shape{Index{1} << 62, 1}, Shape{kMax, 1}), IsOk());
     EXPECT_THAT(ValidateTileShape(Shape{2, 1}, Shape{kMax, 1}),
                 StatusIs(StatusCode::kInvalidArgument));  // 2^62 tiles
-    EXPECT_THAT(ValidateTileShape(Shape{kMax}, Shape{5}), IsOk());
+    EXPECT_THAT(ValidateTileShape(Shape{5}, Shape{5}), IsOk());
+    EXPECT_THAT(ValidateTileShape(Shape{kMax}, Shape{5}), StatusIs(StatusCode::kInvalidArgument));
 }
 
 TEST(GeometryTest, TileBoundsAligned) {

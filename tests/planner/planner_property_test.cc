@@ -68,7 +68,7 @@ Shape RandomTile(std::mt19937_64& rng, const Shape& shape) {
         switch (Uniform(rng, 0, 5)) {
             case 0: t[d] = 1; break;
             case 1: t[d] = shape[d]; break;                        // one tile
-            case 2: t[d] = shape[d] + Uniform(rng, 1, 5); break;   // larger than the tensor
+            case 2: t[d] = std::max<Index>(1, shape[d] - Uniform(rng, 0, 2)); break;  // ~one tile
             default: t[d] = Uniform(rng, 1, std::max<Index>(1, shape[d] / 2)); break;
         }
     }

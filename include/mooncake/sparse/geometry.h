@@ -204,8 +204,9 @@ inline bool InsideShape(const Box& box, std::span<const Index> shape) {
     return true;
 }
 
-/// Validates a tile shape against a tensor shape: same rank, every extent >= 1, and the number
-/// of tiles per dimension fits TileCoord.
+/// Validates a tile shape against a tensor shape: same rank, every extent in [1, tensor extent]
+/// (so a tile's volume never exceeds the tensor's, which ValidateShape keeps within int64), and
+/// the number of tiles per dimension fits TileCoord.
 /// Errors: InvalidArgument.
 inline Status ValidateTileShape(std::span<const Index> tile_shape,
                                 std::span<const Index> global_shape) {
@@ -217,6 +218,12 @@ inline Status ValidateTileShape(std::span<const Index> tile_shape,
         if (tile_shape[d] < 1) {
             return InvalidArgument("tile_shape " + internal::JoinIndices(tile_shape) +
                                    " has a non-positive extent");
+        }
+        if (tile_shape[d] > global_shape[d]) {
+            return InvalidArgument("tile_shape " + internal::JoinIndices(tile_shape) +
+                                   " is larger than the tensor shape " +
+                                   internal::JoinIndices(global_shape) + " in dim " +
+                                   std::to_string(d));
         }
         // Ceiling division without `extent + tile - 1`, which overflows near INT64_MAX.
         const Index tiles = global_shape[d] / tile_shape[d] + (global_shape[d] % tile_shape[d] != 0);
