@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
-"""Node daemon benchmarks (DESIGN.md §5-6): one JSON object per line on stdout, each with the
+"""Node daemon benchmarks (docs/design.md §5-6): one JSON object per line on stdout, each with the
 ceiling it measured in the same run; human text on stderr.
 
   what="node_stat_rtt"     metadata RPC latency (Stat round trip through the daemon), p50/p99,

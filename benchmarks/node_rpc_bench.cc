@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// node_rpc_bench: metadata RPC latency of the node daemon (DESIGN.md §5-6), JSON lines on
+// node_rpc_bench: metadata RPC latency of the node daemon (docs/design.md §5-6), JSON lines on
 // stdout. A NodeServer runs on a thread of this process (the same code as mooncake_sparse_node)
 // and a NodeClient calls it over a real Unix socket:
 //   what="node_stat_rtt_cpp"   Stat round trip (encode, send, dispatch, store lookup, reply)

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// mooncake_sparse_plan: the planning CLI / benchmark of DESIGN.md §8. It plans a whole node's
+// mooncake_sparse_plan: the planning CLI / benchmark of docs/design.md §8. It plans a whole node's
 // read of a Kimi-K2-shaped sparse update (steps 1-5 of §4: SelectSources + PlanBatch) and sweeps
 // the hot cost of one tile-index query against nnz and against the number of tiles.
 //
@@ -274,7 +274,7 @@ class Rng {
 // Tile shapes and synthetic tile indexes.
 // ---------------------------------------------------------------------------------------------
 
-/// The compact tile index of one source object, as the store returns it (DESIGN.md §2).
+/// The compact tile index of one source object, as the store returns it (docs/design.md §2).
 struct RawTileIndex {
     std::vector<TileCoord> coords;   ///< [num_tiles, rank], row-major.
     std::vector<std::uint64_t> ptr;  ///< [num_tiles + 1].

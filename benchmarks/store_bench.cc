@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// store_bench: throughput of the embedded ObjectStore (DESIGN.md §6) against a memcpy ceiling.
+// store_bench: throughput of the embedded ObjectStore (docs/design.md §6) against a memcpy ceiling.
 //
 // For each size it writes one sparse-shaped object (indices uint16 [rows, 2] + values bf16
 // [rows], 6 bytes per entry) with kUpsert, then reads it back through ReadRanges as `--ranges`

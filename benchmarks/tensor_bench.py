@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tensor fast-path benchmark (DESIGN.md §5): put / upsert / get_into / get of one tensor of
+"""Tensor fast-path benchmark (docs/design.md §5): put / upsert / get_into / get of one tensor of
 64 MiB, 256 MiB and 1 GiB, and batch_put / batch_get_into of 256 x 4 MiB, for CPU and CUDA
 tensors, in the embedded store and through the node daemon (DummyClient -> daemon, CUDA IPC).
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Side by side: upstream Mooncake Store's tensor calls against this library's (DESIGN.md §5-6),
+"""Side by side: upstream Mooncake Store's tensor calls against this library's (docs/design.md §5-6),
 same sizes, same run, same ceiling, on one CUDA host.
 
 Backends (bf16 CUDA tensors of 64 MiB, 256 MiB, 1 GiB; a new key per put):

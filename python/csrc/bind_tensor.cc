@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The tensor fast path (DESIGN.md §5): `_TensorStore` over a backend's ObjectStore — the
+// The tensor fast path (docs/design.md §5): `_TensorStore` over a backend's ObjectStore — the
 // embedded store (executor LocalTensorStore) or the node daemon (NodeTensorStore: CUDA tensors
 // by IPC handle, host tensors through the client buffer / leased segments) — plus the header
 // codec for interop tests.

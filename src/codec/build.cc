@@ -1,7 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // BuildSparseObject: validation of a global COO, the sort by (tile, element), duplicates,
-// index narrowing, the tile index and the member checksums (DESIGN.md §2).
+// index narrowing, the tile index and the member checksums (docs/design.md §2).
 //
 // Every entry gets a 64-bit key `tile_linear * tile_volume + element_in_tile_linear` (both
 // row-major; the in-tile offset uses the unclipped tile extents, which preserves element order
@@ -582,8 +582,8 @@ Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& i
         return InvalidArgument("source box " + desc.box.ToString() +
                                " is not inside global_shape " + ShapeString(desc.global_shape));
     }
-    desc.tile_shape =
-        options.tile_shape ? *options.tile_shape : DefaultTileShape(desc.global_shape);
+    desc.tile_shape = options.tile_shape ? ClampTileShape(*options.tile_shape, desc.global_shape)
+                                         : DefaultTileShape(desc.global_shape);
     MCS_RETURN_IF_ERROR(ValidateTileShape(desc.tile_shape, desc.global_shape));
     if (options.num_threads < 0) {
         return InvalidArgument("num_threads " + std::to_string(options.num_threads) +

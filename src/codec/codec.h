@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The sparse codec (DESIGN.md §2): validation of a global COO, sort by (tile, element), the
+// The sparse codec (docs/design.md §2): validation of a global COO, sort by (tile, element), the
 // compact tile index, index-dtype narrowing, member checksums, dense -> COO encoding of an
 // update, boundary filtering + rebasing of entry ranges, and the CPU apply kernels.
 #pragma once

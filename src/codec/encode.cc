@@ -420,7 +420,8 @@ Result<EncodedUpdate> EncodeUpdate(const HostArray& new_values, const HostArray&
                                " is negative (0 means all hardware threads)");
     }
     const Shape& shape = new_values.shape;
-    Shape tile_shape = options.tile_shape ? *options.tile_shape : DefaultTileShape(shape);
+    Shape tile_shape =
+        options.tile_shape ? ClampTileShape(*options.tile_shape, shape) : DefaultTileShape(shape);
     MCS_RETURN_IF_ERROR(ValidateTileShape(tile_shape, shape));
 
     EncodedUpdate result;

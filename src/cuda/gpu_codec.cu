@@ -405,7 +405,8 @@ Result<GpuEncoded> EncodeUpdate(const DeviceArray& nw, const DeviceArray& od, co
     if (nw.shape[0] > std::numeric_limits<std::uint32_t>::max() || nw.shape[1] > std::numeric_limits<std::uint32_t>::max()) {
         return InvalidArgument("GPU encode supports extents below 2^32");
     }
-    Shape tile = opt.tile_shape.value_or(DefaultTileShape(nw.shape));
+    Shape tile = opt.tile_shape ? ClampTileShape(*opt.tile_shape, nw.shape)
+                                : DefaultTileShape(nw.shape);
     MCS_RETURN_IF_ERROR(ValidateTileShape(tile, nw.shape));
     ChunkGeometry g{};
     g.rows = std::uint32_t(nw.shape[0]);

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// mooncake_sparse_node: the node daemon (DESIGN.md §5-6, §8). Owns the node's shared-memory
+// mooncake_sparse_node: the node daemon (docs/design.md §5-6, §8). Owns the node's shared-memory
 // segments and serves the DummyClients of the node over a Unix socket:
 //
 //     mooncake_sparse_node --socket_path=/run/user/$UID/mooncake_sparse.sock

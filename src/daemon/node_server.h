@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// NodeServer: the node daemon's core (DESIGN.md §5-6, "one node: the node daemon + DummyClients").
+// NodeServer: the node daemon's core (docs/design.md §5-6, "one node: the node daemon + DummyClients").
 // It owns the node's shared-memory store (ShmStore) and ONE SparseStore over it, so the
 // node-local tile-index and range caches, and the single-flight table of range reads, serve
 // every process of the node. Clients talk to it over a Unix SOCK_SEQPACKET socket with the

@@ -42,6 +42,7 @@ public:
     }
 
     Result<HostTensor> Get(std::string_view key) override {
+        MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(key, "tensor"));
         // Zero-copy view of the daemon's segment (leased while we copy), one copy out.
         MCS_ASSIGN_OR_RETURN(LeasedObject leased, client_->Lease(key));
         if (leased.members.size() != 1) {
@@ -61,6 +62,7 @@ public:
     }
 
     Result<TensorInfo> Stat(std::string_view key) override {
+        MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(key, "tensor"));
         MCS_ASSIGN_OR_RETURN(LeasedObject leased, client_->Lease(key));
         if (leased.members.size() != 1) {
             return InvalidArgument("object '" + std::string(key) + "' is not a tensor object");

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The tensor fast path of a DummyClient (DESIGN.md §5): a TensorStore whose work runs in the
+// The tensor fast path of a DummyClient (docs/design.md §5): a TensorStore whose work runs in the
 // node daemon. A CUDA tensor is exported as the CUDA IPC handle of its allocation base plus its
 // offset (transport/cuda_ipc.h); the daemon opens the allocation (cached) and copies between it
 // and its (pinned) segment with the copy engine — no payload on the socket, no client staging.

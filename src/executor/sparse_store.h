@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// SparseStore: the sparse object layer over any ObjectStore (DESIGN.md §2-4). The commit side
+// SparseStore: the sparse object layer over any ObjectStore (docs/design.md §2-4). The commit side
 // (validation, encoding, generation fencing, idempotent commit by logical key, single-owner
 // admission, manifest entries) and the read side (read_sparse_objects: batch plan -> index-only
 // GETs cached per node -> dedup -> range reads, each unique range once per node -> boundary
@@ -28,7 +28,7 @@
 
 namespace mooncake::sparse {
 
-/// The §4 counters (names fixed by DESIGN.md), plus planning detail.
+/// The §4 counters (names fixed by docs/design.md), plus planning detail.
 struct SparseMetrics {
     std::uint64_t source_objects_put = 0;
     std::uint64_t source_bytes_put = 0;
@@ -149,7 +149,7 @@ public:
     /// The tensor's current generation (the last committed delta), if any.
     Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id);
 
-    /// DESIGN.md §4 steps 1-8: one target-local object per target, same order.
+    /// docs/design.md §4 steps 1-8: one target-local object per target, same order.
     /// Errors: as SelectSources/PlanBatch; NotFound (a source vanished); DataLoss (checksum).
     Result<std::vector<TargetObject>> ReadSparseObjects(std::span<const SourceDescriptor> manifest,
                                                         std::span<const TargetDescriptor> targets,
@@ -207,7 +207,7 @@ std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
                             const PlacementPolicy& policy, const NamedAxes& placement,
                             const Box& box);
 
-/// Metadata JSON of a sparse object (DESIGN.md §2 fields) and its parser.
+/// Metadata JSON of a sparse object (docs/design.md §2 fields) and its parser.
 std::string EncodeObjectMetadata(const SparseObject& object);
 Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::string_view json);
 

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// TensorStore: the tensor fast path of DESIGN.md §5 — put_tensor, batch_put_tensor,
+// TensorStore: the tensor fast path of docs/design.md §5 — put_tensor, batch_put_tensor,
 // upsert_tensor, batch_upsert_tensor, get_tensor, get_tensor_into, batch_get_tensor_into — for
 // host and CUDA tensors, over an ObjectStore. Tensor objects use upstream Mooncake's format
 // (store/tensor_object.h), one object per key.

@@ -1,7 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // The embedded (in-process) ObjectStore: a sorted map of immutable objects behind a shared
-// mutex (DESIGN.md §6, "embedded default").
+// mutex (docs/design.md §6, "embedded default").
 //
 // Why it is built this way:
 // - An object is never modified once it is visible. Put copies the caller's bytes into a new

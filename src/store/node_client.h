@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// NodeClient: a DummyClient of the node daemon (DESIGN.md §5-6). It owns no segment: it maps the
+// NodeClient: a DummyClient of the node daemon (docs/design.md §5-6). It owns no segment: it maps the
 // daemon's segments read-only, owns one memfd "client buffer" that it registers with the daemon,
 // and speaks store/wire.h over the daemon's Unix socket. It is an ObjectStore (every call is an
 // RPC) plus the sparse-layer RPCs that run inside the daemon, where the node-local caches serve
@@ -163,7 +163,7 @@ public:
     Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
         std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
         const wire::SparseReadOptions& options);
-    // The tensor fast path (DESIGN.md §5), run by the daemon.
+    // The tensor fast path (docs/design.md §5), run by the daemon.
     /// TensorPut: host tensors are copied once into the client buffer, CUDA tensors travel as
     /// IPC handles (the daemon copies them straight into its segments). The caller has
     /// synchronized the tensors' streams.

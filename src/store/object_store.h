@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// ObjectStore: the storage contract the sparse layer needs (DESIGN.md §2, §4, §6). A structured
+// ObjectStore: the storage contract the sparse layer needs (docs/design.md §2, §4, §6). A structured
 // object is metadata (bytes, opaque to the store) plus named members, each with dtype, shape
 // and checksum. The interface is deliberately small so that it maps onto upstream Mooncake's
 // public Store API: a member is a key written with put_from/batch_put_from_multi_buffers, the

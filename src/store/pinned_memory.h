@@ -1,7 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // Page-locking (pinning) host memory for the CUDA copy engine without linking CUDA: libcudart is
-// dlopen'ed on first use, so the library loads and works on machines without a GPU (DESIGN.md §5:
+// dlopen'ed on first use, so the library loads and works on machines without a GPU (docs/design.md §5:
 // segments registered as pinned under a byte quota; over quota they stay pageable, never pinned
 // per operation).
 #pragma once

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Shared-memory segments for the node daemon (DESIGN.md §5-6): anonymous memfd files, sealed so
+// Shared-memory segments for the node daemon (docs/design.md §5-6): anonymous memfd files, sealed so
 // that nobody can shrink them under a mapping (which would turn a read into SIGBUS), mapped
 // read-write by their creator and handed to other processes as read-only file descriptors.
 //

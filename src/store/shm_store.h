@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// ShmStore: the node daemon's ObjectStore over shared-memory segments (DESIGN.md §5-6). Member
+// ShmStore: the node daemon's ObjectStore over shared-memory segments (docs/design.md §5-6). Member
 // payloads live in memfd segments that client processes map read-only, so a client reads a
 // leased object zero-copy; metadata and the object table live in the daemon's heap.
 //

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The tensor object format (DESIGN.md §5): byte-compatible with upstream Mooncake's put_tensor /
+// The tensor object format (docs/design.md §5): byte-compatible with upstream Mooncake's put_tensor /
 // get_tensor, so that a tensor written by one is readable by the other. An object's bytes are
 //
 //     [ TensorObjectHeader (40 bytes) | TensorLayoutMetadata (264 bytes) ][ tensor data ]

@@ -1,7 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // Unix-domain socket transport between the node daemon and the DummyClients of its node
-// (DESIGN.md §5-6): RAII fds, a listener that owns its socket file, and connections that move
+// (docs/design.md §5-6): RAII fds, a listener that owns its socket file, and connections that move
 // whole wire frames (store/wire.h) plus SCM_RIGHTS file descriptors.
 //
 // Why it is built this way:

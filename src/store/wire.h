@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The node daemon's message codec (DESIGN.md §5-6): frames exchanged between the node daemon
+// The node daemon's message codec (docs/design.md §5-6): frames exchanged between the node daemon
 // (`mooncake_sparse_node`, the RealClient that owns the shared-memory segments) and the
 // DummyClients of the same node over its Unix socket.
 //
@@ -259,7 +259,7 @@ Result<Frame> DecodeFrame(std::span<const std::byte> bytes);
 /// Where the daemon finds (Put, SparseCommit) or writes (ReadMember, ReadRanges) client bytes.
 enum class BufferKind : std::uint8_t {
     kClientBuffer = 0,  ///< The connection's registered buffer (RegisterBufferRequest).
-    kCudaIpc = 1,       ///< A CUDA allocation exported by the client (DESIGN.md §5).
+    kCudaIpc = 1,       ///< A CUDA allocation exported by the client (docs/design.md §5).
 };
 
 struct BufferRef {
@@ -652,7 +652,7 @@ struct SparseReadOptions {
     }
 };
 
-/// SparseStore::ReadSparseObjects (DESIGN.md §4) run by the daemon: its node-local caches serve
+/// SparseStore::ReadSparseObjects (docs/design.md §4) run by the daemon: its node-local caches serve
 /// every process of the node.
 struct SparseReadRequest {
     static constexpr MessageType kType = MessageType::kSparseRead;
@@ -737,7 +737,7 @@ struct MetricsReply {
     friend bool operator==(const MetricsReply&, const MetricsReply&) = default;
 };
 
-// ---- Tensor fast path (executor/tensor_store.h, DESIGN.md §5) ---------------------------------
+// ---- Tensor fast path (executor/tensor_store.h, docs/design.md §5) ---------------------------------
 
 /// Where one tensor's bytes are in the client: its registered buffer, or a CUDA allocation
 /// exported by IPC (`ref` = handle of the allocation base + offset of the tensor + its size).

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// CUDA IPC handoff of device memory between processes of one node (DESIGN.md §5): the exporter
+// CUDA IPC handoff of device memory between processes of one node (docs/design.md §5): the exporter
 // (a DummyClient) hands out the handle of the ALLOCATION BASE plus the offset of its tensor, the
 // importer (the node daemon) opens the allocation once and caches the mapping.
 //

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The CUDA runtime, loaded at run time (DESIGN.md §5): libcudart (and libcuda for one driver call)
+// The CUDA runtime, loaded at run time (docs/design.md §5): libcudart (and libcuda for one driver call)
 // are dlopen'ed on first use, so libmooncake_sparse builds without CUDA and imports on machines
 // without a GPU; every entry point then answers Unimplemented. Only the functions the tensor fast
 // path uses are exposed: copies and stream sync, pointer attributes, allocation ranges, CUDA IPC,

@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Local memcpy of large host buffers across threads (DESIGN.md §7: one thread copies ~6 GB/s,
+// Local memcpy of large host buffers across threads (docs/design.md §7: one thread copies ~6 GB/s,
 // sixteen ~46 GB/s on an H200 host). Small copies stay on the calling thread.
 #pragma once
 

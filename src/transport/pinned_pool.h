@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Host memory for store objects that the CUDA copy engine reads and writes (DESIGN.md §5):
+// Host memory for store objects that the CUDA copy engine reads and writes (docs/design.md §5):
 // page-locked (cudaHostAlloc, through the run-time loader) under a byte quota, pageable beyond it.
 // Never per-operation pinning: a block is pinned once and reused.
 //

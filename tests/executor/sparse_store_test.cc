@@ -345,17 +345,32 @@ TEST(SparseStoreTest, ManifestEntryThatMisdescribesTheStoredObjectIsRejected) {
     }
 }
 
-TEST(SparseStoreTest, TileShapeWhoseVolumeOverflowsIsRejectedAtCommit) {
+TEST(SparseStoreTest, TileShapeLargerThanTheTensorIsStoredClamped) {
     SparseStore store(MakeEmbeddedStore());
     std::mt19937_64 rng(22);
     const Shape shape{64, 64};
     const Coo coo = RandomCoo(rng, shape, 10);
-    for (const Shape& tile : {Shape{Index{1} << 32, Index{1} << 32}, Shape{Index{1} << 62, 8},
-                              Shape{128, 8}}) {
+    // A caller's extent beyond the tensor's means one tile along that dimension: stored
+    // clamped, so no descriptor ever holds a tile larger than its tensor.
+    const Shape huge[] = {{Index{1} << 32, Index{1} << 32}, {Index{1} << 62, 8}, {128, 8}};
+    const Shape stored[] = {{64, 64}, {64, 8}, {64, 8}};
+    for (int i = 0; i < 3; ++i) {
+        SparseStore s(MakeEmbeddedStore());
         PutSparseRequest req = Request("w", shape, coo);
-        req.encode.tile_shape = tile;
-        auto r = store.PutSparseObject(req);
-        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().ToString();
+        req.encode.tile_shape = huge[i];
+        auto r = s.PutSparseObject(req);
+        ASSERT_TRUE(r.ok()) << r.status().ToString();
+        auto manifest = *s.Manifest({0, 1});
+        ASSERT_EQ(manifest.size(), 1u);
+        EXPECT_EQ(manifest[0].tile_shape, stored[i]);
+        auto objs = s.ReadSparseObjects(manifest, {{Target("r", "w", "n", {0, 0}, {64, 64})}});
+        ASSERT_TRUE(objs.ok()) << objs.status().ToString();
+        EXPECT_EQ(Entries((*objs)[0]).size(), 10u);
+    }
+    for (const Shape& bad : {Shape{0, 8}, Shape{-1, 8}, Shape{8}}) {
+        PutSparseRequest req = Request("w", shape, coo);
+        req.encode.tile_shape = bad;
+        EXPECT_EQ(store.PutSparseObject(req).status().code(), StatusCode::kInvalidArgument);
     }
     EXPECT_TRUE(store.Manifest({0, 1})->empty());
 }

@@ -172,6 +172,20 @@ TEST(SourceDescriptorTest, RejectsBadShapesAndBoxes) {
     EXPECT_THAT(SourceDescriptor::Make(d), StatusIs(StatusCode::kInvalidArgument));
 }
 
+TEST(SourceDescriptorTest, RejectsTilesLargerThanTheTensor) {
+    // What a peer may send: a tile whose volume wraps to 0 in 64 bits must never reach a
+    // divider.
+    for (const Shape& tile : {Shape{Index{1} << 32, Index{1} << 32}, Shape{Index{1} << 62, 8},
+                              Shape{4096, 128}}) {
+        SourceDescriptor d = ValidSource();
+        d.tile_shape = tile;
+        EXPECT_THAT(SourceDescriptor::Make(d), StatusIs(StatusCode::kInvalidArgument));
+    }
+    EXPECT_EQ(ClampTileShape(Shape{Index{1} << 62, 8}, Shape{64, 64}), (Shape{64, 8}));
+    EXPECT_EQ(ClampTileShape(Shape{0, 99}, Shape{64, 64}), (Shape{0, 64}));
+    EXPECT_EQ(ClampTileShape(Shape{8}, Shape{64, 64}), (Shape{8}));
+}
+
 TEST(SourceDescriptorTest, RejectsDeltaNotAfterBase) {
     SourceDescriptor d = ValidSource();
     d.generation = {5, 5};

@@ -1,4 +1,4 @@
-"""The tensor API (DESIGN.md §5) on host tensors, in the embedded store and through the node
+"""The tensor API (docs/design.md §5) on host tensors, in the embedded store and through the node
 daemon: the seven calls, upstream Mooncake's tensor object format, and validation that leaves
 destinations untouched. CUDA tensors: test_tensor_gpu.py."""
 

@@ -1,4 +1,4 @@
-"""The tensor fast path with CUDA tensors (DESIGN.md §5): the embedded store's direct D2H/H2D
+"""The tensor fast path with CUDA tensors (docs/design.md §5): the embedded store's direct D2H/H2D
 copies into pinned object memory, ordering on the caller's stream, and the node daemon's CUDA IPC
 handoff between processes. Skips cleanly without torch or a GPU; the IPC tests start children
 with the 'spawn' context. Data is fresh random every run and compared bit-exactly."""

@@ -1,4 +1,4 @@
-"""Many nodes on the real Mooncake Store (DESIGN.md §6): a real mooncake_master on loopback,
+"""Many nodes on the real Mooncake Store (docs/design.md §6): a real mooncake_master on loopback,
 clients from upstream's mooncake-transfer-engine wheel, this library's sparse layer on top.
 
 Node A and node B are separate processes with their own Mooncake clients, segments and

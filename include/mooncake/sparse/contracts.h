@@ -1,6 +1,6 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The address-free contracts of the sparse object layer (DESIGN.md §2-4): element types, apply
+// The address-free contracts of the sparse object layer (docs/design.md §2-4): element types, apply
 // modes, generations, source and target descriptors, the compact tile index, and the regions a
 // plan is made of. Every descriptor is built through a factory that validates it and returns
 // Result<T>; nothing here knows about a store, a transport or a payload address.
@@ -325,7 +325,7 @@ struct EntryRange {
     friend bool operator==(const EntryRange&, const EntryRange&) = default;
 };
 
-/// A source that a target reads (DESIGN.md §4 steps 1-2): indexes into the manifest and the
+/// A source that a target reads (docs/design.md §4 steps 1-2): indexes into the manifest and the
 /// target set given to the planner. Eight bytes, so that a node's selection stays small; the
 /// overlap is derived from the two boxes it names rather than stored.
 struct SourceMatch {

@@ -235,6 +235,19 @@ inline Status ValidateTileShape(std::span<const Index> tile_shape,
     return Status::Ok();
 }
 
+/// The tile shape a caller asked for, as a descriptor holds it: an extent larger than the
+/// tensor's becomes the tensor's (one tile along that dimension), which is what it means.
+/// Other extents, and a rank mismatch, are left for ValidateTileShape to report.
+inline Shape ClampTileShape(std::span<const Index> tile_shape,
+                            std::span<const Index> global_shape) {
+    Shape out(tile_shape.begin(), tile_shape.end());
+    if (out.size() != global_shape.size()) return out;
+    for (std::size_t d = 0; d < out.size(); ++d) {
+        if (global_shape[d] >= 1) out[d] = std::min(out[d], global_shape[d]);
+    }
+    return out;
+}
+
 /// The tile shape of a source whose writer names none: 8 tiles per dimension (each extent / 8,
 /// rounded up, at least 1). Why 8: a reader that splits a dimension into 2, 4 or 8 equal parts
 /// (TP within a node) cuts it on tile edges whenever the extent is a multiple of 8, so it reads

@@ -94,7 +94,7 @@ private:
     std::vector<Entry> entries_;
 };
 
-/// How a source object is matched to targets (DESIGN.md §3).
+/// How a source object is matched to targets (docs/design.md §3).
 class PlacementPolicy {
 public:
     enum class Kind : std::uint8_t {

@@ -1,11 +1,11 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The address-free sparse planner (DESIGN.md §4 steps 1, 2, 4 and 5): placement filtering and
+// The address-free sparse planner (docs/design.md §4 steps 1, 2, 4 and 5): placement filtering and
 // box intersection from the manifest alone, entry-range planning on a source's compact tile
 // index, and batch planning of a whole target set with dedup per node. It reads no payload and
 // never scans nnz: a query costs O(log R + groups * log C + K) on the 2-D path.
 //
-// Choosing the 2-D direction. DESIGN.md asks for "the direction with fewer candidate groups".
+// Choosing the 2-D direction. docs/design.md asks for "the direction with fewer candidate groups".
 // Groups are not equally expensive, so the planner counts candidate groups weighted by what one
 // group costs on each path, with the index's fill f = tiles / tile-grid cells standing in for
 // the tiles actually present (a box of R tile rows x C tile columns holds K ~ f R C tiles):

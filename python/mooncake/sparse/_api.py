@@ -1,4 +1,4 @@
-"""The public Python API of mooncake.sparse (DESIGN.md §8)."""
+"""The public Python API of mooncake.sparse (docs/design.md §8)."""
 
 from __future__ import annotations
 
@@ -205,7 +205,7 @@ class Store(TensorMixin):
         num_threads: int = 0,
         device: Any = None,
     ) -> list[Any]:
-        """One target-local object per target, same order (DESIGN.md §4 steps 1-8).
+        """One target-local object per target, same order (docs/design.md §4 steps 1-8).
         strategy="full_source" is the baseline that GETs complete sources per target.
         device="cuda" / "cuda:N": the objects' indices and values are copied into that GPU's
         memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights."""

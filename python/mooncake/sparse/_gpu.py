@@ -1,4 +1,4 @@
-"""The GPU side of the sparse codec (DESIGN.md §1 src/cuda, issue: GPU encode and apply).
+"""The GPU side of the sparse codec (docs/design.md §1 src/cuda, issue: GPU encode and apply).
 
 * ``encode_update(new, old)`` with CUDA tensors encodes on the device (no host round trip of
   the dense tensors) and returns device arrays: torch CUDA tensors when torch is in use,

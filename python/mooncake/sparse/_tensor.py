@@ -1,4 +1,4 @@
-"""The tensor fast path of a Store (DESIGN.md §5): put/get of whole tensors, CPU or CUDA.
+"""The tensor fast path of a Store (docs/design.md §5): put/get of whole tensors, CPU or CUDA.
 
 Tensor objects use upstream Mooncake's format (a 304-byte ``TensorObjectHeader`` + layout,
 then the C-contiguous data), so a tensor written by one is readable by the other.

@@ -1,4 +1,4 @@
-"""The ObjectStore of this library on upstream Mooncake Store (DESIGN.md §6).
+"""The ObjectStore of this library on upstream Mooncake Store (docs/design.md §6).
 
 Across nodes this library runs on the real Mooncake Store: its ``mooncake_master``, its clients
 and TransferEngine, reached through the public Python API of the ``mooncake-transfer-engine``

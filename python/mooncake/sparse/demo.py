@@ -387,8 +387,12 @@ def format_table(r: dict) -> str:
         f"model: {r['tensors']} tensors, {r['model_bytes'] / 1e6:.1f} MB {r['dtype']}, "
         f"{r['density'] * 100:.2f}% changed, apply={r['apply']}; trainer EP{TRAIN_EP} -> "
         f"inference EP{INFER_EP}xTP{INFER_TP} ({r['targets']} targets on one node)",
-        f"committed {r['source_objects_put']} source objects, {r['source_bytes_put'] / 1e6:.2f} MB "
-        f"(encode {r['encode_seconds']:.2f} s, commit {r['commit_seconds']:.2f} s)",
+        (f"committed {r['source_objects_put']} source objects, "
+         f"{r['source_bytes_put'] / 1e6:.2f} MB (encode {r['encode_seconds']:.2f} s, "
+         f"commit {r['commit_seconds']:.2f} s)"
+         if r["role"] != "inference" else
+         f"found {r['source_objects_put']} source objects a trainer committed, "
+         f"{r['source_bytes_put'] / 1e6:.2f} MB"),
         f"store: {r['store']}",
         "",
         f"{'strategy':<24}{'put MB':>11}{'range MB':>11}{'full MB':>11}{'fanout MB':>11}"

@@ -1,4 +1,4 @@
-"""Runs a node daemon in this process, optionally on upstream Mooncake Store (DESIGN.md §6).
+"""Runs a node daemon in this process, optionally on upstream Mooncake Store (docs/design.md §6).
 
     python -m mooncake.sparse.node --socket-path /run/user/$UID/mcs.sock \\
         --store "mooncake://MASTER:50051?local_hostname=THIS_HOST"
