@@ -115,6 +115,10 @@ TEST(SegmentPreparationTest, CreateReturnsBeforePinningWhichRunsInParallelInTheB
     options.register_pinned = gate.Fn();
     options.name = "preparer_test";
     auto created = ShmStore::Create(options);  // Would hang here if it registered inline.
+    struct OpenOnExit {  // Destroying the store joins the blocked registrations: open first.
+        GatedRegistrar& gate;
+        ~OpenOnExit() { gate.Open(); }
+    } open_on_exit{gate};
     ASSERT_TRUE(created.ok()) << created.status().ToString();
     ShmStore& store = **created;
 
@@ -207,6 +211,10 @@ TEST(SegmentPreparationTest, PrefaultRangeRunsChunksTheBackgroundHasNotReached) 
     SegmentPreparer preparer({{other->data(), other->fd(), other->size(), other->size()},
                               {seg->data(), seg->fd(), seg->size(), 0}},
                              options);
+    struct OpenOnExit {
+        GatedRegistrar& gate;
+        ~OpenOnExit() { gate.Open(); }
+    } open_on_exit{gate};
     ASSERT_TRUE(gate.WaitInside(1, milliseconds(10000)));
     // ... so the chunks of segment 1 are the put path's to run.
     preparer.PrefaultRange(1, 10 * PageSize(), 6 * PageSize());  // chunks 2, 3
