@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/daemon_config.h"
 #include "daemon/node_server.h"
 #include "store/node_client.h"
 #include "store/pinned_memory.h"
@@ -268,6 +269,36 @@ TEST(NodeServerHardeningTest, ServesBeforePinningCompletesAndReportsProgress) {
     EXPECT_TRUE(Eventually([&] { return Metric(**server, "pinning_complete") == 1; }));
     EXPECT_EQ(Metric(**server, "pinned_bytes"), 6 << 20);
     EXPECT_EQ(Metric(**server, "prefaulted_bytes"), 8 << 20);
+}
+
+TEST(DaemonConfigTest, TimeoutsAndPreparationKeys) {
+    EXPECT_EQ(*ParseDuration("10s"), 10s);
+    EXPECT_EQ(*ParseDuration("250ms"), 250ms);
+    EXPECT_EQ(*ParseDuration("2m"), 120s);
+    EXPECT_EQ(*ParseDuration("1h"), 3600s);
+    EXPECT_EQ(*ParseDuration(" 30 "), 30s);  // Plain numbers are seconds.
+    EXPECT_EQ(*ParseDuration("0"), 0ms);
+    EXPECT_FALSE(ParseDuration("").ok());
+    EXPECT_FALSE(ParseDuration("5 parsecs").ok());
+    EXPECT_FALSE(ParseDuration("-1s").ok());
+    EXPECT_FALSE(ParseDuration("99999999999999999h").ok());
+
+    NodeDaemonConfig c;
+    c.socket_path = "/tmp/x.sock";
+    ASSERT_TRUE(ApplyYamlConfig("frame_timeout: 2s\nidle_timeout: 0\nprefault_segments: false\n"
+                                "prepare_threads: 8\n",
+                                c)
+                    .ok());
+    auto o = ToServerOptions(c);
+    ASSERT_TRUE(o.ok());
+    EXPECT_EQ(o->frame_timeout, 2s);
+    EXPECT_EQ(o->idle_timeout, 0ms);
+    EXPECT_FALSE(o->store.prefault);
+    EXPECT_EQ(o->store.prepare_threads, 8u);
+    EXPECT_TRUE(o->store.prepare_in_background);
+    EXPECT_FALSE(SetConfigKey(c, "prefault_segments", "maybe").ok());
+    EXPECT_FALSE(SetConfigKey(c, "prepare_threads", "0").ok());
+    EXPECT_FALSE(SetConfigKey(c, "frame_timeout", "soon").ok());
 }
 
 }  // namespace
