@@ -68,8 +68,9 @@ SegmentPreparer::SegmentPreparer(std::vector<PrepareSegment> segments,
         }
         s.num_chunks = chunks_.size() - s.first_chunk;
         s.chunks_left.store(s.num_chunks, std::memory_order_relaxed);
-        pinned_target_ += s.desc.pin_bytes;
+        requested_pin_ += s.desc.pin_bytes;
     }
+    pinned_target_ = requested_pin_;
     chunk_state_.reset(new std::atomic<std::uint8_t>[chunks_.size()]);
     for (std::size_t i = 0; i < chunks_.size(); ++i) chunk_state_[i].store(kTodo);
 
@@ -136,7 +137,7 @@ void SegmentPreparer::TryPin(Segment& s) {
 void SegmentPreparer::Work() {
     // Probing the CUDA runtime loads libcudart and initializes the driver (up to a second on a
     // GPU node): here, not on the path to listening.
-    if (!options_.register_pinned && pinned_target_ > 0) {
+    if (!options_.register_pinned && requested_pin_ > 0) {
         const PinningSupport& support = GetPinningSupport();
         if (!support.available) {
             pin_disabled_.store(true, std::memory_order_relaxed);

@@ -137,8 +137,9 @@ private:
     std::atomic<std::uint64_t> prefaulted_{0};
     std::atomic<std::uint32_t> pin_failures_{0};
     std::atomic<std::uint32_t> prefault_failures_{0};
-    std::uint64_t pinned_target_ = 0;  // Guarded by mu_ (known once a worker checked support).
-    std::uint64_t prefault_target_ = 0;
+    std::uint64_t requested_pin_ = 0;    ///< Sum of the segments' pin_bytes (immutable).
+    std::uint64_t prefault_target_ = 0;  ///< Immutable after construction.
+    std::uint64_t pinned_target_ = 0;    // Guarded by mu_: 0 once pinning is known impossible.
 
     mutable std::mutex mu_;
     mutable std::condition_variable done_cv_;
