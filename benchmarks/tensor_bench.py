@@ -267,6 +267,10 @@ def main(argv=None):
     ap.add_argument("--node-segments", type=int, default=6)
     ap.add_argument("--node-pinned-quota", default="9GiB")
     ap.add_argument("--node-client-buffer-max", default="2GiB")
+    ap.add_argument("--node-prefault", default="true", choices=("true", "false"),
+                    help="the daemon's prefault_segments (false: puts fault fresh pages in)")
+    ap.add_argument("--node-no-wait-prepared", action="store_true",
+                    help="measure while the daemon still pins / pre-faults in the background")
     ap.add_argument("--node-reply-spin-max", type=float, default=None,
                     help="seconds a node-store tensor call polls for its reply (0: sleeps at once)")
     args = ap.parse_args(argv)
@@ -320,16 +324,30 @@ def main(argv=None):
                 log(f"node backend skipped: {e}")
                 emit({"what": "skipped", "backend": "node", "reason": str(e)})
                 continue
+            started = time.perf_counter()
             ctx = start_node_daemon(tempfile.mkdtemp(prefix="mcs-bench-"),
                                     segment_size=args.node_segment_size,
                                     num_segments=args.node_segments,
                                     pinned_quota_bytes=args.node_pinned_quota,
-                                    client_buffer_max_bytes=args.node_client_buffer_max)
+                                    client_buffer_max_bytes=args.node_client_buffer_max,
+                                    prefault_segments=args.node_prefault)
             node = ctx.__enter__()
             node_kwargs = {"call_timeout": 600.0}
             if args.node_reply_spin_max is not None:
                 node_kwargs["reply_spin_max"] = args.node_reply_spin_max
             store = mcs.connect(node.url, **node_kwargs)
+            listening = time.perf_counter() - started
+            # The daemon listens at once and pins / pre-faults in the background.
+            caps = store.capabilities()
+            while not args.node_no_wait_prepared and not caps.get("pinning_complete", True):
+                time.sleep(0.02)
+                caps = store.capabilities()
+            emit({"what": "node_startup", "listen_seconds": listening,
+                  "prepared_seconds": None if args.node_no_wait_prepared
+                  else time.perf_counter() - started,
+                  **{k: caps.get(k) for k in ("pinned_bytes", "pinned_target_bytes",
+                                              "prefaulted_bytes", "prefault_target_bytes",
+                                              "pin_failures", "pinning_complete")}})
         else:
             raise SystemExit(f"unknown backend {backend!r}")
         caps = store.capabilities()

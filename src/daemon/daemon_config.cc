@@ -83,6 +83,37 @@ Result<std::uint64_t> ParseByteSize(std::string_view text) {
                            suffix + "' (use k/M/G/T, KiB/MiB/GiB/TiB or KB/MB/GB/TB)");
 }
 
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text) {
+    text = Trim(text);
+    std::size_t digits = 0;
+    while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) {
+        ++digits;
+    }
+    if (digits == 0) {
+        return InvalidArgument("duration '" + std::string(text) + "' does not start with digits");
+    }
+    MCS_ASSIGN_OR_RETURN(std::uint64_t value, ParseUnsigned(text.substr(0, digits), "duration"));
+    const std::string unit = Lower(Trim(text.substr(digits)));
+    std::uint64_t factor = 0;
+    if (unit == "ms") {
+        factor = 1;
+    } else if (unit.empty() || unit == "s") {
+        factor = 1000;
+    } else if (unit == "m" || unit == "min") {
+        factor = 60 * 1000;
+    } else if (unit == "h") {
+        factor = 3600 * 1000;
+    } else {
+        return InvalidArgument("duration '" + std::string(text) + "' has an unknown unit '" +
+                               unit + "' (use ms, s, m or h)");
+    }
+    std::uint64_t ms = 0;
+    if (__builtin_mul_overflow(value, factor, &ms) || ms > (std::uint64_t{1} << 40)) {
+        return InvalidArgument("duration '" + std::string(text) + "' is too long");
+    }
+    return std::chrono::milliseconds(static_cast<std::int64_t>(ms));
+}
+
 Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view value) {
     const auto bytes = [&](std::uint64_t& out) -> Status {
         auto v = ParseByteSize(value);
@@ -114,6 +145,25 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
         MCS_ASSIGN_OR_RETURN(c.read_threads, ParseU32(value, key));
     } else if (key == "max_connections") {
         MCS_ASSIGN_OR_RETURN(c.max_connections, ParseU32(value, key));
+    } else if (key == "frame_timeout" || key == "idle_timeout") {
+        auto v = ParseDuration(value);
+        if (!v.ok()) return v.status().WithContext(key);
+        (key == "frame_timeout" ? c.frame_timeout : c.idle_timeout) = *v;
+    } else if (key == "prefault_segments") {
+        const std::string v = Lower(Trim(value));
+        if (v == "true" || v == "1" || v == "yes" || v == "on") {
+            c.prefault_segments = true;
+        } else if (v == "false" || v == "0" || v == "no" || v == "off") {
+            c.prefault_segments = false;
+        } else {
+            return InvalidArgument("prefault_segments: '" + std::string(value) +
+                                   "' is not true or false");
+        }
+    } else if (key == "prepare_threads") {
+        MCS_ASSIGN_OR_RETURN(c.prepare_threads, ParseU32(value, key));
+        if (c.prepare_threads == 0 || c.prepare_threads > 256) {
+            return InvalidArgument("prepare_threads must be 1 .. 256");
+        }
     } else if (key == "log_level") {
         MCS_RETURN_IF_ERROR(ParseLogLevel(value));
         c.log_level = Lower(Trim(value));
@@ -200,6 +250,11 @@ Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
     }
     o.store.pinned_quota_bytes = c.pinned_quota_bytes;
     o.store.metadata_capacity_bytes = c.metadata_capacity_bytes;
+    o.store.prefault = c.prefault_segments;
+    o.store.prepare_threads = c.prepare_threads;
+    o.store.prepare_in_background = true;  // Listen at once.
+    o.frame_timeout = c.frame_timeout;
+    o.idle_timeout = c.idle_timeout;
     o.store.name = "mooncake_sparse_node";
     o.cache_capacity_bytes = c.cache_capacity_bytes;
     if (c.client_buffer_max_bytes < page) {

@@ -5,6 +5,7 @@
 // Byte sizes accept a plain integer or a binary/decimal suffix ("256MiB", "1G", "64k").
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -27,8 +28,20 @@ struct NodeDaemonConfig {
     std::uint64_t metadata_capacity_bytes = std::uint64_t{256} << 20;
     std::uint32_t read_threads = 2;
     std::uint32_t max_connections = 1024;
+    /// A started frame must be complete (and a new connection must say Hello) within this.
+    std::chrono::milliseconds frame_timeout{10000};
+    /// A connection without state (no client buffer, no lease) idle this long is closed.
+    std::chrono::milliseconds idle_timeout{60000};
+    /// Populate every segment page in the background at start-up.
+    bool prefault_segments = true;
+    /// Threads that pre-fault and pin the segments in the background.
+    std::uint32_t prepare_threads = 4;
     std::string log_level = "info";  ///< debug | info | warning | error
 };
+
+/// "10s", "500ms", "2m", "1h", or a plain integer of seconds -> milliseconds ("0": none).
+/// Errors: InvalidArgument (empty, not a number, unknown unit, overflow).
+Result<std::chrono::milliseconds> ParseDuration(std::string_view text);
 
 /// "4096", "64k", "256MiB", "1G", "2GB" -> bytes (k/M/G/T and KiB/MiB/GiB/TiB are powers of
 /// 1024; KB/MB/GB/TB powers of 1000; case-insensitive).

@@ -20,7 +20,6 @@
 #include "daemon/daemon_config.h"
 #include "daemon/log.h"
 #include "daemon/node_server.h"
-#include "store/pinned_memory.h"
 
 DEFINE_string(socket_path, "", "Unix socket the daemon listens on (required; created mode 0600).");
 DEFINE_string(config, "", "YAML file with any of the keys below; explicit flags win over it.");
@@ -35,7 +34,19 @@ DEFINE_string(cache_capacity_bytes, "1GiB",
 DEFINE_string(client_buffer_max_bytes, "1GiB", "Largest buffer a client may register.");
 DEFINE_string(metadata_capacity_bytes, "256MiB", "Bound on keys, metadata and member tables.");
 DEFINE_uint32(read_threads, 2, "Materialization threads per read_sparse_objects call.");
-DEFINE_uint32(max_connections, 1024, "Connections served at once.");
+DEFINE_uint32(max_connections, 1024,
+              "Connections served at once; when full, a new one evicts the longest-idle "
+              "connection that holds no client buffer and no lease.");
+DEFINE_string(frame_timeout, "10s",
+              "A started frame must be complete within this (and a new connection must say "
+              "Hello within it), or the connection is closed. 0: no limit.");
+DEFINE_string(idle_timeout, "60s",
+              "A connection holding no client buffer and no lease that is idle this long is "
+              "closed. 0: never.");
+DEFINE_bool(prefault_segments, true,
+            "Populate every segment page in the background at start-up (fast copies into "
+            "fresh memory; commits the capacity to RAM).");
+DEFINE_uint32(prepare_threads, 4, "Threads that pre-fault and pin the segments in the background.");
 DEFINE_string(log_level, "info", "debug | info | warning | error");
 
 namespace mcs = mooncake::sparse;
@@ -135,14 +146,33 @@ int main(int argc, char** argv) {
         return 1;
     }
     const mcs::ShmStoreStats stats = (*server)->store().Stats();
+    // Pinning and pre-faulting go on in the background; capabilities()/metrics show how far.
     LOG(INFO) << "mooncake_sparse_node listening on " << options->socket_path << " (node "
               << options->node_id << "): " << stats.segments << " segment(s) of "
-              << options->store.segment_size << " bytes, pinned " << stats.pinned_bytes
-              << " / pageable " << stats.pageable_bytes << " bytes ("
-              << mcs::GetPinningSupport().detail << ")";
+              << options->store.segment_size << " bytes; pinning up to "
+              << options->store.pinned_quota_bytes << " bytes"
+              << (options->store.prefault ? " and pre-faulting" : "") << " in the background";
 
     int signo = 0;
+    bool prepared_logged = false;
     for (;;) {
+        if (!prepared_logged) {
+            // Report once when the background preparation is done (checked every second).
+            pollfd p{sfd, POLLIN, 0};
+            if (poll(&p, 1, 1000) == 0) {
+                const mcs::ShmStoreStats now = (*server)->store().Stats();
+                if (now.preparation.complete) {
+                    prepared_logged = true;
+                    LOG(INFO) << "segments prepared: pinned " << now.pinned_bytes << " of "
+                              << now.preparation.pinned_target_bytes << " bytes, pre-faulted "
+                              << now.preparation.prefaulted_bytes << " bytes"
+                              << (now.preparation.detail.empty()
+                                      ? std::string()
+                                      : " (" + now.preparation.detail + ")");
+                }
+                continue;
+            }
+        }
         signalfd_siginfo info{};
         const ssize_t n = read(sfd, &info, sizeof(info));
         if (n == static_cast<ssize_t>(sizeof(info))) {

@@ -4,16 +4,20 @@
 // (see node_server.h for the design).
 #include "daemon/node_server.h"
 
-#include "daemon/log.h"
-
+#include <sys/eventfd.h>
+#include <sys/prctl.h>
+#include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 #include <unordered_map>
 #include <utility>
 
 #include "codec/codec.h"
+#include "daemon/log.h"
 #include "store/pinned_memory.h"
 #include "store/shm_segment.h"
 #include "store/wire.h"
@@ -45,11 +49,24 @@ std::span<const std::byte> AsBytes(const std::vector<T>& v) {
 // Connection and Session: one client's state and its request handlers.
 // ---------------------------------------------------------------------------------------------
 struct NodeServer::Connection {
+    using Clock = std::chrono::steady_clock;
+
     std::uint64_t id = 0;
     UnixConnection conn;
     PeerCred peer;
     std::thread thread;
     std::atomic<bool> finished{false};
+    // What the accept loop needs to pick a connection to evict at max_connections.
+    std::atomic<bool> busy{false};      ///< From a frame's first packet to its reply.
+    std::atomic<bool> stateful{false};  ///< Holds a client buffer or leases.
+    std::atomic<bool> evicted{false};
+    std::atomic<Clock::rep> idle_since{0};
+
+    void MarkIdle(bool has_state) {
+        stateful.store(has_state, std::memory_order_relaxed);
+        idle_since.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+        busy.store(false, std::memory_order_release);
+    }
 };
 
 class NodeServer::Session {
@@ -113,11 +130,40 @@ private:
 
 void NodeServer::Session::Run() {
     UnixConnection& conn = connection_.conn;
+    const NodeServerOptions& o = server_.options_;
+    const auto after = [](std::chrono::milliseconds t) {
+        return t.count() > 0 ? Deadline::After(t) : Deadline::Never();
+    };
     for (;;) {
+        const bool has_state = buffer_.has_value() || !leases_.empty();
+        connection_.MarkIdle(has_state);
+        // A connection slot is not free for ever: a new peer must say Hello promptly, and one
+        // that holds nothing must keep talking.
+        const Deadline idle = !hello_done_ ? after(o.frame_timeout)
+                              : has_state  ? Deadline::Never()
+                                           : after(o.idle_timeout);
+        if (Status ready = conn.WaitReadable(idle); !ready.ok()) {
+            if (idle.Expired()) {
+                server_.idle_closes_.fetch_add(1, std::memory_order_relaxed);
+                MCS_LOG(kInfo) << "connection " << connection_.id << " (pid "
+                               << connection_.peer.pid << "): closing, "
+                               << (hello_done_ ? "idle without state" : "no Hello in time");
+            }
+            return;
+        }
+        connection_.busy.store(true, std::memory_order_release);
         std::vector<UniqueFd> fds;
-        auto bytes = conn.RecvFrame(wire::kMaxFrameBytes, &fds, Deadline::Never(), /*max_fds=*/1);
+        const Deadline frame_deadline = after(o.frame_timeout);
+        auto bytes = conn.RecvFrame(wire::kMaxFrameBytes, &fds, frame_deadline, /*max_fds=*/1);
         if (!bytes.ok()) {
-            if (bytes.status().code() == StatusCode::kUnavailable) {
+            if (bytes.status().code() == StatusCode::kUnavailable && frame_deadline.Expired()) {
+                // Whatever part of the frame arrived is freed with this return.
+                server_.frame_timeouts_.fetch_add(1, std::memory_order_relaxed);
+                MCS_LOG(kWarning) << "connection " << connection_.id << " (pid "
+                                  << connection_.peer.pid << "): closing, a frame was not "
+                                  << "completed within frame_timeout: "
+                                  << bytes.status().ToString();
+            } else if (bytes.status().code() == StatusCode::kUnavailable) {
                 MCS_LOG(kDebug) << "connection " << connection_.id << ": " << bytes.status().ToString();
             } else {
                 // The framing is broken (bad header, oversized frame): nothing more can be
@@ -144,6 +190,10 @@ void NodeServer::Session::Run() {
         const std::uint64_t request_id = frame->header.request_id;
         Result<Reply> reply = Dispatch(*frame, fds);
         fds.clear();  // Close any fd a handler did not take.
+        // Before the reply goes out: once the client has it, it may count on this connection
+        // being kept (never evicted for being stateless).
+        connection_.stateful.store(buffer_.has_value() || !leases_.empty(),
+                                   std::memory_order_relaxed);
         Result<std::vector<std::byte>> out = Internal("unset");
         if (reply.ok()) {
             out = wire::EncodeFrame(reply->message, request_id);
@@ -581,19 +631,29 @@ Result<NodeServer::Session::Reply> NodeServer::Session::TensorGet(
 // ---------------------------------------------------------------------------------------------
 Result<std::unique_ptr<NodeServer>> NodeServer::Start(const NodeServerOptions& options) {
     if (options.socket_path.empty()) return InvalidArgument("socket_path is empty");
+    if (options.disable_dumping && ::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0) {
+        // A same-uid peer could write /proc/<pid>/mem (segments, leases, the object table).
+        MCS_LOG(kWarning) << "prctl(PR_SET_DUMPABLE, 0): " << std::strerror(errno);
+    }
+    UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake.valid()) return Internal(std::string("eventfd: ") + std::strerror(errno));
     auto store = ShmStore::Create(options.store);
     if (!store.ok()) return store.status().WithContext("creating the shared-memory store");
     auto listener = UnixListener::Bind(options.socket_path, 0600);
     if (!listener.ok()) return listener.status().WithContext("binding " + options.socket_path);
-    std::unique_ptr<NodeServer> server(new NodeServer(
-        options, std::shared_ptr<ShmStore>(std::move(store).value()), std::move(listener).value()));
+    std::unique_ptr<NodeServer> server(
+        new NodeServer(options, std::shared_ptr<ShmStore>(std::move(store).value()),
+                       std::move(listener).value(), std::move(wake)));
     server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
     return server;
 }
 
 NodeServer::NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> store,
-                       UnixListener listener)
-    : options_(std::move(options)), store_(std::move(store)), listener_(std::move(listener)) {
+                       UnixListener listener, UniqueFd wake)
+    : options_(std::move(options)),
+      store_(std::move(store)),
+      listener_(std::move(listener)),
+      wake_(std::move(wake)) {
     SparseStoreOptions sparse_options;
     sparse_options.node_id = options_.node_id;
     sparse_options.index_cache_capacity_bytes = options_.cache_capacity_bytes;
@@ -610,15 +670,31 @@ NodeServer::~NodeServer() { Stop(); }
 
 void NodeServer::AcceptLoop() {
     for (;;) {
-        auto accepted = listener_.Accept(Deadline::Never());
+        pollfd fds[2] = {{listener_.fd(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+        const int rc = ::poll(fds, 2, -1);
         {
             std::lock_guard lock(mu_);
             if (stopping_) return;
         }
-        ReapFinished();
+        if (rc < 0) {
+            if (errno == EINTR) continue;
+            MCS_LOG(kWarning) << "poll: " << std::strerror(errno);
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            continue;
+        }
+        if (fds[1].revents & POLLIN) {
+            std::uint64_t count = 0;
+            (void)::read(wake_.get(), &count, sizeof count);
+        }
+        ReapFinished();  // Right when a connection ends, not on the next accept.
+        if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+        auto accepted = listener_.Accept(Deadline::After(std::chrono::milliseconds(0)));
         if (!accepted.ok()) {
+            if (accepted.status().code() == StatusCode::kUnavailable) {
+                if (fds[0].revents & (POLLHUP | POLLERR)) return;  // shut down
+                continue;  // The peer gave up before we accepted.
+            }
             MCS_LOG(kWarning) << "accept: " << accepted.status().ToString();
-            if (accepted.status().code() == StatusCode::kUnavailable) return;  // shut down
             std::this_thread::sleep_for(std::chrono::milliseconds(10));  // e.g. out of fds
             continue;
         }
@@ -632,12 +708,18 @@ void NodeServer::AcceptLoop() {
             continue;  // Closed by the destructor.
         }
         connection->peer = *cred;
+        connection->MarkIdle(false);
         std::lock_guard lock(mu_);
         if (stopping_) return;
-        if (connections_.size() >= options_.max_connections) {
+        const std::size_t live = static_cast<std::size_t>(
+            std::count_if(connections_.begin(), connections_.end(), [](const auto& c) {
+                return !c->finished.load(std::memory_order_acquire) &&
+                       !c->evicted.load(std::memory_order_relaxed);
+            }));
+        if (live >= options_.max_connections && !EvictIdleLocked()) {
             rejected_peers_.fetch_add(1, std::memory_order_relaxed);
-            MCS_LOG(kWarning) << "rejecting pid " << cred->pid << ": " << connections_.size()
-                         << " connections already (max_connections)";
+            MCS_LOG(kWarning) << "rejecting pid " << cred->pid << ": " << live
+                              << " connections already (max_connections), each holding state";
             continue;
         }
         connection->id = next_connection_id_++;
@@ -645,6 +727,31 @@ void NodeServer::AcceptLoop() {
         connection->thread = std::thread([this, connection] { Serve(connection); });
         connections_.push_back(std::move(connection));
     }
+}
+
+bool NodeServer::EvictIdleLocked() {
+    Connection* victim = nullptr;
+    Connection::Clock::rep oldest = 0;
+    for (const auto& c : connections_) {
+        if (c->finished.load(std::memory_order_acquire) ||
+            c->evicted.load(std::memory_order_relaxed) ||
+            c->busy.load(std::memory_order_acquire) ||
+            c->stateful.load(std::memory_order_relaxed)) {
+            continue;
+        }
+        const auto since = c->idle_since.load(std::memory_order_relaxed);
+        if (victim == nullptr || since < oldest) {
+            victim = c.get();
+            oldest = since;
+        }
+    }
+    if (victim == nullptr) return false;
+    victim->evicted.store(true, std::memory_order_relaxed);
+    victim->conn.Shutdown();  // Its thread sees EOF, ends and is reaped.
+    connections_evicted_.fetch_add(1, std::memory_order_relaxed);
+    MCS_LOG(kInfo) << "connection " << victim->id << " (pid " << victim->peer.pid
+                   << "): evicted, idle without state at max_connections";
+    return true;
 }
 
 void NodeServer::Serve(const std::shared_ptr<Connection>& connection) {
@@ -656,6 +763,8 @@ void NodeServer::Serve(const std::shared_ptr<Connection>& connection) {
     connection->conn.Shutdown();
     MCS_LOG(kDebug) << "connection " << connection->id << " closed";
     connection->finished.store(true, std::memory_order_release);
+    const std::uint64_t one = 1;
+    (void)::write(wake_.get(), &one, sizeof one);  // The accept loop joins this thread.
 }
 
 void NodeServer::ReapFinished() {
@@ -682,6 +791,8 @@ void NodeServer::Stop() {
         connections = connections_;
     }
     listener_.Shutdown();
+    const std::uint64_t one = 1;
+    (void)::write(wake_.get(), &one, sizeof one);
     if (accept_thread_.joinable()) accept_thread_.join();
     for (auto& c : connections) c->conn.Shutdown();
     for (auto& c : connections) {
@@ -699,6 +810,7 @@ NodeServerStats NodeServer::Stats() const {
     s.connections_total = connections_total_.load(std::memory_order_relaxed);
     {
         std::lock_guard lock(mu_);
+        s.connection_threads = connections_.size();
         for (const auto& c : connections_) {
             if (!c->finished.load(std::memory_order_acquire)) ++s.connections_active;
         }
@@ -707,6 +819,9 @@ NodeServerStats NodeServer::Stats() const {
     s.requests = requests_.load(std::memory_order_relaxed);
     s.request_errors = request_errors_.load(std::memory_order_relaxed);
     s.protocol_errors = protocol_errors_.load(std::memory_order_relaxed);
+    s.frame_timeouts = frame_timeouts_.load(std::memory_order_relaxed);
+    s.idle_closes = idle_closes_.load(std::memory_order_relaxed);
+    s.connections_evicted = connections_evicted_.load(std::memory_order_relaxed);
     return s;
 }
 
@@ -740,6 +855,13 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"pinned_quota_bytes", double(options_.store.pinned_quota_bytes)},
         {"pinned_bytes", double(shm.pinned_bytes)},
         {"pageable_bytes", double(shm.pageable_bytes)},
+        // Background preparation of the segments (store/segment_preparer.h).
+        {"pinned_target_bytes", double(shm.preparation.pinned_target_bytes)},
+        {"pin_failures", double(shm.preparation.pin_failures)},
+        {"prefault_target_bytes", double(shm.preparation.prefault_target_bytes)},
+        {"prefaulted_bytes", double(shm.preparation.prefaulted_bytes)},
+        {"prefault_failures", double(shm.preparation.prefault_failures)},
+        {"pinning_complete", shm.preparation.complete ? 1.0 : 0.0},
         {"cuda_available", pinning.available ? 1.0 : 0.0},
         {"cuda_devices", double(pinning.device_count)},
         {"cuda_ipc_available", cuda::GetSupport().ipc_available ? 1.0 : 0.0},
@@ -758,6 +880,10 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"requests", double(server.requests)},
         {"request_errors", double(server.request_errors)},
         {"protocol_errors", double(server.protocol_errors)},
+        {"frame_timeouts", double(server.frame_timeouts)},
+        {"idle_closes", double(server.idle_closes)},
+        {"connections_evicted", double(server.connections_evicted)},
+        {"connection_threads", double(server.connection_threads)},
     };
     // Traffic of the store the sparse layer reads (the segments, or a distributed store such as
     // upstream Mooncake, whose range bytes are then the bytes that crossed the network).

@@ -58,6 +58,18 @@ struct NodeServerOptions {
     std::uint32_t read_threads = 2;
     /// A reply that the client does not read within this time closes the connection.
     std::chrono::milliseconds send_timeout{30000};
+    /// A frame whose first packet has arrived must be complete within this time, or the
+    /// connection is closed and its partial frame freed (a peer cannot park up to a max-size
+    /// frame of daemon memory). Also the time a new connection has to send its Hello. Zero: no
+    /// limit.
+    std::chrono::milliseconds frame_timeout{10000};
+    /// A connection that holds nothing (no registered client buffer, no lease) and sends
+    /// nothing for this long is closed. Connections with state are never closed for idling: a
+    /// trainer may sit between steps for long, and its leases back zero-copy views. Zero: never.
+    std::chrono::milliseconds idle_timeout{60000};
+    /// Mark the process non-dumpable (prctl PR_SET_DUMPABLE 0) at Start: a same-uid peer can
+    /// then neither write /proc/<pid>/mem nor ptrace the daemon (at the cost of core dumps).
+    bool disable_dumping = true;
 };
 
 struct NodeServerStats {
@@ -67,12 +79,22 @@ struct NodeServerStats {
     std::uint64_t requests = 0;
     std::uint64_t request_errors = 0;   ///< ErrorReply sent.
     std::uint64_t protocol_errors = 0;  ///< Connections closed for broken framing.
+    std::uint64_t frame_timeouts = 0;   ///< Closed: a frame not completed within frame_timeout.
+    std::uint64_t idle_closes = 0;      ///< Closed: no Hello in time, or idle without state.
+    std::uint64_t connections_evicted = 0;  ///< Closed to make room at max_connections.
+    std::uint64_t connection_threads = 0;   ///< Connection threads not yet joined.
 };
 
 class NodeServer {
 public:
     /// Creates the store and binds the socket (mode 0600; a stale socket file of a dead daemon
-    /// is replaced), then accepts connections on a background thread.
+    /// is replaced), then accepts connections on a background thread. The segments are
+    /// pre-faulted and pinned in the background meanwhile (ShmStoreOptions), so the daemon
+    /// serves at once.
+    ///
+    /// Connection policy: at max_connections a new connection evicts the longest-idle
+    /// connection that holds nothing (no client buffer, no lease) and is not in a request; when
+    /// every connection holds state the new one is refused. Clients re-dial on their next call.
     /// Errors: as ShmStore::Create and UnixListener::Bind.
     static Result<std::unique_ptr<NodeServer>> Start(const NodeServerOptions& options);
 
@@ -98,16 +120,21 @@ private:
     struct Connection;
     class Session;
 
-    NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> store, UnixListener listener);
+    NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> store, UnixListener listener,
+               UniqueFd wake);
     void AcceptLoop();
     void Serve(const std::shared_ptr<Connection>& connection);
     void ReapFinished();
+    /// Makes room for one more connection (see Start). Needs mu_. False: none to evict.
+    bool EvictIdleLocked();
 
     const NodeServerOptions options_;
     std::shared_ptr<ShmStore> store_;
     std::unique_ptr<SparseStore> sparse_;
     std::unique_ptr<TensorStore> tensors_;
     UnixListener listener_;
+    /// eventfd: a finished connection wakes the accept loop, which joins its thread at once.
+    UniqueFd wake_;
     std::thread accept_thread_;
 
     mutable std::mutex mu_;
@@ -120,6 +147,9 @@ private:
     std::atomic<std::uint64_t> requests_{0};
     std::atomic<std::uint64_t> request_errors_{0};
     std::atomic<std::uint64_t> protocol_errors_{0};
+    std::atomic<std::uint64_t> frame_timeouts_{0};
+    std::atomic<std::uint64_t> idle_closes_{0};
+    std::atomic<std::uint64_t> connections_evicted_{0};
     std::atomic<std::uint64_t> cuda_ipc_opens_{0};  ///< Mappings opened (all connections).
     std::atomic<std::uint64_t> cuda_ipc_hits_{0};   ///< Mapping cache hits.
 };

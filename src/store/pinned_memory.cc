@@ -88,10 +88,22 @@ Result<PinnedRegion> PinnedRegion::Register(void* data, std::uint64_t size) {
     return region;
 }
 
+PinnedRegion PinnedRegion::Adopt(void* data, std::uint64_t size,
+                                 std::function<void(void*)> unregister) {
+    PinnedRegion region;
+    region.data_ = data;
+    region.size_ = size;
+    region.unregister_ = std::move(unregister);
+    return region;
+}
+
 PinnedRegion::~PinnedRegion() { Reset(); }
 
 void PinnedRegion::Reset() {
-    if (data_ != nullptr) {
+    if (data_ != nullptr && unregister_) {
+        std::exchange(unregister_, nullptr)(std::exchange(data_, nullptr));
+        size_ = 0;
+    } else if (data_ != nullptr) {
         const CudaRuntime& rt = Runtime();
         if (const int err = rt.host_unregister(data_); err != 0) {
             std::fprintf(stderr, "mooncake_sparse: cudaHostUnregister failed: %s\n",
@@ -103,13 +115,16 @@ void PinnedRegion::Reset() {
 }
 
 PinnedRegion::PinnedRegion(PinnedRegion&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      unregister_(std::exchange(other.unregister_, nullptr)) {}
 
 PinnedRegion& PinnedRegion::operator=(PinnedRegion&& other) noexcept {
     if (this != &other) {
         Reset();
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
+        unregister_ = std::exchange(other.unregister_, nullptr);
     }
     return *this;
 }

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "mooncake/sparse/status.h"
@@ -31,6 +32,11 @@ public:
     /// Errors: Unimplemented (no libcudart or no device); Unavailable (cudaHostRegister failed).
     static Result<PinnedRegion> Register(void* data, std::uint64_t size);
 
+    /// A range registered by other means; `unregister` runs once, on destruction (tests stand
+    /// in for cudaHostRegister with it).
+    static PinnedRegion Adopt(void* data, std::uint64_t size,
+                              std::function<void(void*)> unregister);
+
     PinnedRegion() = default;
     ~PinnedRegion();
     PinnedRegion(PinnedRegion&& other) noexcept;
@@ -45,6 +51,7 @@ private:
 
     void* data_ = nullptr;
     std::uint64_t size_ = 0;
+    std::function<void(void*)> unregister_;  ///< Empty: cudaHostUnregister.
 };
 
 }  // namespace mooncake::sparse

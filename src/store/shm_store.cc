@@ -105,8 +105,9 @@ private:
 /// registrations and the allocator. Extents and leases hold it by shared_ptr.
 struct ShmState {
     std::vector<ShmSegment> segments;
-    std::vector<PinnedRegion> pinned;  // Destroyed before the segments (declared after).
-    std::vector<std::uint64_t> pinned_bytes;
+    /// Pre-faults and pins the segments; owns the registrations. Destroyed (threads joined,
+    /// registrations released) before the segments are unmapped: declared after them.
+    std::unique_ptr<SegmentPreparer> preparer;
 
     std::mutex alloc_mu;
     ExtentAllocator allocator;  // Guarded by alloc_mu.
@@ -273,25 +274,33 @@ Result<std::unique_ptr<ShmStore>> ShmStore::Create(const ShmStoreOptions& option
         sizes.push_back(options.segment_size);
     }
     auto state = std::make_shared<ShmState>(std::move(segments), sizes);
-    state->pinned_bytes.assign(state->segments.size(), 0);
+    // The quota goes to the first segments (first-fit allocation fills them first).
     std::uint64_t quota = options.pinned_quota_bytes / PageSize() * PageSize();
-    if (quota > 0 && GetPinningSupport().available) {
-        for (std::size_t i = 0; i < state->segments.size() && quota > 0; ++i) {
-            const std::uint64_t bytes = std::min(quota, state->segments[i].size());
-            auto region = PinnedRegion::Register(state->segments[i].data(), bytes);
-            if (!region.ok()) break;  // Over what the driver grants: the rest stays pageable.
-            state->pinned.push_back(std::move(region).value());
-            state->pinned_bytes[i] = bytes;
-            quota -= bytes;
-        }
+    std::vector<PrepareSegment> prepare;
+    for (const ShmSegment& seg : state->segments) {
+        const std::uint64_t pin = std::min(quota, seg.size());
+        quota -= pin;
+        prepare.push_back({seg.data(), seg.fd(), seg.size(), pin});
     }
-    return std::unique_ptr<ShmStore>(new ShmStore(options, std::move(state)));
+    SegmentPreparerOptions prepare_options;
+    prepare_options.prefault = options.prefault;
+    prepare_options.threads = std::max<std::uint32_t>(1, options.prepare_threads);
+    prepare_options.register_pinned = options.register_pinned;
+    state->preparer = std::make_unique<SegmentPreparer>(std::move(prepare), prepare_options);
+    auto store = std::unique_ptr<ShmStore>(new ShmStore(options, std::move(state)));
+    if (!options.prepare_in_background) {
+        store->WaitPrepared(std::chrono::milliseconds::max());
+    }
+    return store;
 }
 
 ShmStore::ShmStore(const ShmStoreOptions& options, std::shared_ptr<ShmState> state)
     : options_(options), state_(std::move(state)) {}
 
 ShmStore::~ShmStore() {
+    // Preparing memory nobody will use is wasted work; what is registered stays registered
+    // until the state goes (leases may still be read).
+    state_->preparer->Stop();
     // The table's objects hold extents, which hold the state that holds the table: break the
     // cycle. Leases (and snapshots in flight) keep what they use alive on their own.
     std::map<std::string, std::shared_ptr<const ShmObject>, std::less<>> objects;
@@ -649,7 +658,10 @@ Status ShmStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& op
         if (layout.extent_bytes > 0) {
             MCS_ASSIGN_OR_RETURN(object->extent, AllocateExtent(puts[i].key, layout.extent_bytes));
             const ShmExtent& e = *object->extent;
-            pinned = e.offset + e.size <= st.pinned_bytes[e.segment];
+            pinned = e.offset + e.size <= st.preparer->PinnedBytes(e.segment);
+            // A CUDA copy into pages never touched runs at the page-fault rate: make them
+            // resident first unless the background already has.
+            if (!pinned) st.preparer->PrefaultRange(e.segment, e.offset, e.size);
         }
         for (std::size_t m = 0; m < layout.sizes.size(); ++m) {
             spans[i].emplace_back(
@@ -737,8 +749,8 @@ Status ShmStore::ViewObjects(std::span<const std::string_view> keys, const ViewF
                 spans[i].push_back(o.Bytes(m));
                 bytes += o.info.members[m].size_bytes;
             }
-            const bool pinned =
-                o.extent && o.extent->offset + o.extent->size <= st.pinned_bytes[o.extent->segment];
+            const bool pinned = o.extent && o.extent->offset + o.extent->size <=
+                                                st.preparer->PinnedBytes(o.extent->segment);
             views[i] = {&o.info, spans[i], pinned};
             Touch(o, st);
         }
@@ -951,7 +963,8 @@ std::vector<ShmSegmentDesc> ShmStore::Segments() const {
     std::vector<ShmSegmentDesc> out;
     for (std::size_t i = 0; i < state_->segments.size(); ++i) {
         const ShmSegment& s = state_->segments[i];
-        out.push_back({static_cast<std::uint32_t>(i), s.size(), state_->pinned_bytes[i],
+        out.push_back({static_cast<std::uint32_t>(i), s.size(),
+                       state_->preparer->PinnedBytes(static_cast<std::uint32_t>(i)),
                        s.read_only_fd()});
     }
     return out;
@@ -978,9 +991,14 @@ ShmStoreStats ShmStore::Stats() const {
     s.in_place_upserts = st.in_place_upserts.load(std::memory_order_relaxed);
     s.realloc_upserts = st.realloc_upserts.load(std::memory_order_relaxed);
     s.published_objects = st.published.load(std::memory_order_relaxed);
-    for (std::uint64_t p : st.pinned_bytes) s.pinned_bytes += p;
+    s.preparation = st.preparer->Progress();
+    s.pinned_bytes = s.preparation.pinned_bytes;
     s.pageable_bytes = s.capacity_bytes - s.pinned_bytes;
     return s;
+}
+
+bool ShmStore::WaitPrepared(std::chrono::milliseconds timeout) const {
+    return state_->preparer->Wait(timeout);
 }
 
 }  // namespace mooncake::sparse

@@ -22,6 +22,7 @@
 //   fails with ResourceExhausted before anything is evicted.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -33,6 +34,7 @@
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
 #include "store/pinned_memory.h"
+#include "store/segment_preparer.h"
 
 namespace mooncake::sparse {
 
@@ -44,6 +46,16 @@ struct ShmStoreOptions {
     /// Segment bytes to register with cudaHostRegister (in segment order) when CUDA is present;
     /// the rest stays pageable. 0: none.
     std::uint64_t pinned_quota_bytes = 0;
+    /// Populate every segment page ahead of use (store/segment_preparer.h), so that a copy into
+    /// fresh memory does not page-fault. Commits the whole capacity to RAM.
+    bool prefault = true;
+    /// Threads that pre-fault and pin the segments.
+    std::uint32_t prepare_threads = 4;
+    /// Create returns at once and the segments are prepared in the background (a segment not
+    /// yet pinned serves as pageable memory). False: Create waits until they are prepared.
+    bool prepare_in_background = true;
+    /// Stand-in for cudaHostRegister (tests); empty: the CUDA runtime.
+    RegisterPinnedFn register_pinned;
     /// Bound on the daemon-heap bytes of keys, metadata and member tables.
     std::uint64_t metadata_capacity_bytes = std::uint64_t{256} << 20;
     /// Label of the memfd files (shows in /proc/<pid>/maps).
@@ -71,8 +83,9 @@ struct ShmStoreStats {
     std::uint64_t in_place_upserts = 0;
     std::uint64_t realloc_upserts = 0;
     std::uint64_t published_objects = 0;  ///< Publish calls (anonymous leased objects).
-    std::uint64_t pinned_bytes = 0;
+    std::uint64_t pinned_bytes = 0;  ///< Registered so far (grows while preparing).
     std::uint64_t pageable_bytes = 0;
+    SegmentPreparation preparation;
 };
 
 namespace internal {
@@ -111,7 +124,8 @@ private:
 
 class ShmStore final : public ObjectStore {
 public:
-    /// Creates and maps the segments, pinning a prefix of them when CUDA is present.
+    /// Creates and maps the segments, then pre-faults them and pins a prefix of them when CUDA
+    /// is present: in the background unless `prepare_in_background` is false.
     /// Errors: InvalidArgument (segment_size, num_segments); Unavailable (memfd/mmap failed).
     static Result<std::unique_ptr<ShmStore>> Create(const ShmStoreOptions& options);
 
@@ -154,6 +168,9 @@ public:
 
     std::vector<ShmSegmentDesc> Segments() const;
     ShmStoreStats Stats() const;
+    /// Waits until the segments are prepared (pre-faulted, pinned up to the quota). False on
+    /// timeout.
+    bool WaitPrepared(std::chrono::milliseconds timeout) const;
     const ShmStoreOptions& options() const { return options_; }
 
 private:

@@ -341,6 +341,11 @@ Result<std::vector<std::byte>> UnixConnection::RecvFrame(std::size_t max_bytes,
     while (buf.size() < total) {
         const std::size_t have = buf.size();
         const std::size_t want = std::min(kMaxPacketBytes, total - have);
+        if (have + want > buf.capacity()) {
+            // Doubling keeps the copies amortized; the cap keeps a peer that stops half way
+            // from holding more than twice what it sent.
+            buf.reserve(std::min(total, std::max(have + want, 2 * buf.capacity())));
+        }
         buf.resize(have + want);
         auto m = RecvPacket(std::span<std::byte>(buf).subspan(have, want), got, deadline);
         if (!m.ok()) {
@@ -366,6 +371,14 @@ Result<std::vector<std::byte>> UnixConnection::RecvFrame(std::size_t max_bytes,
         for (UniqueFd& fd : got) fds->push_back(std::move(fd));
     }
     return buf;
+}
+
+Status UnixConnection::WaitReadable(Deadline deadline) const {
+    if (!fd_.valid()) return FailedPrecondition("wait on a closed connection");
+    MCS_ASSIGN_OR_RETURN(short revents,
+                         WaitFor(fd_.get(), POLLIN, deadline, "waiting for " + peer_name_));
+    (void)revents;  // POLLHUP/POLLERR: the next RecvFrame reports EOF or the error.
+    return Status::Ok();
 }
 
 Result<PeerCred> UnixConnection::PeerCredentials() const {

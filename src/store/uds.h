@@ -130,6 +130,8 @@ public:
     /// Receives one whole frame of at most `max_bytes` (capped at wire::kMaxFrameBytes) and the
     /// fds sent with it, appended to `*fds` as owned UniqueFds (close-on-exec). `fds == nullptr`
     /// accepts none. The header is validated (wire::DecodeFrameHeader); the payload is not.
+    /// The buffer grows with the bytes that actually arrive (geometrically, never beyond the
+    /// announced size), so a header that claims a large payload costs nothing until it comes.
     /// Errors: Unavailable (peer closed or died, before or in the middle of a frame; or
     /// `deadline` passed); InvalidArgument (bad header, frame or packet larger than allowed
     /// (MSG_TRUNC), more fds than `max_fds` or than the control buffer holds (MSG_CTRUNC) —
@@ -137,6 +139,12 @@ public:
     Result<std::vector<std::byte>> RecvFrame(std::size_t max_bytes, std::vector<UniqueFd>* fds,
                                              Deadline deadline = Deadline::Never(),
                                              std::size_t max_fds = wire::kMaxFdsPerFrame);
+
+    /// Waits until something can be read: a frame, or EOF or an error (which RecvFrame then
+    /// reports). A server waits here with its idle deadline, then gives RecvFrame the deadline
+    /// of one frame.
+    /// Errors: Unavailable (`deadline` passed); FailedPrecondition (closed).
+    Status WaitReadable(Deadline deadline) const;
 
     /// The peer's pid/uid/gid (SO_PEERCRED).
     /// Errors: FailedPrecondition (not connected); Internal.

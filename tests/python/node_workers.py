@@ -245,3 +245,21 @@ def looping_reader(url: str, stop, results) -> None:
         results.put({"ok": ok, "errors": errors, "ok_after_error": ok_after_error})
     except Exception:  # noqa: BLE001
         results.put({"error": traceback.format_exc()})
+
+
+def in_process_server_dumpable(socket_path: str, results) -> None:
+    """PR_GET_DUMPABLE before and after this process starts an in-process node daemon."""
+    try:
+        import ctypes
+
+        from mooncake.sparse.node import NodeDaemon
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_get_dumpable = 3
+        before = libc.prctl(pr_get_dumpable, 0, 0, 0, 0)
+        daemon = NodeDaemon(socket_path, segment_bytes=2 << 20, num_segments=1)
+        after = libc.prctl(pr_get_dumpable, 0, 0, 0, 0)
+        daemon.stop()
+        results.put(("ok", before, after))
+    except Exception:  # pragma: no cover - reported to the parent
+        results.put(("error", traceback.format_exc(), None))

@@ -497,3 +497,134 @@ def test_malformed_and_truncated_messages_never_take_the_daemon_down(node, rng):
     m = store.metrics()
     assert m["protocol_errors"] >= 4
     assert m["request_errors"] >= 15
+
+
+# ---------------------------------------------------------------------------------------------
+# Peers that hold on to the daemon; background preparation of the segments.
+# ---------------------------------------------------------------------------------------------
+
+
+def closed_within(sock, seconds):
+    """True when the daemon closes `sock` within `seconds` (EOF or reset)."""
+    sock.settimeout(seconds)
+    try:
+        while True:
+            if sock.recv(1 << 16) == b"":
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def test_stalled_frames_and_idle_peers_are_closed(tmp_path):
+    with start_node_daemon(tmp_path, frame_timeout="300ms", idle_timeout="1s") as daemon:
+        store = mcs.connect(daemon.url)
+        stalled = raw_socket(daemon.socket_path)
+        stalled.send(frame(1, hello_payload()))
+        stalled.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
+        # A header announcing 32 MiB and one packet of it: the rest never comes.
+        stalled.send(frame(10, b"\0" * 60000, request_id=2, length=32 << 20))
+        silent = raw_socket(daemon.socket_path)  # never says Hello
+        idle = raw_socket(daemon.socket_path)
+        idle.send(frame(1, hello_payload()))
+        idle.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
+        assert closed_within(stalled, 5)
+        assert closed_within(silent, 5)
+        assert closed_within(idle, 5)
+        time.sleep(1.5)  # a real client holds its buffer: never closed for idling
+        assert store.list_keys("") == []
+        assert store._core.client_stats()["connects"] == 1
+        m = store.metrics()
+        assert m["frame_timeouts"] == 1 and m["idle_closes"] == 2
+
+
+def test_idle_sockets_do_not_lock_out_clients_at_max_connections(tmp_path):
+    with start_node_daemon(tmp_path, max_connections=4) as daemon:
+        idle = []
+        for _ in range(4):
+            s = raw_socket(daemon.socket_path)
+            s.send(frame(1, hello_payload()))
+            s.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
+            idle.append(s)
+        store = mcs.connect(daemon.url)
+        store.objects.put("in", {"a": np.arange(4)})
+        assert store.list_keys("") == ["in"]
+        assert closed_within(idle[0], 5)  # the longest idle made room
+        assert store.metrics()["connections_evicted"] == 1
+        for s in idle:
+            s.close()
+
+
+def test_daemon_memory_is_not_writable_by_a_same_uid_peer(tmp_path):
+    """The daemon is non-dumpable: its /proc/<pid>/mem belongs to root, so a peer running as
+    the daemon's uid cannot open it. As root the daemon and the peer run as nobody (from a
+    copy of the binary that nobody may execute)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    uid = os.geteuid()
+    as_uid = 65534 if uid == 0 else uid
+
+    def drop():
+        if uid == 0:
+            os.setgid(65534)
+            os.setuid(65534)
+
+    d = tempfile.mkdtemp(prefix="mcs-dump-")
+    os.chmod(d, 0o777)
+    sock = os.path.join(d, "node.sock")
+    binary = shutil.copy(find_node_daemon(), os.path.join(d, "mooncake_sparse_node"))
+    os.chmod(binary, 0o755)
+    p = subprocess.Popen([binary, f"--socket_path={sock}", "--segment_size=2MiB",
+                          "--num_segments=1", "--log_level=warning"], preexec_fn=drop)
+    try:
+        deadline = time.time() + 20
+        while not os.path.exists(sock):
+            assert p.poll() is None, "the daemon exited"
+            assert time.time() < deadline, "the daemon did not listen"
+            time.sleep(0.02)
+        mem = f"/proc/{p.pid}/mem"
+        assert os.stat(mem).st_uid == 0 != as_uid
+        peer = subprocess.run(["/bin/sh", "-c", 'exec 3<>"$1"', "sh", mem],
+                              preexec_fn=drop, capture_output=True, text=True)
+        assert peer.returncode != 0 and "ermission denied" in peer.stderr, peer.stderr
+    finally:
+        p.terminate()
+        p.wait(20)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_the_in_process_server_is_not_dumpable(tmp_path):
+    if not mcs._core.HAS_NODE_SERVER:
+        pytest.skip("no in-process node server in this build")
+    results = CTX.Queue()
+    proc = CTX.Process(target=nw.in_process_server_dumpable,
+                       args=(str(tmp_path / "inproc.sock"), results))
+    proc.start()
+    status, before, after = results.get(timeout=60)
+    join_all([proc])
+    assert status == "ok", before
+    assert (before, after) == (1, 0)
+
+
+def test_capabilities_report_background_preparation(tmp_path):
+    with start_node_daemon(tmp_path, segment_size="4MiB", num_segments=2,
+                           pinned_quota_bytes="6MiB") as daemon:
+        store = mcs.connect(daemon.url)
+        caps = store.capabilities()
+        for key in ("pinning_complete", "pinned_target_bytes", "prefaulted_bytes",
+                    "prefault_target_bytes", "pin_failures"):
+            assert key in caps, key
+        deadline = time.time() + 20
+        while not caps["pinning_complete"]:
+            assert time.time() < deadline
+            time.sleep(0.02)
+            caps = store.capabilities()
+        assert caps["prefaulted_bytes"] == caps["prefault_target_bytes"] == 8 << 20
+        assert caps["pinned_bytes"] == caps["pinned_target_bytes"]
+        if not caps["cuda_available"]:
+            assert caps["pinned_target_bytes"] == 0 and caps["pinned_bytes"] == 0
+        else:
+            assert caps["pinned_target_bytes"] == 6 << 20

@@ -10,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -158,6 +159,7 @@ TEST(ShmStoreTest, PinnedQuotaWithoutCudaLeavesEverythingPageable) {
     options.pinned_quota_bytes = 20 * PageSize();
     auto store = ShmStore::Create(options);
     ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->WaitPrepared(std::chrono::seconds(60)));
     const ShmStoreStats stats = (*store)->Stats();
     EXPECT_EQ(stats.pinned_bytes + stats.pageable_bytes, 32 * PageSize());
     if (!GetPinningSupport().available) {

@@ -98,10 +98,13 @@ class Store(TensorMixin):
             return {"backend": kind, **self._tensor_capabilities()}
         m = self._core.metrics()
         caps: dict[str, Any] = {"backend": "node", "url": self.url}
-        for key in ("cuda_available", "cuda_ipc_available"):
+        # pinning_complete: the daemon pins and pre-faults its segments in the background;
+        # until then pinned_bytes grows towards pinned_target_bytes (0 when it cannot pin).
+        for key in ("cuda_available", "cuda_ipc_available", "pinning_complete"):
             caps[key] = bool(m.get(key, 0))
         for key in ("cuda_devices", "pinned_quota_bytes", "pinned_bytes", "pageable_bytes",
-                    "shm_segments", "shm_capacity_bytes"):
+                    "pinned_target_bytes", "pin_failures", "prefaulted_bytes",
+                    "prefault_target_bytes", "shm_segments", "shm_capacity_bytes"):
             caps[key] = int(m.get(key, 0))
         caps.update(self._core.hello())
         tensor_caps = self._tensor_capabilities()
