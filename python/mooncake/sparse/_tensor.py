@@ -13,7 +13,7 @@ then the C-contiguous data), so a tensor written by one is readable by the other
   memory is pinned under ``pinned_quota_bytes``. Node daemon: a CUDA tensor travels as a CUDA
   IPC handle, the daemon copies between it and its segments.
 
-Every call validates all of its tensors (dtype, shape, size, contiguity; for reads against the
+Every call validates all of its tensors (dtype, shape, size, layout; for reads against the
 stored header) before any byte moves: on error nothing was written. Tensors must stay alive and
 must not be resized until the call returns.
 """
@@ -60,11 +60,15 @@ def decode_tensor_header(data: bytes, object_bytes: int | None = None) -> dict[s
     return _core.decode_tensor_header(bytes(data), object_bytes)
 
 
-def _prepare_all(tensors: Sequence[Any]) -> tuple[list[Any], list[int | None]]:
+def _prepare_all(tensors: Sequence[Any], destination: bool = False
+                 ) -> tuple[list[Any], list[int | None]]:
     """(objects the core borrows, CUDA stream of each to order on — torch's current stream of
     its device — or None). torch tensors go as DLPack capsules made by torch's C++ exporter
     (their memory stays alive with the capsule); Tensor.__dlpack__'s Python-level checks would
-    cost a quarter of a batch of hundreds of small tensors."""
+    cost a quarter of a batch of hundreds of small tensors. Tensors with torch's negation or
+    conjugation bit go as they are: the core resolves (sources) or refuses (destinations) them.
+    A non-contiguous CUDA source is made contiguous on its stream (its data moves anyway);
+    host views go as they are, copied through their strides by the core."""
     torch = torch_module()
     to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
     objects: list[Any] = []
@@ -79,6 +83,8 @@ def _prepare_all(tensors: Sequence[Any]) -> tuple[list[Any], list[int | None]]:
                 stream = current.get(t.device)
                 if stream is None:
                     stream = current[t.device] = torch.cuda.current_stream(t.device).cuda_stream
+                if not destination and not t.is_contiguous():
+                    t = t.contiguous()
             if to_dlpack is not None and not t.is_conj() and not t.is_neg():
                 t = to_dlpack(t)
         objects.append(t)
@@ -129,7 +135,8 @@ class TensorMixin:
         self._tensors().put(keys, objects, streams, mode, bool(hard_pin))
 
     def put_tensor(self, key: str, tensor: Any, *, hard_pin: bool = False) -> None:
-        """Stores `tensor` (CPU or CUDA, C-contiguous) under a NEW key.
+        """Stores `tensor` (CPU or CUDA, any layout: a view is gathered into C order as it is copied)
+        under a NEW key.
 
         Raises Conflict when the key exists, InvalidArgument for a bad tensor, ResourceExhausted,
         Unimplemented for a CUDA tensor where CUDA is unavailable."""
@@ -160,7 +167,10 @@ class TensorMixin:
 
     def get_tensor_into(self, key: str, tensor: Any) -> None:
         """Copies the stored tensor into `tensor` (CPU or CUDA), whose dtype and shape must match
-        the stored ones and which must be C-contiguous and writable.
+        the stored ones and which must be writable. A host destination may be any view (sliced,
+        transposed, Fortran order) whose elements do not overlap: it is written in place. A CUDA
+        destination must be C-contiguous. Big-endian numpy arrays and torch tensors with the
+        negation bit are refused (they would be written in the wrong representation).
 
         Raises NotFound, InvalidArgument (mismatch; `tensor` is left untouched)."""
         self.batch_get_tensor_into([key], [tensor])
@@ -172,7 +182,7 @@ class TensorMixin:
         tensors = list(tensors)
         if len(keys) != len(tensors):
             raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
-        objects, streams = _prepare_all(tensors)
+        objects, streams = _prepare_all(tensors, destination=True)
         self._tensors().get_into(keys, objects, streams)
 
     def tensor_info(self, key: str) -> dict[str, Any]:
