@@ -5,6 +5,9 @@
 - Fortran order, transposed, sliced, reversed and strided views, stride-0 empties and broadcasts
   are accepted wherever an array is read; weights and get_tensor_into destinations are written
   in place through their strides.
+- Arguments are not coerced: a float generation, a str of keys or a None id is an
+  InvalidArgument (a ValueError, from mcs.Error), never a plain TypeError or a silent
+  conversion.
 
 Each test compares bit for bit against a numpy / torch reference, on the embedded store and,
 where the path differs (tensor copies through the client buffer), on the node daemon."""
@@ -158,6 +161,103 @@ def test_negation_bit_destinations_are_refused_untouched(store):
     with pytest.raises(mcs.InvalidArgument, match="negation"):
         mcs.apply_sparse_object(torch._neg_view(base), read_whole(store, "w", (2, 3)))
     assert not base.any()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 8: no lenient coercions, typed errors
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("generation", [(0.9, 1.7), ("0", "1"), (-1, 1), (0, -1), (True, 2),
+                                        (0, 1, 2), "01", None, 1, (0, 1 << 64)])
+def test_generation_must_be_a_pair_of_non_negative_ints(embedded, generation):
+    idx, vals = np.zeros((0, 2), np.uint16), np.zeros(0, np.float32)
+    with pytest.raises(mcs.InvalidArgument, match="generation"):
+        embedded.put_sparse_object("g", (2, 2), idx, vals, generation=generation)
+    with pytest.raises(mcs.InvalidArgument, match="generation"):
+        embedded.manifest(generation)
+    assert embedded.list_keys("") == []
+
+
+def test_numpy_integer_generations_are_ints(embedded):
+    idx, vals = np.zeros((0, 2), np.uint16), np.zeros(0, np.float32)
+    embedded.put_sparse_object("g", (2, 2), idx, vals, generation=(np.uint64(0), np.int32(1)))
+    assert len(embedded.manifest((0, 1))) == 1
+
+
+def test_tensor_keys_are_strings(store):
+    a, b, c = (np.full(2, i, np.float32) for i in range(3))
+    with pytest.raises(mcs.InvalidArgument, match="keys"):
+        store.batch_put_tensor("T24", [a, b, c])
+    with pytest.raises(mcs.InvalidArgument, match="key"):
+        store.put_tensor(None, a)
+    with pytest.raises(mcs.InvalidArgument, match="key"):
+        store.upsert_tensor(7, a)
+    with pytest.raises(mcs.InvalidArgument, match=r"keys\[1\]"):
+        store.batch_put_tensor(["a", None], [a, b])
+    with pytest.raises(mcs.InvalidArgument, match="tensors"):
+        store.batch_put_tensor(["a", "b"], np.stack([a, b]))  # an array, not a list of them
+    assert user_keys(store) == []
+    store.put_tensor("a", a)
+    for call in (lambda: store.get_tensor(None), lambda: store.tensor_info(None),
+                 lambda: store.get_tensor_into(None, a.copy()),
+                 lambda: store.batch_get_tensor_into("a", [a.copy()])):
+        with pytest.raises(mcs.InvalidArgument):
+            call()
+
+
+@pytest.mark.parametrize("option", ["call_timeout", "connect_timeout"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan, 0, 0.0, -1, 1e300, "5", None,
+                                   True])
+def test_node_timeouts_must_be_finite_positive_seconds(tmp_path, option, value):
+    # Refused before any connection is attempted: no daemon needed.
+    with pytest.raises(mcs.InvalidArgument, match=option):
+        mcs.connect(f"unix://{tmp_path}/none.sock", **{option: value})
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan, -1e-9])
+def test_node_timeouts_are_checked_by_the_core_too(tmp_path, value):
+    from mooncake.sparse import _core
+    with pytest.raises(mcs.InvalidArgument, match="call_timeout"):
+        _core._NodeStore(str(tmp_path / "none.sock"), call_timeout=value)
+    with pytest.raises(mcs.InvalidArgument, match="reply_spin_max"):
+        _core._NodeStore(str(tmp_path / "none.sock"), reply_spin_max=value if value < 0
+                         else math.inf)
+
+
+def test_typed_errors_for_bad_ids_shapes_and_manifests(embedded):
+    idx, vals = np.array([[0, 0]], np.uint16), np.array([1.0], np.float32)
+    cases = [
+        lambda: embedded.put_sparse_object(None, (2, 2), idx, vals),
+        lambda: embedded.put_sparse_object(5, (2, 2), idx, vals),
+        lambda: embedded.put_sparse_object("t", 64, idx, vals),
+        lambda: embedded.put_sparse_object("t", "64", idx, vals),
+        lambda: embedded.put_sparse_object("t", (2.5, 2), idx, vals),
+        lambda: embedded.put_sparse_object("t", (2, 2), None, vals),
+        lambda: embedded.put_sparse_object("t", (2, 2), idx, None),
+        lambda: embedded.put_sparse_object("t", (2, 2), idx, vals, apply=None),
+        lambda: embedded.put_sparse_object("t", (2, 2), idx, vals, placement_policy=3),
+        lambda: embedded.put_sparse_object("t", (2, 2), idx, vals, tile_shape=8),
+        lambda: embedded.put_sparse_object("t", (2, 2), idx, vals, source_placement=[1]),
+        lambda: embedded.put_sparse_object("t", (2, 2), idx, vals, num_threads=-1),
+        lambda: embedded.read_sparse_objects(None, []),
+        lambda: embedded.read_sparse_objects([None], []),
+        lambda: embedded.read_sparse_objects([], None),
+        lambda: embedded.read_sparse_objects(
+            [], [mcs.Target("t", None, "node0", {}, (0, 0), (2, 2))]),
+        lambda: embedded.read_sparse_objects(
+            [], [mcs.Target(None, "r0", "node0", {}, (0, 0), (2, 2))]),
+        lambda: embedded.current_generation(None),
+        lambda: embedded.admit(None, GEN, None, {}, "w0"),
+        lambda: embedded.admit("t", GEN, None, {}, None),
+        lambda: embedded.list_keys(None),
+        lambda: mcs.encode_update(np.ones(3, np.float32), np.zeros(3, np.float32), threshold="0"),
+        lambda: mcs.apply_sparse_object(np.zeros((2, 2), np.float32), None),
+    ]
+    for i, call in enumerate(cases):
+        with pytest.raises(mcs.InvalidArgument) as info:
+            call()
+        assert isinstance(info.value, mcs.Error) and isinstance(info.value, ValueError), i
+    assert embedded.list_keys("") == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from . import _core
 from ._arrays import torch_module
@@ -58,6 +58,34 @@ def encode_tensor_header(dtype: str, shape: Sequence[int]) -> bytes:
 def decode_tensor_header(data: bytes, object_bytes: int | None = None) -> dict[str, Any]:
     """Parses a tensor object's header (dtype, shape, layout, data_offset, nbytes, ...)."""
     return _core.decode_tensor_header(bytes(data), object_bytes)
+
+
+def _key(key: Any, what: str = "key") -> str:
+    """A key, exactly: str() would make None into the key "None"."""
+    if not isinstance(key, str):
+        raise InvalidArgument(f"{what} must be a str, got {key!r}")
+    return key
+
+
+def _keys_and_tensors(keys: Any, tensors: Any) -> tuple[list[str], list[Any]]:
+    """A batch's keys and tensors as lists of equal length. A str is refused as `keys` (it
+    would be taken as one key per character), and an array as `tensors` (one per row)."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise InvalidArgument(f"keys must be a list of str, got {keys!r}")
+    if _is_array(tensors) or not isinstance(tensors, Iterable):
+        raise InvalidArgument(
+            f"tensors must be a list of tensors, got {type(tensors).__name__} (for one tensor, "
+            "pass [tensor])")
+    keys = [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+    tensors = list(tensors)
+    if len(keys) != len(tensors):
+        raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+    return keys, tensors
+
+
+def _is_array(x: Any) -> bool:
+    return (hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__")
+            or hasattr(x, "__cuda_array_interface__"))
 
 
 def _prepare_all(tensors: Sequence[Any], destination: bool = False
@@ -127,10 +155,7 @@ class TensorMixin:
         return core
 
     def _put(self, keys: Sequence[str], tensors: Sequence[Any], mode: str, hard_pin: bool) -> None:
-        keys = [str(k) for k in keys]
-        tensors = list(tensors)
-        if len(keys) != len(tensors):
-            raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+        keys, tensors = _keys_and_tensors(keys, tensors)
         objects, streams = _prepare_all(tensors)
         self._tensors().put(keys, objects, streams, mode, bool(hard_pin))
 
@@ -140,11 +165,11 @@ class TensorMixin:
 
         Raises Conflict when the key exists, InvalidArgument for a bad tensor, ResourceExhausted,
         Unimplemented for a CUDA tensor where CUDA is unavailable."""
-        self._put([key], [tensor], "create", hard_pin)
+        self._put([_key(key)], [tensor], "create", hard_pin)
 
     def upsert_tensor(self, key: str, tensor: Any, *, hard_pin: bool = False) -> None:
         """Creates or replaces `key` (readers see the old tensor or the new one, never a mix)."""
-        self._put([key], [tensor], "upsert", hard_pin)
+        self._put([_key(key)], [tensor], "upsert", hard_pin)
 
     def batch_put_tensor(self, keys: Sequence[str], tensors: Sequence[Any], *,
                          hard_pin: bool = False) -> None:
@@ -162,7 +187,7 @@ class TensorMixin:
         is imported; without torch those come back as their unsigned-integer bit patterns).
 
         Raises NotFound, InvalidArgument (not a tensor object)."""
-        dtype, raw = self._tensors().get(str(key))
+        dtype, raw = self._tensors().get(_key(key))
         return _as_output(dtype, raw, as_torch)
 
     def get_tensor_into(self, key: str, tensor: Any) -> None:
@@ -173,21 +198,18 @@ class TensorMixin:
         negation bit are refused (they would be written in the wrong representation).
 
         Raises NotFound, InvalidArgument (mismatch; `tensor` is left untouched)."""
-        self.batch_get_tensor_into([key], [tensor])
+        self.batch_get_tensor_into([_key(key)], [tensor])
 
     def batch_get_tensor_into(self, keys: Sequence[str], tensors: Sequence[Any]) -> None:
         """get_tensor_into of many tensors, read from one state of the store; every item is
         checked before any destination is written."""
-        keys = [str(k) for k in keys]
-        tensors = list(tensors)
-        if len(keys) != len(tensors):
-            raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+        keys, tensors = _keys_and_tensors(keys, tensors)
         objects, streams = _prepare_all(tensors, destination=True)
         self._tensors().get_into(keys, objects, streams)
 
     def tensor_info(self, key: str) -> dict[str, Any]:
         """The stored header of `key`: dtype, shape, nbytes, layout, version, ..."""
-        return self._tensors().stat(str(key))
+        return self._tensors().stat(_key(key))
 
     def tensor_stats(self) -> dict[str, int]:
         """Counters of this handle's tensor calls (tensors/bytes put and read, CUDA copies and how
