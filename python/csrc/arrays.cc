@@ -3,7 +3,11 @@
 
 #include <dlpack/dlpack.h>
 
+#include <algorithm>
+#include <bit>
 #include <string>
+
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse::py {
 namespace {
@@ -64,16 +68,54 @@ const char* NumpyFormat(DType t) {
     return "u1";
 }
 
-BorrowedArray BorrowNumpy(const pyb::array& arr, const char* what, bool need_writable) {
-    if (!(arr.flags() & pyb::array::c_style)) {
-        ThrowIfError(InvalidArgument(std::string(what) + " must be C-contiguous"));
+/// How an array is borrowed: to read (always native C-contiguous, copied if need be), as a view
+/// with its strides (copied only when its byte order is not native), or to write in place.
+enum class Access { kRead, kView, kWrite };
+
+bool NativeByteOrder(const pyb::dtype& dt) {
+    const char order = dt.byteorder();
+    if (order == '=' || order == '|') return true;
+    return (order == '<') == (std::endian::native == std::endian::little);
+}
+
+/// A native-order C-contiguous copy (np.array keeps a 0-d array 0-d; ascontiguousarray would not).
+pyb::array NativeContiguousCopy(const pyb::array& arr) {
+    pyb::module_ np = pyb::module_::import("numpy");
+    pyb::object native = arr.dtype().attr("newbyteorder")("=");
+    return np.attr("array")(arr, pyb::arg("dtype") = native, pyb::arg("order") = "C",
+                            pyb::arg("copy") = true);
+}
+
+void Refuse(const char* what, const std::string& why) {
+    ThrowIfError(InvalidArgument(std::string(what) + " " + why));
+}
+
+BorrowedArray BorrowNumpy(pyb::array arr, const char* what, Access access) {
+    const DType dtype = ValueOrThrow(FromNumpy(arr.dtype()));
+    const bool native = NativeByteOrder(arr.dtype());
+    if (access == Access::kWrite) {
+        if (!arr.writeable()) Refuse(what, "is read-only");
+        if (!native) {
+            Refuse(what, "has non-native byte order (dtype '" +
+                             std::string(pyb::str(arr.dtype().attr("str"))) +
+                             "'): it is written in place, in this machine's byte order; pass a "
+                             "native array (x.astype(x.dtype.newbyteorder('='))) and copy back");
+        }
     }
-    if (need_writable && !arr.writeable()) {
-        ThrowIfError(InvalidArgument(std::string(what) + " is read-only"));
-    }
+    const bool contiguous = (arr.flags() & pyb::array::c_style) != 0;
+    if (!native || (access == Access::kRead && !contiguous)) arr = NativeContiguousCopy(arr);
     BorrowedArray out;
-    out.dtype = ValueOrThrow(FromNumpy(arr.dtype()));
+    out.dtype = dtype;
     for (pyb::ssize_t d = 0; d < arr.ndim(); ++d) out.shape.push_back(arr.shape(d));
+    if ((arr.flags() & pyb::array::c_style) == 0) {
+        const auto item = static_cast<pyb::ssize_t>(DTypeSize(dtype));
+        for (pyb::ssize_t d = 0; d < arr.ndim(); ++d) {
+            if (arr.strides(d) % item != 0) {
+                Refuse(what, "has byte strides that are not a multiple of its item size");
+            }
+            out.strides.push_back(arr.strides(d) / item);
+        }
+    }
     out.data = static_cast<std::byte*>(const_cast<void*>(arr.data()));
     out.nbytes = static_cast<std::size_t>(arr.nbytes());
     out.writable = arr.writeable();
@@ -81,7 +123,7 @@ BorrowedArray BorrowNumpy(const pyb::array& arr, const char* what, bool need_wri
     return out;
 }
 
-BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what) {
+BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what, Access access) {
     pyb::object capsule_obj = obj.attr("__dlpack__")();
     PyObject* cap = capsule_obj.ptr();
     if (!PyCapsule_IsValid(cap, "dltensor")) {
@@ -106,21 +148,53 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what) {
     BorrowedArray out;
     out.dtype = ValueOrThrow(DTypeOfDLPack(t.dtype));
     out.from_dlpack = true;
-    Index expected = 1;
-    bool contiguous = true;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-        if (t.strides && t.shape[d] != 1 && t.strides[d] != expected) contiguous = false;
-        expected *= t.shape[d];
+    std::uint64_t elements = 1;
+    for (int d = 0; d < t.ndim; ++d) {
+        out.shape.push_back(t.shape[d]);
+        elements *= static_cast<std::uint64_t>(std::max<std::int64_t>(t.shape[d], 0));
     }
-    if (!contiguous) ThrowIfError(InvalidArgument(std::string(what) + " must be C-contiguous"));
-    for (int d = 0; d < t.ndim; ++d) out.shape.push_back(t.shape[d]);
-    out.data = static_cast<std::byte*>(t.data) + t.byte_offset;
-    out.nbytes = static_cast<std::size_t>(expected) * DTypeSize(out.dtype);
-    out.writable = true;
+    std::vector<std::int64_t> strides;
+    if (t.strides != nullptr) strides.assign(t.strides, t.strides + t.ndim);
+    auto* first = static_cast<std::byte*>(t.data) + t.byte_offset;
+    out.nbytes = static_cast<std::size_t>(elements) * DTypeSize(out.dtype);
+    out.writable = true;  // DLPack < 1.0 has no read-only flag
+    if (IsCContiguous(out.shape, strides)) {
+        out.data = first;
+    } else if (access != Access::kRead) {
+        out.data = first;
+        out.strides = std::move(strides);
+    } else {
+        // Gathered into a C-contiguous copy: the data is read (and moved) anyway.
+        auto copy = std::make_shared<std::vector<std::byte>>(out.nbytes);
+        StridedCopy(copy->data(), {}, first, strides, out.shape, DTypeSize(out.dtype));
+        out.data = copy->data();
+        out.keepalive = copy;
+        return out;
+    }
     out.keepalive = std::shared_ptr<void>(
         new std::pair<std::shared_ptr<void>, std::shared_ptr<void>>(owner, KeepObject(pyb::reinterpret_borrow<pyb::object>(obj))),
         [](void* p) { delete static_cast<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>*>(p); });
     return out;
+}
+
+BorrowedArray BorrowAny(const pyb::handle& obj, const char* what, Access access) {
+    if (obj.is_none()) ThrowIfError(InvalidArgument(std::string(what) + " is None"));
+    if (pyb::isinstance<pyb::array>(obj)) {
+        return BorrowNumpy(pyb::reinterpret_borrow<pyb::array>(obj), what, access);
+    }
+    if (pyb::hasattr(obj, "__dlpack__")) {
+        pyb::object resolved = ResolveLazyBits(obj, what, access == Access::kWrite);
+        return BorrowDLPack(resolved, what, access);
+    }
+    if (access == Access::kWrite && !PyObject_CheckBuffer(obj.ptr())) {
+        // A sequence would become a temporary array: the writes would be lost.
+        Refuse(what, "must be a numpy array, a tensor or a writable buffer (got " +
+                         std::string(pyb::str(pyb::type::handle_of(obj))) + ")");
+    }
+    // Lists, tuples, memoryviews: through numpy (a copy for sequences, a view of a buffer).
+    pyb::array arr = pyb::array::ensure(obj);
+    if (!arr) ThrowIfError(InvalidArgument(std::string(what) + " is not an array"));
+    return BorrowNumpy(arr, what, access);
 }
 
 }  // namespace
@@ -165,16 +239,45 @@ Result<DLDataType> DLPackTypeOf(DType dtype) {
 }
 
 
-BorrowedArray Borrow(const pyb::handle& obj, const char* what, bool need_writable) {
-    if (obj.is_none()) ThrowIfError(InvalidArgument(std::string(what) + " is None"));
-    if (pyb::isinstance<pyb::array>(obj)) {
-        return BorrowNumpy(pyb::reinterpret_borrow<pyb::array>(obj), what, need_writable);
+MutableHostArray BorrowedArray::mutable_view() const {
+    if (strides.empty()) return {dtype, shape, {data, nbytes}};
+    if (nbytes == 0) return {dtype, shape, {data, 0}, strides};
+    const auto [lo, hi] = StridedExtent(shape, strides);
+    const auto item = static_cast<std::int64_t>(DTypeSize(dtype));
+    return {dtype, shape,
+            {data + lo * item, static_cast<std::size_t>((hi - lo + 1) * item)}, strides};
+}
+
+pyb::object ResolveLazyBits(const pyb::handle& obj, const std::string& what, bool destination) {
+    auto bit = [&](const char* name) {
+        return pyb::hasattr(obj, name) && obj.attr(name)().cast<bool>();
+    };
+    const bool neg = bit("is_neg"), conj = bit("is_conj");
+    pyb::object out = pyb::reinterpret_borrow<pyb::object>(obj);
+    if (!neg && !conj) return out;
+    if (destination) {
+        ThrowIfError(InvalidArgument(
+            what + " has torch's lazy " + (neg ? "negation" : "conjugation") +
+            " bit set (a view such as torch._neg_view(x) or x.conj()); it would be written "
+            "without it: pass a tensor without the bit (x.resolve_neg(), x.resolve_conj())"));
     }
-    if (pyb::hasattr(obj, "__dlpack__")) return BorrowDLPack(obj, what);
-    // Lists, tuples, memoryviews: through numpy (a copy for sequences).
-    pyb::array arr = pyb::array::ensure(obj, pyb::array::c_style);
-    if (!arr) ThrowIfError(InvalidArgument(std::string(what) + " is not an array"));
-    return BorrowNumpy(arr, what, need_writable);
+    if (neg) out = out.attr("resolve_neg")();
+    if (conj) out = out.attr("resolve_conj")();
+    return out;
+}
+
+BorrowedArray Borrow(const pyb::handle& obj, const char* what) {
+    return BorrowAny(obj, what, Access::kRead);
+}
+
+BorrowedArray BorrowView(const pyb::handle& obj, const char* what, bool writable) {
+    return BorrowAny(obj, what, writable ? Access::kWrite : Access::kView);
+}
+
+BorrowedArray BorrowContiguousOut(const pyb::handle& obj, const char* what) {
+    BorrowedArray out = BorrowAny(obj, what, Access::kWrite);
+    if (!out.strides.empty()) Refuse(what, "must be C-contiguous");
+    return out;
 }
 
 pyb::array ToNumpy(std::shared_ptr<const std::vector<std::byte>> buffer, DType dtype, Shape shape) {

@@ -1,8 +1,16 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Host arrays from Python objects without copies: numpy arrays and anything else with the
-// buffer protocol, torch tensors (and others) through DLPack. The returned view keeps its
-// producer alive. And numpy arrays over C++-owned buffers, zero-copy.
+// Host arrays from Python objects: numpy arrays and anything else with the buffer protocol,
+// torch tensors (and others) through DLPack. The returned view keeps its producer alive. And
+// numpy arrays over C++-owned buffers, zero-copy.
+//
+// Every layout numpy and torch produce is accepted (Fortran order, transposed, sliced and
+// strided views, stride-0 empties and broadcasts, big-endian numpy dtypes, torch's lazy
+// negation bit). What is read is borrowed in place when it already is native and C-contiguous,
+// else gathered into a native C-contiguous copy — the data moves anyway. What is written in
+// place (an apply's weight, a get_tensor_into destination) is never copied: it is borrowed
+// with its strides, and refused where an in-place write could not be right (read-only,
+// non-native byte order, torch's negation bit).
 #pragma once
 
 #include <dlpack/dlpack.h>
@@ -23,19 +31,45 @@ namespace pyb = pybind11;
 struct BorrowedArray {
     DType dtype = DType::kUInt8;
     Shape shape;
-    std::byte* data = nullptr;
-    std::size_t nbytes = 0;
+    std::byte* data = nullptr;  ///< Element [0, ..., 0].
+    std::size_t nbytes = 0;     ///< The elements' bytes (number of elements x item size).
+    /// Element strides; empty: C-contiguous. Only BorrowView returns others.
+    std::vector<std::int64_t> strides;
     bool writable = false;
     bool from_dlpack = false;
     std::shared_ptr<void> keepalive;
 
+    /// Preconditions: `strides` is empty (a C-contiguous array).
     HostArray view() const { return {dtype, shape, {data, nbytes}}; }
-    MutableHostArray mutable_view() const { return {dtype, shape, {data, nbytes}}; }
+    /// The array with its strides (MutableHostArray's convention: the span runs from the
+    /// lowest-addressed element to the highest).
+    MutableHostArray mutable_view() const;
 };
 
-/// Borrows a C-contiguous CPU array. `what` names the argument in error messages.
-/// Throws StatusError(InvalidArgument) for non-contiguous, non-CPU or unsupported dtypes.
-BorrowedArray Borrow(const pyb::handle& obj, const char* what, bool need_writable = false);
+/// Borrows a CPU array to read: zero-copy when it is native and C-contiguous, else a native
+/// C-contiguous copy (non-contiguous views, big-endian dtypes, torch tensors with the negation
+/// bit). `what` names the argument in error messages.
+/// Throws StatusError: InvalidArgument (None, not an array, unsupported dtype); Unimplemented
+/// (device memory).
+BorrowedArray Borrow(const pyb::handle& obj, const char* what);
+
+/// Borrows a CPU array in place with its strides (element strides in BorrowedArray::strides,
+/// empty when C-contiguous), never copying it: a destination to write (`writable`), or a source
+/// whose strided layout the caller copies from itself. A big-endian source is the exception:
+/// it comes back as a native C-contiguous copy.
+/// Throws StatusError(InvalidArgument): as Borrow; and for `writable`: read-only, non-native
+/// byte order, torch's negation or conjugation bit; byte strides that are not a multiple of
+/// the item size.
+BorrowedArray BorrowView(const pyb::handle& obj, const char* what, bool writable);
+
+/// Borrows a writable C-contiguous CPU array (a destination of raw bytes).
+/// Throws StatusError(InvalidArgument): as BorrowView, and for a non-contiguous array.
+BorrowedArray BorrowContiguousOut(const pyb::handle& obj, const char* what);
+
+/// torch's lazy negation and conjugation bits are not part of DLPack: a tensor with one exports
+/// its memory as if the bit were clear. Returns `obj` with the bits resolved (a copy) for a
+/// source; refuses a destination (InvalidArgument), which would be written un-negated.
+pyb::object ResolveLazyBits(const pyb::handle& obj, const std::string& what, bool destination);
 
 /// A numpy array viewing `buffer` (kept alive by the array). bfloat16 and float8 come out as
 /// their same-sized unsigned integer bit patterns; the Python layer re-views them.

@@ -31,6 +31,9 @@ pyb::dict AxesToDict(const NamedAxes& axes) {
 
 Shape ShapeArg(const pyb::handle& obj, const char* what) {
     Shape s;
+    if (pyb::isinstance<pyb::str>(obj) || !pyb::hasattr(obj, "__iter__")) {
+        ThrowIfError(InvalidArgument(std::string(what) + " must be a sequence of ints"));
+    }
     try {
         for (auto e : obj) s.push_back(e.cast<Index>());
     } catch (const pyb::cast_error&) {
@@ -57,8 +60,17 @@ TargetDescriptor TargetFrom(const pyb::handle& obj) {
         }
         return obj.attr(name);
     };
+    // Exactly str: pyb::str() would turn None into the id "None".
+    auto id = [&](const char* name) -> std::string {
+        pyb::object v = get(name);
+        if (!pyb::isinstance<pyb::str>(v)) {
+            ThrowIfError(InvalidArgument(std::string("target ") + name + " must be a str, got " +
+                                         std::string(pyb::repr(v))));
+        }
+        return v.cast<std::string>();
+    };
     auto target = TargetDescriptor::Make(
-        pyb::str(get("target_id")), pyb::str(get("node_id")), pyb::str(get("tensor_id")),
+        id("target_id"), id("node_id"), id("tensor_id"),
         AxesFromDict(get("placement"), "target placement"),
         ShapeArg(get("global_offset"), "global_offset"), ShapeArg(get("local_shape"), "local_shape"));
     return ValueOrThrow(std::move(target));

@@ -9,6 +9,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <optional>
 
 #include "arrays.h"
@@ -43,6 +44,20 @@ auto NoGil(Fn&& fn) {
     }
 }
 
+/// Longest duration taken (about 31 years): its microseconds still fit int64.
+constexpr double kMaxSeconds = 1e9;
+
+void CheckSeconds(double seconds, const char* what, bool allow_zero) {
+    const bool ok = std::isfinite(seconds) && (allow_zero ? seconds >= 0 : seconds > 0) &&
+                    seconds <= kMaxSeconds;
+    if (!ok) {
+        throw StatusError(InvalidArgument(std::string(what) +
+                                          " must be a finite number of seconds " +
+                                          (allow_zero ? ">= 0" : "> 0") + " (at most 1e9), got " +
+                                          std::to_string(seconds)));
+    }
+}
+
 class PyNodeStore {
 public:
     PyNodeStore(const std::string& socket_path, double connect_timeout_s, double call_timeout_s,
@@ -51,15 +66,16 @@ public:
         NodeClientOptions options;
         options.socket_path = socket_path;
         options.client_name = client_name;
+        // A float -> int cast of inf, NaN or a value past int64 is undefined: check first.
+        CheckSeconds(connect_timeout_s, "connect_timeout", /*allow_zero=*/false);
+        CheckSeconds(call_timeout_s, "call_timeout", /*allow_zero=*/false);
         options.connect_timeout = std::chrono::milliseconds(
             static_cast<std::int64_t>(connect_timeout_s * 1000));
         options.call_timeout =
             std::chrono::milliseconds(static_cast<std::int64_t>(call_timeout_s * 1000));
         if (initial_buffer_bytes > 0) options.initial_buffer_bytes = initial_buffer_bytes;
         if (reply_spin_max_s) {
-            if (!(*reply_spin_max_s >= 0)) {
-                throw StatusError(InvalidArgument("reply_spin_max must be >= 0 seconds"));
-            }
+            CheckSeconds(*reply_spin_max_s, "reply_spin_max", /*allow_zero=*/true);
             options.reply_spin_max = std::chrono::microseconds(
                 static_cast<std::int64_t>(*reply_spin_max_s * 1e6));
         }

@@ -78,7 +78,7 @@ void RegisterObjectStore(pyb::module_& m) {
             [](ObjectStoreHandle& h, const std::string& key, const std::string& member,
                const pyb::object& out) {
                 // Into a caller array (exactly the member's bytes): no allocation per read.
-                BorrowedArray dst = Borrow(out, "out", /*need_writable=*/true);
+                BorrowedArray dst = BorrowContiguousOut(out, "out");
                 Status s;
                 {
                     pyb::gil_scoped_release nogil;

@@ -185,7 +185,8 @@ void RegisterSparse(pyb::module_& m) {
     m.def(
         "apply_sparse_object",
         [](const pyb::object& weight, const std::shared_ptr<SparseObjectView>& obj, int num_threads) {
-            BorrowedArray w = Borrow(weight, "weight", /*need_writable=*/true);
+            // Written in place through its strides: a view of a larger weight is never copied.
+            BorrowedArray w = BorrowView(weight, "weight", /*writable=*/true);
             const auto& d = obj->desc;
             if (w.shape != d.global_shape) {
                 ThrowIfError(InvalidArgument("weight shape " + internal::JoinIndices(w.shape) +
@@ -207,7 +208,7 @@ void RegisterSparse(pyb::module_& m) {
         "apply_coo",
         [](const pyb::object& weight, const pyb::object& indices, const pyb::object& values,
            const std::string& apply, int num_threads) {
-            BorrowedArray w = Borrow(weight, "weight", true);
+            BorrowedArray w = BorrowView(weight, "weight", /*writable=*/true);
             BorrowedArray i = Borrow(indices, "indices");
             BorrowedArray v = Borrow(values, "values");
             ApplyMode mode = ValueOrThrow(ParseApplyMode(apply));

@@ -214,7 +214,7 @@ ParsedTensor ParseTensor(const pyb::handle& obj, const std::string& what, bool d
             ThrowIfError(Unimplemented(what + " lives on DLPack device type " + std::to_string(type) +
                                        "; tensors must be in host or CUDA memory"));
         }
-        return FromDLPack(obj, what, stream);
+        return FromDLPack(ResolveLazyBits(obj, what, destination), what, stream);
     } else if (pyb::hasattr(obj, "__cuda_array_interface__")) {
         return FromCudaArrayInterface(obj, what, stream);
     }
@@ -222,10 +222,12 @@ ParsedTensor ParseTensor(const pyb::handle& obj, const std::string& what, bool d
         ThrowIfError(InvalidArgument(what + " must be a numpy array or a tensor (got " +
                                      std::string(pyb::str(pyb::type::handle_of(obj))) + ")"));
     }
-    // Host memory: numpy, buffer protocol, CPU DLPack (arrays.h: C-contiguous is checked there).
-    BorrowedArray a = Borrow(obj, what.c_str(), destination);
+    // Host memory: numpy, buffer protocol. Borrowed with its strides, never copied (the store
+    // copies from or into the strided layout itself); a big-endian source comes back swapped.
+    BorrowedArray a = BorrowView(obj, what.c_str(), destination);
     ParsedTensor out;
     out.ref = TensorRef::Host(a.dtype, a.shape, {a.data, a.nbytes});
+    out.ref.strides = a.strides;
     out.ref.writable = a.writable;
     out.keepalive = a.keepalive;
     return out;

@@ -10,6 +10,11 @@
 // miss it are skipped, the rest are tested per entry. So no two threads ever write one element,
 // and repeated coordinates are applied in entry order whatever the thread count (scatter_add sums
 // them, overwrite keeps the last) — the result is the same as a single-threaded apply.
+//
+// A strided weight (a view) is written in place: its element strides turn coordinates into
+// offsets from its lowest-addressed element, and the threads split that address span instead
+// of [0, N). The weight is never copied; a non-overlapping layout keeps "one element, one
+// owner thread".
 
 #include <algorithm>
 #include <array>
@@ -20,6 +25,7 @@
 
 #include "codec/codec.h"
 #include "codec/codec_internal.h"
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -40,8 +46,9 @@ struct BlockRange {
 template <typename IdxT, std::size_t kRank>
 std::uint64_t ComputeOffsets(const std::byte* idx, std::size_t rank_rt,
                              const std::array<std::uint64_t, kMaxRank>& shape,
-                             const std::array<std::uint64_t, kMaxRank>& stride, std::uint64_t begin,
-                             std::uint64_t end, std::uint64_t* offsets, BlockRange* blocks) {
+                             const std::array<std::uint64_t, kMaxRank>& stride, std::uint64_t base,
+                             std::uint64_t begin, std::uint64_t end, std::uint64_t* offsets,
+                             BlockRange* blocks) {
     const std::size_t rank = kRank ? kRank : rank_rt;
     for (std::uint64_t b0 = begin; b0 < end; b0 += kBlock) {
         const std::uint64_t b1 = std::min(end, b0 + kBlock);
@@ -50,7 +57,8 @@ std::uint64_t ComputeOffsets(const std::byte* idx, std::size_t rank_rt,
             IdxT c[kRank ? kRank : kMaxRank];
             std::memcpy(c, idx + i * rank * sizeof(IdxT), rank * sizeof(IdxT));
             bool bad = false;
-            std::uint64_t off = 0;
+            // Negative strides wrap in uint64 arithmetic; base brings the sum back to >= 0.
+            std::uint64_t off = base;
             for (std::size_t d = 0; d < rank; ++d) {
                 bad |= c[d] >= shape[d];
                 off += c[d] * stride[d];
@@ -156,7 +164,28 @@ Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
     if (!IsNumericDType(dtype)) {
         return InvalidArgument("weight dtype " + std::string(DTypeName(dtype)) + " is not numeric");
     }
-    MCS_RETURN_IF_ERROR(CheckBytes("weight", dtype, weight.shape, weight.data.size()));
+    const bool strided = !IsCContiguous(weight.shape, weight.strides);
+    std::int64_t lowest = 0;  // element offset of the lowest-addressed element (<= 0)
+    if (!strided) {
+        MCS_RETURN_IF_ERROR(CheckBytes("weight", dtype, weight.shape, weight.data.size()));
+    } else {
+        if (weight.strides.size() != rank) {
+            return InvalidArgument("weight has " + std::to_string(weight.strides.size()) +
+                                   " strides for rank " + std::to_string(rank));
+        }
+        if (!IsNonOverlapping(weight.shape, weight.strides)) {
+            return InvalidArgument("weight elements overlap (a broadcast or expanded view): "
+                                   "apply would write one element through several coordinates");
+        }
+        const auto [lo, hi] = StridedExtent(weight.shape, weight.strides);
+        const auto span = static_cast<std::uint64_t>(hi - lo + 1) * DTypeSize(dtype);
+        if (weight.data.size() != span) {
+            return InvalidArgument("strided weight holds " + std::to_string(weight.data.size()) +
+                                   " bytes, its shape " + ShapeString(weight.shape) +
+                                   " and strides span " + std::to_string(span));
+        }
+        lowest = lo;
+    }
     if (values.dtype != dtype) {
         return InvalidArgument("values dtype " + std::string(DTypeName(values.dtype)) +
                                " != weight dtype " + std::string(DTypeName(dtype)));
@@ -193,10 +222,12 @@ Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
     for (std::size_t d = 0; d < rank; ++d) shape[d] = static_cast<std::uint64_t>(weight.shape[d]);
     std::uint64_t s = 1;
     for (std::size_t d = rank; d-- > 0;) {
-        stride[d] = s;
+        stride[d] = strided ? static_cast<std::uint64_t>(weight.strides[d]) : s;
         s *= shape[d];
     }
-    const std::uint64_t num_elements = s;
+    const std::uint64_t base = static_cast<std::uint64_t>(-lowest);
+    // Offsets, and the range the threads split, run over the weight's address span.
+    const std::uint64_t num_elements = strided ? weight.data.size() / DTypeSize(dtype) : s;
 
     // Pass 1: validate + offsets, in parallel over contiguous groups of blocks.
     const int threads = nnz >= kMinParallelEntries
@@ -216,9 +247,11 @@ Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
             const std::uint64_t e = std::min(nnz, split.Begin(t + 1) * kBlock);
             first_bad[t] = rank == 2
                                ? ComputeOffsets<IdxT, 2>(indices.data.data(), rank, shape, stride,
-                                                         b, e, offsets.data(), blocks.data())
+                                                         base, b, e, offsets.data(),
+                                                         blocks.data())
                                : ComputeOffsets<IdxT, 0>(indices.data.data(), rank, shape, stride,
-                                                         b, e, offsets.data(), blocks.data());
+                                                         base, b, e, offsets.data(),
+                                                         blocks.data());
         });
         for (std::uint64_t bad : first_bad) {
             if (bad != kNone) {

@@ -27,11 +27,17 @@ struct HostArray {
     std::size_t rows() const { return shape.empty() ? 0 : static_cast<std::size_t>(shape[0]); }
 };
 
-/// A writable host array (C-contiguous).
+/// A writable host array: C-contiguous, or laid out by `strides` (a numpy / torch view written in
+/// place: transposed, sliced, Fortran order).
 struct MutableHostArray {
     DType dtype = DType::kUInt8;
     Shape shape;
+    /// With `strides` empty, exactly the C-contiguous elements. Otherwise the bytes from the
+    /// lowest-addressed element to the end of the highest-addressed one (negative strides put
+    /// element [0, ..., 0] inside the span, not at its start).
     std::span<std::byte> data;
+    /// Element strides, one per dimension; empty: C-contiguous.
+    std::vector<std::int64_t> strides = {};
 };
 
 enum class DuplicatePolicy : std::uint8_t {
@@ -123,9 +129,11 @@ Result<EncodedUpdate> EncodeUpdate(const HostArray& new_values, const HostArray&
 /// [nnz] of the weight's dtype. Repeated coordinates are applied in entry order (scatter_add
 /// sums them, overwrite keeps the last) for any `num_threads`: threads split the weight, not
 /// the entries, so the result is always that of a sequential apply.
+/// A strided weight is written in place, through its strides.
 /// Errors: InvalidArgument (dtype or rank mismatch, a coordinate outside the weight — checked
 /// for every entry before any write, so a bad object leaves the weight unchanged — scatter_add
-/// of float8, negative num_threads).
+/// of float8, negative num_threads, a strided weight whose elements overlap or whose span does
+/// not match its strides).
 Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
                    const HostArray& values, ApplyMode apply, int num_threads = 0);
 

@@ -129,6 +129,7 @@ private:
             item.shape = t.shape;
             if (t.memory == TensorMemory::kHost) {
                 item.host = {t.host, static_cast<std::size_t>(h.data_bytes)};
+                if (!IsCContiguous(t.shape, t.strides)) item.host_strides = t.strides;
             } else {
                 auto exported = ExportCudaIpc(t.device);
                 if (!exported.ok()) return exported.status().WithContext(what);

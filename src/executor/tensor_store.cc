@@ -102,15 +102,17 @@ Result<TensorHeader> ValidateTensorRef(const TensorRef& t, bool destination,
                                    " strides for a tensor of rank " +
                                    std::to_string(t.shape.size()));
         }
-        std::int64_t expected = 1;
-        for (std::size_t d = t.shape.size(); d-- > 0;) {
-            if (t.shape[d] != 1 && t.strides[d] != expected) {
-                return InvalidArgument(std::string(what) + " must be C-contiguous: shape " +
-                                       ShapeString(t.shape) + " has strides " +
-                                       StridesString(t.strides) +
-                                       " (elements); call .contiguous() first");
-            }
-            expected *= t.shape[d];
+        // Host views are copied through their strides; the CUDA copies are flat.
+        if (t.memory != TensorMemory::kHost && !IsCContiguous(t.shape, t.strides)) {
+            return InvalidArgument(std::string(what) + " must be C-contiguous: shape " +
+                                   ShapeString(t.shape) + " has strides " +
+                                   StridesString(t.strides) +
+                                   " (elements); call .contiguous() first");
+        }
+        if (destination && !IsNonOverlapping(t.shape, t.strides)) {
+            return InvalidArgument(std::string(what) + ": shape " + ShapeString(t.shape) +
+                                   " with strides " + StridesString(t.strides) +
+                                   " has overlapping elements (a broadcast or expanded view)");
         }
     }
     const std::uint64_t bytes = header->data_bytes;
@@ -289,7 +291,10 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
             std::span<std::byte> member = t.members[0];
             EncodeTensorHeader(h, member.first<kTensorHeaderBytes>());
             std::byte* dst = member.data() + kTensorHeaderBytes;
-            if (src.memory == TensorMemory::kHost) {
+            if (src.memory == TensorMemory::kHost && !IsCContiguous(src.shape, src.strides)) {
+                // A view is gathered straight into the object.
+                StridedCopy(dst, {}, src.host, src.strides, src.shape, DTypeSize(src.dtype));
+            } else if (src.memory == TensorMemory::kHost) {
                 host_copies.push_back({dst, src.host, h.data_bytes});
             } else {
                 status = cuda::MemcpyAsync(dst, reinterpret_cast<const void*>(src.device.address),
@@ -368,7 +373,10 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         for (std::size_t i = 0; i < views.size(); ++i) {
             const TensorRef& dst = destinations[i];
             const std::byte* src = views[i].members[0].data() + stored[i].data_offset;
-            if (dst.memory == TensorMemory::kHost) {
+            if (dst.memory == TensorMemory::kHost && !IsCContiguous(dst.shape, dst.strides)) {
+                // A view is scattered into in place, straight from the snapshot.
+                StridedCopy(dst.host, dst.strides, src, {}, dst.shape, DTypeSize(dst.dtype));
+            } else if (dst.memory == TensorMemory::kHost) {
                 host_copies.push_back({dst.host, src, stored[i].data_bytes});
             } else {
                 status = cuda::MemcpyAsync(reinterpret_cast<void*>(dst.device.address), src,

@@ -47,8 +47,11 @@ enum class TensorMemory : std::uint8_t {
 struct TensorRef {
     DType dtype = DType::kFloat32;
     Shape shape;
-    /// Strides in elements; empty means C-contiguous. Anything else must describe a
-    /// C-contiguous layout (extent-1 dimensions may have any stride) or the call fails.
+    /// Strides in elements; empty means C-contiguous. A host tensor may have any strides (a
+    /// view: transposed, sliced, Fortran order; a destination's elements must not overlap): it
+    /// is copied from or into in place, `host` pointing at element [0, ..., 0] and `host_bytes`
+    /// counting its elements' bytes. A CUDA tensor's strides must describe a C-contiguous
+    /// layout (extent-1 dimensions may have any stride) or the call fails.
     std::vector<std::int64_t> strides;
     TensorMemory memory = TensorMemory::kHost;
     std::byte* host = nullptr;      ///< kHost: the first byte.
@@ -166,8 +169,9 @@ namespace internal {
 Status ValidateTensorKey(std::string_view key, std::string_view what);
 
 /// Checks a caller tensor and returns the FULL header it is stored (or expected) with:
-/// dtype, rank <= 8, extents >= 1, byte size, C-contiguity, memory kind, writability of a
-/// destination, CUDA presence. `what` names it in errors ("tensor 3 ('key')").
+/// dtype, rank <= 8, extents >= 1, byte size, C-contiguity of a CUDA tensor, non-overlapping
+/// strides of a destination, memory kind, writability of a destination, CUDA presence. `what`
+/// names it in errors ("tensor 3 ('key')").
 /// Errors: InvalidArgument; Unimplemented (a CUDA tensor without CUDA).
 Result<TensorHeader> ValidateTensorRef(const TensorRef& tensor, bool destination,
                                        std::string_view what);

@@ -515,7 +515,12 @@ Status NodeClient::PutTensors(std::span<const NodeTensor> tensors, PutMode mode,
         std::vector<HostCopy> copies;
         for (std::size_t i = 0; i < tensors.size(); ++i) {
             const NodeTensor& t = tensors[i];
-            if (!t.cuda && !t.host.empty()) {
+            if (t.cuda || t.host.empty()) continue;
+            if (!t.host_strides.empty()) {
+                // A view is gathered straight into the client buffer.
+                StridedCopy(session_->buffer->data() + offsets[i], {}, t.host.data(),
+                            t.host_strides, t.shape, DTypeSize(t.dtype));
+            } else {
                 copies.push_back({session_->buffer->data() + offsets[i], t.host.data(), t.host.size()});
             }
         }
@@ -545,7 +550,12 @@ Status NodeClient::GetTensorsInto(std::span<const NodeTensor> tensors) {
     std::vector<HostCopy> copies;
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const NodeTensor& t = tensors[i];
-        if (!t.cuda && !t.host.empty()) {
+        if (t.cuda || t.host.empty()) continue;
+        if (!t.host_strides.empty()) {
+            // Scattered from the shared client buffer into the view, in place.
+            StridedCopy(t.host.data(), t.host_strides, session_->buffer->data() + offsets[i], {},
+                        t.shape, DTypeSize(t.dtype));
+        } else {
             copies.push_back({t.host.data(), session_->buffer->data() + offsets[i], t.host.size()});
         }
     }

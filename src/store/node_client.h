@@ -106,8 +106,11 @@ struct NodeTensor {
     DType dtype = DType::kFloat32;
     Shape shape;
     /// Host tensors (no `cuda`): their bytes, copied through the client buffer — from them for
-    /// a put, into them for a get.
+    /// a put, into them for a get. With `host_strides`, `host` starts at element [0, ..., 0]
+    /// and its size counts the elements' bytes, not the memory they spread over.
     std::span<std::byte> host;
+    /// Element strides of a host view (copied through them, in place); empty: C-contiguous.
+    std::vector<std::int64_t> host_strides;
     /// CUDA tensors: where the daemon finds them (a kCudaIpc location).
     std::optional<wire::TensorLocation> cuda;
 };

@@ -2,7 +2,8 @@
 //
 // ApplySparse: overwrite is bit-exact, scatter_add rounds like the reference, a bad coordinate
 // anywhere leaves the weight untouched, repeated coordinates give the single-threaded result
-// whatever the thread count, and dtype/rank errors are typed.
+// whatever the thread count, dtype/rank errors are typed, and strided weights (views) are
+// written in place through their strides.
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "codec/codec.h"
@@ -200,6 +202,95 @@ TEST(ApplySparseTest, BadInputGetsInvalidArgument) {
         MutableView(f8, {16}, DType::kFloat8E4M3), View(std::vector<std::uint16_t>{3}, {1, 1}),
         View(std::vector<std::uint8_t>{0x7f}, {1}, DType::kFloat8E4M3), ApplyMode::kOverwrite));
     EXPECT_EQ(f8[3], 0x7f);
+}
+
+/// A view over `buffer` (float): shape, element strides and the offset of element [0, 0].
+struct StridedCase {
+    const char* name;
+    Shape shape;
+    std::vector<std::int64_t> strides;
+    std::int64_t origin;  // element offset of [0, 0] in the buffer
+};
+
+TEST(ApplySparseTest, StridedWeightsAreWrittenInPlaceThroughTheirStrides) {
+    constexpr std::int64_t kRows = 300, kCols = 260;  // buffer: kRows x kCols floats
+    const std::vector<StridedCase> cases = {
+        {"transposed", {kCols, kRows}, {1, kCols}, 0},
+        {"every_other_column", {kRows, kCols / 2}, {kCols, 2}, 1},
+        {"row_slice_of_columns", {kRows - 10, 100}, {kCols, 1}, 5 * kCols + 7},
+        {"rows_reversed", {kRows, kCols}, {-kCols, 1}, (kRows - 1) * kCols},
+        {"both_reversed_transposed", {kCols, kRows}, {-1, -kCols}, kRows * kCols - 1},
+    };
+    std::mt19937_64 rng(7);
+    for (const StridedCase& c : cases) {
+        for (ApplyMode mode : {ApplyMode::kOverwrite, ApplyMode::kScatterAdd}) {
+            for (int threads : {1, 4}) {
+                SCOPED_TRACE(std::string(c.name) + " " + std::string(ApplyModeName(mode)) +
+                             " threads=" + std::to_string(threads));
+                std::vector<float> buffer(kRows * kCols);
+                for (std::size_t i = 0; i < buffer.size(); ++i) buffer[i] = float(i) * 0.5f;
+                std::vector<float> want = buffer;
+                // Enough entries for the threaded paths, repeated coordinates included.
+                const std::size_t n = 70000;
+                std::vector<std::uint16_t> idx(2 * n);
+                std::vector<float> val(n);
+                std::uniform_int_distribution<std::int64_t> r0(0, c.shape[0] - 1),
+                    r1(0, c.shape[1] - 1);
+                for (std::size_t i = 0; i < n; ++i) {
+                    const std::int64_t a = r0(rng), b = r1(rng);
+                    idx[2 * i] = static_cast<std::uint16_t>(a);
+                    idx[2 * i + 1] = static_cast<std::uint16_t>(b);
+                    val[i] = float(i % 977) - 300.0f;
+                    float& e = want[c.origin + a * c.strides[0] + b * c.strides[1]];
+                    e = mode == ApplyMode::kOverwrite ? val[i] : e + val[i];
+                }
+                // The span from the lowest- to the highest-addressed element of the view.
+                std::int64_t lo = 0, hi = 0;
+                for (int d = 0; d < 2; ++d) {
+                    const std::int64_t reach = c.strides[d] * (c.shape[d] - 1);
+                    (reach < 0 ? lo : hi) += reach;
+                }
+                auto bytes = std::as_writable_bytes(std::span(buffer));
+                const MutableHostArray w{
+                    DType::kFloat32, c.shape,
+                    bytes.subspan((c.origin + lo) * 4, (hi - lo + 1) * 4), c.strides};
+                ASSERT_OK(ApplySparse(w, View(idx, {static_cast<Index>(n), 2}),
+                                      View(val, {static_cast<Index>(n)}), mode, threads));
+                EXPECT_EQ(buffer, want);  // bit for bit, and nothing outside the view moved
+            }
+        }
+    }
+}
+
+TEST(ApplySparseTest, StridedWeightErrorsLeaveItUntouched) {
+    std::vector<float> buffer(16, 1.0f);
+    const std::vector<float> before = buffer;
+    auto bytes = std::as_writable_bytes(std::span(buffer));
+    const std::vector<std::uint16_t> idx = {0, 1, 3, 3};
+    const std::vector<float> val = {5, 6};
+    // A broadcast row: every row is the same memory.
+    EXPECT_THAT(ApplySparse(MutableHostArray{DType::kFloat32, {4, 4}, bytes.first(16), {0, 1}},
+                            View(idx, {2, 2}), View(val, {2}), ApplyMode::kOverwrite),
+                StatusIs(StatusCode::kInvalidArgument));
+    // A span that does not match the strides.
+    EXPECT_THAT(ApplySparse(MutableHostArray{DType::kFloat32, {4, 2}, bytes, {4, 2}},
+                            View(idx, {2, 2}), View(val, {2}), ApplyMode::kOverwrite),
+                StatusIs(StatusCode::kInvalidArgument));
+    // Strides of the wrong rank.
+    EXPECT_THAT(ApplySparse(MutableHostArray{DType::kFloat32, {4, 4}, bytes, {1}},
+                            View(idx, {2, 2}), View(val, {2}), ApplyMode::kOverwrite),
+                StatusIs(StatusCode::kInvalidArgument));
+    // A coordinate outside a transposed view: nothing written.
+    const std::vector<std::uint16_t> bad = {0, 1, 4, 0};
+    EXPECT_THAT(ApplySparse(MutableHostArray{DType::kFloat32, {4, 4}, bytes, {1, 4}},
+                            View(bad, {2, 2}), View(val, {2}), ApplyMode::kOverwrite),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_EQ(buffer, before);
+    // C-contiguous strides take the plain path.
+    ASSERT_OK(ApplySparse(MutableHostArray{DType::kFloat32, {4, 4}, bytes, {4, 1}},
+                          View(idx, {2, 2}), View(val, {2}), ApplyMode::kOverwrite));
+    EXPECT_EQ(buffer[1], 5.0f);
+    EXPECT_EQ(buffer[15], 6.0f);
 }
 
 }  // namespace

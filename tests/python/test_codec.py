@@ -95,5 +95,9 @@ def test_encode_rejects_mismatch(rng):
         mcs.encode_update(a, np.zeros((4, 4), np.float64))
     with pytest.raises(mcs.InvalidArgument):
         mcs.encode_update(a, a, apply="overwrite", threshold=0.5)
-    with pytest.raises(mcs.InvalidArgument):
-        mcs.encode_update(np.asfortranarray(np.zeros((4, 3), np.float32)), np.zeros((4, 3), np.float32))
+    # Any layout is read (a Fortran-order input is gathered), never reinterpreted.
+    new = np.asfortranarray(np.arange(12, dtype=np.float32).reshape(4, 3))
+    got = mcs.encode_update(new, np.zeros((4, 3), np.float32))
+    ref = mcs.encode_update(np.ascontiguousarray(new), np.zeros((4, 3), np.float32))
+    np.testing.assert_array_equal(got[0], ref[0])
+    np.testing.assert_array_equal(got[1], ref[1])

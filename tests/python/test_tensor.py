@@ -248,7 +248,9 @@ def test_get_into_validation_leaves_destinations_untouched(store, rng):
         (np.full((6, 4), 7.0, dtype=np.float32), mcs.InvalidArgument, "destination is float32 \\[6, 4\\]"),
         (np.full((24,), 7.0, dtype=np.float32), mcs.InvalidArgument, "\\[24\\]"),  # shape
         (np.full((4, 7), 7.0, dtype=np.float32), mcs.InvalidArgument, "\\[4, 7\\]"),  # size
-        (np.full((6, 4), 7.0, dtype=np.float32).T, mcs.InvalidArgument, "C-contiguous"),
+        # A view is written in place, but not one whose elements overlap.
+        (np.lib.stride_tricks.as_strided(np.full(6, 7.0, np.float32), (4, 6), (0, 4),
+                                         writeable=True), mcs.InvalidArgument, "overlapping"),
     ]
     for dst, error, match in cases:
         before = dst.copy()
@@ -276,16 +278,19 @@ def test_get_into_validation_leaves_destinations_untouched(store, rng):
         store.batch_get_tensor_into(["k", "k"], [first])
 
     torch = pytest.importorskip("torch")
-    t = torch.full((6, 4), 7.0).t()  # non-contiguous view
-    with pytest.raises(mcs.InvalidArgument, match="C-contiguous"):
+    t = torch.full((6,), 7.0).expand(4, 6)  # one row seen four times
+    with pytest.raises(mcs.InvalidArgument, match="overlapping"):
         store.get_tensor_into("k", t)
     assert bool((t == 7.0).all())
+    view = torch.full((6, 4), 7.0).t()  # a non-contiguous view is written in place
+    store.get_tensor_into("k", view)
+    np.testing.assert_array_equal(view.numpy(), a)
 
 
 def test_put_validation_writes_nothing(store, rng):
     a = random_array(rng, (4, 6), np.float32)
-    with pytest.raises(mcs.InvalidArgument, match="C-contiguous"):
-        store.put_tensor("nc", a.T)
+    with pytest.raises(mcs.InvalidArgument, match="extent < 1"):  # a view, then a bad tensor
+        store.batch_put_tensor(["nc", "bad"], [a.T, np.zeros((0, 3), np.float32)])
     with pytest.raises(mcs.InvalidArgument, match="extent < 1"):
         store.put_tensor("empty", np.zeros((0, 3), np.float32))
     with pytest.raises(mcs.InvalidArgument, match="at most 8"):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+import operator
 import os
 import threading
 from typing import Any, Iterable, Mapping, Protocol, Sequence
@@ -160,20 +163,20 @@ class Store(TensorMixin):
         if _gpu.is_cuda(values):
             values = _gpu.to_host(values)
         result = self._core.put_sparse_object(
-            tensor_id,
-            tuple(global_shape),
+            _str(tensor_id, "tensor_id"),
+            _shape(global_shape, "global_shape"),
             as_core_array(indices),
             as_core_array(values),
-            dict(source_placement or {}),
-            placement_policy,
+            _placement(source_placement, "source_placement"),
+            _str(placement_policy, "placement_policy", optional=True),
             _generation(generation),
-            apply,
-            None if tile_shape is None else tuple(tile_shape),
-            duplicates,
-            None if global_offset is None else tuple(global_offset),
-            None if local_shape is None else tuple(local_shape),
-            hard_pin,
-            num_threads,
+            _str(apply, "apply"),
+            _shape(tile_shape, "tile_shape", optional=True),
+            _str(duplicates, "duplicates"),
+            _shape(global_offset, "global_offset", optional=True),
+            _shape(local_shape, "local_shape", optional=True),
+            bool(hard_pin),
+            _int(num_threads, "num_threads", minimum=0),
         )
         return result if return_info else result["source_ref"]
 
@@ -187,11 +190,13 @@ class Store(TensorMixin):
     ) -> bool:
         """Single-owner admission: exactly one writer of a logical key gets True."""
         return self._core.admit(
-            tensor_id, _generation(generation), placement_policy, dict(source_placement or {}), writer_id
+            _str(tensor_id, "tensor_id"), _generation(generation),
+            _str(placement_policy, "placement_policy", optional=True),
+            _placement(source_placement, "source_placement"), _str(writer_id, "writer_id")
         )
 
     def current_generation(self, tensor_id: str) -> tuple[int, int] | None:
-        return self._core.current_generation(tensor_id)
+        return self._core.current_generation(_str(tensor_id, "tensor_id"))
 
     def manifest(self, generation: tuple[int, int]) -> list[SourceInfo]:
         """Every source object committed for `generation`."""
@@ -213,7 +218,9 @@ class Store(TensorMixin):
         device="cuda" / "cuda:N": the objects' indices and values are copied into that GPU's
         memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights."""
         objs = self._core.read_sparse_objects(
-            list(manifest), list(targets), strategy, read_coalesce_gap, num_threads
+            _manifest(manifest), _targets(targets), _str(strategy, "strategy"),
+            _int(read_coalesce_gap, "read_coalesce_gap", minimum=-1),
+            _int(num_threads, "num_threads", minimum=0)
         )
         return objs if device is None else _gpu.upload(objs, device)
 
@@ -232,7 +239,7 @@ class Store(TensorMixin):
         return self._core.store_counters()
 
     def list_keys(self, prefix: str = "") -> list[str]:
-        return self._core.list_keys(prefix)
+        return self._core.list_keys(_str(prefix, "prefix"))
 
     # Module-level helpers, also reachable from a handle.
     @staticmethod
@@ -244,12 +251,88 @@ class Store(TensorMixin):
         return encode_update(new, old, **kwargs)
 
 
+def _int(value: Any, what: str, *, minimum: int | None = None) -> int:
+    """An integer argument, exactly: int() would also take 0.9 (-> 0) and "1" (-> 1)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgument(f"{what} must be an int, got {value!r}")
+    out = operator.index(value)
+    if minimum is not None and out < minimum:
+        raise InvalidArgument(f"{what} must be >= {minimum}, got {out}")
+    return out
+
+
+def _real(value: Any, what: str) -> float:
+    """A real-number argument, exactly: float() would also take the str "0.5"."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise InvalidArgument(f"{what} must be a real number, got {value!r}")
+    return float(value)
+
+
 def _generation(g: Any) -> tuple[int, int]:
-    try:
-        base, delta = g
-        return int(base), int(delta)
-    except (TypeError, ValueError):
-        raise InvalidArgument(f"generation must be a (base, delta) pair, got {g!r}") from None
+    """(base, delta) of non-negative ints that fit uint64."""
+    if isinstance(g, (str, bytes)) or not isinstance(g, Sequence) or len(g) != 2:
+        raise InvalidArgument(f"generation must be a (base, delta) pair of ints, got {g!r}")
+    base, delta = (_int(e, "generation", minimum=0) for e in g)
+    if max(base, delta) >= 1 << 64:
+        raise InvalidArgument(f"generation {g!r} does not fit in 64 bits")
+    return base, delta
+
+
+def _str(value: Any, what: str, *, optional: bool = False) -> str | None:
+    """A str argument, exactly: str() would make None into the id "None"."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        raise InvalidArgument(f"{what} must be a str, got {value!r}")
+    return value
+
+
+def _shape(value: Any, what: str, *, optional: bool = False) -> tuple[int, ...] | None:
+    """A shape-like argument: a sequence of ints (not a bare int, str or None)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise InvalidArgument(f"{what} must be a sequence of ints, got {value!r}")
+    return tuple(_int(e, what) for e in value)
+
+
+def _manifest(manifest: Any) -> list[SourceInfo]:
+    if manifest is None or isinstance(manifest, (str, bytes)) or not hasattr(manifest, "__iter__"):
+        raise InvalidArgument(
+            f"manifest must be a list of SourceInfo (from store.manifest()), got {manifest!r}")
+    out = list(manifest)
+    for m in out:
+        if not isinstance(m, SourceInfo):
+            raise InvalidArgument(f"manifest entries must be SourceInfo, got {m!r}")
+    return out
+
+
+def _placement(value: Any, what: str) -> dict[str, int]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidArgument(f"{what} must be a dict of axis name -> ordinal, got {value!r}")
+    return {_str(k, f"{what} axis"): _int(v, f"{what}[{k!r}]") for k, v in value.items()}
+
+
+def _targets(targets: Any) -> list[Any]:
+    if targets is None or isinstance(targets, (str, bytes)) or not hasattr(targets, "__iter__"):
+        raise InvalidArgument(f"targets must be an iterable of Target, got {targets!r}")
+    return list(targets)
+
+
+# Longest timeout taken (about 31 years): beyond it the milliseconds would not fit int64.
+_MAX_SECONDS = 1e9
+
+
+def _seconds(value: Any, what: str, *, allow_zero: bool) -> float:
+    """A duration in seconds: a finite real number, > 0 (or >= 0 with allow_zero)."""
+    out = _real(value, what)
+    if not math.isfinite(out) or out < 0 or (out == 0 and not allow_zero) or out > _MAX_SECONDS:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise InvalidArgument(f"{what} must be a finite number of seconds {bound} "
+                              f"(at most {_MAX_SECONDS:g}), got {value!r}")
+    return out
 
 
 _default_lock = threading.Lock()
@@ -291,6 +374,16 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
         if unknown:
             raise InvalidArgument(f"unknown option(s) for a node store: {sorted(unknown)}")
         kwargs.setdefault("client_name", f"pid {os.getpid()}")
+        for key in ("connect_timeout", "call_timeout"):
+            if key in kwargs:
+                kwargs[key] = _seconds(kwargs[key], key, allow_zero=False)
+        if kwargs.get("reply_spin_max") is not None:
+            kwargs["reply_spin_max"] = _seconds(kwargs["reply_spin_max"], "reply_spin_max",
+                                                allow_zero=True)
+        if "initial_buffer_bytes" in kwargs:
+            kwargs["initial_buffer_bytes"] = _int(kwargs["initial_buffer_bytes"],
+                                                  "initial_buffer_bytes", minimum=0)
+        kwargs["client_name"] = _str(kwargs["client_name"], "client_name")
         return Store(backend=_core._NodeStore(path, **kwargs), url=url)
     if url.startswith("mooncake://"):
         from ._upstream import UpstreamObjectStore, parse_mooncake_url
@@ -317,14 +410,15 @@ def encode_update(
     so put_sparse_object takes it without sorting. CUDA tensors (2-D bf16/fp16/fp32) are
     encoded on the GPU and the result stays there (torch CUDA tensors)."""
     if _gpu.is_cuda(new):
-        return _gpu.encode_update_gpu(new, old, apply, threshold, tile_shape)
+        return _gpu.encode_update_gpu(new, old, _str(apply, "apply"), _real(threshold, "threshold"),
+                                      tile_shape)
     idx, vals, dtype_name = _core.encode_update(
         as_core_array(new),
         as_core_array(old),
-        apply,
-        float(threshold),
-        None if tile_shape is None else tuple(tile_shape),
-        num_threads,
+        _str(apply, "apply"),
+        _real(threshold, "threshold"),
+        _shape(tile_shape, "tile_shape", optional=True),
+        _int(num_threads, "num_threads", minimum=0),
     )
     return idx, values_out(vals, dtype_name)
 
@@ -334,12 +428,15 @@ def apply_sparse_object(weight: Any, obj: SparseObject, *, num_threads: int = 0)
     object's local shape and value dtype): W[idx] = v (overwrite, bit-exact) or W[idx] += v
     (scatter_add). A CUDA weight is updated on the GPU, on its current stream; `obj` may then
     also be a DeviceSparseObject (read_sparse_objects(..., device=...))."""
+    if not isinstance(obj, (SparseObject, _gpu.DeviceSparseObject)):
+        raise InvalidArgument(f"obj must be a SparseObject (from read_sparse_objects), got {obj!r}")
     if _gpu.is_cuda(weight):
         _gpu.apply_gpu(weight, obj)
         return
     if isinstance(obj, _gpu.DeviceSparseObject):
         obj = obj._host
-    _core.apply_sparse_object(as_core_array(weight), obj, num_threads)
+    _core.apply_sparse_object(as_core_array(weight), obj, _int(num_threads, "num_threads",
+                                                                 minimum=0))
 
 
 def default_tile_shape(shape: Sequence[int]) -> tuple[int, ...]:

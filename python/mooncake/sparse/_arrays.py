@@ -34,8 +34,9 @@ def values_out(raw: np.ndarray, dtype_name: str) -> Any:
 
 
 def as_core_array(x: Any) -> Any:
-    """Objects the core borrows: numpy arrays, DLPack producers (torch), or sequences.
-    torch tensors must be on the CPU, contiguous and detached."""
+    """Objects the core borrows: numpy arrays, DLPack producers (torch), or sequences, in any
+    layout (the core reads views through their strides). torch tensors must be on the CPU;
+    they are detached here."""
     torch = torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
         if x.requires_grad:

@@ -13,7 +13,7 @@ then the C-contiguous data), so a tensor written by one is readable by the other
   memory is pinned under ``pinned_quota_bytes``. Node daemon: a CUDA tensor travels as a CUDA
   IPC handle, the daemon copies between it and its segments.
 
-Every call validates all of its tensors (dtype, shape, size, contiguity; for reads against the
+Every call validates all of its tensors (dtype, shape, size, layout; for reads against the
 stored header) before any byte moves: on error nothing was written. Tensors must stay alive and
 must not be resized until the call returns.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from . import _core
 from ._arrays import torch_module
@@ -60,11 +60,43 @@ def decode_tensor_header(data: bytes, object_bytes: int | None = None) -> dict[s
     return _core.decode_tensor_header(bytes(data), object_bytes)
 
 
-def _prepare_all(tensors: Sequence[Any]) -> tuple[list[Any], list[int | None]]:
+def _key(key: Any, what: str = "key") -> str:
+    """A key, exactly: str() would make None into the key "None"."""
+    if not isinstance(key, str):
+        raise InvalidArgument(f"{what} must be a str, got {key!r}")
+    return key
+
+
+def _keys_and_tensors(keys: Any, tensors: Any) -> tuple[list[str], list[Any]]:
+    """A batch's keys and tensors as lists of equal length. A str is refused as `keys` (it
+    would be taken as one key per character), and an array as `tensors` (one per row)."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise InvalidArgument(f"keys must be a list of str, got {keys!r}")
+    if _is_array(tensors) or not isinstance(tensors, Iterable):
+        raise InvalidArgument(
+            f"tensors must be a list of tensors, got {type(tensors).__name__} (for one tensor, "
+            "pass [tensor])")
+    keys = [_key(k, f"keys[{i}]") for i, k in enumerate(keys)]
+    tensors = list(tensors)
+    if len(keys) != len(tensors):
+        raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+    return keys, tensors
+
+
+def _is_array(x: Any) -> bool:
+    return (hasattr(x, "__dlpack__") or hasattr(x, "__array_interface__")
+            or hasattr(x, "__cuda_array_interface__"))
+
+
+def _prepare_all(tensors: Sequence[Any], destination: bool = False
+                 ) -> tuple[list[Any], list[int | None]]:
     """(objects the core borrows, CUDA stream of each to order on — torch's current stream of
     its device — or None). torch tensors go as DLPack capsules made by torch's C++ exporter
     (their memory stays alive with the capsule); Tensor.__dlpack__'s Python-level checks would
-    cost a quarter of a batch of hundreds of small tensors."""
+    cost a quarter of a batch of hundreds of small tensors. Tensors with torch's negation or
+    conjugation bit go as they are: the core resolves (sources) or refuses (destinations) them.
+    A non-contiguous CUDA source is made contiguous on its stream (its data moves anyway);
+    host views go as they are, copied through their strides by the core."""
     torch = torch_module()
     to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
     objects: list[Any] = []
@@ -79,6 +111,8 @@ def _prepare_all(tensors: Sequence[Any]) -> tuple[list[Any], list[int | None]]:
                 stream = current.get(t.device)
                 if stream is None:
                     stream = current[t.device] = torch.cuda.current_stream(t.device).cuda_stream
+                if not destination and not t.is_contiguous():
+                    t = t.contiguous()
             if to_dlpack is not None and not t.is_conj() and not t.is_neg():
                 t = to_dlpack(t)
         objects.append(t)
@@ -121,15 +155,13 @@ class TensorMixin:
         return core
 
     def _put(self, keys: Sequence[str], tensors: Sequence[Any], mode: str, hard_pin: bool) -> None:
-        keys = [str(k) for k in keys]
-        tensors = list(tensors)
-        if len(keys) != len(tensors):
-            raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
+        keys, tensors = _keys_and_tensors(keys, tensors)
         objects, streams = _prepare_all(tensors)
         self._tensors().put(keys, objects, streams, mode, bool(hard_pin))
 
     def put_tensor(self, key: str, tensor: Any, *, hard_pin: bool = True) -> None:
-        """Stores `tensor` (CPU or CUDA, C-contiguous) under a NEW key.
+        """Stores `tensor` (CPU or CUDA, any layout: a view is gathered into C order as it is copied)
+        under a NEW key.
 
         The tensor stays readable until it is removed or replaced (hard pin); ``hard_pin=False``
         lets the store evict it under memory pressure. Keys under ``mcs/`` are reserved for
@@ -137,11 +169,11 @@ class TensorMixin:
 
         Raises Conflict when the key exists, InvalidArgument for a bad tensor, ResourceExhausted,
         Unimplemented for a CUDA tensor where CUDA is unavailable."""
-        self._put([key], [tensor], "create", hard_pin)
+        self._put([_key(key)], [tensor], "create", hard_pin)
 
     def upsert_tensor(self, key: str, tensor: Any, *, hard_pin: bool = True) -> None:
         """Creates or replaces `key` (readers see the old tensor or the new one, never a mix)."""
-        self._put([key], [tensor], "upsert", hard_pin)
+        self._put([_key(key)], [tensor], "upsert", hard_pin)
 
     def batch_put_tensor(self, keys: Sequence[str], tensors: Sequence[Any], *,
                          hard_pin: bool = True) -> None:
@@ -159,29 +191,29 @@ class TensorMixin:
         is imported; without torch those come back as their unsigned-integer bit patterns).
 
         Raises NotFound, InvalidArgument (not a tensor object)."""
-        dtype, raw = self._tensors().get(str(key))
+        dtype, raw = self._tensors().get(_key(key))
         return _as_output(dtype, raw, as_torch)
 
     def get_tensor_into(self, key: str, tensor: Any) -> None:
         """Copies the stored tensor into `tensor` (CPU or CUDA), whose dtype and shape must match
-        the stored ones and which must be C-contiguous and writable.
+        the stored ones and which must be writable. A host destination may be any view (sliced,
+        transposed, Fortran order) whose elements do not overlap: it is written in place. A CUDA
+        destination must be C-contiguous. Big-endian numpy arrays and torch tensors with the
+        negation bit are refused (they would be written in the wrong representation).
 
         Raises NotFound, InvalidArgument (mismatch; `tensor` is left untouched)."""
-        self.batch_get_tensor_into([key], [tensor])
+        self.batch_get_tensor_into([_key(key)], [tensor])
 
     def batch_get_tensor_into(self, keys: Sequence[str], tensors: Sequence[Any]) -> None:
         """get_tensor_into of many tensors, read from one state of the store; every item is
         checked before any destination is written."""
-        keys = [str(k) for k in keys]
-        tensors = list(tensors)
-        if len(keys) != len(tensors):
-            raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
-        objects, streams = _prepare_all(tensors)
+        keys, tensors = _keys_and_tensors(keys, tensors)
+        objects, streams = _prepare_all(tensors, destination=True)
         self._tensors().get_into(keys, objects, streams)
 
     def tensor_info(self, key: str) -> dict[str, Any]:
         """The stored header of `key`: dtype, shape, nbytes, layout, version, ..."""
-        return self._tensors().stat(str(key))
+        return self._tensors().stat(_key(key))
 
     def tensor_stats(self) -> dict[str, int]:
         """Counters of this handle's tensor calls (tensors/bytes put and read, CUDA copies and how
