@@ -127,7 +127,7 @@ def test_reply_wait_polls_then_sleeps_as_configured(node):
         s = mcs.connect(node.url, reply_spin_max=spin_max)
         try:
             for i in range(20):
-                s.put_tensor(f"spin/{spin_max}/{i}", t)
+                s.put_tensor(f"spin/{spin_max}/{i}", t, hard_pin=False)  # a scratch copy
                 s.get_tensor_into(f"spin/{spin_max}/{i}", out)
             np.testing.assert_array_equal(out, t)
             st = s._core.client_stats()
