@@ -16,6 +16,7 @@
 #include "python_object_store.h"
 
 #if MCS_PY_WITH_NODE_SERVER
+#include "daemon/daemon_config.h"
 #include "daemon/node_server.h"
 #endif
 
@@ -24,28 +25,36 @@ namespace mooncake::sparse::py {
 void RegisterNodeServer(pyb::module_& m) {
 #if MCS_PY_WITH_NODE_SERVER
     pyb::class_<NodeServer>(m, "_NodeServer", "The node daemon's server, run in this process.")
-        .def(pyb::init([](const std::string& socket_path, const std::string& node_id,
-                          const pyb::object& sparse_objects, std::uint64_t segment_size,
-                          std::uint32_t num_segments, std::uint64_t pinned_quota_bytes,
-                          std::uint64_t cache_capacity_bytes, std::uint32_t read_threads) {
-                 NodeServerOptions o;
-                 o.socket_path = socket_path;
-                 o.node_id = node_id;
-                 o.store.segment_size = segment_size;
-                 o.store.num_segments = num_segments;
-                 o.store.pinned_quota_bytes = pinned_quota_bytes;
-                 o.cache_capacity_bytes = cache_capacity_bytes;
-                 o.read_threads = read_threads;
+        .def(pyb::init([](const pyb::dict& config, const pyb::object& sparse_objects) {
+                 // The binary's keys and value syntax (sizes "256MiB", durations "10s"), parsed
+                 // by the same code: SetConfigKey and ToServerOptions.
+                 NodeDaemonConfig c;
+                 for (const auto& [key, value] : config) {
+                     if (!pyb::isinstance<pyb::str>(key)) {
+                         ThrowIfError(InvalidArgument("node daemon configuration keys are str"));
+                     }
+                     std::string text;
+                     if (pyb::isinstance<pyb::bool_>(value)) {
+                         text = value.cast<bool>() ? "true" : "false";
+                     } else if (pyb::isinstance<pyb::int_>(value) ||
+                                pyb::isinstance<pyb::str>(value)) {
+                         text = pyb::str(value).cast<std::string>();
+                     } else {
+                         ThrowIfError(InvalidArgument(
+                             "node daemon configuration '" + key.cast<std::string>() +
+                             "' must be a str, an int or a bool"));
+                     }
+                     ThrowIfError(SetConfigKey(c, key.cast<std::string>(), text)
+                                      .WithContext("node daemon configuration"));
+                 }
+                 NodeServerOptions o = ValueOrThrow(ToServerOptions(c));
+                 ThrowIfError(EnsureSocketDirectory(o.socket_path));
                  if (!sparse_objects.is_none()) o.sparse_objects = MakePythonObjectStore(sparse_objects);
                  pyb::gil_scoped_release nogil;
                  return ValueOrThrow(NodeServer::Start(o));
              }),
-             pyb::arg("socket_path"), pyb::arg("node_id") = "node0",
-             pyb::arg("sparse_objects") = pyb::none(),
-             pyb::arg("segment_size") = std::uint64_t{256} << 20, pyb::arg("num_segments") = 4,
-             pyb::arg("pinned_quota_bytes") = 0,
-             pyb::arg("cache_capacity_bytes") = std::uint64_t{1} << 30,
-             pyb::arg("read_threads") = 2)
+             pyb::arg("config"), pyb::arg("sparse_objects") = pyb::none(),
+             "Starts a server from the binary's configuration keys (node_config_keys()).")
         .def("stop", &NodeServer::Stop, pyb::call_guard<pyb::gil_scoped_release>(),
              "Closes every connection and removes the socket file (idempotent).")
         .def("metrics",
@@ -59,6 +68,13 @@ void RegisterNodeServer(pyb::module_& m) {
              })
         .def_property_readonly("socket_path",
                                [](const NodeServer& s) { return s.options().socket_path; });
+    m.def("node_config_keys", [] {
+        std::vector<std::string> keys;
+        for (std::string_view k : ConfigKeys()) keys.emplace_back(k);
+        return keys;
+    }, "The node daemon's configuration keys (flags of mooncake_sparse_node, YAML keys).");
+    m.def("default_socket_path", &DefaultSocketPath,
+          "Where the node daemon listens, and clients look, when no socket path is given.");
     m.attr("HAS_NODE_SERVER") = true;
 #else
     m.attr("HAS_NODE_SERVER") = false;

@@ -1,16 +1,20 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "daemon/daemon_config.h"
 
-#include <yaml-cpp/yaml.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <cctype>
 #include <charconv>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "store/shm_segment.h"
+
+#include <nlohmann/json.hpp>
 
 namespace mooncake::sparse {
 namespace {
@@ -173,34 +177,6 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
     return Status::Ok();
 }
 
-Status ApplyYamlConfig(std::string_view yaml, NodeDaemonConfig& config) {
-    YAML::Node root;
-    try {
-        root = YAML::Load(std::string(yaml));
-    } catch (const YAML::Exception& e) {
-        return InvalidArgument(std::string("config is not valid YAML: ") + e.what());
-    }
-    if (root.IsNull()) return Status::Ok();  // An empty file sets nothing.
-    if (!root.IsMap()) return InvalidArgument("config must be a YAML mapping of key: value");
-    for (const auto& entry : root) {
-        if (!entry.first.IsScalar()) return InvalidArgument("config keys must be scalars");
-        const std::string key = entry.first.Scalar();
-        if (!entry.second.IsScalar()) {
-            return InvalidArgument("config key '" + key + "' must have a scalar value");
-        }
-        MCS_RETURN_IF_ERROR(SetConfigKey(config, key, entry.second.Scalar()));
-    }
-    return Status::Ok();
-}
-
-Status ApplyYamlConfigFile(const std::string& path, NodeDaemonConfig& config) {
-    std::ifstream in(path);
-    if (!in) return NotFound("cannot read config file '" + path + "'");
-    std::stringstream text;
-    text << in.rdbuf();
-    return ApplyYamlConfig(text.str(), config).WithContext(path);
-}
-
 Result<LogLevel> ParseLogLevel(std::string_view level) {
     const std::string l = Lower(Trim(level));
     if (l == "debug") return LogLevel{0, 1};
@@ -212,7 +188,7 @@ Result<LogLevel> ParseLogLevel(std::string_view level) {
 }
 
 Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
-    if (c.socket_path.empty()) return InvalidArgument("socket_path is required");
+    if (c.socket_path.empty()) return InvalidArgument("socket_path is empty");
     if (c.node_id.empty()) return InvalidArgument("node_id is empty");
     const std::uint64_t page = PageSize();
     if (c.segment_size == 0 || c.segment_size % page != 0) {
@@ -265,6 +241,79 @@ Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
     if (c.max_connections == 0) return InvalidArgument("max_connections must be positive");
     o.max_connections = c.max_connections;
     return o;
+}
+
+std::span<const std::string_view> ConfigKeys() {
+    static constexpr std::string_view kKeys[] = {
+        "socket_path",          "node_id",          "segment_size",
+        "num_segments",         "capacity",         "pinned_quota_bytes",
+        "cache_capacity_bytes", "client_buffer_max_bytes", "metadata_capacity_bytes",
+        "read_threads",         "max_connections",  "frame_timeout",
+        "idle_timeout",         "prefault_segments", "prepare_threads",
+        "log_level"};
+    return kKeys;
+}
+
+std::string DefaultSocketPath() {
+    // XDG_RUNTIME_DIR (/run/user/UID) is per-user and private, but a container's root or a
+    // service account often has none; /tmp always exists.
+    const char* runtime = std::getenv("XDG_RUNTIME_DIR");
+    struct stat st {};
+    if (runtime != nullptr && runtime[0] == '/' && ::stat(runtime, &st) == 0 &&
+        S_ISDIR(st.st_mode)) {
+        return std::string(runtime) + "/mooncake-sparse/node.sock";
+    }
+    return "/tmp/mooncake-sparse-" + std::to_string(::geteuid()) + "/node.sock";
+}
+
+Status EnsureSocketDirectory(const std::string& socket_path) {
+    const auto slash = socket_path.rfind('/');
+    if (slash == std::string::npos || slash == 0) return Status::Ok();
+    const std::string dir = socket_path.substr(0, slash);
+    struct stat st {};
+    if (::stat(dir.c_str(), &st) != 0) {
+        if (errno != ENOENT) {
+            return InvalidArgument("socket directory " + dir + ": " + std::strerror(errno));
+        }
+        // Only the last component is created, private to this user (the socket's own mode is
+        // 0600 too); a missing parent is a typo worth reporting.
+        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+            return InvalidArgument("cannot create socket directory " + dir + ": " +
+                                   std::strerror(errno));
+        }
+        if (::stat(dir.c_str(), &st) != 0) {
+            return InvalidArgument("socket directory " + dir + ": " + std::strerror(errno));
+        }
+    }
+    if (!S_ISDIR(st.st_mode)) return InvalidArgument(dir + " is not a directory");
+    if (dir == DefaultSocketPath().substr(0, DefaultSocketPath().rfind('/')) &&
+        (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0)) {
+        // Under /tmp anyone could have made it first.
+        return FailedPrecondition("socket directory " + dir +
+                                  " is not owned by this user or is writable by others");
+    }
+    return Status::Ok();
+}
+
+std::string ConfigToJson(const NodeDaemonConfig& c) {
+    nlohmann::ordered_json j;
+    j["socket_path"] = c.socket_path;
+    j["node_id"] = c.node_id;
+    j["segment_size"] = c.segment_size;
+    if (c.num_segments) j["num_segments"] = *c.num_segments;
+    if (c.capacity) j["capacity"] = *c.capacity;
+    j["pinned_quota_bytes"] = c.pinned_quota_bytes;
+    j["cache_capacity_bytes"] = c.cache_capacity_bytes;
+    j["client_buffer_max_bytes"] = c.client_buffer_max_bytes;
+    j["metadata_capacity_bytes"] = c.metadata_capacity_bytes;
+    j["read_threads"] = c.read_threads;
+    j["max_connections"] = c.max_connections;
+    j["frame_timeout"] = std::to_string(c.frame_timeout.count()) + "ms";
+    j["idle_timeout"] = std::to_string(c.idle_timeout.count()) + "ms";
+    j["prefault_segments"] = c.prefault_segments;
+    j["prepare_threads"] = c.prepare_threads;
+    j["log_level"] = c.log_level;
+    return j.dump();
 }
 
 }  // namespace mooncake::sparse

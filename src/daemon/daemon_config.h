@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -16,8 +17,10 @@
 
 namespace mooncake::sparse {
 
+std::string DefaultSocketPath();
+
 struct NodeDaemonConfig {
-    std::string socket_path;
+    std::string socket_path = DefaultSocketPath();
     std::string node_id = "node0";
     std::uint64_t segment_size = std::uint64_t{256} << 20;
     std::optional<std::uint32_t> num_segments;  ///< Or capacity; default 4 when neither.
@@ -67,6 +70,24 @@ struct LogLevel {
 };
 /// Errors: InvalidArgument.
 Result<LogLevel> ParseLogLevel(std::string_view level);
+
+/// Every key SetConfigKey takes (the flags of the binary, YAML keys, Python keywords).
+std::span<const std::string_view> ConfigKeys();
+
+/// Where the daemon listens when no socket_path is given, and where clients look for it:
+/// $XDG_RUNTIME_DIR/mooncake-sparse/node.sock when that directory exists, else
+/// /tmp/mooncake-sparse-$EUID/node.sock.
+std::string DefaultSocketPath();
+
+/// Creates the socket's directory when it is missing (its last component only, mode 0700).
+/// The default directory must belong to this user and not be writable by others.
+/// Errors: InvalidArgument (cannot create it, not a directory); FailedPrecondition (the
+/// default directory belongs to someone else).
+Status EnsureSocketDirectory(const std::string& socket_path);
+
+/// The resolved config as one JSON object of key -> value, each in a form SetConfigKey takes
+/// (sizes in bytes, durations as "<n>ms"); unset optional keys are left out.
+std::string ConfigToJson(const NodeDaemonConfig& config);
 
 /// Validates a complete config and turns it into server options (segment count from capacity
 /// when given; a capacity below one segment makes one segment of that size).

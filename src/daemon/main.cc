@@ -3,8 +3,8 @@
 // mooncake_sparse_node: the node daemon (docs/design.md §5-6, §8). Owns the node's shared-memory
 // segments and serves the DummyClients of the node over a Unix socket:
 //
-//     mooncake_sparse_node --socket_path=/run/user/$UID/mooncake_sparse.sock
-//         --segment_size=256MiB --capacity=8GiB --pinned_quota_bytes=4GiB
+//     mooncake_sparse_node --segment_size=256MiB --capacity=8GiB --pinned_quota_bytes=4GiB
+//         [--socket_path=PATH]   (default: DefaultSocketPath(), see daemon_config.h)
 //
 // SIGTERM / SIGINT shut it down cleanly (connections closed, socket file removed).
 #include <gflags/gflags.h>
@@ -21,8 +21,14 @@
 #include "daemon/log.h"
 #include "daemon/node_server.h"
 
-DEFINE_string(socket_path, "", "Unix socket the daemon listens on (required; created mode 0600).");
+DEFINE_string(socket_path, "",
+              "Unix socket the daemon listens on (created mode 0600, its directory 0700 when "
+              "missing). Default: $XDG_RUNTIME_DIR/mooncake-sparse/node.sock, or "
+              "/tmp/mooncake-sparse-$UID/node.sock without XDG_RUNTIME_DIR.");
 DEFINE_string(config, "", "YAML file with any of the keys below; explicit flags win over it.");
+DEFINE_bool(print_config, false,
+            "Print the resolved configuration (defaults < --config < flags) as one JSON object "
+            "and exit; exit status 2 when it is invalid.");
 DEFINE_string(node_id, "node0", "Node id reported to clients and used by the planner.");
 DEFINE_string(segment_size, "256MiB", "Bytes of one shared-memory segment (page multiple).");
 DEFINE_uint32(num_segments, 4, "Number of segments (or give --capacity).");
@@ -62,7 +68,7 @@ mcs::Result<mcs::NodeDaemonConfig> ResolveConfig() {
     std::vector<gflags::CommandLineFlagInfo> flags;
     gflags::GetAllFlags(&flags);
     for (const auto& flag : flags) {
-        if (flag.is_default || flag.name == "config" ||
+        if (flag.is_default || flag.name == "config" || flag.name == "print_config" ||
             flag.filename.find("daemon/main.cc") == std::string::npos) {
             continue;
         }
@@ -98,8 +104,8 @@ void GlogSink(mcs::daemon::LogSeverity severity, const char* file, int line,
 
 int main(int argc, char** argv) {
     gflags::SetUsageMessage(
-        "the mooncake-sparse node daemon\n  mooncake_sparse_node --socket_path=PATH "
-        "[--config=FILE.yaml] [--segment_size=256MiB] [--num_segments=N | --capacity=BYTES] "
+        "the mooncake-sparse node daemon\n  mooncake_sparse_node [--socket_path=PATH] "
+        "[--config=FILE.yaml] [--print_config] [--segment_size=256MiB] [--num_segments=N | --capacity=BYTES] "
         "[--pinned_quota_bytes=BYTES] [--cache_capacity_bytes=BYTES] [--log_level=info]");
     gflags::SetVersionString("0.1.0");
     FLAGS_logtostderr = true;
@@ -119,6 +125,14 @@ int main(int argc, char** argv) {
     auto options = mcs::ToServerOptions(*config);
     if (!options.ok()) {
         LOG(ERROR) << "configuration: " << options.status().ToString();
+        return 2;
+    }
+    if (FLAGS_print_config) {
+        std::printf("%s\n", mcs::ConfigToJson(*config).c_str());
+        return 0;
+    }
+    if (mcs::Status s = mcs::EnsureSocketDirectory(options->socket_path); !s.ok()) {
+        LOG(ERROR) << "socket_path: " << s.ToString();
         return 2;
     }
 

@@ -257,7 +257,7 @@ def in_process_server_dumpable(socket_path: str, results) -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         pr_get_dumpable = 3
         before = libc.prctl(pr_get_dumpable, 0, 0, 0, 0)
-        daemon = NodeDaemon(socket_path, segment_bytes=2 << 20, num_segments=1)
+        daemon = NodeDaemon(socket_path, segment_size=2 << 20, num_segments=1)
         after = libc.prctl(pr_get_dumpable, 0, 0, 0, 0)
         daemon.stop()
         results.put(("ok", before, after))

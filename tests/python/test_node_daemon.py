@@ -92,10 +92,11 @@ def test_daemon_reads_a_yaml_config_and_flags_win(tmp_path):
             pass
 
 
-def test_connect_without_a_daemon_is_unavailable(tmp_path):
+def test_connect_without_a_daemon_is_unavailable(tmp_path, monkeypatch):
     with pytest.raises(mcs.Unavailable, match="not running"):
         mcs.connect(f"unix://{tmp_path}/nobody.sock")
-    with pytest.raises(mcs.InvalidArgument):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))  # "unix://": the default path
+    with pytest.raises(mcs.Unavailable, match="mooncake-sparse/node.sock"):
         mcs.connect("unix://")
     with pytest.raises(mcs.InvalidArgument):
         mcs.connect(f"unix://{tmp_path}/x.sock", bogus=1)

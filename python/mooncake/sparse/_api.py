@@ -353,7 +353,8 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
 
     - None: a new embedded store (in-process, no daemon, no network); kwargs node_id,
       capacity_bytes.
-    - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH; kwargs
+    - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH ("unix://":
+      at its default path, mooncake.sparse.node.default_socket_path()); kwargs
       connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes,
       reply_spin_max (seconds a tensor call may poll for its reply before sleeping; 0 never
       polls; default 0.02). Raises
@@ -368,7 +369,9 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
     if url.startswith("unix://"):
         path = url[len("unix://"):]
         if not path:
-            raise InvalidArgument(f"store URL {url!r} names no socket path (unix:///PATH)")
+            from .node import default_socket_path
+
+            path = default_socket_path()  # where mooncake_sparse_node listens by default
         unknown = set(kwargs) - {"connect_timeout", "call_timeout", "client_name",
                                  "initial_buffer_bytes", "reply_spin_max"}
         if unknown:

@@ -13,8 +13,8 @@ Across two nodes on upstream Mooncake Store (docs/multi_node.md): node A commits
 Mooncake client (whose segment holds the objects) alive; node B reads through its node daemon.
 
     A$ python -m mooncake.sparse.demo --role trainer --store "mooncake://MASTER:50051?local_hostname=A"
-    B$ python -m mooncake.sparse.node --socket-path /tmp/mcs.sock \
-           --store "mooncake://MASTER:50051?local_hostname=B" &
+    B$ mooncake_sparse_node --socket_path=/tmp/mcs.sock \
+           --store="mooncake://MASTER:50051?local_hostname=B" &
     B$ python -m mooncake.sparse.demo --role inference --store unix:///tmp/mcs.sock
 """
 

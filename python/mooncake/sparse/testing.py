@@ -332,9 +332,9 @@ def start_python_node_daemon(tmp_path: os.PathLike | str, store: str | None, *,
     socket_path = Path(tempfile.mkdtemp(prefix="mcs-")) / "node.sock"
     log_path = tmp / f"{node_id}.log"
     args = [sys.executable, "-X", "faulthandler", "-m", "mooncake.sparse.node",
-            f"--socket-path={socket_path}",
-            f"--node-id={node_id}", f"--segment-bytes={segment_bytes}",
-            f"--num-segments={num_segments}"]
+            f"--socket_path={socket_path}",
+            f"--node_id={node_id}", f"--segment_size={segment_bytes}",
+            f"--num_segments={num_segments}"]
     if store:
         args.append(f"--store={store}")
     process = _spawn_logged(args, log_path, env={**os.environ, **(env or {})})
