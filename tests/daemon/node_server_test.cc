@@ -10,6 +10,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include <atomic>
 #include <chrono>
@@ -726,8 +730,41 @@ TEST(DaemonConfigTest, YamlKeysAndCapacity) {
     ASSERT_TRUE(so.ok());
     EXPECT_EQ(so->store.num_segments, 1u);
     EXPECT_EQ(so->store.segment_size, 1u << 20);
+    NodeDaemonConfig defaults;  // no socket_path given: the default one
+    EXPECT_EQ(defaults.socket_path, DefaultSocketPath());
+    ASSERT_TRUE(ToServerOptions(defaults).ok());
     NodeDaemonConfig none;
-    EXPECT_THAT(ToServerOptions(none), StatusIs(StatusCode::kInvalidArgument));  // no socket
+    none.socket_path.clear();
+    EXPECT_THAT(ToServerOptions(none), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(DaemonConfigTest, DefaultSocketPathAndItsDirectory) {
+    const char* saved = std::getenv("XDG_RUNTIME_DIR");
+    const std::string saved_value = saved ? saved : "";
+    char tmpl[] = "/tmp/mcs-cfg-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string runtime = tmpl;
+    setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+    EXPECT_EQ(DefaultSocketPath(), runtime + "/mooncake-sparse/node.sock");
+    ASSERT_TRUE(EnsureSocketDirectory(DefaultSocketPath()).ok());
+    struct stat st {};
+    ASSERT_EQ(::stat((runtime + "/mooncake-sparse").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    EXPECT_TRUE(EnsureSocketDirectory(DefaultSocketPath()).ok());  // exists: fine
+    // The default directory must be private.
+    ASSERT_EQ(::chmod((runtime + "/mooncake-sparse").c_str(), 0777), 0);
+    EXPECT_THAT(EnsureSocketDirectory(DefaultSocketPath()),
+                StatusIs(StatusCode::kFailedPrecondition));
+    // A missing parent is reported, not created.
+    EXPECT_THAT(EnsureSocketDirectory(runtime + "/no/such/node.sock"),
+                StatusIs(StatusCode::kInvalidArgument));
+    // Without XDG_RUNTIME_DIR: under /tmp, per user.
+    unsetenv("XDG_RUNTIME_DIR");
+    EXPECT_EQ(DefaultSocketPath(),
+              "/tmp/mooncake-sparse-" + std::to_string(::geteuid()) + "/node.sock");
+    if (saved) setenv("XDG_RUNTIME_DIR", saved_value.c_str(), 1);
+    ::rmdir((runtime + "/mooncake-sparse").c_str());
+    ::rmdir(runtime.c_str());
 }
 
 }  // namespace
