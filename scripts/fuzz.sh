@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets with Clang in their own tree (build/fuzz) and fuzzes the node
-# daemon's wire codec for a bounded time, starting from the committed seed corpus. Fails on any
-# crash, sanitizer report, leak, timeout or out-of-memory.
+# Builds the libFuzzer targets with Clang in their own tree (build/fuzz) and runs each for a
+# bounded time, starting from its committed seed corpus: the node daemon's wire codec
+# (wire_fuzzer) and its request handlers behind a real NodeServer (node_request_fuzzer). Fails
+# on any crash, sanitizer report, leak, timeout or out-of-memory.
 #
-#   FUZZ_SECONDS=60      fuzzing time (0: only replay the seed corpus)
+#   FUZZ_SECONDS=60      fuzzing time of each fuzzer (0: only replay the seed corpora)
+#   FUZZ_TARGETS="wire_fuzzer node_request_fuzzer"   which fuzzers to build and run
 #   FUZZ_BUILD_DIR=build/fuzz
 #   FUZZ_ARGS="..."      extra libFuzzer flags (e.g. -jobs=4 -workers=4)
 #
-# The seed corpus (fuzz/corpus/wire, one encoded frame per message type) is regenerated with
+# The seed corpora are regenerated with
 #   MCS_WIRE_CORPUS_DIR=fuzz/corpus/wire build/release/tests/store_test \
-#       --gtest_filter='WireTest.WriteFuzzCorpus'
+#       --gtest_filter='WireTest.WriteFuzzCorpus'     (one encoded frame per message type)
+#   rm -rf fuzz/corpus/node_request && \
+#   MCS_NODE_FUZZ_CORPUS_DIR=fuzz/corpus/node_request build/fuzz/fuzz/node_request_fuzzer
+#       (one valid request of each kind, then the hostile cases scripted in the fuzzer's
+#       SeedScripts; MCS_NODE_FUZZ_TRACE=1 build/fuzz/fuzz/node_request_fuzzer FILE shows what
+#       an input sends and what the daemon answers)
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 FUZZ_SECONDS="${FUZZ_SECONDS:-60}"
 FUZZ_BUILD_DIR="${FUZZ_BUILD_DIR:-build/fuzz}"
+read -r -a FUZZ_TARGETS <<<"${FUZZ_TARGETS:-wire_fuzzer node_request_fuzzer}"
 read -r -a FUZZ_EXTRA <<<"${FUZZ_ARGS:-}"
 
 if ! command -v clang++ >/dev/null 2>&1; then
@@ -34,7 +42,7 @@ CC=clang CXX=clang++ cmake -S . -B "${FUZZ_BUILD_DIR}" -G Ninja \
     -DMOONCAKE_SPARSE_BUILD_DAEMON=OFF \
     -DMOONCAKE_SPARSE_WITH_CUDA=OFF \
     -DMOONCAKE_SPARSE_SANITIZE=
-cmake --build "${FUZZ_BUILD_DIR}" -j"${JOBS}" --target wire_fuzzer
+cmake --build "${FUZZ_BUILD_DIR}" -j"${JOBS}" --target "${FUZZ_TARGETS[@]}"
 
 run_fuzzer() {
     local name="$1" seeds="$2"
@@ -64,6 +72,12 @@ run_fuzzer() {
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:halt_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
-run_fuzzer wire_fuzzer fuzz/corpus/wire
+for target in "${FUZZ_TARGETS[@]}"; do
+    case "${target}" in
+        wire_fuzzer) run_fuzzer wire_fuzzer fuzz/corpus/wire ;;
+        node_request_fuzzer) run_fuzzer node_request_fuzzer fuzz/corpus/node_request ;;
+        *) echo "fuzz.sh: unknown fuzzer '${target}'" >&2; exit 1 ;;
+    esac
+done
 
 mcs_step "fuzz.sh: no crash"
