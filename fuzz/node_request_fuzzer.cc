@@ -216,7 +216,7 @@ std::uint64_t U64(Choices& c, std::string_view label, std::uint64_t real) {
 /// As U64, plus the negative counterparts of the table.
 std::int64_t I64(Choices& c, std::string_view label, std::int64_t real) {
     const bool negative = c.Flag(label);
-    const std::int64_t v = static_cast<std::int64_t>(U64(c, label, static_cast<std::uint64_t>(real)));
+    const auto v = static_cast<std::int64_t>(U64(c, label, static_cast<std::uint64_t>(real)));
     if (!negative) return v;
     return v == kI64Min ? kI64Max : -v;
 }
@@ -327,9 +327,11 @@ struct World {
     std::vector<std::string> member_names;
     std::vector<std::string> prefixes;
     std::vector<std::string> tensor_keys;  ///< Tensor objects (TensorGet).
-    /// An object built for the next generation of sources[0], laid out in kObjectRegion but not
-    /// committed: the default SparseCommit.
-    w::SparseCommitRequest commit;
+    /// Objects built for the next generation of a committed tensor (w.rows, then w.one_tile),
+    /// laid out in kObjectRegion but not committed: the SparseCommits to corrupt. w.one_tile's
+    /// index is one tile, so it stays valid under any tile shape at least as large as the
+    /// tensor, and a hostile one such as (2^32, 2^32) reaches the codec.
+    std::vector<w::SparseCommitRequest> commits;
     std::vector<std::byte> image;  ///< The client buffer before each input.
 };
 
@@ -373,7 +375,11 @@ void StartWorld(World& world) {
         {"w.wide", {3, 70000}, {}, {}, "replicate(ep)", {}, {1, 4096}, 50,
          ApplyMode::kOverwrite},
         {"w.empty", {16, 16}, {}, {}, "", {}, {4, 4}, 0, ApplyMode::kOverwrite},
+        {"w.one_tile", {48, 8}, {}, {}, "replicate(ep)", {}, {48, 8}, 60, ApplyMode::kOverwrite},
     };
+    world.image.assign(kClientBufferBytes, std::byte{0});
+    world.commits.clear();
+    std::uint64_t at = kObjectRegion.offset;
     for (const SourceSpec& spec : specs) {
         PutSparseRequest r;
         r.tensor_id = spec.tensor_id;
@@ -397,30 +403,35 @@ void StartWorld(World& world) {
         r.apply = spec.apply;
         if (!spec.tile_shape.empty()) r.encode.tile_shape = spec.tile_shape;
         r.encode.num_threads = 1;
-        Check(server.sparse().PutSparseObject(r).status(), std::string("committing ") + r.tensor_id);
-        if (std::string_view(spec.tensor_id) == "w.rows") {
+        Check(server.sparse().PutSparseObject(r).status(),
+              std::string("committing ") + r.tensor_id);
+        const std::string_view id = spec.tensor_id;
+        if (id == "w.rows" || id == "w.one_tile") {
             // The next generation of the same tensor, encoded like a trainer would send it.
             PutSparseRequest next = r;
             next.generation = {1, 2};
-            auto [idx2, vals2] = Entries(box, 300, 11);
-            next.indices = {DType::kInt64, {300, 2}, AsBytes(idx2)};
-            next.values = {DType::kFloat32, {300}, AsBytes(vals2)};
-            SparseObject o = Check(BuildSourceObject(next), "encoding the pending object");
-            world.image.assign(kClientBufferBytes, std::byte{0});
-            std::uint64_t at = kObjectRegion.offset;
+            const std::uint64_t nnz = spec.nnz - 7;
+            auto [idx2, vals2] = Entries(box, nnz, 11);
+            next.indices = {DType::kInt64, {Index(nnz), Index(box.rank())}, AsBytes(idx2)};
+            next.values = {DType::kFloat32, {Index(nnz)}, AsBytes(vals2)};
+            SparseObject o = Check(BuildSourceObject(next), "encoding a pending object");
             auto place = [&](std::span<const std::byte> bytes, std::uint64_t checksum) {
+                if (at + bytes.size() > kObjectRegion.offset + kObjectRegion.size) {
+                    Die("the pending objects do not fit their region");
+                }
                 std::memcpy(world.image.data() + at, bytes.data(), bytes.size());
                 w::ClientMember m{w::BufferRef::Client(at, bytes.size()), checksum};
                 at += (bytes.size() + 63) / 64 * 64;
                 return m;
             };
-            world.commit.desc = o.desc;
-            world.commit.coordinate_space = o.coordinate_space;
-            world.commit.indices = place(o.indices, o.checksum_indices);
-            world.commit.values = place(o.values, o.checksum_values);
-            world.commit.tile_coords = place(AsBytes(o.tile_coords), o.checksum_tile_coords);
-            world.commit.tile_ptr = place(AsBytes(o.tile_ptr), o.checksum_tile_ptr);
-            if (at > kObjectRegion.offset + kObjectRegion.size) Die("pending object too large");
+            w::SparseCommitRequest commit;
+            commit.desc = o.desc;
+            commit.coordinate_space = o.coordinate_space;
+            commit.indices = place(o.indices, o.checksum_indices);
+            commit.values = place(o.values, o.checksum_values);
+            commit.tile_coords = place(AsBytes(o.tile_coords), o.checksum_tile_coords);
+            commit.tile_ptr = place(AsBytes(o.tile_ptr), o.checksum_tile_ptr);
+            world.commits.push_back(std::move(commit));
         }
     }
     for (std::uint64_t i = 0; i < kDataRegion.size; ++i) {
@@ -480,8 +491,9 @@ bool Tracing() {
 }
 
 std::string Describe(const SourceDescriptor& d) {
-    return d.tensor_id + " ref=" + d.source_ref + " shape=" + internal::JoinIndices(d.global_shape) +
-           " box=" + d.box.ToString() + " tile=" + internal::JoinIndices(d.tile_shape) +
+    return d.tensor_id + " ref=" + d.source_ref +
+           " shape=" + internal::JoinIndices(d.global_shape) + " box=" + d.box.ToString() +
+           " tile=" + internal::JoinIndices(d.tile_shape) +
            " nnz=" + std::to_string(d.nnz) + " tiles=" + std::to_string(d.num_tiles) +
            " index=" + std::string(DTypeName(d.index_dtype)) +
            " value=" + std::string(DTypeName(d.value_dtype));
@@ -626,7 +638,9 @@ private:
     void CheckSlice(const w::SegmentSlice& s, std::string_view what) {
         for (const auto& [id, size] : segment_sizes_) {
             if (id == s.segment_id) {
-                if (!RangeWithin(s.offset, s.size, size)) Die(std::string(what) + " outside its segment");
+                if (!RangeWithin(s.offset, s.size, size)) {
+                    Die(std::string(what) + " outside its segment");
+                }
                 return;
             }
         }
@@ -637,7 +651,8 @@ private:
             for (const w::SegmentSlice& s : lease->locations) CheckSlice(s, "a leased member");
         } else if (const auto* read = std::get_if<w::SparseReadReply>(&message)) {
             for (const w::TargetObjectLocation& o : read->objects) {
-                for (const w::SegmentMember* m : {&o.indices, &o.values, &o.tile_coords, &o.tile_ptr}) {
+                for (const w::SegmentMember* m :
+                     {&o.indices, &o.values, &o.tile_coords, &o.tile_ptr}) {
                     CheckSlice(m->slice, "a target object member");
                 }
             }
@@ -757,7 +772,9 @@ SourceDescriptor DescriptorOf(Choices& c, const World& world, SourceDescriptor d
             case 7: d.tile_shape = ShapeOf(c, "tile_shape", d.tile_shape); break;
             case 8: d.nnz = U64(c, "nnz", d.nnz); break;
             case 9: d.num_tiles = U64(c, "num_tiles", d.num_tiles); break;
-            case 10: d.apply = c.Flag("apply") ? ApplyMode::kScatterAdd : ApplyMode::kOverwrite; break;
+            case 10:
+                d.apply = c.Flag("apply") ? ApplyMode::kScatterAdd : ApplyMode::kOverwrite;
+                break;
             case 11: d.index_dtype = DTypeOf(c, "index_dtype", d.index_dtype); break;
             default: d.value_dtype = DTypeOf(c, "value_dtype", d.value_dtype); break;
         }
@@ -836,7 +853,8 @@ w::Message PutOf(Choices& c, const World& world) {
     const std::size_t n = c.Range("members", 1, 4);
     for (std::size_t i = 0; i < n; ++i) {
         w::PutMember m;
-        static const std::string kNames[] = {"data", "indices", "values", "tile_coords", "tile_ptr"};
+        static const std::string kNames[] = {"data", "indices", "values", "tile_coords",
+                                             "tile_ptr"};
         m.name = StringOf(c, "name", kNames, 16);
         m.dtype = DTypeOf(c, "dtype", DType::kUInt8);
         m.shape = ShapeOf(c, "shape", {64});
@@ -862,7 +880,7 @@ w::ClientMember ClientMemberOf(Choices& c, std::string_view label, const w::Clie
 }
 
 w::Message SparseCommitOf(Choices& c, const World& world) {
-    w::SparseCommitRequest r = world.commit;
+    w::SparseCommitRequest r = world.commits[c.Pick("commit.object", world.commits.size())];
     // Decision 0 commits the pending object; others start from a committed descriptor.
     const std::size_t base = c.Pick("commit.base", world.sources.size() + 1);
     if (base > 0) r.desc = world.sources[base - 1];
@@ -996,7 +1014,8 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
     // disagree (the daemon must notice, or copy before it validates).
     std::vector<std::pair<std::uint64_t, std::uint8_t>> pokes;
     for (std::size_t n = c.Range("pokes", 0, kMaxPokes), i = 0; i < n; ++i) {
-        const std::uint64_t offset = kObjectRegion.offset + c.Range("poke", 0, kObjectRegion.size - 1);
+        const std::uint64_t offset =
+            kObjectRegion.offset + c.Range("poke", 0, kObjectRegion.size - 1);
         pokes.emplace_back(offset, static_cast<std::uint8_t>(c.Range("poke", 0, 255)));
     }
     conv.Open(pokes);
@@ -1105,36 +1124,42 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
 
     // Sparse reads whose descriptors disagree with what is stored.
     constexpr std::uint64_t k2e32 = std::uint64_t{1} << 32, k2e40 = std::uint64_t{1} << 40;
-    seeds.push_back({"sparse_read_nnz_2e40", ReadOne(world, "w.rows", HostileField(8, "nnz", k2e40))});
-    seeds.push_back({"sparse_read_nnz_u64max", ReadOne(world, "w.rows", HostileField(8, "nnz", kU64Max))});
+    auto rows = [&](const Script& desc) { return ReadOne(world, "w.rows", desc); };
+    seeds.push_back({"sparse_read_nnz_2e40", rows(HostileField(8, "nnz", k2e40))});
+    seeds.push_back({"sparse_read_nnz_u64max", rows(HostileField(8, "nnz", kU64Max))});
     {
         Script d = {{"desc", 2}, {"desc.field", 8}};
         Hostile(d, "nnz", k2e40);
         d.push_back({"desc.field", 9});
         Hostile(d, "num_tiles", k2e40);
-        seeds.push_back({"sparse_read_num_tiles_2e40", ReadOne(world, "w.rows", d)});
+        seeds.push_back({"sparse_read_num_tiles_2e40", rows(d)});
     }
     seeds.push_back({"sparse_read_num_tiles_plus_1",
-                     ReadOne(world, "w.rows", Field(9, Near("num_tiles", 1)))});
+                     rows(Field(9, Near("num_tiles", 1)))});
     seeds.push_back({"sparse_read_tile_shape_2e32x2e32",
-                     ReadOne(world, "w.rows", TileShape({std::int64_t(k2e32), std::int64_t(k2e32)}))});
+                     rows(TileShape({std::int64_t(k2e32), std::int64_t(k2e32)}))});
     seeds.push_back({"sparse_read_tile_shape_2e62x8",
-                     ReadOne(world, "w.rows", TileShape({std::int64_t{1} << 62, 8}))});
+                     rows(TileShape({std::int64_t{1} << 62, 8}))});
     seeds.push_back({"sparse_read_tile_larger_than_shape",
-                     ReadOne(world, "w.rows", TileShape({1000, 1000}))});
+                     rows(TileShape({1000, 1000}))});
+    seeds.push_back({"sparse_read_one_tile_shape_2e32x2e32",
+                     ReadOne(world, "w.one_tile",
+                             TileShape({std::int64_t(k2e32), std::int64_t(k2e32)}))});
+    seeds.push_back({"sparse_read_one_tile_shape_2e62x8",
+                     ReadOne(world, "w.one_tile", TileShape({std::int64_t{1} << 62, 8}))});
     seeds.push_back({"sparse_read_tile_shape_3d_2e32",
                      ReadOne(world, "w.experts", TileShape({1, std::int64_t(k2e32), 64}))});
     {
         Script set = {{"global_shape", 1}};
         HostileI64(set, "global_shape", 128);
-        seeds.push_back({"sparse_read_global_shape_differs", ReadOne(world, "w.rows", Field(2, set))});
+        seeds.push_back({"sparse_read_global_shape_differs", rows(Field(2, set))});
     }
     seeds.push_back({"sparse_read_other_source_ref",
-                     ReadOne(world, "w.rows", Field(0, {{"source_ref", SourceIndex(world, "w.vec")}}))});
+                     rows(Field(0, {{"source_ref", SourceIndex(world, "w.vec")}}))});
     seeds.push_back({"sparse_read_index_dtype_uint64",
-                     ReadOne(world, "w.rows", Field(11, {{"index_dtype", 1 + std::uint64_t(DType::kUInt64)}}))});
+                     rows(Field(11, {{"index_dtype", 1 + std::uint64_t(DType::kUInt64)}}))});
     {
-        Script s = ReadOne(world, "w.rows", {});
+        Script s = rows({});
         s.push_back({"target.box", 1});
         s.push_back({"target.box", 1});  // ShapeOf(origin): same rank, fuzzed extents
         HostileI64(s, "target.box", k2e40);
@@ -1143,14 +1168,14 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
     {
         // The tile index cached by a first read, then a second read whose descriptor disagrees
         // with it: the cache must not be trusted for another descriptor.
-        Script s = ReadOne(world, "w.rows", {});
+        Script s = rows({});
         Script d = {{"desc", 2}, {"desc.field", 9}};
         auto near = Near("num_tiles", -1);
         d.insert(d.end(), near.begin(), near.end());
         d.push_back({"desc.field", 8});
         auto fewer = Near("nnz", -8);
         d.insert(d.end(), fewer.begin(), fewer.end());
-        const Script second = ReadOne(world, "w.rows", d);
+        const Script second = rows(d);
         s.insert(s.end(), second.begin(), second.end());
         seeds.push_back({"sparse_read_cached_index_then_fewer_tiles", s});
     }
@@ -1171,6 +1196,16 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
     }
     seeds.push_back({"sparse_commit_tile_shape_2e32x2e32",
                      commit(TileShape({std::int64_t(k2e32), std::int64_t(k2e32)}))});
+    {
+        Script s = {{"op", kSparseCommit}, {"commit.object", 1}};
+        const Script tile = TileShape({std::int64_t(k2e32), std::int64_t(k2e32)});
+        s.insert(s.end(), tile.begin(), tile.end());
+        seeds.push_back({"sparse_commit_one_tile_shape_2e32x2e32", s});
+        s = {{"op", kSparseCommit}, {"commit.object", 1}};
+        const Script tile2 = TileShape({std::int64_t{1} << 62, 8});
+        s.insert(s.end(), tile2.begin(), tile2.end());
+        seeds.push_back({"sparse_commit_one_tile_shape_2e62x8", s});
+    }
     seeds.push_back({"sparse_commit_poked_values",
                      {{"pokes", 2}, {"poke", 600}, {"poke", 0xff}, {"poke", 2}, {"poke", 0x80},
                       {"op", kSparseCommit}}});
@@ -1218,7 +1253,9 @@ void WriteSeedCorpus(World& world, const std::string& dir) {
         Conversation replayed(world, nullptr);
         RunInput(replayed_choices, world, replayed);
         if (replayed.sent() != recorded.sent()) Die("seed " + name + " does not replay");
-        if (recorded.unsendable() != 0) Die("seed " + name + " builds a request that cannot be encoded");
+        if (recorded.unsendable() != 0) {
+            Die("seed " + name + " builds a request that cannot be encoded");
+        }
         char prefix[8];
         std::snprintf(prefix, sizeof(prefix), "%02d_", n++);
         const std::string path = dir + "/" + prefix + name + ".bin";
