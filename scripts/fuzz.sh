@@ -46,6 +46,7 @@ cmake --build "${FUZZ_BUILD_DIR}" -j"${JOBS}" --target "${FUZZ_TARGETS[@]}"
 
 run_fuzzer() {
     local name="$1" seeds="$2"
+    local own=("${@:3}")  # this fuzzer's own libFuzzer flags
     local work="${FUZZ_BUILD_DIR}/run/${name}"
     rm -rf "${work}"
     mkdir -p "${work}/corpus" "${work}/artifacts"
@@ -61,7 +62,7 @@ run_fuzzer() {
     "${FUZZ_BUILD_DIR}/fuzz/${name}" "${mode[@]}" \
         -max_len=16384 -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 \
         -print_final_stats=1 -artifact_prefix="${work}/artifacts/" \
-        "${FUZZ_EXTRA[@]}" "${work}/corpus" 2>&1 | tee "${work}/log.txt" || rc=$?
+        "${own[@]}" "${FUZZ_EXTRA[@]}" "${work}/corpus" 2>&1 | tee "${work}/log.txt" || rc=$?
     if ((rc != 0)) || [[ -n "$(ls -A "${work}/artifacts")" ]]; then
         echo "fuzz.sh: ${name} FAILED (exit ${rc}); reproducers in ${work}/artifacts:" >&2
         ls -l "${work}/artifacts" >&2
@@ -75,7 +76,11 @@ export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}"
 for target in "${FUZZ_TARGETS[@]}"; do
     case "${target}" in
         wire_fuzzer) run_fuzzer wire_fuzzer fuzz/corpus/wire ;;
-        node_request_fuzzer) run_fuzzer node_request_fuzzer fuzz/corpus/node_request ;;
+        node_request_fuzzer)
+            # The daemon's threads allocate and free while libFuzzer's after-input leak check
+            # scans the heap, which then (about once in 10^5 inputs) reports memory a thread is
+            # about to own: LeakSanitizer checks once, at exit, after the daemon has stopped.
+            run_fuzzer node_request_fuzzer fuzz/corpus/node_request -detect_leaks=0 ;;
         *) echo "fuzz.sh: unknown fuzzer '${target}'" >&2; exit 1 ;;
     esac
 done
