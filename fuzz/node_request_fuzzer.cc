@@ -1134,6 +1134,11 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         Hostile(d, "num_tiles", k2e40);
         seeds.push_back({"sparse_read_num_tiles_2e40", rows(d)});
     }
+    {
+        Script s = rows(HostileField(8, "nnz", kU64Max));
+        s.push_back({"strategy", 1});  // Each target reads its whole sources.
+        seeds.push_back({"sparse_read_full_source_nnz_u64max", s});
+    }
     seeds.push_back({"sparse_read_num_tiles_plus_1",
                      rows(Field(9, Near("num_tiles", 1)))});
     seeds.push_back({"sparse_read_tile_shape_2e32x2e32",
