@@ -54,7 +54,7 @@ for t in "${tsan_targets[@]}"; do
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 "build/tsan/tests/${t}" --gtest_brief=1
 done
 
-# ---- 2b. libFuzzer (Clang): the node daemon's wire codec, bounded ---------------------------
+# ---- 2b. libFuzzer (Clang): the node daemon's wire codec and request handlers, bounded -------
 mcs_step "Fuzz: scripts/fuzz.sh (FUZZ_SECONDS=${FUZZ_SECONDS:-60})"
 bash scripts/fuzz.sh
 
@@ -77,6 +77,23 @@ if [[ -f pyproject.toml ]]; then
     mcs_pip install -q --no-build-isolation .
     # From outside the source tree, so the installed package (not python/) is imported.
     (cd /tmp && python3 -m pytest -q -p no:cacheprovider "${ROOT}/tests/python")
+
+    # ---- 4a. The multi-process daemon tests once more, against the ASan/UBSan daemon --------
+    # build/asan's mooncake_sparse_node (built in step 2) serves the same tests: a memory error
+    # or undefined behaviour in the daemon aborts it (the test sees it go away), and a report
+    # that did not abort (a leak at exit) fails the test at teardown, where start_node_daemon
+    # checks the daemon's exit status and its log.
+    asan_daemon="${ROOT}/build/asan/src/daemon/mooncake_sparse_node"
+    if [[ ! -x "${asan_daemon}" ]]; then
+        echo "test.sh: ${asan_daemon} was not built" >&2
+        exit 1
+    fi
+    mcs_step "Python: daemon tests against ${asan_daemon#"${ROOT}"/}"
+    (cd /tmp && MOONCAKE_SPARSE_NODE_BIN="${asan_daemon}" \
+        ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:print_stacktrace=1 \
+        UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        python3 -m pytest -q -p no:cacheprovider \
+            "${ROOT}/tests/python/test_node_daemon.py" "${ROOT}/tests/python/test_tensor.py")
 else
     mcs_step "Python: skipped (no pyproject.toml yet)"
 fi

@@ -6,7 +6,10 @@
         ...
 
 The daemon binary is found, in order, at $MOONCAKE_SPARSE_NODE_BIN, next to this package
-(mooncake/sparse/bin/, where the wheel installs it), or on PATH.
+(mooncake/sparse/bin/, where the wheel installs it), or on PATH. Pointing
+$MOONCAKE_SPARSE_NODE_BIN at a sanitizer build runs the same tests against it: at the end of the
+block start_node_daemon fails when the daemon did not exit cleanly on SIGTERM or its log holds a
+sanitizer report (scripts/test.sh does this with its ASan/UBSan tree).
 
 For many nodes on upstream Mooncake Store (needs the mooncake-transfer-engine wheel):
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -31,10 +35,20 @@ from typing import Any, Iterator
 
 from ._errors import Unavailable
 
-__all__ = ["NodeDaemon", "find_node_daemon", "start_node_daemon", "MooncakeMaster",
-           "find_mooncake_master", "start_mooncake_master", "start_python_node_daemon"]
+__all__ = ["NodeDaemon", "DaemonFailure", "find_node_daemon", "start_node_daemon",
+           "MooncakeMaster", "find_mooncake_master", "start_mooncake_master",
+           "start_python_node_daemon"]
 
 _BINARY = "mooncake_sparse_node"
+# First lines of AddressSanitizer, LeakSanitizer, ThreadSanitizer and UndefinedBehaviorSanitizer
+# reports (UBSan prints "file:line:col: runtime error: ...").
+_SANITIZER_REPORT = re.compile(
+    r"^(==\d+==\s*)?(ERROR|WARNING): (Address|Leak|Thread|Memory)Sanitizer\b|: runtime error: ",
+    re.MULTILINE)
+
+
+class DaemonFailure(RuntimeError):
+    """A node daemon exited with a non-zero status when stopped, or reported a sanitizer error."""
 
 
 def find_node_daemon() -> str:
@@ -96,6 +110,8 @@ class NodeDaemon:
         self.log_path = Path(log_path)
         self.process: subprocess.Popen | None = None
         self.binary = find_node_daemon()
+        # Exit status of every stop() (a kill() is meant to leave no clean exit, so it has none).
+        self.exit_codes: list[int] = []
 
     @property
     def url(self) -> str:
@@ -139,7 +155,25 @@ class NodeDaemon:
             return 0
         code = _terminate(self.process, timeout)
         self.process = None
+        self.exit_codes.append(code)
         return code
+
+    def check_clean(self) -> None:
+        """Raises DaemonFailure when a stop() saw a non-zero exit status (a sanitizer exits with
+        one, e.g. on a leak at exit) or the log holds a sanitizer report."""
+        log = self.log()
+        report = _SANITIZER_REPORT.search(log)
+        bad = [code for code in self.exit_codes if code != 0]
+        if report is None and not bad:
+            return
+        what = []
+        if bad:
+            what.append(f"exited with status {bad[0]} when stopped")
+        if report is not None:
+            what.append("reported a sanitizer error")
+        excerpt = log[report.start():] if report is not None else log
+        raise DaemonFailure(f"{_BINARY} ({self.binary}) {' and '.join(what)}; log "
+                            f"{self.log_path}:\n{excerpt[-20000:]}")
 
     def kill(self) -> None:
         """SIGKILL (no cleanup: the socket file stays, as after a crash)."""
@@ -163,13 +197,16 @@ class NodeDaemon:
 
 
 @contextlib.contextmanager
-def start_node_daemon(tmp_path: os.PathLike | str, **flags: Any) -> Iterator[NodeDaemon]:
+def start_node_daemon(tmp_path: os.PathLike | str, *, check_clean: bool = True,
+                      **flags: Any) -> Iterator[NodeDaemon]:
     """Runs mooncake_sparse_node with its socket in `tmp_path` for the duration of the block.
 
     Keyword arguments become flags (`capacity="256MiB"` -> `--capacity=256MiB`); without a
     `config` file the daemon gets a small store (4 segments of 16 MiB) and log_level=warning.
     Yields a NodeDaemon (url, socket_path, stop/kill/start/restart, log). On exit it is stopped
-    with SIGTERM; the socket file is gone afterwards."""
+    with SIGTERM; the socket file is gone afterwards. Then, with `check_clean` (the default), a
+    daemon that exited with a non-zero status when stopped, or whose log holds a sanitizer
+    report, raises DaemonFailure: its crash fails the test even when the test did not notice."""
     tmp = Path(tmp_path)
     tmp.mkdir(parents=True, exist_ok=True)
     if "config" not in flags:  # a config file brings its own sizes and log level
@@ -189,6 +226,8 @@ def start_node_daemon(tmp_path: os.PathLike | str, **flags: Any) -> Iterator[Nod
         yield daemon
     finally:
         daemon.stop()
+        if check_clean:
+            daemon.check_clean()
 
 
 # ---------------------------------------------------------------------------------------------
