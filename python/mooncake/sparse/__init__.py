@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Iterable, Mapping, Sequence
+
 
 def _preload_upstream() -> None:
     """Loads upstream Mooncake's store module (when its wheel is installed) before this
@@ -61,58 +63,90 @@ from ._errors import (
 __version__ = "0.1.0"
 
 
-def put_sparse_object(*args, **kwargs):  # noqa: D103 - documented on Store
-    return default_store().put_sparse_object(*args, **kwargs)
+# Module-level calls on the default embedded store, with the Store methods' signatures spelled
+# out so that type checkers and help() see them.
+def put_sparse_object(
+    tensor_id: str,
+    global_shape: Sequence[int],
+    indices: Any,
+    values: Any,
+    source_placement: Mapping[str, int] | None = None,
+    placement_policy: str | None = None,
+    generation: tuple[int, int] = (0, 1),
+    apply: str = "overwrite",
+    *,
+    tile_shape: Sequence[int] | None = None,
+    duplicates: str = "error",
+    global_offset: Sequence[int] | None = None,
+    local_shape: Sequence[int] | None = None,
+    hard_pin: bool = True,
+    num_threads: int = 0,
+    return_info: bool = False,
+) -> str | dict[str, Any]:
+    return default_store().put_sparse_object(
+        tensor_id, global_shape, indices, values, source_placement, placement_policy,
+        generation, apply, tile_shape=tile_shape, duplicates=duplicates,
+        global_offset=global_offset, local_shape=local_shape, hard_pin=hard_pin,
+        num_threads=num_threads, return_info=return_info)
 
 
-def read_sparse_objects(*args, **kwargs):  # noqa: D103
-    return default_store().read_sparse_objects(*args, **kwargs)
+def read_sparse_objects(
+    manifest: Sequence[SourceInfo],
+    targets: Iterable[Target],
+    *,
+    strategy: str = "sparse",
+    read_coalesce_gap: int = -1,
+    num_threads: int = 0,
+    device: Any = None,
+) -> list[Any]:
+    return default_store().read_sparse_objects(
+        manifest, targets, strategy=strategy, read_coalesce_gap=read_coalesce_gap,
+        num_threads=num_threads, device=device)
 
 
-def manifest(*args, **kwargs):  # noqa: D103
-    return default_store().manifest(*args, **kwargs)
+def manifest(generation: tuple[int, int]) -> list[SourceInfo]:
+    return default_store().manifest(generation)
 
 
-def metrics():  # noqa: D103
+def metrics() -> dict[str, float]:
     return default_store().metrics()
 
 
-def put_tensor(key, tensor, **kwargs):  # noqa: D103 - documented on Store
-    return default_store().put_tensor(key, tensor, **kwargs)
+def put_tensor(key: str, tensor: Any, *, hard_pin: bool = True) -> None:
+    default_store().put_tensor(key, tensor, hard_pin=hard_pin)
 
 
-def batch_put_tensor(keys, tensors, **kwargs):  # noqa: D103
-    return default_store().batch_put_tensor(keys, tensors, **kwargs)
+def batch_put_tensor(keys: Sequence[str], tensors: Sequence[Any], *,
+                     hard_pin: bool = True) -> None:
+    default_store().batch_put_tensor(keys, tensors, hard_pin=hard_pin)
 
 
-def upsert_tensor(key, tensor, **kwargs):  # noqa: D103
-    return default_store().upsert_tensor(key, tensor, **kwargs)
+def upsert_tensor(key: str, tensor: Any, *, hard_pin: bool = True) -> None:
+    default_store().upsert_tensor(key, tensor, hard_pin=hard_pin)
 
 
-def batch_upsert_tensor(keys, tensors, **kwargs):  # noqa: D103
-    return default_store().batch_upsert_tensor(keys, tensors, **kwargs)
+def batch_upsert_tensor(keys: Sequence[str], tensors: Sequence[Any], *,
+                        hard_pin: bool = True) -> None:
+    default_store().batch_upsert_tensor(keys, tensors, hard_pin=hard_pin)
 
 
-def get_tensor(key, **kwargs):  # noqa: D103
-    return default_store().get_tensor(key, **kwargs)
+def get_tensor(key: str, *, as_torch: bool | None = None) -> Any:
+    return default_store().get_tensor(key, as_torch=as_torch)
 
 
-def get_tensor_into(key, tensor):  # noqa: D103
-    return default_store().get_tensor_into(key, tensor)
+def get_tensor_into(key: str, tensor: Any) -> None:
+    default_store().get_tensor_into(key, tensor)
 
 
-def batch_get_tensor_into(keys, tensors):  # noqa: D103
-    return default_store().batch_get_tensor_into(keys, tensors)
+def batch_get_tensor_into(keys: Sequence[str], tensors: Sequence[Any]) -> None:
+    default_store().batch_get_tensor_into(keys, tensors)
 
 
-for _f in (put_tensor, batch_put_tensor, upsert_tensor, batch_upsert_tensor, get_tensor,
-           get_tensor_into, batch_get_tensor_into):
+for _f in (put_sparse_object, read_sparse_objects, manifest, metrics, put_tensor,
+           batch_put_tensor, upsert_tensor, batch_upsert_tensor, get_tensor, get_tensor_into,
+           batch_get_tensor_into):
     _f.__doc__ = getattr(Store, _f.__name__).__doc__
 del _f
-
-put_sparse_object.__doc__ = Store.put_sparse_object.__doc__
-read_sparse_objects.__doc__ = Store.read_sparse_objects.__doc__
-manifest.__doc__ = Store.manifest.__doc__
 
 __all__ = [
     "Conflict",
