@@ -163,6 +163,39 @@ Result<PitchedCopyPlan> PlanPitchedCopies(std::span<const std::int64_t> shape,
     return plan;
 }
 
+Result<ViewSpan> StridedViewSpan(std::span<const std::int64_t> shape,
+                                 std::span<const std::int64_t> strides, std::size_t item) {
+    if (!strides.empty() && strides.size() != shape.size()) {
+        return InvalidArgument(std::to_string(strides.size()) + " strides for rank " +
+                               std::to_string(shape.size()));
+    }
+    const auto bytes = static_cast<std::int64_t>(item);
+    std::int64_t elements = 1;
+    for (std::int64_t e : shape) {
+        if (e < 0) return InvalidArgument("negative extent");
+        if (MulOverflows(elements, e, elements)) return InvalidArgument("element count overflows");
+    }
+    if (elements == 0) return ViewSpan{};
+    std::int64_t total = 0;
+    if (strides.empty()) {
+        if (MulOverflows(elements, bytes, total)) return InvalidArgument("byte size overflows");
+        return ViewSpan{0, std::uint64_t(total)};
+    }
+    std::int64_t lo = 0, hi = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+        std::int64_t reach = 0;
+        if (MulOverflows(strides[d], shape[d] - 1, reach) || MulOverflows(reach, bytes, reach) ||
+            __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi)) {
+            return InvalidArgument("strides reach beyond 2^63 bytes");
+        }
+    }
+    std::int64_t span = 0;
+    if (__builtin_sub_overflow(hi, lo, &span) || __builtin_add_overflow(span, bytes, &span)) {
+        return InvalidArgument("strides reach beyond 2^63 bytes");
+    }
+    return ViewSpan{lo, std::uint64_t(span)};
+}
+
 void RunPitchedCopiesOnHost(const PitchedCopyPlan& plan, std::byte* dst, const std::byte* src) {
     for (const PitchedCopy& c : plan.copies) {
         for (std::uint64_t r = 0; r < c.height; ++r) {

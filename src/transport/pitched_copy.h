@@ -72,6 +72,19 @@ Result<PitchedCopyPlan> PlanPitchedCopies(std::span<const std::int64_t> shape,
                                           std::size_t item,
                                           std::size_t max_copies = kMaxPitchedCopies);
 
+/// The memory a strided view spreads over: `bytes` from its lowest element, which lies `first`
+/// bytes from element [0, ..., 0] (first <= 0; negative strides put elements below it), to the
+/// end of its highest. What a CUDA IPC exporter exports for a view and what the importer checks
+/// against the allocation it mapped, so that a view's strides cannot reach outside it.
+struct ViewSpan {
+    std::int64_t first = 0;
+    std::uint64_t bytes = 0;
+};
+
+/// Errors: InvalidArgument (rank mismatch, negative extent, byte offsets beyond 2^63).
+Result<ViewSpan> StridedViewSpan(std::span<const std::int64_t> shape,
+                                 std::span<const std::int64_t> strides, std::size_t item);
+
 /// Runs a plan on host memory: what the copy engine does with it, for tests and for host
 /// destinations. `dst` is element [0, ..., 0] of the view; `src` the contiguous source (or its
 /// gathered staging when plan.gather).

@@ -204,5 +204,27 @@ TEST(PitchedCopyTest, RandomViewsMatchStridedCopy) {
     }
 }
 
+TEST(PitchedCopyTest, ViewSpanCoversLowestToHighestElement) {
+    const std::vector<std::int64_t> shape{4, 3};
+    auto flat = StridedViewSpan(shape, {}, 2);
+    ASSERT_TRUE(flat.ok());
+    EXPECT_EQ(flat->first, 0);
+    EXPECT_EQ(flat->bytes, 24u);
+    // w[:, 2:5] of [4, 10]: rows 10 apart, 3 elements each.
+    auto slice = StridedViewSpan(shape, std::vector<std::int64_t>{10, 1}, 2);
+    ASSERT_TRUE(slice.ok());
+    EXPECT_EQ(slice->first, 0);
+    EXPECT_EQ(slice->bytes, (3 * 10 + 2 + 1) * 2u);
+    // Rows walked backwards: the lowest element lies 30 elements below [0, 0].
+    auto reversed = StridedViewSpan(shape, std::vector<std::int64_t>{-10, 1}, 2);
+    ASSERT_TRUE(reversed.ok());
+    EXPECT_EQ(reversed->first, -60);
+    EXPECT_EQ(reversed->bytes, 66u);
+    // Strides a peer could send to reach past 2^63 fail instead of wrapping.
+    EXPECT_FALSE(StridedViewSpan(shape, std::vector<std::int64_t>{INT64_MAX / 3, 1}, 2).ok());
+    EXPECT_FALSE(StridedViewSpan(shape, std::vector<std::int64_t>{INT64_MIN, 1}, 2).ok());
+    EXPECT_FALSE(StridedViewSpan(shape, std::vector<std::int64_t>{1}, 2).ok());
+}
+
 }  // namespace
 }  // namespace mooncake::sparse
