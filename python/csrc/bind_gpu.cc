@@ -36,7 +36,7 @@ struct DeviceArray {
     std::uint64_t bytes = 0;
     std::shared_ptr<void> owner;  ///< Keeps the allocation (shared by sibling arrays).
 
-    cuda::DeviceArray view() const { return {dtype, shape, ptr, bytes}; }
+    cuda::DeviceArray view() const { return {dtype, shape, ptr, bytes, {}}; }
 };
 
 /// The DLPack export of a DeviceArray: the capsule's DLManagedTensor holds a reference.
