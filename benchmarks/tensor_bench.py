@@ -18,6 +18,7 @@ Plus `staged_put` / `staged_get_into` lines: the naive path a caller takes witho
 
     python benchmarks/tensor_bench.py --json out.jsonl
     python benchmarks/tensor_bench.py --sizes-mib 64 --backends embedded --devices cpu --iters 2
+    python benchmarks/tensor_bench.py --strided --sizes-mib 256 --batch '' --devices cuda
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def empty_like(torch, t):
     return np.empty_like(t) if torch is None else torch.empty_like(t)
 
 
-def run_config(store, backend, device, torch, tensor_bytes, count, iters, ceilings, emit):
+def run_config(store, backend, device, torch, tensor_bytes, count, iters, ceilings, emit,
+               strided=False):
     """One (backend, device, tensor size, count) point: every call plus the staged baseline."""
     is_cuda = device == "cuda"
     sync = torch.cuda.synchronize if is_cuda else None
@@ -217,6 +219,10 @@ def run_config(store, backend, device, torch, tensor_bytes, count, iters, ceilin
         record("tensor_get", first, med, ceilings.get("memcpy_mt_gbps", get_ceiling), "memcpy_mt",
                None, before)
 
+    if strided and is_cuda and single:
+        run_strided(store, torch, tensors[0], prefix, iters, sync, record, get_ceiling,
+                    ceiling_get_name, get_pageable, tag)
+
     if is_cuda:
         # The staging path a caller takes without the fast path.
         host_keys = [f"{k}/host" for k in keys]
@@ -245,6 +251,41 @@ def run_config(store, backend, device, torch, tensor_bytes, count, iters, ceilin
         torch.cuda.empty_cache()
 
 
+def run_strided(store, torch, flat, prefix, iters, sync, record, ceiling, ceiling_name, pageable,
+                tag):
+    """get_tensor_into a [rows, 4096] bf16 tensor three ways: a contiguous destination, the TP
+    half `parent[:, 4096:]` of a 2x wider parameter (rows of one run with a pitch: one 2-D copy
+    in place), and a transposed view (gathered on the host first, then one flat copy)."""
+    cols = 4096
+    rows = flat.numel() // cols
+    src = flat[: rows * cols].view(rows, cols)
+    key = f"{prefix}/strided"
+    store.upsert_tensor(key, src)
+    parent = torch.zeros(rows, 2 * cols, dtype=src.dtype, device=src.device)
+    views = [
+        ("tensor_get_into_2d", "contiguous", torch.empty_like(src)),
+        ("tensor_get_into_tp_half", "parent[:, 4096:] of a [rows, 8192] parameter",
+         parent[:, cols:]),
+        ("tensor_get_into_transposed", "torch.empty(4096, rows).t()",
+         torch.empty(cols, rows, dtype=src.dtype, device=src.device).t()),
+    ]
+    for what, layout, dst in views:
+        before = store.tensor_stats()
+        first, med, _ = timed(lambda i: store.get_tensor_into(key, dst), iters, sync)
+        if not bool(torch.equal(dst, src)):
+            raise SystemExit(f"{tag}: {what} returned different bytes")
+        record(what, first, med, ceiling, ceiling_name, pageable, before,
+               {"layout": layout, "shape": [rows, cols], "strides": list(dst.stride())})
+    if not bool((parent[:, :cols] == 0).all()):
+        raise SystemExit(f"{tag}: tensor_get_into_tp_half wrote outside its view")
+    try:
+        store.objects.remove(key)
+    except Exception:  # noqa: BLE001 - absent is fine
+        pass
+    del parent, views
+    torch.cuda.empty_cache()
+
+
 def parse_size(s):
     s = s.strip()
     units = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
@@ -262,6 +303,10 @@ def main(argv=None):
     ap.add_argument("--backends", default="embedded,node")
     ap.add_argument("--devices", default="cuda,cpu")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations after one warm-up")
+    ap.add_argument("--strided", action="store_true",
+                    help="CUDA single-tensor points also get_tensor_into a TP half of a 2x wider "
+                         "parameter and a transposed view (tensor_get_into_tp_half / "
+                         "_transposed lines, against tensor_get_into_2d)")
     ap.add_argument("--pinned-quota", default="16GiB", help="embedded store's pinned quota")
     ap.add_argument("--node-segment-size", default="1536MiB")
     ap.add_argument("--node-segments", type=int, default=6)
@@ -364,7 +409,8 @@ def main(argv=None):
                     log("node: CUDA IPC unavailable; CUDA points skipped")
                     continue
                 for b, c in points:
-                    run_config(store, backend, device, torch, b, c, args.iters, ceilings[b * c], emit)
+                    run_config(store, backend, device, torch, b, c, args.iters, ceilings[b * c], emit,
+                               strided=args.strided)
             if backend == "node":
                 m = store.metrics()
                 emit({"what": "node_metrics", **{k: v for k, v in m.items() if "tensor" in k or

@@ -36,7 +36,7 @@ struct DeviceArray {
     std::uint64_t bytes = 0;
     std::shared_ptr<void> owner;  ///< Keeps the allocation (shared by sibling arrays).
 
-    cuda::DeviceArray view() const { return {dtype, shape, ptr, bytes}; }
+    cuda::DeviceArray view() const { return {dtype, shape, ptr, bytes, {}}; }
 };
 
 /// The DLPack export of a DeviceArray: the capsule's DLManagedTensor holds a reference.
@@ -84,17 +84,10 @@ cuda::DeviceArray CudaArg(const ParsedTensor& p, const std::string& what) {
     if (p.ref.memory != TensorMemory::kCuda) {
         ThrowIfError(InvalidArgument(what + " is not a CUDA tensor"));
     }
-    if (!p.ref.strides.empty()) {
-        std::int64_t expect = 1;
-        for (std::size_t d = p.ref.shape.size(); d-- > 0;) {
-            if (p.ref.shape[d] != 1 && p.ref.strides[d] != expect) {
-                ThrowIfError(InvalidArgument(what + " must be C-contiguous"));
-            }
-            expect *= p.ref.shape[d];
-        }
-    }
+    // Strides travel as they are: apply writes a strided weight view in place (a TP slice of
+    // a fused parameter), and the codec refuses them where it reads flat memory.
     return {p.ref.dtype, p.ref.shape, {p.ref.device.address, p.ref.device.device},
-            p.ref.device.bytes};
+            p.ref.device.bytes, p.ref.strides};
 }
 
 /// Uploads a host member to `device` as a new DeviceArray.
@@ -206,7 +199,8 @@ void RegisterGpu(pyb::module_& m) {
         },
         pyb::arg("weight"), pyb::arg("indices"), pyb::arg("values"), pyb::arg("apply"),
         pyb::arg("stream"),
-        "Applies local (indices, values) to a 2-D CUDA weight in place, on `stream`.");
+        "Applies local (indices, values) to a 2-D CUDA weight (which may be a strided view) in "
+        "place, on `stream`.");
     m.attr("HAS_GPU_CODEC") = true;
 }
 

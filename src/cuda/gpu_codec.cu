@@ -19,6 +19,7 @@
 #include <string>
 
 #include "codec/codec.h"
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse::cuda {
 namespace {
@@ -221,6 +222,22 @@ __global__ void ApplyKernel(typename Bits<T>::U* __restrict__ w, const I* __rest
     }
 }
 
+/// ApplyKernel for a strided weight view: element (i, j) at i * s0 + j * s1 (elements, signed:
+/// `w` points at element [0, 0]). A separate kernel keeps the contiguous one unchanged.
+template <typename T, bool kOverwrite, typename I>
+__global__ void StridedApplyKernel(typename Bits<T>::U* __restrict__ w, const I* __restrict__ idx,
+                                   const typename Bits<T>::U* __restrict__ val, std::uint64_t nnz,
+                                   std::int64_t s0, std::int64_t s1) {
+    const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= nnz) return;
+    const std::int64_t at = std::int64_t(idx[2 * i]) * s0 + std::int64_t(idx[2 * i + 1]) * s1;
+    if constexpr (kOverwrite) {
+        w[at] = val[i];
+    } else {
+        w[at] = Bits<T>::FromFloat(Bits<T>::ToFloat(w[at]) + Bits<T>::ToFloat(val[i]));
+    }
+}
+
 Status CheckDevice(const DeviceArray& a, const char* what) {
     if (a.shape.empty()) return InvalidArgument(std::string(what) + " has no shape");
     Index n = 1;
@@ -229,7 +246,18 @@ Status CheckDevice(const DeviceArray& a, const char* what) {
         return InvalidArgument(std::string(what) + " byte size does not match shape x dtype");
     }
     if (a.ptr.address == 0 && n > 0) return InvalidArgument(std::string(what) + " is null");
+    if (!a.strides.empty() && a.strides.size() != a.shape.size()) {
+        return InvalidArgument(std::string(what) + " has " + std::to_string(a.strides.size()) +
+                               " strides for rank " + std::to_string(a.shape.size()));
+    }
     return Status::Ok();
+}
+
+/// Arrays the kernels read as flat memory (encode inputs, indices, values) must be
+/// C-contiguous: callers make them so (their bytes move anyway).
+Status CheckContiguous(const DeviceArray& a, const char* what) {
+    if (IsCContiguous(a.shape, a.strides)) return Status::Ok();
+    return InvalidArgument(std::string(what) + " must be C-contiguous");
 }
 
 template <typename T, bool kOverwrite, typename I>
@@ -333,10 +361,19 @@ Status ApplyTyped(const DeviceArray& w, const DeviceArray& idx, const DeviceArra
     }
     auto* wp = reinterpret_cast<U*>(w.ptr.address);
     const auto* vp = reinterpret_cast<const U*>(val.ptr.address);
-    if (apply == ApplyMode::kOverwrite) {
-        ApplyKernel<T, true, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, cols);
+    if (IsCContiguous(w.shape, w.strides)) {
+        if (apply == ApplyMode::kOverwrite) {
+            ApplyKernel<T, true, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, cols);
+        } else {
+            ApplyKernel<T, false, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, cols);
+        }
     } else {
-        ApplyKernel<T, false, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, cols);
+        const std::int64_t s0 = w.strides[0], s1 = w.strides[1];
+        if (apply == ApplyMode::kOverwrite) {
+            StridedApplyKernel<T, true, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, s0, s1);
+        } else {
+            StridedApplyKernel<T, false, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, s0, s1);
+        }
     }
     MCS_CUDA(cudaGetLastError());
     return Status::Ok();
@@ -398,6 +435,8 @@ Result<GpuEncoded> EncodeUpdate(const DeviceArray& nw, const DeviceArray& od, co
         return InvalidArgument("new and old differ in dtype or shape");
     }
     if (nw.ptr.device != od.ptr.device) return InvalidArgument("new and old are on different devices");
+    MCS_RETURN_IF_ERROR(CheckContiguous(nw, "new"));
+    MCS_RETURN_IF_ERROR(CheckContiguous(od, "old"));
     if (nw.shape.size() != 2) return InvalidArgument("GPU encode takes 2-D tensors (fused 3-D: encode per expert)");
     if (opt.apply == ApplyMode::kOverwrite && opt.threshold != 0.0) {
         return InvalidArgument("overwrite takes no threshold");
@@ -447,6 +486,14 @@ Status ApplySparse(const DeviceArray& w, const DeviceArray& idx, const DeviceArr
         return InvalidArgument("GPU apply takes a 2-D weight, indices [nnz, 2] and values [nnz]");
     }
     if (val.dtype != w.dtype) return InvalidArgument("values dtype differs from the weight's");
+    MCS_RETURN_IF_ERROR(CheckContiguous(idx, "indices"));
+    MCS_RETURN_IF_ERROR(CheckContiguous(val, "values"));
+    // Unique coordinates write distinct elements only if the view gives every coordinate its
+    // own element: a broadcast (stride 0) or expanded view would make writes race.
+    if (!IsNonOverlapping(w.shape, w.strides)) {
+        return InvalidArgument("weight view has overlapping elements (a broadcast or expanded "
+                               "view); apply needs one element per coordinate");
+    }
     if (w.ptr.device != idx.ptr.device || w.ptr.device != val.ptr.device) {
         return InvalidArgument("weight, indices and values are on different devices");
     }

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
@@ -22,12 +23,17 @@ struct DevicePtr {
     int device = 0;
 };
 
-/// A C-contiguous array in device memory.
+/// An array in device memory. `ptr` is element [0, ..., 0] and `bytes` counts the elements'
+/// bytes (not the memory a strided view spreads over).
 struct DeviceArray {
     DType dtype = DType::kUInt8;
     Shape shape;
     DevicePtr ptr;
     std::uint64_t bytes = 0;
+    /// Element strides; empty means C-contiguous. Only ApplySparse's weight may be a strided
+    /// view (a TP slice of a fused parameter, a transposed view); every other array must be
+    /// C-contiguous.
+    std::vector<std::int64_t> strides;
 };
 
 /// True when the CUDA runtime finds at least one device (false on machines without a GPU or
@@ -78,7 +84,7 @@ struct GpuEncodeOptions {
     std::uintptr_t stream = 0;        ///< cudaStream_t; work is ordered after the caller's.
 };
 
-/// Encodes a 2-D update on the device (bfloat16, float16 or float32). One host sync reads nnz
+/// Encodes a 2-D update on the device (bfloat16, float16 or float32; both C-contiguous). One host sync reads nnz
 /// to size the outputs. Overwrite keeps coordinates whose bits differ (values = new);
 /// scatter_add keeps new - old (rounded to the dtype) where |new - old| > threshold.
 /// Errors: InvalidArgument (shape/dtype mismatch, rank != 2, devices differ); Unavailable.
@@ -89,7 +95,11 @@ Result<GpuEncoded> EncodeUpdate(const DeviceArray& new_values, const DeviceArray
 /// 2-D CUDA weight in place, ordered on `stream`. Every coordinate is checked on the device
 /// first; one out of range fails the call with the weight unchanged (one host sync). The
 /// coordinates must be unique (objects built by this library are), so no atomics are needed.
-/// Errors: InvalidArgument (dtype/rank mismatch, out-of-range coordinate); Unavailable.
+/// The weight may be a strided view (`weight.strides`, elements, any sign) whose elements do
+/// not overlap: element (i, j) is written at ptr + i * strides[0] + j * strides[1], so a TP
+/// slice `w[:, a:b]` of a fused parameter is updated where it lies.
+/// Errors: InvalidArgument (dtype/rank mismatch, out-of-range coordinate, an overlapping or
+/// malformed weight view, strided indices/values); Unavailable.
 Status ApplySparse(const DeviceArray& weight, const DeviceArray& indices, const DeviceArray& values,
                    ApplyMode apply, std::uintptr_t stream = 0);
 

@@ -22,6 +22,7 @@
 #include "store/shm_segment.h"
 #include "store/wire.h"
 #include "transport/cuda_ipc.h"
+#include "transport/pitched_copy.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -584,6 +585,20 @@ Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(
             refs.push_back(TensorRef::Host(item.dtype, item.shape, bytes));
             continue;
         }
+        // A view's strides come from the peer: the memory they reach must be exactly the range
+        // it exported (and that range lies inside the allocation mapped below), so no stride
+        // can make the copies write outside the mapping.
+        ViewSpan span;
+        if (!item.strides.empty()) {
+            auto s = StridedViewSpan(item.shape, item.strides, DTypeSize(item.dtype));
+            if (!s.ok()) return s.status().WithContext(what);
+            if (s->bytes != ref.size) {
+                return InvalidArgument(what + ": its strides span " + std::to_string(s->bytes) +
+                                       " bytes, the exported range has " +
+                                       std::to_string(ref.size));
+            }
+            span = *s;
+        }
         CudaIpcExport e;
         std::memcpy(e.handle.data(), ref.cuda_ipc_handle.data(), e.handle.size());
         e.base = item.location.cuda_base;
@@ -596,7 +611,17 @@ Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(
         if (!mapped.ok()) return mapped.status().WithContext(what);
         holders.push_back(std::move(mapped->second));
         // Copies run on this thread's own stream: connections do not serialize on one stream.
-        refs.push_back(TensorRef::Cuda(item.dtype, item.shape, mapped->first, kCudaPerThreadStream));
+        DeviceMemory memory = mapped->first;
+        if (!item.strides.empty()) {
+            memory.address += static_cast<std::uint64_t>(-span.first);  // element [0, ..., 0]
+            memory.bytes = 0;
+            if (auto full = MakeFullTensorHeader(item.dtype, item.shape); full.ok()) {
+                memory.bytes = full->data_bytes;  // the elements' bytes, as TensorRef counts them
+            }
+        }
+        TensorRef t = TensorRef::Cuda(item.dtype, item.shape, memory, kCudaPerThreadStream);
+        t.strides = item.strides;
+        refs.push_back(std::move(t));
     }
     const CudaIpcCacheStats after = ipc_cache_.Stats();
     server_.cuda_ipc_opens_.fetch_add(after.opens - before.opens, std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 
 #include "transport/cuda_ipc.h"
 #include "transport/host_copy.h"
+#include "transport/pitched_copy.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -131,7 +132,17 @@ private:
                 item.host = {t.host, static_cast<std::size_t>(h.data_bytes)};
                 if (!IsCContiguous(t.shape, t.strides)) item.host_strides = t.strides;
             } else {
-                auto exported = ExportCudaIpc(t.device);
+                // A view is exported as the memory it spreads over; the daemon finds element
+                // [0, ..., 0] from the strides and checks that span against what it maps.
+                DeviceMemory region = t.device;
+                if (!IsCContiguous(t.shape, t.strides)) {
+                    auto span = StridedViewSpan(t.shape, t.strides, DTypeSize(t.dtype));
+                    if (!span.ok()) return span.status().WithContext(what);
+                    region.address = t.device.address + span->first;
+                    region.bytes = span->bytes;
+                    item.cuda_strides = t.strides;
+                }
+                auto exported = ExportCudaIpc(region);
                 if (!exported.ok()) return exported.status().WithContext(what);
                 wire::TensorLocation loc;
                 loc.ref.kind = wire::BufferKind::kCudaIpc;
@@ -161,7 +172,11 @@ private:
     static void Count(const std::vector<NodeTensor>& items, std::atomic<std::uint64_t>& n,
                       std::atomic<std::uint64_t>& bytes) {
         std::uint64_t total = 0;
-        for (const NodeTensor& t : items) total += t.cuda ? t.cuda->ref.size : t.host.size();
+        for (const NodeTensor& t : items) {
+            std::uint64_t n = DTypeSize(t.dtype);  // elements' bytes, not a view's extent
+            for (Index e : t.shape) n *= static_cast<std::uint64_t>(e);
+            total += t.cuda ? n : t.host.size();
+        }
         n.fetch_add(items.size(), std::memory_order_relaxed);
         bytes.fetch_add(total, std::memory_order_relaxed);
     }

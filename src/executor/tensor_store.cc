@@ -2,10 +2,12 @@
 #include "executor/tensor_store.h"
 
 #include "transport/host_copy.h"
+#include "transport/pitched_copy.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -102,8 +104,10 @@ Result<TensorHeader> ValidateTensorRef(const TensorRef& t, bool destination,
                                    " strides for a tensor of rank " +
                                    std::to_string(t.shape.size()));
         }
-        // Host views are copied through their strides; the CUDA copies are flat.
-        if (t.memory != TensorMemory::kHost && !IsCContiguous(t.shape, t.strides)) {
+        // Host views are copied through their strides and CUDA destinations through 2-D
+        // copies (transport/pitched_copy.h); a CUDA source is read by one flat copy (callers
+        // make a strided one contiguous on its stream: its bytes move anyway).
+        if (t.memory != TensorMemory::kHost && !destination && !IsCContiguous(t.shape, t.strides)) {
             return InvalidArgument(std::string(what) + " must be C-contiguous: shape " +
                                    ShapeString(t.shape) + " has strides " +
                                    StridesString(t.strides) +
@@ -232,6 +236,12 @@ public:
     TensorStoreStats Stats() const override;
 
 private:
+    /// Issues the copies of `plan` from the contiguous `src` into the CUDA view `dst` on its
+    /// stream. A plan that gathers first stages the source in `staging` (pinned when the pool
+    /// has room; `pinned` then says whether the device copies read pinned memory).
+    Status CopyIntoCudaView(const TensorRef& dst, const PitchedCopyPlan& plan, const std::byte* src,
+                            std::uint64_t bytes, std::vector<HostBuffer>& staging, bool& pinned);
+
     void CountCopy(bool cuda, bool pinned) {
         if (!cuda) return;
         cuda_copies_.fetch_add(1, std::memory_order_relaxed);
@@ -348,12 +358,21 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
     if (keys.empty()) return Status::Ok();
     std::vector<TensorHeader> expected;
     expected.reserve(keys.size());
+    // CUDA views are planned up front, so that a view the copies cannot take fails the call
+    // before any byte moves.
+    std::vector<std::optional<PitchedCopyPlan>> plans(keys.size());
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < keys.size(); ++i) {
         MCS_RETURN_IF_ERROR(internal::ValidateTensorKey(keys[i], ItemName(i, keys.size(), keys[i])));
+        const TensorRef& dst = destinations[i];
+        const std::string what = "destination " + ItemName(i, keys.size(), keys[i]);
         MCS_ASSIGN_OR_RETURN(TensorHeader h,
-                             internal::ValidateTensorRef(destinations[i], /*destination=*/true,
-                                                         "destination " + ItemName(i, keys.size(), keys[i])));
+                             internal::ValidateTensorRef(dst, /*destination=*/true, what));
+        if (dst.memory == TensorMemory::kCuda && !IsCContiguous(dst.shape, dst.strides)) {
+            auto plan = PlanPitchedCopies(dst.shape, dst.strides, DTypeSize(dst.dtype));
+            if (!plan.ok()) return plan.status().WithContext(what);
+            plans[i] = std::move(plan).value();
+        }
         total += h.data_bytes;
         expected.push_back(std::move(h));
     }
@@ -369,11 +388,22 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         }
         StreamSet streams;
         std::vector<HostCopy> host_copies;
+        std::vector<HostBuffer> staging;  // gathered sources; alive until the streams are synced
         Status status;
         for (std::size_t i = 0; i < views.size(); ++i) {
             const TensorRef& dst = destinations[i];
             const std::byte* src = views[i].members[0].data() + stored[i].data_offset;
-            if (dst.memory == TensorMemory::kHost && !IsCContiguous(dst.shape, dst.strides)) {
+            if (plans[i]) {
+                bool pinned = views[i].pinned;
+                status = CopyIntoCudaView(dst, *plans[i], src, stored[i].data_bytes, staging,
+                                          pinned);
+                if (!status.ok()) {
+                    status = status.WithContext(ItemName(i, keys.size(), keys[i]));
+                    break;
+                }
+                streams.Add(dst.device.device, dst.stream);
+                CountCopy(true, pinned);
+            } else if (dst.memory == TensorMemory::kHost && !IsCContiguous(dst.shape, dst.strides)) {
                 // A view is scattered into in place, straight from the snapshot.
                 StridedCopy(dst.host, dst.strides, src, {}, dst.shape, DTypeSize(dst.dtype));
             } else if (dst.memory == TensorMemory::kHost) {
@@ -397,6 +427,33 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
     }, pool_.get()));
     tensors_read_.fetch_add(keys.size(), std::memory_order_relaxed);
     bytes_read_.fetch_add(total, std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Status LocalTensorStore::CopyIntoCudaView(const TensorRef& dst, const PitchedCopyPlan& plan,
+                                          const std::byte* src, std::uint64_t bytes,
+                                          std::vector<HostBuffer>& staging, bool& pinned) {
+    if (plan.gather) {
+        MCS_ASSIGN_OR_RETURN(HostBuffer buffer, pool_->Allocate(bytes));
+        StridedCopy(buffer.data(), {}, src + plan.gather_src_offset, plan.gather_strides,
+                    plan.gather_shape, DTypeSize(dst.dtype));
+        pinned = buffer.pinned();
+        src = buffer.data();
+        staging.push_back(std::move(buffer));
+    }
+    auto* base = reinterpret_cast<std::byte*>(dst.device.address);
+    for (const PitchedCopy& c : plan.copies) {
+        void* to = base + c.dst_offset;
+        const std::byte* from = src + c.src_offset;
+        if (c.height == 1) {
+            MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(to, from, c.width, cuda::CopyKind::kHostToDevice,
+                                                  dst.stream, dst.device.device));
+        } else {
+            MCS_RETURN_IF_ERROR(cuda::Memcpy2DAsync(to, c.dst_pitch, from, c.src_pitch, c.width,
+                                                    c.height, cuda::CopyKind::kHostToDevice,
+                                                    dst.stream, dst.device.device));
+        }
+    }
     return Status::Ok();
 }
 

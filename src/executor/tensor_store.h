@@ -50,8 +50,10 @@ struct TensorRef {
     /// Strides in elements; empty means C-contiguous. A host tensor may have any strides (a
     /// view: transposed, sliced, Fortran order; a destination's elements must not overlap): it
     /// is copied from or into in place, `host` pointing at element [0, ..., 0] and `host_bytes`
-    /// counting its elements' bytes. A CUDA tensor's strides must describe a C-contiguous
-    /// layout (extent-1 dimensions may have any stride) or the call fails.
+    /// counting its elements' bytes. A CUDA destination may be such a view too (`device`
+    /// pointing at element [0, ..., 0], its `bytes` counting the elements' bytes): it is written
+    /// in place by 2-D copies (transport/pitched_copy.h). A CUDA source's strides must describe
+    /// a C-contiguous layout (extent-1 dimensions may have any stride) or the call fails.
     std::vector<std::int64_t> strides;
     TensorMemory memory = TensorMemory::kHost;
     std::byte* host = nullptr;      ///< kHost: the first byte.
@@ -125,7 +127,7 @@ public:
     virtual Result<HostTensor> Get(std::string_view key) = 0;
 
     /// get_tensor_into of a batch: every stored header is checked against its destination
-    /// (dtype, shape, size) and every destination is checked (contiguity, writability) before
+    /// (dtype, shape, size) and every destination is checked (layout, writability) before
     /// any byte is copied; all items are read from one state of the store.
     /// Errors: NotFound (a missing key); InvalidArgument (a mismatch); Unimplemented; Internal.
     virtual Status GetInto(std::span<const std::string> keys,
@@ -169,7 +171,7 @@ namespace internal {
 Status ValidateTensorKey(std::string_view key, std::string_view what);
 
 /// Checks a caller tensor and returns the FULL header it is stored (or expected) with:
-/// dtype, rank <= 8, extents >= 1, byte size, C-contiguity of a CUDA tensor, non-overlapping
+/// dtype, rank <= 8, extents >= 1, byte size, C-contiguity of a CUDA source, non-overlapping
 /// strides of a destination, memory kind, writability of a destination, CUDA presence. `what`
 /// names it in errors ("tensor 3 ('key')").
 /// Errors: InvalidArgument; Unimplemented (a CUDA tensor without CUDA).

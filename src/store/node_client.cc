@@ -488,6 +488,7 @@ std::vector<wire::TensorItem> TensorItems(std::span<const NodeTensor> tensors,
         wire::TensorItem item{std::string(t.key), t.dtype, t.shape, {}};
         if (t.cuda) {
             item.location = *t.cuda;
+            item.strides = t.cuda_strides;
         } else {
             offsets[i] = host_total;
             item.location.ref = wire::BufferRef::Client(host_total, t.host.size());

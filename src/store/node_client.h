@@ -113,6 +113,9 @@ struct NodeTensor {
     std::vector<std::int64_t> host_strides;
     /// CUDA tensors: where the daemon finds them (a kCudaIpc location).
     std::optional<wire::TensorLocation> cuda;
+    /// Element strides of a CUDA view (a get_tensor_into destination); empty: C-contiguous.
+    /// `cuda->ref` then covers the view's extent (transport/pitched_copy.h StridedViewSpan).
+    std::vector<std::int64_t> cuda_strides;
 };
 
 struct NodeClientStats {

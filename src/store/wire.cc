@@ -38,7 +38,7 @@ constexpr std::size_t kMinTargetObjectBytes = 2 * kMinStringBytes + kMinBoxBytes
                                               4 * kMinSegmentMemberBytes + 8;
 constexpr std::size_t kMinMetricBytes = kMinStringBytes + 8;
 constexpr std::size_t kMinTensorLocationBytes = kMinBufferRefBytes + 8 + 8 + kMinStringBytes;
-constexpr std::size_t kMinTensorItemBytes = kMinStringBytes + 1 + 4 + kMinTensorLocationBytes;
+constexpr std::size_t kMinTensorItemBytes = kMinStringBytes + 1 + 4 + 4 + kMinTensorLocationBytes;
 
 /// Vectors of structs reserve at most this many elements up front; beyond it they grow with the
 /// elements actually decoded.
@@ -1244,6 +1244,13 @@ void TensorItem::Encode(WireWriter& w) const {
     w.WriteU8(static_cast<std::uint8_t>(dtype));
     w.WriteI64Vector(shape, kMaxRank, "tensor shape");
     location.Encode(w);
+    w.WriteI64Vector(strides, kMaxRank, "tensor strides");
+    if (!strides.empty() && strides.size() != shape.size()) {
+        w.Fail(InvalidArgument("tensor strides do not match its rank"));
+    }
+    if (!strides.empty() && location.ref.kind != BufferKind::kCudaIpc) {
+        w.Fail(InvalidArgument("only a CUDA tensor location carries strides"));
+    }
 }
 
 Result<TensorItem> TensorItem::Decode(WireReader& r) {
@@ -1252,6 +1259,14 @@ Result<TensorItem> TensorItem::Decode(WireReader& r) {
     MCS_ASSIGN_OR_RETURN(m.dtype, DecodeDType(r));
     MCS_ASSIGN_OR_RETURN(m.shape, r.ReadI64Vector(kMaxRank, "tensor shape"));
     MCS_ASSIGN_OR_RETURN(m.location, TensorLocation::Decode(r));
+    MCS_ASSIGN_OR_RETURN(m.strides, r.ReadI64Vector(kMaxRank, "tensor strides"));
+    if (!m.strides.empty() && m.strides.size() != m.shape.size()) {
+        return InvalidArgument(Num(m.strides.size()) + " tensor strides for rank " +
+                               Num(m.shape.size()));
+    }
+    if (!m.strides.empty() && m.location.ref.kind != BufferKind::kCudaIpc) {
+        return InvalidArgument("only a CUDA tensor location carries strides");
+    }
     return m;
 }
 

@@ -77,7 +77,7 @@ namespace mooncake::sparse::wire {
 
 inline constexpr std::uint32_t kWireMagic = 0x5053434Du;  ///< "MCSP" read as little-endian.
 inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout version.
-inline constexpr std::uint32_t kProtocolVersion = 1;      ///< Message set version (Hello).
+inline constexpr std::uint32_t kProtocolVersion = 2;      ///< Message set version (Hello).
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -762,6 +762,11 @@ struct TensorItem {
     DType dtype = DType::kFloat32;
     Shape shape;  ///< At most kMaxRank extents (the daemon's TensorStore validates them).
     TensorLocation location;
+    /// Element strides of a kCudaIpc tensor (a strided view, e.g. a TP slice of a fused
+    /// parameter); empty: C-contiguous, else one per extent. With strides, `location.ref` covers
+    /// the view's extent — from its lowest to its highest element — so the daemon checks that
+    /// extent against what it mapped before it writes.
+    std::vector<std::int64_t> strides;
 
     void Encode(WireWriter& w) const;
     static Result<TensorItem> Decode(WireReader& r);

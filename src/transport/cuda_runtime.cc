@@ -24,6 +24,8 @@ using CuPointerGetAttributeFn = int (*)(void*, int, unsigned long long);
 using SetDeviceFn = int (*)(int);
 using PointerGetAttributesFn = int (*)(void*, const void*);
 using MemcpyAsyncFn = int (*)(void*, const void*, std::size_t, int, void*);
+using Memcpy2DAsyncFn = int (*)(void*, std::size_t, const void*, std::size_t, std::size_t,
+                                std::size_t, int, void*);
 using StreamSynchronizeFn = int (*)(void*);
 using IpcGetMemHandleFn = int (*)(IpcHandleAbi*, void*);
 using IpcOpenMemHandleFn = int (*)(void**, IpcHandleAbi, unsigned int);
@@ -51,6 +53,7 @@ struct Runtime {
     SetDeviceFn set_device = nullptr;
     PointerGetAttributesFn pointer_attributes = nullptr;
     MemcpyAsyncFn memcpy_async = nullptr;
+    Memcpy2DAsyncFn memcpy_2d_async = nullptr;
     StreamSynchronizeFn stream_synchronize = nullptr;
     IpcGetMemHandleFn ipc_get = nullptr;
     IpcOpenMemHandleFn ipc_open = nullptr;
@@ -122,6 +125,7 @@ Runtime LoadRuntime() {
                       Load(lib, "cudaSetDevice", rt.set_device) &&
                       Load(lib, "cudaPointerGetAttributes", rt.pointer_attributes) &&
                       Load(lib, "cudaMemcpyAsync", rt.memcpy_async) &&
+                      Load(lib, "cudaMemcpy2DAsync", rt.memcpy_2d_async) &&
                       Load(lib, "cudaStreamSynchronize", rt.stream_synchronize) &&
                       Load(lib, "cudaHostAlloc", rt.host_alloc) &&
                       Load(lib, "cudaFreeHost", rt.free_host) &&
@@ -246,6 +250,24 @@ Status MemcpyAsync(void* dst, const void* src, std::uint64_t bytes, CopyKind kin
         return Fail(StatusCode::kInternal,
                     "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes on device " +
                         std::to_string(device),
+                    err);
+    }
+    return Status::Ok();
+}
+
+Status Memcpy2DAsync(void* dst, std::uint64_t dst_pitch, const void* src, std::uint64_t src_pitch,
+                     std::uint64_t width, std::uint64_t height, CopyKind kind, CudaStream stream,
+                     int device) {
+    MCS_RETURN_IF_ERROR(RequireCuda("cudaMemcpy2DAsync"));
+    if (width == 0 || height == 0) return Status::Ok();
+    MCS_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::Make(device));
+    if (const int err = Rt().memcpy_2d_async(dst, dst_pitch, src, src_pitch, width, height,
+                                             static_cast<int>(kind), AsStream(stream));
+        err != 0) {
+        return Fail(StatusCode::kInternal,
+                    "cudaMemcpy2DAsync of " + std::to_string(height) + " rows of " +
+                        std::to_string(width) + " bytes (pitches " + std::to_string(dst_pitch) +
+                        ", " + std::to_string(src_pitch) + ") on device " + std::to_string(device),
                     err);
     }
     return Status::Ok();

@@ -3,8 +3,8 @@
 // The CUDA runtime, loaded at run time (docs/design.md §5): libcudart (and libcuda for one driver call)
 // are dlopen'ed on first use, so libmooncake_sparse builds without CUDA and imports on machines
 // without a GPU; every entry point then answers Unimplemented. Only the functions the tensor fast
-// path uses are exposed: copies and stream sync, pointer attributes, allocation ranges, CUDA IPC,
-// host registration/allocation and the current device.
+// path uses are exposed: copies (flat and 2-D pitched) and stream sync, pointer attributes,
+// allocation ranges, CUDA IPC, host registration/allocation and the current device.
 //
 // Why it is built this way:
 // - A runtime already in the process (torch's) is preferred over loading another copy: both
@@ -93,6 +93,13 @@ enum class CopyKind : std::uint8_t { kHostToDevice = 1, kDeviceToHost = 2, kDevi
 /// Errors: Unimplemented; Internal (the runtime's message).
 Status MemcpyAsync(void* dst, const void* src, std::uint64_t bytes, CopyKind kind,
                    CudaStream stream, int device);
+
+/// cudaMemcpy2DAsync on `stream` with `device` current: `height` rows of `width` bytes, rows
+/// `src_pitch` / `dst_pitch` bytes apart (each >= width). Writes a strided view in place.
+/// Errors: Unimplemented; Internal.
+Status Memcpy2DAsync(void* dst, std::uint64_t dst_pitch, const void* src, std::uint64_t src_pitch,
+                     std::uint64_t width, std::uint64_t height, CopyKind kind, CudaStream stream,
+                     int device);
 
 /// cudaStreamSynchronize with `device` current.
 /// Errors: Unimplemented; Internal.

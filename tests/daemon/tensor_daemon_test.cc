@@ -181,6 +181,31 @@ TEST_F(TensorDaemonTest, HostileTensorRequestsAreRejected) {
     EXPECT_EQ(out, a);
 }
 
+TEST_F(TensorDaemonTest, StridesReachingPastTheExportedRangeAreRejectedBeforeMapping) {
+    // A view's strides must span exactly the exported range: strides that reach further (or
+    // overflow) would make the daemon's copies write outside the mapping. Checked before the
+    // handle is opened, so the answer is InvalidArgument with or without CUDA here.
+    wire::TensorLocation loc;
+    loc.ref.kind = wire::BufferKind::kCudaIpc;
+    loc.ref.offset = 0;
+    loc.ref.size = (3 * 8 + 2) * 4;  // a [4, 2] float32 view with rows 8 apart
+    loc.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x01');
+    loc.ref.device = 0;
+    loc.cuda_base = 0x1000;
+    loc.cuda_alloc_size = 1 << 20;
+    for (const std::vector<std::int64_t>& strides :
+         {std::vector<std::int64_t>{64, 1}, std::vector<std::int64_t>{8, 1000},
+          std::vector<std::int64_t>{std::int64_t{1} << 62, 1},
+          std::vector<std::int64_t>{8, 2}}) {
+        NodeTensor t{"k", DType::kFloat32, {4, 2}, {}, {}, loc, strides};
+        const Status s = client_->GetTensorsInto({&t, 1});
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    }
+    // The connection stays usable.
+    auto a = Pattern(16, 1);
+    ASSERT_OK(tensors_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, a), {}));
+}
+
 TEST(ShmTensorStoreTest, DirectPathsOverSegments) {
     ShmStoreOptions o;
     o.segment_size = 1 << 20;

@@ -104,3 +104,76 @@ def test_bad_input_leaves_weight_unchanged():
     assert np.array_equal(bits(w), before)
     with pytest.raises(mcs.InvalidArgument):
         mcs.encode_update(new, old.cpu())  # mixed devices
+
+
+# Strided CUDA weights, updated in place: (parent shape, the view of the parent).
+WEIGHT_VIEWS = {
+    "tp_columns": ((512, 2048), lambda p: p[:, 1024:2048]),
+    "transposed": ((768, 512), lambda p: p.t()),
+    "every_other_row": ((1024, 384), lambda p: p[::2]),
+    "transposed_slice": ((256, 1024), lambda p: p[:, 256:768].t()),
+}
+
+
+@pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
+@pytest.mark.parametrize("name", sorted(WEIGHT_VIEWS))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_apply_into_strided_weight_view_in_place(name, apply, dtype):
+    shape, view = WEIGHT_VIEWS[name]
+    g = torch.Generator(device="cuda").manual_seed(SEED)
+    parent = torch.randn(shape, generator=g, device="cuda").to(dtype)
+    w = view(parent)
+    assert not w.is_contiguous()
+    old = w.contiguous()
+    mask = torch.rand(old.shape, generator=g, device="cuda") < 0.03
+    new = old.clone()
+    new[mask] = torch.randn(int(mask.sum()), generator=g, device="cuda").to(dtype)
+    idx, vals = mcs.encode_update(new, old, apply=apply)
+    store = mcs.connect()
+    store.put_sparse_object("w", tuple(w.shape), idx, vals, generation=(0, 1), apply=apply)
+    target = mcs.Target("w", "n/r0", "n", {}, (0, 0), tuple(w.shape))
+    manifest = store.manifest((0, 1))
+    host_obj = store.read_sparse_objects(manifest, [target])[0]
+    dev_obj = store.read_sparse_objects(manifest, [target], device="cuda")[0]
+    # The reference, in torch: the update applied to a contiguous copy.
+    i = torch.from_numpy(np.asarray(host_obj.indices).astype(np.int64)).cuda()
+    expect = old.clone()
+    if apply == "overwrite":
+        expect[i[:, 0], i[:, 1]] = dev_obj.values
+    else:
+        expect[i[:, 0], i[:, 1]] = (expect[i[:, 0], i[:, 1]].float() +
+                                    dev_obj.values.float()).to(dtype)
+    expect_parent = parent.clone()
+    view(expect_parent).copy_(expect)
+    for obj in (host_obj, dev_obj):
+        p = parent.clone()
+        mcs.apply_sparse_object(view(p), obj)
+        torch.cuda.synchronize()
+        assert np.array_equal(bits(view(p)), bits(expect)), (name, type(obj).__name__)
+        assert np.array_equal(bits(p), bits(expect_parent)), f"{name}: bytes outside the view changed"
+    if apply == "overwrite":
+        assert np.array_equal(bits(expect), bits(new))
+
+
+def test_apply_refuses_overlapping_weight_view():
+    old = torch.zeros(32, 64, device="cuda", dtype=torch.bfloat16)
+    new = old.clone()
+    new[3, 5] = 1.0
+    idx, vals = mcs.encode_update(new, old)
+    store = mcs.connect()
+    store.put_sparse_object("o", (32, 64), idx, vals, generation=(0, 1))
+    obj = store.read_sparse_objects(store.manifest((0, 1)),
+                                    [mcs.Target("o", "n/r0", "n", {}, (0, 0), (32, 64))])[0]
+    row = torch.zeros(1, 64, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(mcs.InvalidArgument, match="overlapping"):
+        mcs.apply_sparse_object(row.expand(32, 64), obj)
+    assert bool((row == 0).all())
+
+
+def test_encode_of_strided_inputs_matches_contiguous():
+    old, new = pair((256, 1024), 0.02)
+    a, b = new[:, 256:768], old[:, 256:768]
+    gi, gv = mcs.encode_update(a, b)
+    ci, cv = mcs.encode_update(a.contiguous(), b.contiguous())
+    assert np.array_equal(gi.cpu().numpy(), ci.cpu().numpy())
+    assert np.array_equal(bits(gv), bits(cv))

@@ -152,7 +152,7 @@ def test_embedded_cuda_validation_leaves_destination_untouched(embedded):
     embedded.put_tensor("v", t)
     for dst in (torch.full((32, 16), 7.0, device="cuda", dtype=torch.float16),
                 torch.full((16, 32), 7.0, device="cuda"),
-                torch.full((16, 32), 7.0, device="cuda").t()):
+                torch.full((1, 16), 7.0, device="cuda").expand(32, 16)):  # overlapping
         before = dst.clone()
         with pytest.raises(mcs.InvalidArgument):
             embedded.get_tensor_into("v", dst)
@@ -190,9 +190,79 @@ def test_embedded_large_bit_exact(embedded):
     assert digest(out) == digest(t)
 
 
+# Strided CUDA destinations, written in place: (parent shape, dtype, the view of the parent).
+STRIDED_VIEWS = {
+    "tp_half_columns": ((256, 2048), torch.bfloat16, lambda p: p[:, 1024:2048]),
+    "tp_slice_middle": ((128, 3072), torch.float16, lambda p: p[:, 1024:2048]),
+    "transposed": ((384, 512), torch.float32, lambda p: p.t()),
+    "every_other_row": ((96, 160), torch.bfloat16, lambda p: p[::2]),
+    "every_third_column": ((64, 96), torch.float32, lambda p: p[:, ::3]),
+    "fused_expert_slice": ((8, 64, 128), torch.bfloat16, lambda p: p[2:6, :, 32:96]),
+    "transposed_slice": ((64, 256), torch.bfloat16, lambda p: p[:, 64:192].t()),
+}
+
+
+def strided_get_into(store, names, batch=False):
+    """Each view gets the stored tensor bit-exactly and the rest of its parent keeps its bytes
+    (a sentinel pattern)."""
+    seed()
+    cases = []
+    for i, name in enumerate(names):
+        shape, dtype, view = STRIDED_VIEWS[name]
+        parent = torch.randn(shape, device="cuda").to(dtype)
+        dst = view(parent)
+        assert not dst.is_contiguous(), name
+        src = torch.randn(tuple(dst.shape), device="cuda").to(dtype)
+        key = f"strided/{name}/{i}"
+        store.upsert_tensor(key, src)
+        expected = parent.clone()
+        view(expected).copy_(src)
+        cases.append((name, key, parent, dst, src, expected))
+    if batch:
+        store.batch_get_tensor_into([c[1] for c in cases], [c[3] for c in cases])
+    else:
+        for _, key, _, dst, _, _ in cases:
+            store.get_tensor_into(key, dst)
+    for name, _, parent, dst, src, expected in cases:
+        assert bits_equal(dst.contiguous(), src), name
+        assert bits_equal(parent, expected), f"{name}: bytes outside the view changed"
+
+
+@pytest.mark.parametrize("name", sorted(STRIDED_VIEWS))
+def test_embedded_get_into_strided_views_in_place(embedded, name):
+    strided_get_into(embedded, [name])
+
+
+def test_embedded_batch_get_into_strided_views(embedded):
+    strided_get_into(embedded, sorted(STRIDED_VIEWS), batch=True)
+
+
+def test_embedded_large_tp_half_is_one_copy_bit_exact(embedded):
+    # A 64 MiB TP half of a 2x wider bf16 parameter (the benchmark's --strided point).
+    seed()
+    parent = torch.randn(4096, 16384, device="cuda").to(torch.bfloat16)
+    src = torch.randn(4096, 8192, device="cuda").to(torch.bfloat16)
+    embedded.upsert_tensor("tp_half", src)
+    left = parent[:, :8192].clone()
+    embedded.get_tensor_into("tp_half", parent[:, 8192:])
+    assert digest(parent[:, 8192:]) == digest(src)
+    assert bits_equal(parent[:, :8192], left)
+
+
 # ---------------------------------------------------------------------------------------------
 # Node daemon: CUDA IPC.
 # ---------------------------------------------------------------------------------------------
+
+
+@needs_daemon
+@pytest.mark.parametrize("name", sorted(STRIDED_VIEWS))
+def test_node_get_into_strided_views_in_place(node_store, name):
+    strided_get_into(node_store, [name])
+
+
+@needs_daemon
+def test_node_batch_get_into_strided_views(node_store):
+    strided_get_into(node_store, sorted(STRIDED_VIEWS), batch=True)
 
 
 @needs_daemon

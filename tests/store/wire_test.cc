@@ -227,7 +227,13 @@ std::vector<Message> SampleMessages() {
         t.mode = PutMode::kUpsert;
         t.hard_pin = true;
         out.push_back(t);
-        out.push_back(TensorGetRequest{t.items});
+        TensorGetRequest get{t.items};
+        // w[:, 1024:2048] of a [16, 4096] bf16 parameter: the range covers the view's extent.
+        TensorItem view{"w/2", DType::kBFloat16, {16, 1024},
+                        {CudaRef(2048, (15 * 4096 + 1024) * 2), 0x7f0000000000ull, 20 << 20, ""}};
+        view.strides = {4096, 1};
+        get.items.push_back(view);
+        out.push_back(get);
     }
     return out;
 }
@@ -343,6 +349,26 @@ TEST(WireTest, TensorLocationBoundsAreChecked) {
     auto decoded = DecodeFrame(bytes);
     ASSERT_TRUE(decoded.ok());
     EXPECT_THAT(DecodeMessage(*decoded), StatusIsWithMessage(StatusCode::kInvalidArgument, "allocation"));
+}
+
+TEST(WireTest, TensorStridesRoundTripAndAreChecked) {
+    TensorGetRequest get;
+    TensorItem view{"k", DType::kFloat32, {4, 2}, {CudaRef(0, (3 * 8 + 2) * 4), 0x1000, 4096, ""}};
+    view.strides = {8, 1};
+    get.items.push_back(view);
+    auto frame = EncodeFrame(get, 7);
+    ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+    auto decoded = DecodeFrame(*frame);
+    ASSERT_TRUE(decoded.ok());
+    auto message = DecodeMessage(*decoded);
+    ASSERT_TRUE(message.ok());
+    EXPECT_EQ(std::get<TensorGetRequest>(*message), get);
+    // One stride per extent, and only on a CUDA location (host views are copied by the client).
+    get.items[0].strides = {8};
+    EXPECT_THAT(EncodeFrame(get, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "rank"));
+    get.items[0].strides = {8, 1};
+    get.items[0].location = {BufferRef::Client(0, 32), 0, 0, ""};
+    EXPECT_THAT(EncodeFrame(get, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "CUDA"));
 }
 
 TEST(WireTest, MessageTypesAreStable) {

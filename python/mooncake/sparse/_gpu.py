@@ -83,11 +83,21 @@ def _out(a: Any) -> Any:
     return torch.from_dlpack(a) if torch is not None else a
 
 
+def _contiguous(x: Any) -> Any:
+    """A torch view made contiguous (on its current stream): the encoder reads flat memory and
+    reads every element anyway. Other arrays go as they are (the core refuses strided ones)."""
+    torch = torch_module()
+    if torch is not None and isinstance(x, torch.Tensor) and not x.is_contiguous():
+        return x.contiguous()
+    return x
+
+
 def encode_update_gpu(new: Any, old: Any, apply: str, threshold: float,
                       tile_shape: Any) -> tuple[Any, Any]:
     _require()
     if not is_cuda(old):
         raise InvalidArgument("new is a CUDA tensor but old is not")
+    new, old = _contiguous(new), _contiguous(old)
     idx, vals, _, _, _ = _core._gpu_encode_update(
         new, old, apply, float(threshold), None if tile_shape is None else tuple(tile_shape),
         _stream_of(new))
@@ -149,6 +159,8 @@ def upload(objs: list, device: Any) -> list:
 
 
 def apply_gpu(weight: Any, obj: Any) -> None:
+    """`weight` may be a strided view (``w[:, a:b]``, ``w.t()``, ``w[::2]``): it is updated
+    where it lies, the rest of its parent untouched. Overlapping views (expand) are refused."""
     _require()
     shape = tuple(int(e) for e in weight.shape)
     if shape != tuple(obj.local_shape):

@@ -196,10 +196,12 @@ class TensorMixin:
 
     def get_tensor_into(self, key: str, tensor: Any) -> None:
         """Copies the stored tensor into `tensor` (CPU or CUDA), whose dtype and shape must match
-        the stored ones and which must be writable. A host destination may be any view (sliced,
-        transposed, Fortran order) whose elements do not overlap: it is written in place. A CUDA
-        destination must be C-contiguous. Big-endian numpy arrays and torch tensors with the
-        negation bit are refused (they would be written in the wrong representation).
+        the stored ones and which must be writable. A destination may be any view (sliced,
+        transposed, Fortran order) whose elements do not overlap, on the host or on the GPU: it
+        is written in place (a CUDA view by 2-D copies at the PCIe rate when it is rows of one
+        contiguous run, such as a TP slice ``w[:, a:b]``; a transposed one is gathered on the
+        host first), the rest of its parent untouched. Big-endian numpy arrays and torch tensors
+        with the negation bit are refused (they would be written in the wrong representation).
 
         Raises NotFound, InvalidArgument (mismatch; `tensor` is left untouched)."""
         self.batch_get_tensor_into([_key(key)], [tensor])
