@@ -2,7 +2,8 @@
 //
 // Shared helpers of the planner tests: build a source object's metadata and tile index from COO
 // coordinates the way a commit does (sort by tile, then by element, both row-major), a
-// brute-force reference scan, the boundary filter a reader applies, and gmock matchers.
+// brute-force reference scan, the boundary filter a reader applies, gmock matchers, and the
+// sample sources that the tests of several planner headers share.
 #pragma once
 
 #include <gmock/gmock.h>
@@ -421,6 +422,41 @@ inline TargetDescriptor MakeTarget(std::string target_id, std::string node_id,
                                              std::move(tensor_id), std::move(placement),
                                              std::move(origin), std::move(shape)),
                       "TargetDescriptor::Make");
+}
+
+// ---- sources and ranges that the tests of several planner headers share ---------------------
+
+/// A dense 64x64 tensor with 8x8 tiles: tile (r, c) holds entries [64 * (8r + c), +64).
+inline BuiltSource Dense64() {
+    SourceSpec spec;
+    spec.global_shape = {64, 64};
+    spec.tile_shape = {8, 8};
+    return ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({0, 0}, {64, 64}))));
+}
+
+/// A 64x64 tensor with 8x8 tiles whose entries fill only tile columns 0..2 (24 tiles): tile
+/// (r, c) holds entries [64 * (3r + c), +64). Sparse enough that the column path is cheaper for
+/// a band of two tile columns.
+inline BuiltSource ThreeColumns64() {
+    SourceSpec spec;
+    spec.global_shape = {64, 64};
+    spec.tile_shape = {8, 8};
+    return ValueOrDie(BuildSource(spec, DenseCoords(MakeBox({0, 0}, {64, 24}))));
+}
+
+/// The entry range [start, end), flagged for the boundary filter when `filter`.
+inline EntryRange R(std::uint64_t start, std::uint64_t end, bool filter = false) {
+    return {start, end, filter};
+}
+
+/// A source spec with what the 2-D tests vary; the rest keeps its defaults.
+inline SourceSpec Spec2D(std::string ref, std::string tensor, Shape shape, Shape tile) {
+    SourceSpec spec;
+    spec.source_ref = std::move(ref);
+    spec.tensor_id = std::move(tensor);
+    spec.global_shape = std::move(shape);
+    spec.tile_shape = std::move(tile);
+    return spec;
 }
 
 }  // namespace testing
