@@ -367,6 +367,33 @@ TEST(WireTest, MessageTypesAreStable) {
     EXPECT_FALSE(IsReplyType(MessageType::kHello));
 }
 
+TEST(WireTest, MinBytesAreTheShortestEncodings) {
+    // A decoder trusts a count only when count * MinBytes of its element is present; a minimum
+    // above the shortest encoding would reject valid messages.
+    EXPECT_EQ(MinBytes<std::int64_t>(), 8u);
+    EXPECT_EQ(MinBytes<std::string>(), 4u);
+    EXPECT_EQ(MinBytes<BufferRef>(), 1u + 8 + 8);
+    EXPECT_EQ(MinBytes<SegmentSlice>(), 4u + 8 + 8);
+    EXPECT_EQ(MinBytes<SegmentInfo>(), 4u + 8 + 1);
+    EXPECT_EQ(MinBytes<NamedAxes::Entry>(), 4u + 8);
+    EXPECT_EQ(MinBytes<MemberInfo>(), 4u + 1 + 4 + 8 + 8);
+    EXPECT_EQ(MinBytes<PutMember>(), 4u + 1 + 4 + 8 + 17);
+    EXPECT_EQ(MinBytes<RangeItem>(), 2 * 4u + 16 + 17);
+    EXPECT_EQ(MinBytes<Box>(), 4u + 4);
+    EXPECT_EQ(MinBytes<SourceDescriptor>(), 2 * 4u + 4 + 8 + 16 + 4 + 1 + 4 + 4 + 16 + 3);
+    EXPECT_EQ(MinBytes<TargetDescriptor>(), 3 * 4u + 4 + 8);
+    EXPECT_EQ(MinBytes<TargetObjectLocation>(), 2 * 4u + 8 + 68 + 4 + 4 * 28 + 8);
+    EXPECT_EQ(MinBytes<MetricItem>(), 4u + 8);
+    EXPECT_EQ(MinBytes<TensorItem>(), 4u + 1 + 4 + 17 + 8 + 8 + 4);
+    for (const Message& m : SampleMessages()) {
+        auto payload = EncodePayload(m);
+        ASSERT_TRUE(payload.ok());
+        std::visit([&](const auto& msg) {
+            EXPECT_GE(payload->size(), MinBytes<std::decay_t<decltype(msg)>>()) << NameOf(m);
+        }, m);
+    }
+}
+
 // ---- Truncation ------------------------------------------------------------------------------
 
 TEST(WireTest, EveryTruncationOfEveryPayloadFailsCleanly) {
@@ -665,7 +692,7 @@ TEST(WireTest, PlannerValuesAreValidatedOnDecode) {
     d.box = Box::Make({1024, 0}, {2048, 7168}).value();
     WireWriter w;
     w.WriteU32(1);
-    EncodeSourceDescriptor(w, d);
+    Encode(w, d);
     EXPECT_THAT(DecodePayload(MessageType::kSparseManifestReply, w.bytes()),
                 StatusIsWithMessage(StatusCode::kInvalidArgument, "not inside global_shape"));
 
@@ -694,8 +721,8 @@ TEST(WireTest, StructuralChecksOnDecode) {
         w.WriteString("", 1, "v");
         w.WriteString("", 1, "n");
         w.WriteU32(2);
-        SegmentInfo{4, 1, true}.Encode(w);
-        SegmentInfo{4, 2, false}.Encode(w);
+        Encode(w, SegmentInfo{4, 1, true});
+        Encode(w, SegmentInfo{4, 2, false});
         w.WriteU64(0);
         EXPECT_THAT(DecodePayload(MessageType::kHelloReply, w.bytes()),
                     StatusIsWithMessage(StatusCode::kInvalidArgument, "repeated"));
@@ -704,7 +731,7 @@ TEST(WireTest, StructuralChecksOnDecode) {
         WireWriter w;  // Segment slice whose end overflows.
         w.WriteU32(1);
         w.WriteU32(0);
-        SegmentSlice{0, ~0ull, 1}.Encode(w);
+        Encode(w, SegmentSlice{0, ~0ull, 1});
         EXPECT_FALSE(w.status().ok());
     }
     {
