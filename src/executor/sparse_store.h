@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "codec/object_metadata.h"  // EncodeObjectMetadata / DecodeObjectMetadata
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/placement.h"
 #include "mooncake/sparse/planner.h"
@@ -206,9 +207,5 @@ Result<SparseObject> BuildSourceObject(const PutSparseRequest& request);
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
                             const PlacementPolicy& policy, const NamedAxes& placement,
                             const Box& box);
-
-/// Metadata JSON of a sparse object (docs/design.md §2 fields) and its parser.
-std::string EncodeObjectMetadata(const SparseObject& object);
-Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::string_view json);
 
 }  // namespace mooncake::sparse
