@@ -1,6 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "executor/sparse_store.h"
 
+#include "executor/node_cache.h"
 #include "executor/tensor_store.h"  // kReservedKeyPrefix
 
 #include <algorithm>
@@ -79,15 +80,6 @@ void ParallelFor(std::size_t n, int threads, Fn&& fn) {
     for (auto& th : pool) th.join();
 }
 
-using Buffer = std::shared_ptr<const std::vector<std::byte>>;
-
-/// Entry data a region reads from: a physical read (or a cached one that contains it).
-struct ReadData {
-    Buffer indices;
-    Buffer values;
-    std::uint64_t base = 0;  ///< Entry offset of the buffers' first row.
-};
-
 }  // namespace
 
 std::vector<std::pair<std::string, double>> SparseMetrics::Items() const {
@@ -125,140 +117,11 @@ std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
            "/at" + JoinShape(box.origin());
 }
 
-// ---------------------------------------------------------------------------------------------
-// Node-local caches: tile indexes per source object, and range reads per source object.
-// ---------------------------------------------------------------------------------------------
-/// A source's tile index with the descriptor it was built from: the stored object's own
-/// metadata, never a requester's manifest entry (which may describe another object).
-struct SourceIndex {
-    SourceDescriptor source;
-    TileIndex index;
-};
-
-struct SparseStore::Caches {
-    struct IndexEntry {
-        std::shared_ptr<const SourceIndex> index;
-        std::uint64_t bytes = 0;
-        std::list<std::string>::iterator lru;
-    };
-    struct RangeEntry {
-        std::uint64_t end = 0;
-        Buffer indices, values;
-        std::uint64_t bytes = 0;
-        std::list<std::pair<std::string, std::uint64_t>>::iterator lru;
-    };
-
-    std::mutex mu;
-    std::unordered_map<std::string, IndexEntry> index;
-    std::list<std::string> index_lru;
-    std::uint64_t index_bytes = 0;
-    std::unordered_map<std::string, std::map<std::uint64_t, RangeEntry>> ranges;
-    std::list<std::pair<std::string, std::uint64_t>> range_lru;
-    std::uint64_t range_bytes = 0;
-
-    // Single flight: reads in progress. A request that needs data another request is reading
-    // right now waits for that read instead of issuing its own; with the range cache this makes
-    // each unique range one physical read per node, also when requests arrive concurrently.
-    using IndexResult = Result<std::shared_ptr<const SourceIndex>>;
-    using RangeResult = Result<ReadData>;
-    struct RangeFlight {
-        std::uint64_t start = 0;
-        std::uint64_t end = 0;
-        const void* owner = nullptr;  ///< The ReadSparseObjects call reading it.
-        std::shared_future<RangeResult> done;
-    };
-    std::unordered_map<std::string, std::shared_future<IndexResult>> index_flights;
-    std::unordered_map<std::string, std::vector<RangeFlight>> range_flights;
-
-    /// A read in progress by ANOTHER call of `ref` that contains [start, end), if any. Reads of
-    /// the same call are never merged here: the planner already deduplicated the batch per
-    /// node, and what it kept separate (e.g. the same range for two nodes) stays separate.
-    std::optional<std::shared_future<RangeResult>> FindFlight(const std::string& ref,
-                                                              std::uint64_t start,
-                                                              std::uint64_t end,
-                                                              const void* caller) const {
-        auto it = range_flights.find(ref);
-        if (it == range_flights.end()) return std::nullopt;
-        for (const RangeFlight& f : it->second) {
-            if (f.owner != caller && f.start <= start && end <= f.end) return f.done;
-        }
-        return std::nullopt;
-    }
-    void EraseFlight(const std::string& ref, std::uint64_t start, std::uint64_t end,
-                     const void* owner) {
-        auto it = range_flights.find(ref);
-        if (it == range_flights.end()) return;
-        auto& v = it->second;
-        v.erase(std::remove_if(v.begin(), v.end(),
-                               [&](const RangeFlight& f) {
-                                   return f.start == start && f.end == end && f.owner == owner;
-                               }),
-                v.end());
-        if (v.empty()) range_flights.erase(it);
-    }
-
-    std::shared_ptr<const SourceIndex> FindIndex(const std::string& ref) {
-        auto it = index.find(ref);
-        if (it == index.end()) return nullptr;
-        index_lru.splice(index_lru.begin(), index_lru, it->second.lru);
-        return it->second.index;
-    }
-    void AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx,
-                  std::uint64_t cap) {
-        if (index.count(ref)) return;
-        const std::uint64_t bytes = idx->index.MemoryBytes() + sizeof(SourceIndex);
-        index_lru.push_front(ref);
-        index.emplace(ref, IndexEntry{std::move(idx), bytes, index_lru.begin()});
-        index_bytes += bytes;
-        while (index_bytes > cap && index_lru.size() > 1) {
-            auto victim = index.find(index_lru.back());
-            index_bytes -= victim->second.bytes;
-            index.erase(victim);
-            index_lru.pop_back();
-        }
-    }
-    /// A cached read of `ref` containing [start, end), if any.
-    std::optional<ReadData> FindRange(const std::string& ref, std::uint64_t start, std::uint64_t end) {
-        auto it = ranges.find(ref);
-        if (it == ranges.end()) return std::nullopt;
-        auto& m = it->second;
-        auto e = m.upper_bound(start);
-        if (e == m.begin()) return std::nullopt;
-        --e;
-        if (e->second.end < end) return std::nullopt;
-        range_lru.splice(range_lru.begin(), range_lru, e->second.lru);
-        return ReadData{e->second.indices, e->second.values, e->first};
-    }
-    void AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end, Buffer idx,
-                  Buffer val, std::uint64_t cap) {
-        auto& m = ranges[ref];
-        if (m.count(start)) return;
-        const std::uint64_t bytes = idx->size() + val->size();
-        range_lru.emplace_front(ref, start);
-        m.emplace(start, RangeEntry{end, std::move(idx), std::move(val), bytes, range_lru.begin()});
-        range_bytes += bytes;
-        while (range_bytes > cap && range_lru.size() > 1) {
-            auto [vref, vstart] = range_lru.back();
-            auto vm = ranges.find(vref);
-            auto ve = vm->second.find(vstart);
-            range_bytes -= ve->second.bytes;
-            vm->second.erase(ve);
-            if (vm->second.empty()) ranges.erase(vm);
-            range_lru.pop_back();
-        }
-    }
-    void Clear() {
-        index.clear();
-        index_lru.clear();
-        index_bytes = 0;
-        ranges.clear();
-        range_lru.clear();
-        range_bytes = 0;
-    }
-};
-
 SparseStore::SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions options)
-    : store_(std::move(store)), options_(std::move(options)), caches_(std::make_unique<Caches>()) {}
+    : store_(std::move(store)),
+      options_(std::move(options)),
+      cache_(std::make_unique<NodeCache>(options_.index_cache_capacity_bytes,
+                                         options_.range_cache_capacity_bytes)) {}
 
 SparseStore::~SparseStore() = default;
 
@@ -272,10 +135,7 @@ void SparseStore::ResetMetrics() {
     metrics_ = {};
 }
 
-void SparseStore::ClearCaches() {
-    std::lock_guard lock(caches_->mu);
-    caches_->Clear();
-}
+void SparseStore::ClearCaches() { cache_->Clear(); }
 
 // ---------------------------------------------------------------------------------------------
 // Commit side.
@@ -498,18 +358,15 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
 }
 
 Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claimed) {
-    {
-        std::lock_guard lock(caches_->mu);
-        if (auto hit = caches_->FindIndex(claimed.source_ref)) {
-            MCS_RETURN_IF_ERROR(CheckClaim(claimed, hit->source));
-            return hit->source;
-        }
+    if (auto hit = cache_->FindIndex(claimed.source_ref)) {
+        MCS_RETURN_IF_ERROR(CheckClaim(claimed, hit->source));
+        return hit->source;
     }
     return StoredDescriptor(claimed);
 }
 
 Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDescriptor& src) {
-    using IndexResult = Caches::IndexResult;
+    using IndexResult = NodeCache::IndexResult;
     // The cache holds the index together with the stored descriptor it was built from; a
     // requester's entry must match that descriptor, so a wrong manifest entry fails its own
     // read and never poisons the node's cache for others.
@@ -518,29 +375,19 @@ Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDesc
         MCS_RETURN_IF_ERROR(CheckClaim(src, (*r)->source));
         return std::shared_ptr<const TileIndex>(*r, &(*r)->index);
     };
-    std::promise<IndexResult> promise;
-    std::shared_future<IndexResult> in_flight;
-    {
-        std::lock_guard lock(caches_->mu);
-        if (auto hit = caches_->FindIndex(src.source_ref)) {
-            std::lock_guard mlock(metrics_mu_);
-            ++metrics_.cache_hits;
-            ++metrics_.index_cache_hits;
-            return checked(hit);
-        }
-        if (auto it = caches_->index_flights.find(src.source_ref);
-            it != caches_->index_flights.end()) {
-            in_flight = it->second;
-        } else {
-            caches_->index_flights.emplace(src.source_ref, promise.get_future().share());
-        }
+    NodeCache::IndexClaim claim = cache_->ClaimIndex(src.source_ref);
+    if (claim.hit) {
+        std::lock_guard mlock(metrics_mu_);
+        ++metrics_.cache_hits;
+        ++metrics_.index_cache_hits;
+        return checked(claim.hit);
     }
-    if (in_flight.valid()) {
+    if (claim.in_flight.valid()) {
         {
             std::lock_guard mlock(metrics_mu_);
             ++metrics_.index_single_flight_waits;
         }
-        return checked(in_flight.get());
+        return checked(claim.in_flight.get());
     }
     IndexResult result = [&]() -> IndexResult {
         // Sized from the stored metadata only (checked against the members), never from the
@@ -563,15 +410,7 @@ Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDesc
         return std::make_shared<const SourceIndex>(
             SourceIndex{std::move(stored), std::move(index)});
     }();
-    {
-        // Cache and retire the flight under one lock: a later request finds one or the other.
-        std::lock_guard lock(caches_->mu);
-        if (result.ok()) {
-            caches_->AddIndex(src.source_ref, *result, options_.index_cache_capacity_bytes);
-        }
-        caches_->index_flights.erase(src.source_ref);
-    }
-    promise.set_value(result);
+    cache_->FinishIndex(src.source_ref, claim, result);
     return checked(result);
 }
 
@@ -706,37 +545,22 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
             reads.resize(plan->reads.size());
             // The source of each read, from its (source, node) group.
             std::vector<std::uint32_t> read_source(plan->reads.size());
+            std::vector<NodeCache::RangeKey> keys(plan->reads.size());
             for (const ReadGroup& g : plan->read_groups) {
-                std::fill(read_source.begin() + g.begin, read_source.begin() + g.end,
-                          g.source_index);
-            }
-            std::vector<RangeRead> batch;
-            std::vector<std::size_t> missing;
-            std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
-            // Each unique range is a cache hit, a wait on a concurrent request's read of it, or
-            // a read of our own that concurrent requests may wait on (single flight).
-            std::vector<std::pair<std::size_t, std::shared_future<Caches::RangeResult>>> waits;
-            std::vector<std::promise<Caches::RangeResult>> flights;
-            {
-                std::lock_guard lock(caches_->mu);
-                for (std::size_t r = 0; r < plan->reads.size(); ++r) {
-                    const UniqueRead& u = plan->reads[r];
-                    const std::string& ref = manifest[read_source[r]].source_ref;
-                    if (auto hit = caches_->FindRange(ref, u.start, u.end)) {
-                        reads[r] = *hit;
-                        ++m.cache_hits;
-                        ++m.range_cache_hits;
-                    } else if (auto flight = caches_->FindFlight(ref, u.start, u.end, &m)) {
-                        waits.emplace_back(r, std::move(*flight));
-                    } else {
-                        missing.push_back(r);
-                        flights.emplace_back();
-                        caches_->range_flights[ref].push_back(
-                            {u.start, u.end, &m, flights.back().get_future().share()});
-                    }
+                const std::string* ref = &manifest[g.source_index].source_ref;
+                for (std::size_t r = g.begin; r < g.end; ++r) {
+                    read_source[r] = g.source_index;
+                    keys[r] = {ref, plan->reads[r].start, plan->reads[r].end};
                 }
             }
-            for (std::size_t r : missing) {
+            // Each unique range is a cache hit, a wait on a concurrent request's read of it, or
+            // a read of our own that concurrent requests may wait on (single flight).
+            NodeCache::RangeClaims claims = cache_->ClaimRanges(keys, &m, reads);
+            m.cache_hits += claims.hits;
+            m.range_cache_hits += claims.hits;
+            std::vector<RangeRead> batch;
+            std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
+            for (std::size_t r : claims.missing) {
                 const UniqueRead& u = plan->reads[r];
                 const SourceDescriptor& s = manifest[read_source[r]];
                 auto ib = std::make_shared<std::vector<std::byte>>(u.size() * s.rank() * DTypeSize(s.index_dtype));
@@ -748,29 +572,18 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
                 val_bufs.push_back(vb);
             }
             const Status read_status = batch.empty() ? Status::Ok() : store_->ReadRanges(batch);
-            {
-                // Cache and retire our flights under one lock: a later request finds either.
-                std::lock_guard lock(caches_->mu);
-                for (std::size_t k = 0; k < missing.size(); ++k) {
-                    const UniqueRead& u = plan->reads[missing[k]];
-                    const std::string& ref = manifest[read_source[missing[k]]].source_ref;
-                    if (read_status.ok()) {
-                        reads[missing[k]] = {idx_bufs[k], val_bufs[k], u.start};
-                        caches_->AddRange(ref, u.start, u.end, idx_bufs[k], val_bufs[k],
-                                          options_.range_cache_capacity_bytes);
-                    }
-                    caches_->EraseFlight(ref, u.start, u.end, &m);
+            if (read_status.ok()) {
+                for (std::size_t k = 0; k < claims.missing.size(); ++k) {
+                    const std::size_t r = claims.missing[k];
+                    reads[r] = {idx_bufs[k], val_bufs[k], plan->reads[r].start};
                 }
             }
             // Our flights complete before we wait for anyone else's, so waits never form a cycle.
-            for (std::size_t k = 0; k < missing.size(); ++k) {
-                flights[k].set_value(read_status.ok() ? Caches::RangeResult(reads[missing[k]])
-                                                      : Caches::RangeResult(read_status));
-            }
+            cache_->FinishRanges(keys, &m, read_status, reads, claims);
             if (!read_status.ok()) return read_status.WithContext("range reads");
-            m.range_gets += missing.size();
-            for (auto& [r, flight] : waits) {
-                const Caches::RangeResult& got = flight.get();
+            m.range_gets += claims.missing.size();
+            for (auto& [r, flight] : claims.waits) {
+                const NodeCache::RangeResult& got = flight.get();
                 if (!got.ok()) return got.status().WithContext("a concurrent request's range read");
                 reads[r] = *got;
                 ++m.single_flight_waits;

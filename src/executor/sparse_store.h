@@ -29,6 +29,8 @@
 
 namespace mooncake::sparse {
 
+class NodeCache;
+
 /// The §4 counters (names fixed by docs/design.md), plus planning detail.
 struct SparseMetrics {
     std::uint64_t source_objects_put = 0;
@@ -165,8 +167,6 @@ public:
     const SparseStoreOptions& options() const { return options_; }
 
 private:
-    struct Caches;
-
     /// The tile index of a source, from the node cache or one index-only GET. Built from the
     /// stored object's metadata, which `source` (a requester's manifest entry) must match.
     /// Errors: NotFound; InvalidArgument (the entry describes another object); DataLoss.
@@ -194,7 +194,7 @@ private:
     std::unique_ptr<PlanScratch> scratch_;
     mutable std::mutex metrics_mu_;
     SparseMetrics metrics_;
-    std::unique_ptr<Caches> caches_;
+    std::unique_ptr<NodeCache> cache_;
 };
 
 /// Validates and encodes the source object of one put_sparse_object call: exactly what
