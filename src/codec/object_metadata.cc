@@ -25,7 +25,9 @@ Result<Shape> ShapeFromJson(const Json& j, std::string_view what) {
     if (!j.is_array()) return InvalidArgument(std::string(what) + " is not an array");
     Shape s;
     for (const auto& e : j) {
-        if (!e.is_number_integer()) return InvalidArgument(std::string(what) + " has a non-integer");
+        if (!e.is_number_integer()) {
+            return InvalidArgument(std::string(what) + " has a non-integer");
+        }
         s.push_back(e.get<Index>());
     }
     return s;
@@ -65,9 +67,13 @@ std::string EncodeObjectMetadata(const SparseObject& o) {
             {"shape", {d.nnz}},
             {"checksum", o.checksum_values}}},
           {"tile_coords",
-           {{"dtype", "uint32"}, {"shape", {d.num_tiles, d.rank()}}, {"checksum", o.checksum_tile_coords}}},
+           {{"dtype", "uint32"},
+            {"shape", {d.num_tiles, d.rank()}},
+            {"checksum", o.checksum_tile_coords}}},
           {"tile_ptr",
-           {{"dtype", "uint64"}, {"shape", {d.num_tiles + 1}}, {"checksum", o.checksum_tile_ptr}}}}},
+           {{"dtype", "uint64"},
+            {"shape", {d.num_tiles + 1}},
+            {"checksum", o.checksum_tile_ptr}}}}},
     };
     return j.dump();
 }
@@ -86,7 +92,8 @@ Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::
                              "source_placement", "placement_policy", "tile_shape", "nnz",
                              "num_tiles", "apply", "index_dtype", "value_dtype"}) {
         if (!field(name)) {
-            return InvalidArgument("metadata of " + std::string(source_ref) + " lacks '" + name + "'");
+            return InvalidArgument("metadata of " + std::string(source_ref) + " lacks '" + name +
+                                   "'");
         }
     }
     if (!j["schema"].is_string() || j["schema"].get<std::string>() != kSparseObjectSchema ||
@@ -104,9 +111,12 @@ Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::
         d.generation = {j["base_generation"].get<std::uint64_t>(),
                         j["delta_generation"].get<std::uint64_t>()};
         std::vector<NamedAxes::Entry> axes;
-        for (auto& [k, v] : j["source_placement"].items()) axes.emplace_back(k, v.get<std::int64_t>());
+        for (auto& [k, v] : j["source_placement"].items()) {
+            axes.emplace_back(k, v.get<std::int64_t>());
+        }
         MCS_ASSIGN_OR_RETURN(d.placement, NamedAxes::Make(std::move(axes)));
-        MCS_ASSIGN_OR_RETURN(d.policy, PlacementPolicy::Parse(j["placement_policy"].get<std::string>()));
+        MCS_ASSIGN_OR_RETURN(d.policy,
+                             PlacementPolicy::Parse(j["placement_policy"].get<std::string>()));
         MCS_ASSIGN_OR_RETURN(d.tile_shape, ShapeFromJson(j["tile_shape"], "tile_shape"));
         d.nnz = j["nnz"].get<std::uint64_t>();
         d.num_tiles = j["num_tiles"].get<std::uint64_t>();

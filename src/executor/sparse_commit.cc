@@ -105,7 +105,8 @@ std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
 Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
     MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", req.tensor_id));
     MCS_RETURN_IF_ERROR(ValidateShape(req.global_shape));
-    MCS_ASSIGN_OR_RETURN(Generation generation, Generation::Make(req.generation.base, req.generation.delta));
+    MCS_ASSIGN_OR_RETURN(Generation generation,
+                         Generation::Make(req.generation.base, req.generation.delta));
     Shape offset = req.global_offset.value_or(Shape(req.global_shape.size(), 0));
     Shape local = req.local_shape.value_or(req.global_shape);
     auto box = Box::Make(offset, local);
@@ -119,7 +120,8 @@ Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
     desc.policy = req.placement_policy;
     desc.apply = req.apply;
     MCS_RETURN_IF_ERROR(desc.policy.ValidateSource(desc.placement));
-    desc.source_ref = SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
+    desc.source_ref =
+        SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
     return BuildSparseObject(std::move(desc), req.indices, req.values, req.encode);
 }
 
@@ -138,7 +140,8 @@ Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_vie
     if (j.is_discarded() || !j.contains("base") || !j.contains("delta")) {
         return DataLoss("generation head of " + std::string(tensor_id) + " is corrupt");
     }
-    return std::optional<Generation>(Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
+    return std::optional<Generation>(
+        Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
 }
 
 Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
@@ -180,7 +183,8 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
     if (s.ok() && (!head || *head != d.generation)) {
         Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
-        s = store_->Put(std::string(kHeadPrefix) + d.tensor_id, h.dump(), {}, {PutMode::kUpsert, true});
+        s = store_->Put(std::string(kHeadPrefix) + d.tensor_id, h.dump(), {},
+                        {PutMode::kUpsert, true});
     }
     if (!s.ok()) {
         // Leave the store as it was: nothing of a failed commit stays visible.
