@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "codec/codec.h"
+#include "codec/object_metadata.h"  // EncodeObjectMetadata / DecodeObjectMetadata
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/placement.h"
 #include "mooncake/sparse/planner.h"
@@ -27,6 +28,9 @@
 #include "store/object_store.h"
 
 namespace mooncake::sparse {
+
+class NodeCache;
+struct SourceIndex;
 
 /// The §4 counters (names fixed by docs/design.md), plus planning detail.
 struct SparseMetrics {
@@ -164,12 +168,40 @@ public:
     const SparseStoreOptions& options() const { return options_; }
 
 private:
-    struct Caches;
+    /// One ReadSparseObjects call's state, from step to step (sparse_read.cc).
+    struct ReadCall;
+
+    // The steps of ReadSparseObjects, in the order it takes them (docs/design.md §4).
+    /// Steps 1-2: which sources each target reads, from the manifest alone.
+    Status SelectTargetSources(ReadCall& call);
+    /// Step 3: the tile index of every needed source, each checked against the stored object.
+    Status LoadIndexes(ReadCall& call);
+    /// Steps 4-5: plan and dedup. False when over the planning budget: the caller then reads
+    /// the needed sources in full (ReadFullSources), an explicit, counted fallback.
+    Result<bool> PlanReads(ReadCall& call);
+    /// Step 6: each unique range from the node cache, from a concurrent request's read of it
+    /// (single flight), or read by this call.
+    Status ReadUniqueRanges(ReadCall& call);
+    /// Each target's pieces of the planned, read ranges.
+    void CollectPlannedPieces(ReadCall& call);
+    /// The budget fallback: every needed source read in full once for the node.
+    Status ReadFullSources(ReadCall& call);
+    /// The kFullSourcePerTarget baseline: each target reads its sources in full, then is
+    /// materialized, with no dedup.
+    Status ReadAndMaterializePerTarget(ReadCall& call);
+    /// Steps 7-8: filter, rebase and build each target's object from its pieces.
+    void MaterializeTargets(ReadCall& call);
+    /// The targets' objects in target order, or the first target's error.
+    Result<std::vector<TargetObject>> PublishTargets(ReadCall& call);
+    /// Adds a successful call's metrics to the store's.
+    void AddReadMetrics(const SparseMetrics& call_metrics);
 
     /// The tile index of a source, from the node cache or one index-only GET. Built from the
     /// stored object's metadata, which `source` (a requester's manifest entry) must match.
     /// Errors: NotFound; InvalidArgument (the entry describes another object); DataLoss.
     Result<std::shared_ptr<const TileIndex>> LoadIndex(const SourceDescriptor& source);
+    /// The index-only GET of LoadIndex, sized from the stored descriptor. Errors: as LoadIndex.
+    Result<std::shared_ptr<const SourceIndex>> ReadIndex(const SourceDescriptor& claimed);
     /// The stored object's descriptor, read with one Stat and checked against `claimed` and
     /// against the sizes of its members. Errors: as LoadIndex.
     Result<SourceDescriptor> StoredDescriptor(const SourceDescriptor& claimed);
@@ -193,7 +225,7 @@ private:
     std::unique_ptr<PlanScratch> scratch_;
     mutable std::mutex metrics_mu_;
     SparseMetrics metrics_;
-    std::unique_ptr<Caches> caches_;
+    std::unique_ptr<NodeCache> cache_;
 };
 
 /// Validates and encodes the source object of one put_sparse_object call: exactly what
@@ -206,9 +238,5 @@ Result<SparseObject> BuildSourceObject(const PutSparseRequest& request);
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
                             const PlacementPolicy& policy, const NamedAxes& placement,
                             const Box& box);
-
-/// Metadata JSON of a sparse object (docs/design.md §2 fields) and its parser.
-std::string EncodeObjectMetadata(const SparseObject& object);
-Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::string_view json);
 
 }  // namespace mooncake::sparse

@@ -1,0 +1,170 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "executor/node_cache.h"
+
+#include <algorithm>
+
+namespace mooncake::sparse {
+
+NodeCache::NodeCache(std::uint64_t index_capacity_bytes, std::uint64_t range_capacity_bytes)
+    : index_capacity_bytes_(index_capacity_bytes), range_capacity_bytes_(range_capacity_bytes) {}
+
+// ---- Tile indexes ------------------------------------------------------------------------------
+
+std::shared_ptr<const SourceIndex> NodeCache::FindIndex(const std::string& ref) {
+    std::lock_guard lock(mu_);
+    return FindIndexLocked(ref);
+}
+
+NodeCache::IndexClaim NodeCache::ClaimIndex(const std::string& ref) {
+    IndexClaim claim;
+    std::lock_guard lock(mu_);
+    claim.hit = FindIndexLocked(ref);
+    if (claim.hit) return claim;
+    if (auto it = index_flights_.find(ref); it != index_flights_.end()) {
+        claim.in_flight = it->second;
+    } else {
+        index_flights_.emplace(ref, claim.flight.get_future().share());
+    }
+    return claim;
+}
+
+void NodeCache::FinishIndex(const std::string& ref, IndexClaim& claim, const IndexResult& result) {
+    {
+        // Cache and retire the flight under one lock: a later request finds one or the other.
+        std::lock_guard lock(mu_);
+        if (result.ok()) AddIndex(ref, *result);
+        index_flights_.erase(ref);
+    }
+    claim.flight.set_value(result);
+}
+
+std::shared_ptr<const SourceIndex> NodeCache::FindIndexLocked(const std::string& ref) {
+    auto it = index_.find(ref);
+    if (it == index_.end()) return nullptr;
+    index_lru_.splice(index_lru_.begin(), index_lru_, it->second.lru);
+    return it->second.index;
+}
+
+void NodeCache::AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx) {
+    if (index_.count(ref)) return;
+    const std::uint64_t bytes = idx->index.MemoryBytes() + sizeof(SourceIndex);
+    index_lru_.push_front(ref);
+    index_.emplace(ref, IndexEntry{std::move(idx), bytes, index_lru_.begin()});
+    index_bytes_ += bytes;
+    while (index_bytes_ > index_capacity_bytes_ && index_lru_.size() > 1) {
+        auto victim = index_.find(index_lru_.back());
+        index_bytes_ -= victim->second.bytes;
+        index_.erase(victim);
+        index_lru_.pop_back();
+    }
+}
+
+// ---- Range reads -------------------------------------------------------------------------------
+
+NodeCache::RangeClaims NodeCache::ClaimRanges(std::span<const RangeKey> ranges,
+                                              const void* caller, std::span<ReadData> reads) {
+    RangeClaims claims;
+    std::lock_guard lock(mu_);
+    for (std::size_t r = 0; r < ranges.size(); ++r) {
+        const RangeKey& key = ranges[r];
+        if (auto hit = FindRange(*key.source_ref, key.start, key.end)) {
+            reads[r] = *hit;
+            ++claims.hits;
+        } else if (auto flight = FindFlight(*key.source_ref, key.start, key.end, caller)) {
+            claims.waits.emplace_back(r, std::move(*flight));
+        } else {
+            claims.missing.push_back(r);
+            claims.flights.emplace_back();
+            range_flights_[*key.source_ref].push_back(
+                {key.start, key.end, caller, claims.flights.back().get_future().share()});
+        }
+    }
+    return claims;
+}
+
+void NodeCache::FinishRanges(std::span<const RangeKey> ranges, const void* caller,
+                             const Status& status, std::span<const ReadData> reads,
+                             RangeClaims& claims) {
+    {
+        // Cache and retire the flights under one lock: a later request finds one or the other.
+        std::lock_guard lock(mu_);
+        for (std::size_t r : claims.missing) {
+            const RangeKey& key = ranges[r];
+            if (status.ok()) {
+                AddRange(*key.source_ref, key.start, key.end, reads[r].indices, reads[r].values);
+            }
+            EraseFlight(*key.source_ref, key.start, key.end, caller);
+        }
+    }
+    for (std::size_t k = 0; k < claims.missing.size(); ++k) {
+        claims.flights[k].set_value(status.ok() ? RangeResult(reads[claims.missing[k]])
+                                                : RangeResult(status));
+    }
+}
+
+std::optional<ReadData> NodeCache::FindRange(const std::string& ref, std::uint64_t start,
+                                             std::uint64_t end) {
+    auto it = ranges_.find(ref);
+    if (it == ranges_.end()) return std::nullopt;
+    auto& m = it->second;
+    auto e = m.upper_bound(start);
+    if (e == m.begin()) return std::nullopt;
+    --e;
+    if (e->second.end < end) return std::nullopt;
+    range_lru_.splice(range_lru_.begin(), range_lru_, e->second.lru);
+    return ReadData{e->second.indices, e->second.values, e->first};
+}
+
+void NodeCache::AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end,
+                         Buffer idx, Buffer val) {
+    auto& m = ranges_[ref];
+    if (m.count(start)) return;
+    const std::uint64_t bytes = idx->size() + val->size();
+    range_lru_.emplace_front(ref, start);
+    m.emplace(start, RangeEntry{end, std::move(idx), std::move(val), bytes, range_lru_.begin()});
+    range_bytes_ += bytes;
+    while (range_bytes_ > range_capacity_bytes_ && range_lru_.size() > 1) {
+        auto [vref, vstart] = range_lru_.back();
+        auto vm = ranges_.find(vref);
+        auto ve = vm->second.find(vstart);
+        range_bytes_ -= ve->second.bytes;
+        vm->second.erase(ve);
+        if (vm->second.empty()) ranges_.erase(vm);
+        range_lru_.pop_back();
+    }
+}
+
+std::optional<std::shared_future<NodeCache::RangeResult>> NodeCache::FindFlight(
+    const std::string& ref, std::uint64_t start, std::uint64_t end, const void* caller) const {
+    auto it = range_flights_.find(ref);
+    if (it == range_flights_.end()) return std::nullopt;
+    for (const RangeFlight& f : it->second) {
+        if (f.owner != caller && f.start <= start && end <= f.end) return f.done;
+    }
+    return std::nullopt;
+}
+
+void NodeCache::EraseFlight(const std::string& ref, std::uint64_t start, std::uint64_t end,
+                            const void* owner) {
+    auto it = range_flights_.find(ref);
+    if (it == range_flights_.end()) return;
+    auto& v = it->second;
+    v.erase(std::remove_if(v.begin(), v.end(),
+                           [&](const RangeFlight& f) {
+                               return f.start == start && f.end == end && f.owner == owner;
+                           }),
+            v.end());
+    if (v.empty()) range_flights_.erase(it);
+}
+
+void NodeCache::Clear() {
+    std::lock_guard lock(mu_);
+    index_.clear();
+    index_lru_.clear();
+    index_bytes_ = 0;
+    ranges_.clear();
+    range_lru_.clear();
+    range_bytes_ = 0;
+}
+
+}  // namespace mooncake::sparse

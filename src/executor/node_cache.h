@@ -1,0 +1,162 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// NodeCache: what a SparseStore keeps for its node across reads (docs/design.md §4 steps 3 and
+// 6): each source's tile index with the stored descriptor it was built from, range reads of
+// sources, and the reads in progress. A request that needs data another request is reading
+// right now waits for that read instead of issuing its own (single flight); with the caches
+// this makes each tile index and each unique range one physical read per node, also when
+// requests arrive concurrently (the node daemon serves all processes of a node from one
+// SparseStore). Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <future>
+#include <list>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/planner.h"
+#include "mooncake/sparse/status.h"
+
+namespace mooncake::sparse {
+
+using Buffer = std::shared_ptr<const std::vector<std::byte>>;
+
+/// Entry data a region reads from: a physical read (or a cached one that contains it).
+struct ReadData {
+    Buffer indices;
+    Buffer values;
+    std::uint64_t base = 0;  ///< Entry offset of the buffers' first row.
+};
+
+/// A source's tile index with the descriptor it was built from: the stored object's own
+/// metadata, never a requester's manifest entry (which may describe another object).
+struct SourceIndex {
+    SourceDescriptor source;
+    TileIndex index;
+};
+
+class NodeCache {
+public:
+    using IndexResult = Result<std::shared_ptr<const SourceIndex>>;
+    using RangeResult = Result<ReadData>;
+
+    /// Each cache evicts least recently used entries beyond its capacity, keeping at least one.
+    NodeCache(std::uint64_t index_capacity_bytes, std::uint64_t range_capacity_bytes);
+    NodeCache(const NodeCache&) = delete;
+    NodeCache& operator=(const NodeCache&) = delete;
+
+    // ---- Tile indexes ----------------------------------------------------------------------
+
+    /// The cached index of source `ref`, or nullptr.
+    std::shared_ptr<const SourceIndex> FindIndex(const std::string& ref);
+
+    /// How a request gets the index of one source: exactly one of `hit` (cached) or
+    /// `in_flight` (another request is reading it: wait) is set; when neither is, the index is
+    /// the caller's to read, and concurrent requests wait on `flight` until FinishIndex.
+    struct IndexClaim {
+        std::shared_ptr<const SourceIndex> hit;
+        std::shared_future<IndexResult> in_flight;
+        std::promise<IndexResult> flight;
+    };
+    IndexClaim ClaimIndex(const std::string& ref);
+
+    /// Ends the caller's read of the index of `ref` (a claim with neither hit nor in_flight):
+    /// caches `result` when it is ok, then completes the flight with it.
+    void FinishIndex(const std::string& ref, IndexClaim& claim, const IndexResult& result);
+
+    // ---- Range reads -----------------------------------------------------------------------
+
+    /// One unique read of a call: entries [start, end) of the source `*source_ref`.
+    struct RangeKey {
+        const std::string* source_ref = nullptr;
+        std::uint64_t start = 0;
+        std::uint64_t end = 0;
+    };
+
+    /// How a call gets its unique reads: each is a cache hit, a wait on another call's read
+    /// that contains it, or a read of the caller's own that other calls may wait on.
+    struct RangeClaims {
+        std::uint64_t hits = 0;  ///< Served from the cache.
+        /// (read, the concurrent read that will hold it).
+        std::vector<std::pair<std::size_t, std::shared_future<RangeResult>>> waits;
+        std::vector<std::size_t> missing;                ///< The caller's to read.
+        std::vector<std::promise<RangeResult>> flights;  ///< One per `missing`.
+    };
+
+    /// Claims every read of `ranges` under one lock; writes the data of each hit to
+    /// `reads[r]`. `caller` identifies the call: its own flights are never merged here, since
+    /// the planner already deduplicated the batch per node, and what it kept separate (e.g. the
+    /// same range for two nodes) stays separate.
+    RangeClaims ClaimRanges(std::span<const NodeCache::RangeKey> ranges, const void* caller,
+                            std::span<ReadData> reads);
+
+    /// Ends the caller's reads of `claims.missing`: caches them (`reads[r]`, when `status` is
+    /// ok) and retires their flights under one lock, so that a later request finds one or the
+    /// other, then completes the flights with the data or with `status`.
+    void FinishRanges(std::span<const NodeCache::RangeKey> ranges, const void* caller,
+                      const Status& status, std::span<const ReadData> reads,
+                      RangeClaims& claims);
+
+    /// Drops every cached index and range (reads in progress finish as claimed).
+    void Clear();
+
+private:
+    struct IndexEntry {
+        std::shared_ptr<const SourceIndex> index;
+        std::uint64_t bytes = 0;
+        std::list<std::string>::iterator lru;
+    };
+    struct RangeEntry {
+        std::uint64_t end = 0;
+        Buffer indices, values;
+        std::uint64_t bytes = 0;
+        std::list<std::pair<std::string, std::uint64_t>>::iterator lru;
+    };
+    struct RangeFlight {
+        std::uint64_t start = 0;
+        std::uint64_t end = 0;
+        const void* owner = nullptr;  ///< The call reading it.
+        std::shared_future<RangeResult> done;
+    };
+
+    // All below hold mu_.
+    std::shared_ptr<const SourceIndex> FindIndexLocked(const std::string& ref);
+    void AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx);
+    /// A cached read of `ref` containing [start, end), if any.
+    std::optional<ReadData> FindRange(const std::string& ref, std::uint64_t start,
+                                      std::uint64_t end);
+    void AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end, Buffer idx,
+                  Buffer val);
+    /// A read in progress by another call than `caller` of `ref` that contains [start, end).
+    std::optional<std::shared_future<RangeResult>> FindFlight(const std::string& ref,
+                                                              std::uint64_t start,
+                                                              std::uint64_t end,
+                                                              const void* caller) const;
+    void EraseFlight(const std::string& ref, std::uint64_t start, std::uint64_t end,
+                     const void* owner);
+
+    const std::uint64_t index_capacity_bytes_;
+    const std::uint64_t range_capacity_bytes_;
+
+    std::mutex mu_;
+    std::unordered_map<std::string, IndexEntry> index_;
+    std::list<std::string> index_lru_;
+    std::uint64_t index_bytes_ = 0;
+    std::unordered_map<std::string, std::map<std::uint64_t, RangeEntry>> ranges_;
+    std::list<std::pair<std::string, std::uint64_t>> range_lru_;
+    std::uint64_t range_bytes_ = 0;
+    std::unordered_map<std::string, std::shared_future<IndexResult>> index_flights_;
+    std::unordered_map<std::string, std::vector<RangeFlight>> range_flights_;
+};
+
+}  // namespace mooncake::sparse

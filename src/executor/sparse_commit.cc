@@ -1,0 +1,244 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The commit side of SparseStore (docs/design.md §2-3): validation and encoding of a source
+// object, idempotent commit by logical key, generation fencing, single-owner admission, the
+// manifest of a generation, and the key naming of every object of this layer.
+
+// GCC 12 reports a false -Wrestrict inside std::string operator+ inlined from contracts.h
+// (Generation::ToString, via SourceDescriptor::Make); GCC bug 105329. The
+// diagnostic is located in <string>, so this must come before any include.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+#pragma GCC diagnostic ignored "-Wrestrict"
+#endif
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "codec/object_metadata.h"
+#include "executor/sparse_store.h"
+#include "executor/tensor_store.h"  // kReservedKeyPrefix
+
+namespace mooncake::sparse {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::string_view kSourcePrefix = "mcs/src/";
+constexpr std::string_view kManifestPrefix = "mcs/manifest/";
+constexpr std::string_view kHeadPrefix = "mcs/head/";
+constexpr std::string_view kAdmitPrefix = "mcs/admit/";
+// Every key of this layer lies under the prefix the tensor API refuses (item keys of the two
+// APIs share one store).
+static_assert(kSourcePrefix.starts_with(kReservedKeyPrefix) &&
+              kManifestPrefix.starts_with(kReservedKeyPrefix) &&
+              kHeadPrefix.starts_with(kReservedKeyPrefix) &&
+              kAdmitPrefix.starts_with(kReservedKeyPrefix));
+
+std::string GenerationTag(Generation g) {
+    return std::to_string(g.base) + "-" + std::to_string(g.delta);
+}
+
+std::string ManifestPrefix(Generation g) {
+    return std::string(kManifestPrefix) + GenerationTag(g) + "/";
+}
+
+std::string JoinShape(std::span<const Index> v) {
+    std::string s;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+        if (i) s += "_";
+        s += std::to_string(v[i]);
+    }
+    return s;
+}
+
+std::string LogicalKeyOf(std::string_view tensor_id, Generation generation,
+                         const PlacementPolicy& policy, const NamedAxes& placement) {
+    std::string key(tensor_id);
+    key += "/g" + GenerationTag(generation) + "/" + policy.ToString();
+    if (policy.kind() == PlacementPolicy::Kind::kOwner) {
+        key += "/" + policy.axis() + "=" + std::to_string(*placement.Get(policy.axis()));
+    }
+    return key;
+}
+
+/// Whether the object stored under a source key (`existing`) holds the payload of `object`:
+/// what makes a second commit of the same logical key an idempotent retry, not a conflict.
+bool IsSameCommit(const ObjectInfo& existing, const SparseObject& object) {
+    const SourceDescriptor& d = object.desc;
+    auto prev = DecodeObjectMetadata(d.source_ref, existing.metadata);
+    const MemberInfo* idx = existing.FindMember("indices");
+    const MemberInfo* val = existing.FindMember("values");
+    return prev.ok() && idx && val && prev->nnz == d.nnz && prev->apply == d.apply &&
+           prev->value_dtype == d.value_dtype && prev->box == d.box &&
+           prev->global_shape == d.global_shape && idx->checksum == object.checksum_indices &&
+           val->checksum == object.checksum_values;
+}
+
+/// The members of a source object, as the store keeps them (views of `object`).
+std::vector<MemberData> MembersOf(const SparseObject& object) {
+    const SourceDescriptor& d = object.desc;
+    const auto bytes = [](const auto& v) {
+        return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
+                                          v.size() * sizeof(v[0]));
+    };
+    return {
+        {"indices", d.index_dtype, {Index(d.nnz), Index(d.rank())}, bytes(object.indices),
+         object.checksum_indices},
+        {"values", d.value_dtype, {Index(d.nnz)}, bytes(object.values), object.checksum_values},
+        {"tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())},
+         bytes(object.tile_coords), object.checksum_tile_coords},
+        {"tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, bytes(object.tile_ptr),
+         object.checksum_tile_ptr},
+    };
+}
+
+}  // namespace
+
+std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
+                            const PlacementPolicy& policy, const NamedAxes& placement,
+                            const Box& box) {
+    return std::string(kSourcePrefix) + LogicalKeyOf(tensor_id, generation, policy, placement) +
+           "/at" + JoinShape(box.origin());
+}
+
+Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", req.tensor_id));
+    MCS_RETURN_IF_ERROR(ValidateShape(req.global_shape));
+    MCS_ASSIGN_OR_RETURN(Generation generation,
+                         Generation::Make(req.generation.base, req.generation.delta));
+    Shape offset = req.global_offset.value_or(Shape(req.global_shape.size(), 0));
+    Shape local = req.local_shape.value_or(req.global_shape);
+    auto box = Box::Make(offset, local);
+    if (!box.ok()) return box.status().WithContext("source box of " + req.tensor_id);
+    SourceDescriptor desc;
+    desc.tensor_id = req.tensor_id;
+    desc.global_shape = req.global_shape;
+    desc.box = *box;
+    desc.generation = generation;
+    desc.placement = req.source_placement;
+    desc.policy = req.placement_policy;
+    desc.apply = req.apply;
+    MCS_RETURN_IF_ERROR(desc.policy.ValidateSource(desc.placement));
+    desc.source_ref =
+        SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
+    return BuildSparseObject(std::move(desc), req.indices, req.values, req.encode);
+}
+
+Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
+    MCS_ASSIGN_OR_RETURN(SparseObject object, BuildSourceObject(req));
+    return CommitSparseObject(std::move(object), req.hard_pin);
+}
+
+Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_view tensor_id) {
+    auto info = store_->Stat(std::string(kHeadPrefix) + std::string(tensor_id));
+    if (!info.ok()) {
+        if (info.status().code() == StatusCode::kNotFound) return std::optional<Generation>();
+        return info.status();
+    }
+    Json j = Json::parse(info->metadata, nullptr, false);
+    if (j.is_discarded() || !j.contains("base") || !j.contains("delta")) {
+        return DataLoss("generation head of " + std::string(tensor_id) + " is corrupt");
+    }
+    return std::optional<Generation>(
+        Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
+}
+
+Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
+    SourceDescriptor& d = object.desc;
+    if (object.coordinate_space != "global") {
+        return InvalidArgument("only global-coordinate objects are committed as sources");
+    }
+    d.source_ref = SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box);
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor checked, SourceDescriptor::Make(d));
+    const std::string metadata = EncodeObjectMetadata(object);
+    CommitResult result{d.source_ref, false, d.nnz, object.PayloadBytes()};
+
+    std::lock_guard lock(commit_mu_);
+    // Idempotence first: a retry of a committed step must succeed even after the tensor moved on.
+    if (auto existing = store_->Stat(d.source_ref); existing.ok()) {
+        if (!IsSameCommit(*existing, object)) {
+            return Conflict("a different payload is already committed for " + d.source_ref);
+        }
+        std::lock_guard mlock(metrics_mu_);
+        ++metrics_.idempotent_commits;
+        return result;
+    } else if (existing.status().code() != StatusCode::kNotFound) {
+        return existing.status();
+    }
+
+    MCS_ASSIGN_OR_RETURN(std::optional<Generation> head, CurrentGeneration(d.tensor_id));
+    // Fencing: the first writer of a step moves the head from base to delta; the other writers
+    // of the same step (other experts, other boxes) find it at exactly (base, delta).
+    if (head && head->delta != d.generation.base && *head != d.generation) {
+        return StaleGeneration("tensor '" + d.tensor_id + "' is at generation " +
+                               head->ToString() + "; commit " + d.generation.ToString() +
+                               " does not extend it");
+    }
+
+    const std::vector<MemberData> members = MembersOf(object);
+    MCS_RETURN_IF_ERROR(store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin}));
+    const std::string manifest_key =
+        ManifestPrefix(d.generation) + d.source_ref.substr(kSourcePrefix.size());
+    Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
+    if (s.ok() && (!head || *head != d.generation)) {
+        Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
+        s = store_->Put(std::string(kHeadPrefix) + d.tensor_id, h.dump(), {},
+                        {PutMode::kUpsert, true});
+    }
+    if (!s.ok()) {
+        // Leave the store as it was: nothing of a failed commit stays visible.
+        (void)store_->Remove(manifest_key);
+        (void)store_->Remove(d.source_ref);
+        return s;
+    }
+    result.created = true;
+    std::lock_guard mlock(metrics_mu_);
+    ++metrics_.source_objects_put;
+    metrics_.source_bytes_put += result.bytes;
+    return result;
+}
+
+Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generation,
+                                const PlacementPolicy& policy, const NamedAxes& source_placement,
+                                std::string_view writer_id) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", tensor_id));
+    MCS_RETURN_IF_ERROR(internal::ValidateId("writer_id", writer_id));
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    MCS_RETURN_IF_ERROR(policy.ValidateSource(source_placement));
+    const std::string key =
+        std::string(kAdmitPrefix) + LogicalKeyOf(tensor_id, generation, policy, source_placement);
+    Status s = store_->Put(key, writer_id, {}, {PutMode::kCreate, false});
+    if (s.ok()) return true;
+    if (s.code() != StatusCode::kConflict) return s;
+    // The key exists: ours when an earlier try of this writer created it (an idempotent retry).
+    auto info = store_->Stat(key);
+    if (!info.ok()) {
+        // Taken but not yet visible: another writer's create is still in flight (a store whose
+        // objects appear when their put ends, as upstream Mooncake's do). Not ours.
+        if (info.status().code() == StatusCode::kNotFound) return false;
+        return info.status();
+    }
+    return info->metadata == writer_id;
+}
+
+Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generation) {
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    const std::string prefix = ManifestPrefix(generation);
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(prefix));
+    std::vector<SourceDescriptor> out;
+    out.reserve(keys.size());
+    for (const std::string& key : keys) {
+        auto info = store_->Stat(key);
+        if (!info.ok()) {
+            if (info.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
+            return info.status();
+        }
+        const std::string ref = std::string(kSourcePrefix) + key.substr(prefix.size());
+        MCS_ASSIGN_OR_RETURN(SourceDescriptor d, DecodeObjectMetadata(ref, info->metadata));
+        out.push_back(std::move(d));
+    }
+    return out;
+}
+
+}  // namespace mooncake::sparse

@@ -1,0 +1,534 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The read side of SparseStore: read_sparse_objects (docs/design.md §4) as a sequence of named
+// steps, each a function below, and the check of every manifest entry against the stored
+// object's metadata before anything is sized from it.
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <optional>
+#include <thread>
+
+#include "codec/object_metadata.h"
+#include "executor/node_cache.h"
+#include "executor/sparse_store.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point since) {
+    return std::chrono::duration<double>(Clock::now() - since).count();
+}
+
+/// Runs fn(i) for i in [0, n) on up to `threads` threads (contiguous chunks).
+template <typename Fn>
+void ParallelFor(std::size_t n, int threads, Fn&& fn) {
+    std::size_t t = threads > 0 ? std::size_t(threads)
+                                : std::max(1u, std::thread::hardware_concurrency());
+    t = std::min(t, n);
+    if (t <= 1) {
+        for (std::size_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    std::vector<std::thread> pool;
+    const std::size_t chunk = (n + t - 1) / t;
+    for (std::size_t k = 0; k < t; ++k) {
+        const std::size_t lo = k * chunk, hi = std::min(n, lo + chunk);
+        if (lo >= hi) break;
+        pool.emplace_back([&, lo, hi] {
+            for (std::size_t i = lo; i < hi; ++i) fn(i);
+        });
+    }
+    for (auto& th : pool) th.join();
+}
+
+/// The first descriptor field in which a requester's manifest entry differs from the stored
+/// object's metadata, or nullptr when they agree.
+const char* FirstDifference(const SourceDescriptor& claimed, const SourceDescriptor& stored) {
+    if (claimed.tensor_id != stored.tensor_id) return "tensor_id";
+    if (claimed.global_shape != stored.global_shape) return "global_shape";
+    if (!(claimed.box == stored.box)) return "global_offset/local_shape";
+    if (!(claimed.generation == stored.generation)) return "generation";
+    if (!(claimed.placement == stored.placement)) return "source_placement";
+    if (!(claimed.policy == stored.policy)) return "placement_policy";
+    if (claimed.tile_shape != stored.tile_shape) return "tile_shape";
+    if (claimed.nnz != stored.nnz) return "nnz";
+    if (claimed.num_tiles != stored.num_tiles) return "num_tiles";
+    if (claimed.apply != stored.apply) return "apply";
+    if (claimed.index_dtype != stored.index_dtype) return "index_dtype";
+    if (claimed.value_dtype != stored.value_dtype) return "value_dtype";
+    return nullptr;
+}
+
+/// Errors: InvalidArgument when the manifest entry does not describe the stored object.
+Status CheckClaim(const SourceDescriptor& claimed, const SourceDescriptor& stored) {
+    if (const char* field = FirstDifference(claimed, stored)) {
+        return InvalidArgument("manifest entry of " + claimed.source_ref + " does not describe " +
+                               "the stored object: its " + field + " differs (a manifest of " +
+                               "another store or generation?)");
+    }
+    return Status::Ok();
+}
+
+/// Reads whole `indices`/`values` members of a source (the baseline and the fallback).
+Status ReadFullSource(ObjectStore& store, const SourceDescriptor& src, ReadData& out) {
+    auto idx = std::make_shared<std::vector<std::byte>>(src.nnz * src.rank() *
+                                                        DTypeSize(src.index_dtype));
+    auto val = std::make_shared<std::vector<std::byte>>(src.nnz * DTypeSize(src.value_dtype));
+    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "indices", *idx));
+    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "values", *val));
+    out = {std::move(idx), std::move(val), 0};
+    return Status::Ok();
+}
+
+struct Piece {
+    std::size_t source_index;
+    EntryRange range;  ///< Entry offsets into the source.
+    Box overlap;
+    const ReadData* data;
+};
+
+/// Filters, rebases and builds one target-local object from its pieces.
+Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifest,
+                                       const TargetDescriptor& target,
+                                       std::span<const SourceMatch> matches,
+                                       std::span<const Piece> pieces, std::uint64_t& fanout_bytes) {
+    if (matches.empty()) return Internal("target " + target.target_id + " has no source");
+    const SourceDescriptor& first = manifest[matches.front().source_index];
+    for (const SourceMatch& m : matches) {
+        const SourceDescriptor& s = manifest[m.source_index];
+        if (s.apply != first.apply || s.value_dtype != first.value_dtype) {
+            return InvalidArgument("target " + target.target_id +
+                                   " reads sources with different apply modes or value dtypes");
+        }
+    }
+    Shape local(target.box.shape().begin(), target.box.shape().end());
+    const DType out_index = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
+    std::vector<std::byte> indices, values;
+    for (const Piece& p : pieces) {
+        const SourceDescriptor& s = manifest[p.source_index];
+        const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
+        const std::size_t vsz = DTypeSize(s.value_dtype);
+        const std::uint64_t row = p.range.start - p.data->base;
+        const std::uint64_t count = p.range.size();
+        if ((row + count) * isz > p.data->indices->size() ||
+            (row + count) * vsz > p.data->values->size()) {
+            return Internal("range read does not hold the planned region");
+        }
+        std::span<const std::byte> in_idx(p.data->indices->data() + row * isz, count * isz);
+        std::span<const std::byte> in_val(p.data->values->data() + row * vsz, count * vsz);
+        FilterRebase(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
+                     p.range.exact_coordinate_filter, target.box.origin(), out_index, indices,
+                     values);
+        fanout_bytes += count * (isz + vsz);
+    }
+    SourceDescriptor desc;
+    desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
+    desc.tensor_id = target.tensor_id;
+    desc.global_shape = local;
+    MCS_ASSIGN_OR_RETURN(desc.box, Box::Whole(local));
+    desc.generation = first.generation;
+    desc.placement = target.placement;
+    desc.apply = first.apply;
+    const std::uint64_t nnz = values.size() / DTypeSize(first.value_dtype);
+    HostArray idx_arr{out_index, {Index(nnz), Index(local.size())}, indices};
+    HostArray val_arr{first.value_dtype, {Index(nnz)}, values};
+    EncodeOptions enc;
+    Shape tile(first.tile_shape);
+    for (std::size_t d = 0; d < tile.size(); ++d) tile[d] = std::min(tile[d], local[d]);
+    enc.tile_shape = tile;
+    enc.num_threads = 1;
+    auto built = BuildSparseObject(std::move(desc), idx_arr, val_arr, enc);
+    if (!built.ok()) return built.status().WithContext("materializing " + target.target_id);
+    TargetObject out{target.target_id, target.node_id, target.box, std::move(built).value()};
+    out.object.coordinate_space = "local";
+    return out;
+}
+
+}  // namespace
+
+/// One ReadSparseObjects call: its inputs, what each step leaves for the next, and its own
+/// metrics (added to the store's when it succeeds). Its address names the call's reads in
+/// progress in the node cache.
+struct SparseStore::ReadCall {
+    ReadCall(std::span<const SourceDescriptor> manifest_in,
+             std::span<const TargetDescriptor> targets_in, const ReadOptions& options_in)
+        : manifest(manifest_in),
+          targets(targets_in),
+          options(options_in),
+          start(Clock::now()),
+          pieces(targets_in.size()) {}
+
+    /// Starts the materialize clock, which also covers the full reads of the baseline and of
+    /// the budget fallback, and sizes the per-target results.
+    void StartMaterializing() {
+        materialize_start = Clock::now();
+        results.assign(targets.size(), Result<TargetObject>(Internal("unset")));
+        fanout.assign(targets.size(), 0);
+    }
+
+    const std::span<const SourceDescriptor> manifest;
+    const std::span<const TargetDescriptor> targets;
+    const ReadOptions& options;
+    const Clock::time_point start;
+    Clock::time_point materialize_start;
+    SparseMetrics metrics;
+    std::unique_ptr<PlanScratch> scratch;
+    std::optional<ManifestIndex> own_index;  ///< When the caller passed none.
+    SourceSelection selection;
+    /// Per manifest entry: its tile index, when the selection needs it.
+    std::vector<std::shared_ptr<const TileIndex>> indexes;
+    std::vector<const TileIndex*> lookup;
+    std::optional<BatchPlan> plan;   ///< Unset when over the planning budget.
+    std::vector<ReadData> reads;     ///< Per unique read of the plan.
+    std::vector<ReadData> full;      ///< Per manifest entry: the budget fallback's full reads.
+    std::vector<std::vector<Piece>> pieces;  ///< Per target.
+    std::vector<Result<TargetObject>> results;
+    std::vector<std::uint64_t> fanout;
+};
+
+Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
+    std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    ReadCall call(manifest, targets, options);
+    call.scratch = TakeScratch();
+    MCS_RETURN_IF_ERROR(SelectTargetSources(call));
+    if (options.strategy == ReadStrategy::kFullSourcePerTarget) {
+        call.StartMaterializing();
+        MCS_RETURN_IF_ERROR(ReadAndMaterializePerTarget(call));
+    } else {
+        MCS_RETURN_IF_ERROR(LoadIndexes(call));
+        MCS_ASSIGN_OR_RETURN(const bool planned, PlanReads(call));
+        if (planned) {
+            MCS_RETURN_IF_ERROR(ReadUniqueRanges(call));
+            CollectPlannedPieces(call);
+            call.scratch->plan = std::move(*call.plan);  // its storage serves the next read
+        }
+        call.StartMaterializing();
+        if (!planned) MCS_RETURN_IF_ERROR(ReadFullSources(call));
+        MaterializeTargets(call);
+    }
+    MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> out, PublishTargets(call));
+    AddReadMetrics(call.metrics);
+    if (call.own_index) call.scratch->index = std::move(*call.own_index);
+    ReturnScratch(std::move(call.scratch));
+    return out;
+}
+
+Status SparseStore::SelectTargetSources(ReadCall& call) {
+    if (call.options.manifest_index == nullptr) {
+        MCS_ASSIGN_OR_RETURN(call.own_index,
+                             ManifestIndex::Make(call.manifest, &call.scratch->index));
+    }
+    const ManifestIndex& manifest_index =
+        call.options.manifest_index != nullptr ? *call.options.manifest_index : *call.own_index;
+    MCS_ASSIGN_OR_RETURN(call.selection, SelectSources(call.manifest, manifest_index, call.targets,
+                                                       &call.scratch->plan.selection));
+    return Status::Ok();
+}
+
+Status SparseStore::LoadIndexes(ReadCall& call) {
+    call.indexes.resize(call.manifest.size());
+    call.lookup.assign(call.manifest.size(), nullptr);
+    for (std::size_t si : call.selection.needed_sources) {
+        MCS_ASSIGN_OR_RETURN(call.indexes[si], LoadIndex(call.manifest[si]));
+        call.lookup[si] = call.indexes[si].get();
+    }
+    return Status::Ok();
+}
+
+Result<bool> SparseStore::PlanReads(ReadCall& call) {
+    // The selection is copied into the plan: the budget fallback still needs it when planning
+    // fails.
+    auto plan = PlanBatch(call.manifest, call.targets, call.selection, call.lookup,
+                          call.options.plan, &call.scratch->plan);
+    if (!plan.ok() && plan.status().code() != StatusCode::kResourceExhausted) return plan.status();
+    SparseMetrics& m = call.metrics;
+    m.plan_seconds = Seconds(call.start);
+    if (!plan.ok()) return false;
+    m.nd_fallbacks = plan->stats.query.nd_path;
+    m.planned_ranges = plan->stats.regions;
+    m.unique_ranges = plan->reads.size();
+    call.plan = std::move(plan).value();
+    return true;
+}
+
+Status SparseStore::ReadUniqueRanges(ReadCall& call) {
+    const BatchPlan& plan = *call.plan;
+    SparseMetrics& m = call.metrics;
+    const auto start = Clock::now();
+    call.reads.resize(plan.reads.size());
+    // The source of each read, from its (source, node) group.
+    std::vector<std::uint32_t> read_source(plan.reads.size());
+    std::vector<NodeCache::RangeKey> keys(plan.reads.size());
+    for (const ReadGroup& g : plan.read_groups) {
+        const std::string* ref = &call.manifest[g.source_index].source_ref;
+        for (std::size_t r = g.begin; r < g.end; ++r) {
+            read_source[r] = g.source_index;
+            keys[r] = {ref, plan.reads[r].start, plan.reads[r].end};
+        }
+    }
+    // Each unique range is a cache hit, a wait on a concurrent request's read of it, or a read
+    // of our own that concurrent requests may wait on (single flight).
+    NodeCache::RangeClaims claims = cache_->ClaimRanges(keys, &call, call.reads);
+    m.cache_hits += claims.hits;
+    m.range_cache_hits += claims.hits;
+    std::vector<RangeRead> batch;
+    std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
+    for (std::size_t r : claims.missing) {
+        const UniqueRead& u = plan.reads[r];
+        // Sized from a manifest entry that LoadIndex checked against the stored object.
+        const SourceDescriptor& s = call.manifest[read_source[r]];
+        auto ib = std::make_shared<std::vector<std::byte>>(u.size() * s.rank() *
+                                                           DTypeSize(s.index_dtype));
+        auto vb = std::make_shared<std::vector<std::byte>>(u.size() * DTypeSize(s.value_dtype));
+        batch.push_back({s.source_ref, "indices", u.start, u.end, *ib});
+        batch.push_back({s.source_ref, "values", u.start, u.end, *vb});
+        m.range_bytes_read += ib->size() + vb->size();
+        idx_bufs.push_back(ib);
+        val_bufs.push_back(vb);
+    }
+    const Status read_status = batch.empty() ? Status::Ok() : store_->ReadRanges(batch);
+    if (read_status.ok()) {
+        for (std::size_t k = 0; k < claims.missing.size(); ++k) {
+            const std::size_t r = claims.missing[k];
+            call.reads[r] = {idx_bufs[k], val_bufs[k], plan.reads[r].start};
+        }
+    }
+    // Our flights complete before we wait for anyone else's, so waits never form a cycle.
+    cache_->FinishRanges(keys, &call, read_status, call.reads, claims);
+    if (!read_status.ok()) return read_status.WithContext("range reads");
+    m.range_gets += claims.missing.size();
+    for (auto& [r, flight] : claims.waits) {
+        const NodeCache::RangeResult& got = flight.get();
+        if (!got.ok()) return got.status().WithContext("a concurrent request's range read");
+        call.reads[r] = *got;
+        ++m.single_flight_waits;
+    }
+    m.read_seconds = Seconds(start);
+    return Status::Ok();
+}
+
+void SparseStore::CollectPlannedPieces(ReadCall& call) {
+    const BatchPlan& plan = *call.plan;
+    for (std::size_t t = 0; t < call.targets.size(); ++t) {
+        const auto [first, last] = plan.match_range(t);
+        for (std::size_t k = first; k < last; ++k) {
+            const SourceMatch& match = plan.matches()[k];
+            const Box overlap = match.Overlap(call.manifest, call.targets);
+            for (const Region& r : plan.regions_of_match(k)) {
+                call.pieces[t].push_back(
+                    {match.source_index, r.range(), overlap, &call.reads[r.read_index()]});
+            }
+        }
+    }
+}
+
+Status SparseStore::ReadFullSources(ReadCall& call) {
+    const auto start = Clock::now();
+    SparseMetrics& m = call.metrics;
+    call.full.resize(call.manifest.size());
+    for (std::size_t si : call.selection.needed_sources) {
+        MCS_RETURN_IF_ERROR(VerifySource(call.manifest[si]));
+        MCS_RETURN_IF_ERROR(ReadFullSource(*store_, call.manifest[si], call.full[si]));
+        ++m.full_gets;
+        ++m.dense_fallbacks;
+        m.full_bytes_read += call.full[si].indices->size() + call.full[si].values->size();
+    }
+    for (std::size_t t = 0; t < call.targets.size(); ++t) {
+        for (const SourceMatch& match : call.selection.matches_of(t)) {
+            const SourceDescriptor& s = call.manifest[match.source_index];
+            if (s.nnz > 0) {
+                call.pieces[t].push_back({match.source_index, {0, s.nnz, true},
+                                          match.Overlap(call.manifest, call.targets),
+                                          &call.full[match.source_index]});
+            }
+        }
+    }
+    m.read_seconds = Seconds(start);
+    return Status::Ok();
+}
+
+Status SparseStore::ReadAndMaterializePerTarget(ReadCall& call) {
+    SparseMetrics& m = call.metrics;
+    for (std::size_t t = 0; t < call.targets.size(); ++t) {
+        const std::span<const SourceMatch> matches = call.selection.matches_of(t);
+        std::vector<ReadData> own(matches.size());
+        for (std::size_t k = 0; k < own.size(); ++k) {
+            const SourceMatch& match = matches[k];
+            const SourceDescriptor& s = call.manifest[match.source_index];
+            MCS_RETURN_IF_ERROR(VerifySource(s));
+            MCS_RETURN_IF_ERROR(ReadFullSource(*store_, s, own[k]));
+            ++m.full_gets;
+            m.full_bytes_read += own[k].indices->size() + own[k].values->size();
+            if (s.nnz > 0) {
+                call.pieces[t].push_back({match.source_index, {0, s.nnz, true},
+                                          match.Overlap(call.manifest, call.targets), &own[k]});
+            }
+        }
+        call.results[t] = MaterializeTarget(call.manifest, call.targets[t], matches,
+                                            call.pieces[t], call.fanout[t]);
+    }
+    m.read_seconds = Seconds(call.materialize_start);
+    return Status::Ok();
+}
+
+void SparseStore::MaterializeTargets(ReadCall& call) {
+    // Threads only pay off for large batches: starting them costs far more than filtering a
+    // few thousand entries.
+    std::uint64_t entries = 0;
+    for (const auto& p : call.pieces) {
+        for (const Piece& piece : p) entries += piece.range.size();
+    }
+    constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
+    const int threads = entries < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
+    ParallelFor(call.targets.size(), threads, [&](std::size_t t) {
+        call.results[t] = MaterializeTarget(call.manifest, call.targets[t],
+                                            call.selection.matches_of(t), call.pieces[t],
+                                            call.fanout[t]);
+    });
+}
+
+Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {
+    SparseMetrics& m = call.metrics;
+    std::vector<TargetObject> out;
+    out.reserve(call.targets.size());
+    for (std::size_t t = 0; t < call.targets.size(); ++t) {
+        if (!call.results[t].ok()) return call.results[t].status();
+        m.fanout_bytes += call.fanout[t];
+        m.target_bytes += call.results[t]->object.PayloadBytes();
+        ++m.target_objects_published;
+        out.push_back(std::move(call.results[t]).value());
+    }
+    m.materialize_seconds = Seconds(call.materialize_start);
+    return out;
+}
+
+void SparseStore::AddReadMetrics(const SparseMetrics& m) {
+    std::lock_guard lock(metrics_mu_);
+    metrics_.index_gets += m.index_gets;
+    metrics_.range_gets += m.range_gets;
+    metrics_.range_bytes_read += m.range_bytes_read;
+    metrics_.full_gets += m.full_gets;
+    metrics_.full_bytes_read += m.full_bytes_read;
+    metrics_.dense_fallbacks += m.dense_fallbacks;
+    metrics_.nd_fallbacks += m.nd_fallbacks;
+    metrics_.cache_hits += m.cache_hits;
+    metrics_.range_cache_hits += m.range_cache_hits;
+    metrics_.single_flight_waits += m.single_flight_waits;
+    metrics_.fanout_bytes += m.fanout_bytes;
+    metrics_.target_objects_published += m.target_objects_published;
+    metrics_.target_bytes += m.target_bytes;
+    metrics_.planned_ranges += m.planned_ranges;
+    metrics_.unique_ranges += m.unique_ranges;
+    metrics_.plan_seconds += m.plan_seconds;
+    metrics_.read_seconds += m.read_seconds;
+    metrics_.materialize_seconds += m.materialize_seconds;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sources: what the store holds, checked against what a manifest entry claims.
+// ---------------------------------------------------------------------------------------------
+Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& claimed) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", claimed.source_ref));
+    MCS_ASSIGN_OR_RETURN(ObjectInfo info, store_->Stat(claimed.source_ref));
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored,
+                         DecodeObjectMetadata(claimed.source_ref, info.metadata));
+    MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
+    // The members must hold what the metadata says: every later allocation is sized from it.
+    const struct {
+        const char* name;
+        std::uint64_t bytes;
+    } expected[] = {
+        {"indices", stored.nnz * stored.rank() * DTypeSize(stored.index_dtype)},
+        {"values", stored.nnz * DTypeSize(stored.value_dtype)},
+        {"tile_coords", stored.num_tiles * stored.rank() * sizeof(TileCoord)},
+        {"tile_ptr", (stored.num_tiles + 1) * sizeof(std::uint64_t)},
+    };
+    for (const auto& e : expected) {
+        const MemberInfo* m = info.FindMember(e.name);
+        if (m == nullptr || m->size_bytes != e.bytes) {
+            return DataLoss("stored object " + claimed.source_ref + " member " + e.name +
+                            (m == nullptr ? " is missing"
+                                          : " holds " + std::to_string(m->size_bytes) +
+                                                " bytes, its metadata says " +
+                                                std::to_string(e.bytes)));
+        }
+    }
+    return stored;
+}
+
+Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claimed) {
+    if (auto hit = cache_->FindIndex(claimed.source_ref)) {
+        MCS_RETURN_IF_ERROR(CheckClaim(claimed, hit->source));
+        return hit->source;
+    }
+    return StoredDescriptor(claimed);
+}
+
+Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDescriptor& src) {
+    using IndexResult = NodeCache::IndexResult;
+    // The cache holds the index together with the stored descriptor it was built from; a
+    // requester's entry must match that descriptor, so a wrong manifest entry fails its own
+    // read and never poisons the node's cache for others.
+    const auto checked = [&](const IndexResult& r) -> Result<std::shared_ptr<const TileIndex>> {
+        if (!r.ok()) return r.status();
+        MCS_RETURN_IF_ERROR(CheckClaim(src, (*r)->source));
+        return std::shared_ptr<const TileIndex>(*r, &(*r)->index);
+    };
+    NodeCache::IndexClaim claim = cache_->ClaimIndex(src.source_ref);
+    if (claim.hit) {
+        std::lock_guard mlock(metrics_mu_);
+        ++metrics_.cache_hits;
+        ++metrics_.index_cache_hits;
+        return checked(claim.hit);
+    }
+    if (claim.in_flight.valid()) {
+        {
+            std::lock_guard mlock(metrics_mu_);
+            ++metrics_.index_single_flight_waits;
+        }
+        return checked(claim.in_flight.get());
+    }
+    const IndexResult result = ReadIndex(src);
+    cache_->FinishIndex(src.source_ref, claim, result);
+    return checked(result);
+}
+
+Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(const SourceDescriptor& src) {
+    // Sized from the stored metadata only (checked against the members), never from the
+    // requester's numbers.
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored, StoredDescriptor(src));
+    std::vector<TileCoord> coords(stored.num_tiles * stored.rank());
+    std::vector<std::uint64_t> ptr(stored.num_tiles + 1);
+    MCS_RETURN_IF_ERROR(store_->ReadMember(
+        stored.source_ref, "tile_coords",
+        {reinterpret_cast<std::byte*>(coords.data()), coords.size() * sizeof(TileCoord)}));
+    MCS_RETURN_IF_ERROR(store_->ReadMember(
+        stored.source_ref, "tile_ptr",
+        {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
+    {
+        std::lock_guard mlock(metrics_mu_);
+        ++metrics_.index_gets;
+    }
+    MCS_ASSIGN_OR_RETURN(TileIndex index,
+                         TileIndex::Make(stored, std::move(coords), std::move(ptr)));
+    return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});
+}
+
+std::unique_ptr<SparseStore::PlanScratch> SparseStore::TakeScratch() {
+    {
+        std::lock_guard lock(scratch_mu_);
+        if (scratch_) return std::move(scratch_);
+    }
+    return std::make_unique<PlanScratch>();
+}
+
+void SparseStore::ReturnScratch(std::unique_ptr<PlanScratch> scratch) {
+    std::lock_guard lock(scratch_mu_);
+    if (!scratch_) scratch_ = std::move(scratch);
+}
+
+}  // namespace mooncake::sparse
