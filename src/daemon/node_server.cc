@@ -709,7 +709,8 @@ void NodeServer::AcceptLoop() {
         }
         if (fds[1].revents & POLLIN) {
             std::uint64_t count = 0;
-            (void)::read(wake_.get(), &count, sizeof count);
+            // An eventfd read of 8 bytes either succeeds or finds it already drained.
+            [[maybe_unused]] const ssize_t drained = ::read(wake_.get(), &count, sizeof count);
         }
         ReapFinished();  // Right when a connection ends, not on the next accept.
         if ((fds[0].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
@@ -789,7 +790,9 @@ void NodeServer::Serve(const std::shared_ptr<Connection>& connection) {
     MCS_LOG(kDebug) << "connection " << connection->id << " closed";
     connection->finished.store(true, std::memory_order_release);
     const std::uint64_t one = 1;
-    (void)::write(wake_.get(), &one, sizeof one);  // The accept loop joins this thread.
+    // The accept loop joins this thread. An eventfd write only fails when the counter would
+    // overflow, and then the loop is woken already.
+    [[maybe_unused]] const ssize_t woke = ::write(wake_.get(), &one, sizeof one);
 }
 
 void NodeServer::ReapFinished() {
@@ -817,7 +820,7 @@ void NodeServer::Stop() {
     }
     listener_.Shutdown();
     const std::uint64_t one = 1;
-    (void)::write(wake_.get(), &one, sizeof one);
+    [[maybe_unused]] const ssize_t woke = ::write(wake_.get(), &one, sizeof one);
     if (accept_thread_.joinable()) accept_thread_.join();
     for (auto& c : connections) c->conn.Shutdown();
     for (auto& c : connections) {

@@ -159,7 +159,7 @@ TEST_F(TensorDaemonTest, HostileTensorRequestsAreRejected) {
     // A CUDA item whose handle cannot be opened (or no CUDA in the daemon): an error reply, the
     // connection stays usable.
     wire::TensorGetRequest req;
-    wire::TensorItem item{"k", DType::kFloat32, {4}, {}};
+    wire::TensorItem item{"k", DType::kFloat32, {4}, {}, {}};
     item.location.ref.kind = wire::BufferKind::kCudaIpc;
     item.location.ref.offset = 0;
     item.location.ref.size = 16;
@@ -168,12 +168,12 @@ TEST_F(TensorDaemonTest, HostileTensorRequestsAreRejected) {
     item.location.cuda_base = 0x1000;
     item.location.cuda_alloc_size = 16;
     std::vector<std::byte> out(16);
-    NodeTensor t{"k", DType::kFloat32, {4}, {}, {}, item.location};
+    NodeTensor t{"k", DType::kFloat32, {4}, {}, {}, item.location, {}};
     const Status s = client_->GetTensorsInto({&t, 1});
     EXPECT_FALSE(s.ok());
     EXPECT_NE(s.code(), StatusCode::kUnavailable) << s.ToString();
     // A missing key through the client-buffer path.
-    NodeTensor host{"k", DType::kFloat32, {4}, {out.data(), out.size()}, {}, std::nullopt};
+    NodeTensor host{"k", DType::kFloat32, {4}, {out.data(), out.size()}, {}, std::nullopt, {}};
     EXPECT_THAT(client_->GetTensorsInto({&host, 1}), StatusIs(StatusCode::kNotFound));
     auto a = Pattern(16, 1);
     ASSERT_OK(tensors_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, a), {}));
