@@ -20,10 +20,10 @@
 #include <thread>
 #include <vector>
 
-#include "daemon/node_server.h"
-#include "store/node_client.h"
-#include "store/uds.h"
-#include "store/wire.h"
+#include "node/node_server.h"
+#include "node/node_client.h"
+#include "node/uds.h"
+#include "node/wire.h"
 
 namespace mcs = mooncake::sparse;
 using Clock = std::chrono::steady_clock;

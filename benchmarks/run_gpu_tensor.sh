@@ -140,7 +140,7 @@ rm -rf "${build}/pyroot"
 mkdir -p "${pkg}/bin"
 cp python/mooncake/sparse/*.py python/mooncake/sparse/py.typed "${pkg}/"
 cp "${build}"/python/_core*.so "${pkg}/"
-[[ "${daemon}" == 1 ]] && cp "${build}/src/daemon/mooncake_sparse_node" "${pkg}/bin/"
+[[ "${daemon}" == 1 ]] && cp "${build}/src/node/mooncake_sparse_node" "${pkg}/bin/"
 export PYTHONPATH="${build}/pyroot${PYTHONPATH:+:${PYTHONPATH}}"
 # Upstream Mooncake: installed already, or from a wheel in .devdeps/wheels (no network needed).
 if ! "${py}" -c "import mooncake.store" > /dev/null 2>&1; then

@@ -50,13 +50,13 @@
 #include <vector>
 
 #include "codec/codec.h"
-#include "daemon/log.h"
-#include "daemon/node_server.h"
+#include "node/log.h"
+#include "node/node_server.h"
 #include "executor/sparse_store.h"
 #include "executor/tensor_store.h"
 #include "store/shm_segment.h"
-#include "store/uds.h"
-#include "store/wire.h"
+#include "node/uds.h"
+#include "node/wire.h"
 
 namespace {
 

@@ -21,7 +21,7 @@
 #include <utility>
 #include <variant>
 
-#include "store/wire.h"
+#include "node/wire.h"
 
 namespace {
 

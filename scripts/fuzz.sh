@@ -10,7 +10,7 @@
 #   FUZZ_ARGS="..."      extra libFuzzer flags (e.g. -jobs=4 -workers=4)
 #
 # The seed corpora are regenerated with
-#   MCS_WIRE_CORPUS_DIR=fuzz/corpus/wire build/release/tests/store_test \
+#   MCS_WIRE_CORPUS_DIR=fuzz/corpus/wire build/release/tests/node_test \
 #       --gtest_filter='WireTest.WriteFuzzCorpus'     (one encoded frame per message type)
 #   rm -rf fuzz/corpus/node_request && \
 #   MCS_NODE_FUZZ_CORPUS_DIR=fuzz/corpus/node_request build/fuzz/fuzz/node_request_fuzzer

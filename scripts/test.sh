@@ -45,7 +45,7 @@ cmake -S . -B build/tsan -G Ninja \
     -DMOONCAKE_SPARSE_SANITIZE=thread \
     -DMOONCAKE_SPARSE_WITH_CUDA=OFF
 tsan_targets=()
-for t in store_test executor_test daemon_test; do
+for t in store_test executor_test node_test; do
     if cmake --build build/tsan --target help | grep -q "^${t}:"; then tsan_targets+=("${t}"); fi
 done
 cmake --build build/tsan -j"${JOBS}" --target "${tsan_targets[@]}"
@@ -83,7 +83,7 @@ if [[ -f pyproject.toml ]]; then
     # or undefined behaviour in the daemon aborts it (the test sees it go away), and a report
     # that did not abort (a leak at exit) fails the test at teardown, where start_node_daemon
     # checks the daemon's exit status and its log.
-    asan_daemon="${ROOT}/build/asan/src/daemon/mooncake_sparse_node"
+    asan_daemon="${ROOT}/build/asan/src/node/mooncake_sparse_node"
     if [[ ! -x "${asan_daemon}" ]]; then
         echo "test.sh: ${asan_daemon} was not built" >&2
         exit 1

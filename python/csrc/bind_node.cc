@@ -18,7 +18,7 @@
 #include "object_store_handle.h"
 #include "executor/sparse_store.h"
 #include "sparse_object.h"
-#include "store/node_client.h"
+#include "node/node_client.h"
 
 namespace mooncake::sparse::py {
 namespace {

@@ -16,8 +16,8 @@
 #include "python_object_store.h"
 
 #if MCS_PY_WITH_NODE_SERVER
-#include "daemon/daemon_config.h"
-#include "daemon/node_server.h"
+#include "node/daemon_config.h"
+#include "node/node_server.h"
 #endif
 
 namespace mooncake::sparse::py {

@@ -23,8 +23,8 @@
 #include "bind_common.h"
 #include "executor/tensor_store.h"
 #include "object_store_handle.h"
-#include "store/node_client.h"
-#include "executor/node_tensor_store.h"
+#include "node/node_client.h"
+#include "node/node_tensor_store.h"
 #include "store/tensor_object.h"
 #include "tensor_args.h"
 

@@ -1,0 +1,211 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// mooncake_sparse_node: the node daemon (docs/design.md §5-6, §8). Owns the node's shared-memory
+// segments and serves the DummyClients of the node over a Unix socket:
+//
+//     mooncake_sparse_node --segment_size=256MiB --capacity=8GiB --pinned_quota_bytes=4GiB
+//         [--socket_path=PATH]   (default: DefaultSocketPath(), see daemon_config.h)
+//
+// SIGTERM / SIGINT shut it down cleanly (connections closed, socket file removed).
+#include <gflags/gflags.h>
+#include <glog/logging.h>
+#include <poll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <string>
+
+#include "node/daemon_config.h"
+#include "node/log.h"
+#include "node/node_server.h"
+
+DEFINE_string(socket_path, "",
+              "Unix socket the daemon listens on (created mode 0600, its directory 0700 when "
+              "missing). Default: $XDG_RUNTIME_DIR/mooncake-sparse/node.sock, or "
+              "/tmp/mooncake-sparse-$UID/node.sock without XDG_RUNTIME_DIR.");
+DEFINE_string(config, "", "YAML file with any of the keys below; explicit flags win over it.");
+DEFINE_bool(print_config, false,
+            "Print the resolved configuration (defaults < --config < flags) as one JSON object "
+            "and exit; exit status 2 when it is invalid.");
+DEFINE_string(node_id, "node0", "Node id reported to clients and used by the planner.");
+DEFINE_string(segment_size, "256MiB", "Bytes of one shared-memory segment (page multiple).");
+DEFINE_uint32(num_segments, 4, "Number of segments (or give --capacity).");
+DEFINE_string(capacity, "", "Total segment bytes; sets the number of segments.");
+DEFINE_string(pinned_quota_bytes, "0",
+              "Segment bytes registered with cudaHostRegister when CUDA is present.");
+DEFINE_string(cache_capacity_bytes, "1GiB",
+              "Capacity of each node-local cache (tile indexes, range reads).");
+DEFINE_string(client_buffer_max_bytes, "1GiB", "Largest buffer a client may register.");
+DEFINE_string(metadata_capacity_bytes, "256MiB", "Bound on keys, metadata and member tables.");
+DEFINE_uint32(read_threads, 2, "Materialization threads per read_sparse_objects call.");
+DEFINE_uint32(max_connections, 1024,
+              "Connections served at once; when full, a new one evicts the longest-idle "
+              "connection that holds no client buffer and no lease.");
+DEFINE_string(frame_timeout, "10s",
+              "A started frame must be complete within this (and a new connection must say "
+              "Hello within it), or the connection is closed. 0: no limit.");
+DEFINE_string(idle_timeout, "60s",
+              "A connection holding no client buffer and no lease that is idle this long is "
+              "closed. 0: never.");
+DEFINE_bool(prefault_segments, true,
+            "Populate every segment page in the background at start-up (fast copies into "
+            "fresh memory; commits the capacity to RAM).");
+DEFINE_uint32(prepare_threads, 4, "Threads that pre-fault and pin the segments in the background.");
+DEFINE_string(log_level, "info", "debug | info | warning | error");
+
+namespace mcs = mooncake::sparse;
+
+namespace {
+
+/// Defaults < --config file < flags given on the command line.
+mcs::Result<mcs::NodeDaemonConfig> ResolveConfig() {
+    mcs::NodeDaemonConfig config;
+    if (!FLAGS_config.empty()) {
+        MCS_RETURN_IF_ERROR(mcs::ApplyYamlConfigFile(FLAGS_config, config));
+    }
+    std::vector<gflags::CommandLineFlagInfo> flags;
+    gflags::GetAllFlags(&flags);
+    for (const auto& flag : flags) {
+        if (flag.is_default || flag.name == "config" || flag.name == "print_config" ||
+            flag.filename.find("node/main.cc") == std::string::npos) {
+            continue;
+        }
+        MCS_RETURN_IF_ERROR(mcs::SetConfigKey(config, flag.name, flag.current_value)
+                                .WithContext("--" + flag.name));
+    }
+    return config;
+}
+
+}  // namespace
+
+namespace {
+
+void GlogSink(mcs::daemon::LogSeverity severity, const char* file, int line,
+              const std::string& text) {
+    switch (severity) {
+        case mcs::daemon::LogSeverity::kDebug:
+            if (VLOG_IS_ON(1)) google::LogMessage(file, line, google::GLOG_INFO).stream() << text;
+            break;
+        case mcs::daemon::LogSeverity::kInfo:
+            google::LogMessage(file, line, google::GLOG_INFO).stream() << text;
+            break;
+        case mcs::daemon::LogSeverity::kWarning:
+            google::LogMessage(file, line, google::GLOG_WARNING).stream() << text;
+            break;
+        case mcs::daemon::LogSeverity::kError:
+            google::LogMessage(file, line, google::GLOG_ERROR).stream() << text;
+            break;
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    gflags::SetUsageMessage(
+        "the mooncake-sparse node daemon\n  mooncake_sparse_node [--socket_path=PATH] "
+        "[--config=FILE.yaml] [--print_config] [--segment_size=256MiB] [--num_segments=N | --capacity=BYTES] "
+        "[--pinned_quota_bytes=BYTES] [--cache_capacity_bytes=BYTES] [--log_level=info]");
+    gflags::SetVersionString("0.1.0");
+    FLAGS_logtostderr = true;
+    gflags::ParseCommandLineFlags(&argc, &argv, /*remove_flags=*/true);
+    google::InitGoogleLogging(argv[0]);
+    // The server logs through daemon/log.h; here that goes to glog (its flags and levels).
+    mcs::daemon::SetLogSink(&GlogSink, mcs::daemon::LogSeverity::kDebug);
+
+    auto config = ResolveConfig();
+    if (!config.ok()) {
+        LOG(ERROR) << "configuration: " << config.status().ToString();
+        return 2;
+    }
+    const auto level = mcs::ParseLogLevel(config->log_level);
+    FLAGS_minloglevel = level->min_severity;
+    FLAGS_v = level->verbosity;
+    auto options = mcs::ToServerOptions(*config);
+    if (!options.ok()) {
+        LOG(ERROR) << "configuration: " << options.status().ToString();
+        return 2;
+    }
+    if (FLAGS_print_config) {
+        std::printf("%s\n", mcs::ConfigToJson(*config).c_str());
+        return 0;
+    }
+    if (mcs::Status s = mcs::EnsureSocketDirectory(options->socket_path); !s.ok()) {
+        LOG(ERROR) << "socket_path: " << s.ToString();
+        return 2;
+    }
+
+    // Block the shutdown signals before any thread starts (threads inherit the mask), and
+    // receive them synchronously through a signalfd.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGTERM);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGHUP);
+    if (pthread_sigmask(SIG_BLOCK, &signals, nullptr) != 0) {
+        PLOG(ERROR) << "pthread_sigmask";
+        return 1;
+    }
+    std::signal(SIGPIPE, SIG_IGN);
+    const int sfd = signalfd(-1, &signals, SFD_CLOEXEC);
+    if (sfd < 0) {
+        PLOG(ERROR) << "signalfd";
+        return 1;
+    }
+
+    auto server = mcs::NodeServer::Start(*options);
+    if (!server.ok()) {
+        LOG(ERROR) << "cannot start: " << server.status().ToString();
+        return 1;
+    }
+    const mcs::ShmStoreStats stats = (*server)->store().Stats();
+    // Pinning and pre-faulting go on in the background; capabilities()/metrics show how far.
+    LOG(INFO) << "mooncake_sparse_node listening on " << options->socket_path << " (node "
+              << options->node_id << "): " << stats.segments << " segment(s) of "
+              << options->store.segment_size << " bytes; pinning up to "
+              << options->store.pinned_quota_bytes << " bytes"
+              << (options->store.prefault ? " and pre-faulting" : "") << " in the background";
+
+    int signo = 0;
+    bool prepared_logged = false;
+    for (;;) {
+        if (!prepared_logged) {
+            // Report once when the background preparation is done (checked every second).
+            pollfd p{sfd, POLLIN, 0};
+            if (poll(&p, 1, 1000) == 0) {
+                const mcs::ShmStoreStats now = (*server)->store().Stats();
+                if (now.preparation.complete) {
+                    prepared_logged = true;
+                    LOG(INFO) << "segments prepared: pinned " << now.pinned_bytes << " of "
+                              << now.preparation.pinned_target_bytes << " bytes, pre-faulted "
+                              << now.preparation.prefaulted_bytes << " bytes"
+                              << (now.preparation.detail.empty()
+                                      ? std::string()
+                                      : " (" + now.preparation.detail + ")");
+                }
+                continue;
+            }
+        }
+        signalfd_siginfo info{};
+        const ssize_t n = read(sfd, &info, sizeof(info));
+        if (n == static_cast<ssize_t>(sizeof(info))) {
+            signo = static_cast<int>(info.ssi_signo);
+            if (signo == SIGHUP) {
+                LOG(INFO) << "SIGHUP ignored (restart the daemon to change its configuration)";
+                continue;
+            }
+            break;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        PLOG(ERROR) << "reading the signalfd";
+        break;
+    }
+    LOG(INFO) << "signal " << signo << " (" << strsignal(signo) << "): shutting down";
+    (*server)->Stop();
+    server->reset();
+    close(sfd);
+    LOG(INFO) << "stopped";
+    google::ShutdownGoogleLogging();
+    return 0;
+}

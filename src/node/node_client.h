@@ -1,0 +1,246 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// NodeClient: a DummyClient of the node daemon (docs/design.md §5-6). It owns no segment: it maps the
+// daemon's segments read-only, owns one memfd "client buffer" that it registers with the daemon,
+// and speaks store/wire.h over the daemon's Unix socket. It is an ObjectStore (every call is an
+// RPC) plus the sparse-layer RPCs that run inside the daemon, where the node-local caches serve
+// every process of the node.
+//
+// Why it is built this way:
+// - Payload never crosses the socket. A Put copies the members into the client buffer and the
+//   daemon copies them once into a segment; a read that is not zero-copy is copied by the daemon
+//   into the client buffer. Leased objects and read_sparse_objects results are read in place
+//   from the read-only segment mapping (zero-copy): a view keeps its lease and its mapping alive.
+// - Calls are serialized on one connection (request/reply). A call that cannot complete (the
+//   daemon died, restarted, or did not answer within call_timeout) fails with Unavailable and
+//   drops the connection; the next call dials again, so a restarted daemon is picked up without
+//   any action by the caller. Nothing ever waits without a deadline.
+// - Lease releases are batched: dropping a view queues its lease id, and the next call (or
+//   FlushReleases) sends them. Leases of a dropped connection were already released by the
+//   daemon; their ids are discarded.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/status.h"
+#include "store/object_store.h"
+#include "node/wire.h"
+
+namespace mooncake::sparse {
+
+struct NodeClientOptions {
+    std::string socket_path;
+    std::string client_name;  ///< Shown in the daemon's log; default "pid <N>".
+    std::chrono::milliseconds connect_timeout{5000};
+    /// Bound on one RPC (send + daemon work + reply). read_sparse_objects of a large batch
+    /// runs inside it, so it is generous.
+    std::chrono::milliseconds call_timeout{120000};
+    /// First size of the client buffer; it grows (re-registered) as puts need.
+    std::uint64_t initial_buffer_bytes = std::uint64_t{4} << 20;
+    /// How a call waits for its reply: the calling thread first polls the socket (yielding the
+    /// core whenever another thread is runnable) for `reply_spin`, then sleeps in poll(). A
+    /// thread that sleeps through a long copy pays the core's wake-up latency (deep C-states:
+    /// 50-150 us on server parts), which is what a CUDA stream synchronization under the default
+    /// schedule avoids by spinning. Tensor calls spin longer, for as long as their bytes take at
+    /// `spin_bytes_per_second`, up to `reply_spin_max`. Zero `reply_spin_max` never spins.
+    std::chrono::microseconds reply_spin{200};
+    std::chrono::microseconds reply_spin_max{20000};
+    double spin_bytes_per_second = 8e9;
+};
+
+/// Keeps a zero-copy view valid: the lease (released when the last holder goes) and the
+/// read-only mapping of the daemon segment the bytes lie in.
+using LeaseKeepalive = std::shared_ptr<const void>;
+
+/// An object leased from the daemon, viewed in place.
+struct LeasedObject {
+    ObjectInfo info;
+    std::vector<std::span<const std::byte>> members;  ///< Same order as info.members.
+    LeaseKeepalive keepalive;
+};
+
+/// One target-local object of read_sparse_objects, viewed in place in a daemon segment.
+struct LeasedTargetObject {
+    std::string target_id;
+    std::string node_id;
+    Box target_box;
+    SourceDescriptor desc;  ///< desc.global_shape is the target's local shape.
+    std::string coordinate_space;
+    std::span<const std::byte> indices;      ///< [nnz, rank] of desc.index_dtype
+    std::span<const std::byte> values;       ///< [nnz] of desc.value_dtype
+    std::span<const std::byte> tile_coords;  ///< [num_tiles, rank] uint32
+    std::span<const std::byte> tile_ptr;     ///< [num_tiles + 1] uint64
+    std::uint64_t checksum_indices = 0;
+    std::uint64_t checksum_values = 0;
+    std::uint64_t checksum_tile_coords = 0;
+    std::uint64_t checksum_tile_ptr = 0;
+    LeaseKeepalive keepalive;
+};
+
+/// The four members of an encoded sparse object (codec SparseObject), as bytes plus checksums.
+struct EncodedMembers {
+    std::span<const std::byte> indices;
+    std::span<const std::byte> values;
+    std::span<const std::byte> tile_coords;
+    std::span<const std::byte> tile_ptr;
+    std::uint64_t checksum_indices = 0;
+    std::uint64_t checksum_values = 0;
+    std::uint64_t checksum_tile_coords = 0;
+    std::uint64_t checksum_tile_ptr = 0;
+};
+
+/// One tensor of NodeClient::PutTensors / GetTensorsInto (node/node_tensor_store.h builds
+/// them after validating the caller's tensors).
+struct NodeTensor {
+    std::string_view key;
+    DType dtype = DType::kFloat32;
+    Shape shape;
+    /// Host tensors (no `cuda`): their bytes, copied through the client buffer — from them for
+    /// a put, into them for a get. With `host_strides`, `host` starts at element [0, ..., 0]
+    /// and its size counts the elements' bytes, not the memory they spread over.
+    std::span<std::byte> host;
+    /// Element strides of a host view (copied through them, in place); empty: C-contiguous.
+    std::vector<std::int64_t> host_strides;
+    /// CUDA tensors: where the daemon finds them (a kCudaIpc location).
+    std::optional<wire::TensorLocation> cuda;
+    /// Element strides of a CUDA view (a get_tensor_into destination); empty: C-contiguous.
+    /// `cuda->ref` then covers the view's extent (transport/pitched_copy.h StridedViewSpan).
+    std::vector<std::int64_t> cuda_strides;
+};
+
+struct NodeClientStats {
+    std::uint64_t calls = 0;
+    std::uint64_t connects = 0;      ///< Successful dials (1 + reconnects).
+    std::uint64_t disconnects = 0;   ///< Connections dropped after a failed call.
+    std::uint64_t leases_released = 0;
+    std::uint64_t buffer_bytes = 0;  ///< Current client buffer size.
+    std::uint64_t replies_spun = 0;  ///< Replies that arrived while the caller polled.
+    std::uint64_t replies_slept = 0; ///< Replies the caller slept for (spin budget ran out).
+};
+
+class NodeClient final : public ObjectStore,
+                         public std::enable_shared_from_this<NodeClient> {
+public:
+    /// Dials the daemon once (Hello, segment mappings, client buffer).
+    /// Errors: Unavailable ("node daemon at PATH is not running ..."); PermissionDenied (the
+    /// socket belongs to another user); FailedPrecondition (protocol mismatch).
+    static Result<std::shared_ptr<NodeClient>> Connect(const NodeClientOptions& options);
+
+    ~NodeClient() override;
+    NodeClient(const NodeClient&) = delete;
+    NodeClient& operator=(const NodeClient&) = delete;
+
+    // ObjectStore: every call is one RPC; errors as ObjectStore documents, plus Unavailable.
+    Status Put(std::string_view key, std::string_view metadata,
+               std::span<const MemberData> members, const PutOptions& options) override;
+    Result<ObjectInfo> Stat(std::string_view key) override;
+    Status ReadMember(std::string_view key, std::string_view member,
+                      std::span<std::byte> dst) override;
+    Status ReadRanges(std::span<const RangeRead> reads) override;
+    Status Remove(std::string_view key) override;
+    Result<std::vector<std::string>> List(std::string_view prefix) override;
+    /// What this client sent and received (the daemon's own counters are in Metrics()).
+    StoreCounters Counters() const override;
+
+    /// Zero-copy: the current version of `key`, read in place until the view is dropped.
+    /// Errors: NotFound; Unavailable; DataLoss (a location outside the mapped segment).
+    Result<LeasedObject> Lease(std::string_view key);
+
+    // The sparse layer, run by the daemon (executor SparseStore semantics and errors).
+    Result<wire::SparseCommitReply> CommitSparseObject(const SourceDescriptor& desc,
+                                                       std::string_view coordinate_space,
+                                                       const EncodedMembers& members,
+                                                       bool hard_pin);
+    Result<bool> Admit(std::string_view tensor_id, Generation generation,
+                       const PlacementPolicy& policy, const NamedAxes& source_placement,
+                       std::string_view writer_id);
+    Result<std::vector<SourceDescriptor>> Manifest(Generation generation);
+    Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id);
+    Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
+        std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+        const wire::SparseReadOptions& options);
+    // The tensor fast path (docs/design.md §5), run by the daemon.
+    /// TensorPut: host tensors are copied once into the client buffer, CUDA tensors travel as
+    /// IPC handles (the daemon copies them straight into its segments). The caller has
+    /// synchronized the tensors' streams.
+    /// Errors: as TensorStore::Put; ResourceExhausted (host bytes beyond the client buffer
+    /// limit); Unavailable.
+    Status PutTensors(std::span<const NodeTensor> tensors, PutMode mode, bool hard_pin);
+    /// TensorGet: the daemon validates every item against the stored headers, then writes CUDA
+    /// destinations through their IPC handles and host ones into the client buffer (copied out
+    /// here after the reply).
+    /// Errors: as TensorStore::GetInto; ResourceExhausted; Unavailable.
+    Status GetTensorsInto(std::span<const NodeTensor> tensors);
+
+    /// The daemon's metrics (the §4 counters and its gauges); `reset` zeroes the §4 counters.
+    Result<std::vector<std::pair<std::string, double>>> Metrics(bool reset = false);
+    /// Drops the daemon's node-local caches (tile indexes, range reads) for every process.
+    /// Errors: Unavailable.
+    Status ClearCaches();
+
+    /// Sends the queued lease releases now.
+    /// Errors: Unavailable.
+    Status FlushReleases();
+    /// Drops the connection (the daemon releases this client's leases); the next call dials.
+    void Disconnect();
+
+    bool connected() const;
+    /// The daemon's HelloReply of the current connection (node_id, segments, limits).
+    Result<wire::HelloReply> Hello();
+    NodeClientStats Stats() const;
+    const NodeClientOptions& options() const { return options_; }
+
+private:
+    struct Session;
+    friend struct LeaseHandle;
+
+    explicit NodeClient(NodeClientOptions options);
+
+    /// Dials if there is no connection. Needs mu_.
+    Status EnsureConnected();
+    /// One request/reply round trip on the current connection; on a transport failure the
+    /// connection is dropped. Needs mu_.
+    /// `spin_bytes`: the bytes the daemon moves for this call (extends the reply spin).
+    Result<wire::Frame> RoundTrip(const wire::Message& request, std::span<const int> fds,
+                                  std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
+    template <typename Reply>
+    Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
+    /// Polls the connection until a reply is readable or the spin budget of a call moving
+    /// `bytes` runs out. True when the reply came while polling.
+    bool SpinForReply(int fd, std::uint64_t bytes) const;
+    /// Grows the client buffer to at least `bytes`. Needs mu_.
+    Status EnsureBuffer(std::uint64_t bytes);
+    Status FlushReleasesLocked();
+    /// A view's keepalive for lease `lease_id` of the current session.
+    LeaseKeepalive MakeKeepalive(std::uint64_t lease_id, std::uint32_t segment_id);
+    /// `slice` within its mapped segment.
+    Result<std::span<const std::byte>> View(const wire::SegmentSlice& slice) const;
+    void QueueRelease(std::uint64_t session_epoch, std::uint64_t lease_id);
+    void DropSessionLocked(std::string_view why);
+
+    const NodeClientOptions options_;
+    mutable std::mutex mu_;  ///< Serializes calls (one connection, request/reply).
+    std::shared_ptr<Session> session_;  // Guarded by mu_.
+    std::uint64_t next_request_id_ = 1;  // Guarded by mu_.
+    std::uint64_t epoch_ = 0;            // Guarded by mu_.
+
+    mutable std::mutex release_mu_;  ///< Only guards the queue (taken by view destructors).
+    std::vector<std::uint64_t> pending_releases_;  // Guarded by release_mu_.
+    std::uint64_t pending_epoch_ = 0;              // Guarded by release_mu_.
+
+    mutable std::mutex stats_mu_;
+    NodeClientStats stats_;      // Guarded by stats_mu_.
+    StoreCounters counters_;     // Guarded by stats_mu_.
+};
+
+}  // namespace mooncake::sparse

@@ -1,0 +1,157 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// NodeServer: the node daemon's core (docs/design.md §5-6, "one node: the node daemon + DummyClients").
+// It owns the node's shared-memory store (ShmStore) and ONE SparseStore over it, so the
+// node-local tile-index and range caches, and the single-flight table of range reads, serve
+// every process of the node. Clients talk to it over a Unix SOCK_SEQPACKET socket with the
+// messages of store/wire.h.
+//
+// Why it is built this way:
+// - One thread per connection. A node has a few dozen processes at most; a blocking thread per
+//   client keeps each conversation a plain loop, and a slow or stuck client only stalls itself.
+// - A connection's state (its registered buffer mapping and its leases) lives in that thread
+//   and dies with the connection: a client that crashes, or is SIGKILLed between writing its
+//   buffer and the commit, leaves nothing behind — an object becomes visible only by the
+//   store's atomic install at the very end of a request.
+// - Nothing a client sends is trusted: frames are decoded by the bounds-checked wire codec,
+//   every offset/size is checked against the client's buffer, a malformed payload gets an
+//   ErrorReply, and a frame that breaks the framing closes that connection only.
+// - Sparse commits are re-validated: the daemon rebuilds the object from the client's indices
+//   and values (BuildSparseObject validates coordinates, order and dtypes), checks the tile
+//   index the client sent (ValidateTileIndex) and requires every checksum to match the
+//   rebuilt object's, then commits its own private copy (the client cannot change it after).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "executor/sparse_store.h"
+#include "executor/tensor_store.h"
+#include "mooncake/sparse/status.h"
+#include "store/shm_store.h"
+#include "node/uds.h"
+
+namespace mooncake::sparse {
+
+struct NodeServerOptions {
+    std::string socket_path;
+    std::string node_id = "node0";
+    ShmStoreOptions store;
+    /// Capacity of each node-local cache of the SparseStore (tile indexes, range reads).
+    std::uint64_t cache_capacity_bytes = std::uint64_t{1} << 30;
+    /// Largest client buffer a client may register.
+    std::uint64_t client_buffer_max_bytes = std::uint64_t{1} << 30;
+    std::uint32_t max_connections = 1024;
+    std::uint32_t max_leases_per_connection = 1 << 20;
+    /// Where sparse source objects, manifests and generation heads live. Null: the node's
+    /// shared-memory store. A distributed store (e.g. upstream Mooncake Store) here makes the
+    /// daemon's caches and single-flight table serve the node's processes across nodes: each
+    /// unique range a node needs crosses the network once. Tensors stay in the segments.
+    std::shared_ptr<ObjectStore> sparse_objects;
+    /// Materialization threads of one read_sparse_objects call when the client asks for 0.
+    std::uint32_t read_threads = 2;
+    /// A reply that the client does not read within this time closes the connection.
+    std::chrono::milliseconds send_timeout{30000};
+    /// A frame whose first packet has arrived must be complete within this time, or the
+    /// connection is closed and its partial frame freed (a peer cannot park up to a max-size
+    /// frame of daemon memory). Also the time a new connection has to send its Hello. Zero: no
+    /// limit.
+    std::chrono::milliseconds frame_timeout{10000};
+    /// A connection that holds nothing (no registered client buffer, no lease) and sends
+    /// nothing for this long is closed. Connections with state are never closed for idling: a
+    /// trainer may sit between steps for long, and its leases back zero-copy views. Zero: never.
+    std::chrono::milliseconds idle_timeout{60000};
+    /// Mark the process non-dumpable (prctl PR_SET_DUMPABLE 0) at Start: a same-uid peer can
+    /// then neither write /proc/<pid>/mem nor ptrace the daemon (at the cost of core dumps).
+    bool disable_dumping = true;
+};
+
+struct NodeServerStats {
+    std::uint64_t connections_total = 0;
+    std::uint64_t connections_active = 0;
+    std::uint64_t rejected_peers = 0;  ///< SO_PEERCRED uid mismatch or over max_connections.
+    std::uint64_t requests = 0;
+    std::uint64_t request_errors = 0;   ///< ErrorReply sent.
+    std::uint64_t protocol_errors = 0;  ///< Connections closed for broken framing.
+    std::uint64_t frame_timeouts = 0;   ///< Closed: a frame not completed within frame_timeout.
+    std::uint64_t idle_closes = 0;      ///< Closed: no Hello in time, or idle without state.
+    std::uint64_t connections_evicted = 0;  ///< Closed to make room at max_connections.
+    std::uint64_t connection_threads = 0;   ///< Connection threads not yet joined.
+};
+
+class NodeServer {
+public:
+    /// Creates the store and binds the socket (mode 0600; a stale socket file of a dead daemon
+    /// is replaced), then accepts connections on a background thread. The segments are
+    /// pre-faulted and pinned in the background meanwhile (ShmStoreOptions), so the daemon
+    /// serves at once.
+    ///
+    /// Connection policy: at max_connections a new connection evicts the longest-idle
+    /// connection that holds nothing (no client buffer, no lease) and is not in a request; when
+    /// every connection holds state the new one is refused. Clients re-dial on their next call.
+    /// Errors: as ShmStore::Create and UnixListener::Bind.
+    static Result<std::unique_ptr<NodeServer>> Start(const NodeServerOptions& options);
+
+    ~NodeServer();
+    NodeServer(const NodeServer&) = delete;
+    NodeServer& operator=(const NodeServer&) = delete;
+
+    /// Stops accepting, closes every connection (their leases are released), joins all threads
+    /// and removes the socket file. Idempotent.
+    void Stop();
+
+    ShmStore& store() { return *store_; }
+    SparseStore& sparse() { return *sparse_; }
+    /// The tensor fast path over the segments (TensorPut / TensorGet requests).
+    TensorStore& tensors() { return *tensors_; }
+    NodeServerStats Stats() const;
+    const NodeServerOptions& options() const { return options_; }
+    /// The §4 metrics plus the daemon's gauges (store, segments, pinning, connections), as
+    /// MetricsReply carries them.
+    std::vector<std::pair<std::string, double>> MetricItems() const;
+
+private:
+    struct Connection;
+    class Session;
+
+    NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> store, UnixListener listener,
+               UniqueFd wake);
+    void AcceptLoop();
+    void Serve(const std::shared_ptr<Connection>& connection);
+    void ReapFinished();
+    /// Makes room for one more connection (see Start). Needs mu_. False: none to evict.
+    bool EvictIdleLocked();
+
+    const NodeServerOptions options_;
+    std::shared_ptr<ShmStore> store_;
+    std::unique_ptr<SparseStore> sparse_;
+    std::unique_ptr<TensorStore> tensors_;
+    UnixListener listener_;
+    /// eventfd: a finished connection wakes the accept loop, which joins its thread at once.
+    UniqueFd wake_;
+    std::thread accept_thread_;
+
+    mutable std::mutex mu_;
+    std::vector<std::shared_ptr<Connection>> connections_;  // Guarded by mu_.
+    bool stopping_ = false;                                  // Guarded by mu_.
+    std::uint64_t next_connection_id_ = 1;                   // Guarded by mu_.
+
+    std::atomic<std::uint64_t> connections_total_{0};
+    std::atomic<std::uint64_t> rejected_peers_{0};
+    std::atomic<std::uint64_t> requests_{0};
+    std::atomic<std::uint64_t> request_errors_{0};
+    std::atomic<std::uint64_t> protocol_errors_{0};
+    std::atomic<std::uint64_t> frame_timeouts_{0};
+    std::atomic<std::uint64_t> idle_closes_{0};
+    std::atomic<std::uint64_t> connections_evicted_{0};
+    std::atomic<std::uint64_t> cuda_ipc_opens_{0};  ///< Mappings opened (all connections).
+    std::atomic<std::uint64_t> cuda_ipc_hits_{0};   ///< Mapping cache hits.
+};
+
+}  // namespace mooncake::sparse

@@ -1,0 +1,18 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// Rules of the sparse object messages; see wire_sparse.h.
+#include "node/wire_sparse.h"
+
+#include <string>
+
+namespace mooncake::sparse::wire {
+
+Status SparseReadOptions::Validate() const {
+    if (plan.read_coalesce_gap < -1) {
+        return InvalidArgument("read_coalesce_gap " + std::to_string(plan.read_coalesce_gap) +
+                               " < -1");
+    }
+    return Status::Ok();
+}
+
+}  // namespace mooncake::sparse::wire

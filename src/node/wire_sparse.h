@@ -1,0 +1,289 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The sparse object conversation of the node daemon's protocol (src/executor/sparse_store.h run
+// by the daemon, whose node-local caches then serve every process of the node):
+//
+//     SparseCommitRequest            -> SparseCommitReply
+//     SparseAdmitRequest             -> SparseAdmitReply
+//     SparseManifestRequest          -> SparseManifestReply
+//     SparseCurrentGenerationRequest -> SparseCurrentGenerationReply
+//     SparseReadRequest              -> SparseReadReply (target objects in segments, leased)
+//     MetricsRequest                 -> MetricsReply
+//     ClearCachesRequest             -> OkReply        drops the daemon's node-local caches
+//
+// Each message lists its fields once (wire_format.h); the list is the wire order.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mooncake/sparse/planner.h"
+#include "node/wire_common.h"
+
+namespace mooncake::sparse::wire {
+
+/// A member the client wrote into its buffer, with its checksum (XXH3-64 of the bytes).
+struct ClientMember {
+    BufferRef src;
+    std::uint64_t checksum = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("src", m.src);
+        v("checksum", m.checksum);
+    }
+    friend bool operator==(const ClientMember&, const ClientMember&) = default;
+};
+
+/// SparseStore::CommitSparseObject of an object the client encoded (codec BuildSparseObject):
+/// the descriptor plus its four members in the client's buffer.
+struct SparseCommitRequest {
+    static constexpr MessageType kType = MessageType::kSparseCommit;
+    SourceDescriptor desc;
+    std::string coordinate_space = "global";  ///< "global" or "local".
+    ClientMember indices;      ///< [nnz, rank] of desc.index_dtype
+    ClientMember values;       ///< [nnz] of desc.value_dtype
+    ClientMember tile_coords;  ///< [num_tiles, rank] uint32
+    ClientMember tile_ptr;     ///< [num_tiles + 1] uint64
+    bool hard_pin = true;
+
+    static void Fields(auto& v, auto& m) {
+        v("desc", m.desc);
+        v("coordinate_space", m.coordinate_space, kMaxNameBytes);
+        v("indices", m.indices);
+        v("values", m.values);
+        v("tile_coords", m.tile_coords);
+        v("tile_ptr", m.tile_ptr);
+        v("hard_pin", m.hard_pin);
+    }
+    Status Validate() const { return CheckCoordinateSpace(coordinate_space); }
+    friend bool operator==(const SparseCommitRequest&, const SparseCommitRequest&) = default;
+};
+
+/// SparseStore CommitResult.
+struct SparseCommitReply {
+    static constexpr MessageType kType = MessageType::kSparseCommitReply;
+    std::string source_ref;
+    bool created = false;
+    std::uint64_t nnz = 0;
+    std::uint64_t bytes = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("source_ref", m.source_ref, kMaxKeyBytes);
+        v("created", m.created);
+        v("nnz", m.nnz);
+        v("bytes", m.bytes);
+    }
+    friend bool operator==(const SparseCommitReply&, const SparseCommitReply&) = default;
+};
+
+/// SparseStore::Admit.
+struct SparseAdmitRequest {
+    static constexpr MessageType kType = MessageType::kSparseAdmit;
+    std::string tensor_id;
+    Generation generation;
+    PlacementPolicy policy;
+    NamedAxes source_placement;
+    std::string writer_id;
+
+    static void Fields(auto& v, auto& m) {
+        v("tensor_id", m.tensor_id, kMaxNameBytes);
+        v("generation", m.generation);
+        v("policy", m.policy);
+        v("source_placement", m.source_placement);
+        v("writer_id", m.writer_id, kMaxNameBytes);
+    }
+    friend bool operator==(const SparseAdmitRequest&, const SparseAdmitRequest&) = default;
+};
+
+struct SparseAdmitReply {
+    static constexpr MessageType kType = MessageType::kSparseAdmitReply;
+    bool admitted = false;
+
+    static void Fields(auto& v, auto& m) { v("admitted", m.admitted); }
+    friend bool operator==(const SparseAdmitReply&, const SparseAdmitReply&) = default;
+};
+
+/// SparseStore::Manifest.
+struct SparseManifestRequest {
+    static constexpr MessageType kType = MessageType::kSparseManifest;
+    Generation generation;
+
+    static void Fields(auto& v, auto& m) { v("generation", m.generation); }
+    friend bool operator==(const SparseManifestRequest&, const SparseManifestRequest&) = default;
+};
+
+struct SparseManifestReply {
+    static constexpr MessageType kType = MessageType::kSparseManifestReply;
+    std::vector<SourceDescriptor> sources;
+
+    static void Fields(auto& v, auto& m) { v("sources", m.sources, kMaxBatchItems); }
+    friend bool operator==(const SparseManifestReply&, const SparseManifestReply&) = default;
+};
+
+/// SparseStore::CurrentGeneration.
+struct SparseCurrentGenerationRequest {
+    static constexpr MessageType kType = MessageType::kSparseCurrentGeneration;
+    std::string tensor_id;
+
+    static void Fields(auto& v, auto& m) { v("tensor_id", m.tensor_id, kMaxNameBytes); }
+    friend bool operator==(const SparseCurrentGenerationRequest&,
+                           const SparseCurrentGenerationRequest&) = default;
+};
+
+struct SparseCurrentGenerationReply {
+    static constexpr MessageType kType = MessageType::kSparseCurrentGenerationReply;
+    std::optional<Generation> generation;
+
+    static void Fields(auto& v, auto& m) { v("generation", m.generation); }
+    friend bool operator==(const SparseCurrentGenerationReply&,
+                           const SparseCurrentGenerationReply&) = default;
+};
+
+/// Mirrors executor ReadStrategy (same values); the store layer cannot include the executor.
+enum class ReadStrategy : std::uint8_t {
+    kSparseRanges = 0,
+    kFullSourcePerTarget = 1,
+};
+template <>
+struct EnumTraits<ReadStrategy>
+    : EnumRange<std::uint8_t, 0, static_cast<std::uint8_t>(ReadStrategy::kFullSourcePerTarget)> {
+    static constexpr std::string_view kUnknown = "unknown read strategy";
+};
+
+/// Mirrors executor ReadOptions.
+struct SparseReadOptions {
+    PlanOptions plan;  ///< read_coalesce_gap >= -1 (checked).
+    ReadStrategy strategy = ReadStrategy::kSparseRanges;
+    std::uint32_t num_threads = 0;  ///< 0: the daemon's default.
+
+    static void Fields(auto& v, auto& m) {
+        v("max_tiles_per_query", m.plan.limits.max_tiles_per_query);
+        v("max_groups_per_query", m.plan.limits.max_groups_per_query);
+        v("max_regions", m.plan.limits.max_regions);
+        v("read_coalesce_gap", m.plan.read_coalesce_gap);
+        v("read strategy", m.strategy);
+        v("num_threads", m.num_threads);
+    }
+    Status Validate() const;
+    friend bool operator==(const SparseReadOptions& a, const SparseReadOptions& b) {
+        return a.plan.limits.max_tiles_per_query == b.plan.limits.max_tiles_per_query &&
+               a.plan.limits.max_groups_per_query == b.plan.limits.max_groups_per_query &&
+               a.plan.limits.max_regions == b.plan.limits.max_regions &&
+               a.plan.read_coalesce_gap == b.plan.read_coalesce_gap &&
+               a.strategy == b.strategy && a.num_threads == b.num_threads;
+    }
+};
+
+/// SparseStore::ReadSparseObjects (docs/design.md §4) run by the daemon: its node-local caches
+/// serve every process of the node.
+struct SparseReadRequest {
+    static constexpr MessageType kType = MessageType::kSparseRead;
+    std::vector<SourceDescriptor> manifest;
+    std::vector<TargetDescriptor> targets;
+    SparseReadOptions options;
+
+    static void Fields(auto& v, auto& m) {
+        v("manifest", m.manifest, kMaxBatchItems);
+        v("targets", m.targets, kMaxBatchItems);
+        v("options", m.options);
+    }
+    friend bool operator==(const SparseReadRequest&, const SparseReadRequest&) = default;
+};
+
+/// A member the daemon published into a segment.
+struct SegmentMember {
+    SegmentSlice slice;
+    std::uint64_t checksum = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("slice", m.slice);
+        v("checksum", m.checksum);
+    }
+    friend bool operator==(const SegmentMember&, const SegmentMember&) = default;
+};
+
+/// One target-local object (executor TargetObject) published into the daemon's segments; the
+/// client reads it from its read-only mapping, then releases `lease_id`.
+struct TargetObjectLocation {
+    std::string target_id;
+    std::string node_id;
+    Box target_box;
+    SourceDescriptor desc;
+    std::string coordinate_space = "local";  ///< "global" or "local".
+    SegmentMember indices;
+    SegmentMember values;
+    SegmentMember tile_coords;
+    SegmentMember tile_ptr;
+    std::uint64_t lease_id = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("target_id", m.target_id, kMaxNameBytes);
+        v("node_id", m.node_id, kMaxNameBytes);
+        v("target_box", m.target_box);
+        v("desc", m.desc);
+        v("coordinate_space", m.coordinate_space, kMaxNameBytes);
+        v("indices", m.indices);
+        v("values", m.values);
+        v("tile_coords", m.tile_coords);
+        v("tile_ptr", m.tile_ptr);
+        v("lease_id", m.lease_id);
+    }
+    Status Validate() const { return CheckCoordinateSpace(coordinate_space); }
+    friend bool operator==(const TargetObjectLocation&, const TargetObjectLocation&) = default;
+};
+
+/// One object per target, in request order.
+struct SparseReadReply {
+    static constexpr MessageType kType = MessageType::kSparseReadReply;
+    std::vector<TargetObjectLocation> objects;
+
+    static void Fields(auto& v, auto& m) { v("objects", m.objects, kMaxBatchItems); }
+    friend bool operator==(const SparseReadReply&, const SparseReadReply&) = default;
+};
+
+struct MetricsRequest {
+    static constexpr MessageType kType = MessageType::kMetrics;
+    bool reset = false;  ///< Reset the daemon's sparse metrics after reading them.
+
+    static void Fields(auto& v, auto& m) { v("reset", m.reset); }
+    friend bool operator==(const MetricsRequest&, const MetricsRequest&) = default;
+};
+
+struct MetricItem {
+    std::string name;
+    double value = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("metric name", m.name, kMaxNameBytes);
+        v("metric value", m.value);
+    }
+    /// Bitwise on `value`, so NaN round-trips compare equal.
+    friend bool operator==(const MetricItem& a, const MetricItem& b) {
+        return a.name == b.name &&
+               std::bit_cast<std::uint64_t>(a.value) == std::bit_cast<std::uint64_t>(b.value);
+    }
+};
+
+/// SparseMetrics::Items() of the daemon (the §4 counters and more), plus any daemon gauges
+/// (store counters, pinned quota/use, capabilities) as further named values.
+struct MetricsReply {
+    static constexpr MessageType kType = MessageType::kMetricsReply;
+    std::vector<MetricItem> items;
+
+    static void Fields(auto& v, auto& m) { v("metrics", m.items, kMaxMetrics); }
+    friend bool operator==(const MetricsReply&, const MetricsReply&) = default;
+};
+
+/// SparseStore::ClearCaches of the daemon: drops the node-local tile-index and range caches
+/// (every process of the node shares them). No payload.
+struct ClearCachesRequest {
+    static constexpr MessageType kType = MessageType::kClearCaches;
+
+    static void Fields(auto&, auto&) {}
+    friend bool operator==(const ClearCachesRequest&, const ClearCachesRequest&) = default;
+};
+
+}  // namespace mooncake::sparse::wire

@@ -1,0 +1,771 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The node daemon in-process: a NodeServer thread and NodeClients in the same binary, over a
+// real Unix socket. Object RPCs, leases and their release, the sparse layer (commit with
+// re-validation, read with node-level dedup across concurrent clients), hostile input on a raw
+// connection, reconnect after a restart, and timeouts against a silent daemon.
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <latch>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "codec/codec.h"
+#include "node/daemon_config.h"
+#include "node/node_server.h"
+#include "executor/sparse_store.h"
+#include "node/node_client.h"
+#include "store/shm_segment.h"
+#include "node/uds.h"
+#include "node/wire.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using namespace std::chrono_literals;
+
+MATCHER_P(StatusIs, code, "has status code " + std::string(StatusCodeName(code))) {
+    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
+    *result_listener << "status is " << s.ToString();
+    return s.code() == code;
+}
+
+#define ASSERT_OK(expr) ASSERT_THAT((expr), StatusIs(StatusCode::kOk))
+#define EXPECT_OK(expr) EXPECT_THAT((expr), StatusIs(StatusCode::kOk))
+
+/// A private directory for the socket, removed at the end.
+class TempDir {
+public:
+    TempDir() {
+        char tmpl[] = "/tmp/mcs-node-test-XXXXXX";
+        path_ = ::mkdtemp(tmpl);
+    }
+    ~TempDir() { std::filesystem::remove_all(path_); }
+    std::string Path(const std::string& name) const { return path_ + "/" + name; }
+
+private:
+    std::string path_;
+};
+
+NodeServerOptions SmallServer(const std::string& socket) {
+    NodeServerOptions o;
+    o.socket_path = socket;
+    o.store.segment_size = 4 << 20;
+    o.store.num_segments = 2;
+    o.store.name = "node_server_test";
+    o.client_buffer_max_bytes = 16 << 20;
+    o.cache_capacity_bytes = 64 << 20;
+    return o;
+}
+
+std::shared_ptr<NodeClient> Client(const std::string& socket,
+                                   std::chrono::milliseconds timeout = 10s) {
+    NodeClientOptions o;
+    o.socket_path = socket;
+    o.client_name = "node_server_test";
+    o.call_timeout = timeout;
+    o.connect_timeout = 2s;
+    o.initial_buffer_bytes = 64 << 10;
+    auto c = NodeClient::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? *c : nullptr;
+}
+
+std::vector<std::byte> Pattern(std::size_t n, int seed) {
+    std::vector<std::byte> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 131 + seed) & 0xff);
+    return v;
+}
+
+/// Waits up to 5 s for `pred`.
+template <typename Pred>
+bool Eventually(Pred pred) {
+    for (int i = 0; i < 500; ++i) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(10ms);
+    }
+    return pred();
+}
+
+class NodeServerTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        socket_ = dir_.Path("node.sock");
+        auto s = NodeServer::Start(SmallServer(socket_));
+        ASSERT_TRUE(s.ok()) << s.status().ToString();
+        server_ = std::move(s).value();
+    }
+    void TearDown() override {
+        if (server_) server_->Stop();
+    }
+
+    TempDir dir_;
+    std::string socket_;
+    std::unique_ptr<NodeServer> server_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Object RPCs and leases.
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(NodeServerTest, ObjectRoundTripThroughSharedMemory) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const auto a = Pattern(3000, 1), b = Pattern(800, 2);
+    std::vector<MemberData> members = {{"a", DType::kUInt16, {1500}, a, 11},
+                                       {"b", DType::kUInt8, {100, 8}, b, 22}};
+    ASSERT_OK(client->Put("k", "meta", members, {PutMode::kCreate, false}));
+    EXPECT_THAT(client->Put("k", "meta", members, {PutMode::kCreate, false}),
+                StatusIs(StatusCode::kConflict));
+    auto info = client->Stat("k");
+    ASSERT_TRUE(info.ok()) << info.status().ToString();
+    EXPECT_EQ(info->metadata, "meta");
+    EXPECT_EQ(info->members[1].checksum, 22u);
+
+    std::vector<std::byte> whole(3000);
+    ASSERT_OK(client->ReadMember("k", "a", whole));
+    EXPECT_EQ(whole, a);
+    std::vector<std::byte> r1(20 * 2), r2(5 * 8);
+    std::vector<RangeRead> reads = {{"k", "a", 10, 30, r1}, {"k", "b", 95, 100, r2}};
+    ASSERT_OK(client->ReadRanges(reads));
+    EXPECT_TRUE(std::equal(r1.begin(), r1.end(), a.begin() + 20));
+    EXPECT_TRUE(std::equal(r2.begin(), r2.end(), b.begin() + 760));
+
+    // Zero-copy: the lease views the daemon's segment through a read-only mapping.
+    auto lease = client->Lease("k");
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    ASSERT_EQ(lease->members.size(), 2u);
+    EXPECT_TRUE(std::equal(lease->members[0].begin(), lease->members[0].end(), a.begin(), a.end()));
+    EXPECT_EQ(server_->store().Stats().leases, 1u);
+
+    auto keys = client->List("");
+    ASSERT_TRUE(keys.ok());
+    EXPECT_THAT(*keys, ::testing::ElementsAre("k"));
+    ASSERT_OK(client->Remove("k"));
+    EXPECT_THAT(client->Stat("k"), StatusIs(StatusCode::kNotFound));
+    // The removed object's bytes live on under the lease.
+    EXPECT_TRUE(std::equal(lease->members[1].begin(), lease->members[1].end(), b.begin(), b.end()));
+
+    // Dropping the view queues the release; the next call sends it.
+    *lease = LeasedObject();
+    ASSERT_OK(client->FlushReleases());
+    EXPECT_EQ(server_->store().Stats().leases, 0u);
+    EXPECT_EQ(server_->store().Stats().used_bytes, 0u);
+}
+
+TEST_F(NodeServerTest, LargePutsGrowTheClientBuffer) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const auto big = Pattern(3 << 20, 5);
+    std::vector<MemberData> members = {{"x", DType::kUInt8, {Index(big.size())}, big, 0}};
+    ASSERT_OK(client->Put("big", "", members, {}));
+    EXPECT_GE(client->Stats().buffer_bytes, big.size());
+    std::vector<std::byte> back(big.size());
+    ASSERT_OK(client->ReadMember("big", "x", back));
+    EXPECT_EQ(back, big);
+    // Beyond the daemon's client_buffer_max: refused on the client side, nothing sent.
+    std::vector<std::byte> huge(17 << 20);
+    std::vector<MemberData> too_big = {{"x", DType::kUInt8, {Index(huge.size())}, huge, 0}};
+    EXPECT_THAT(client->Put("huge", "", too_big, {}), StatusIs(StatusCode::kResourceExhausted));
+    // Larger than a segment: the daemon says ResourceExhausted.
+    std::vector<std::byte> seg(5 << 20);
+    std::vector<MemberData> over = {{"x", DType::kUInt8, {Index(seg.size())}, seg, 0}};
+    EXPECT_THAT(client->Put("over", "", over, {}), StatusIs(StatusCode::kResourceExhausted));
+    EXPECT_THAT(client->Stat("over"), StatusIs(StatusCode::kNotFound));
+}
+
+TEST_F(NodeServerTest, UpsertWritesInPlaceUnlessAClientHoldsALease) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    auto put = [&](int seed) {
+        const auto bytes = Pattern(4096, seed);
+        std::vector<MemberData> m = {{"x", DType::kUInt8, {4096}, bytes, 0}};
+        return client->Put("k", std::to_string(seed), m, {PutMode::kUpsert, false});
+    };
+    ASSERT_OK(put(1));
+    ASSERT_OK(put(2));
+    EXPECT_EQ(server_->store().Stats().in_place_upserts, 1u);
+    auto lease = client->Lease("k");
+    ASSERT_TRUE(lease.ok());
+    ASSERT_OK(put(3));
+    EXPECT_EQ(server_->store().Stats().realloc_upserts, 1u);
+    const auto two = Pattern(4096, 2);
+    EXPECT_TRUE(std::equal(lease->members[0].begin(), lease->members[0].end(), two.begin()));
+    EXPECT_EQ(lease->info.metadata, "2");
+}
+
+TEST_F(NodeServerTest, DisconnectReleasesEveryLeaseOfTheConnection) {
+    {
+        auto client = Client(socket_);
+        ASSERT_NE(client, nullptr);
+        const auto bytes = Pattern(10000, 3);
+        std::vector<MemberData> m = {{"x", DType::kUInt8, {10000}, bytes, 0}};
+        ASSERT_OK(client->Put("k", "", m, {}));
+        std::vector<LeasedObject> leases;
+        for (int i = 0; i < 5; ++i) {
+            auto l = client->Lease("k");
+            ASSERT_TRUE(l.ok());
+            leases.push_back(std::move(l).value());
+        }
+        EXPECT_EQ(server_->store().Stats().leases, 5u);
+        // leases and client go out of scope without any release call
+    }
+    EXPECT_TRUE(Eventually([&] { return server_->store().Stats().leases == 0; }));
+    EXPECT_TRUE(Eventually([&] { return server_->Stats().connections_active == 0; }));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The sparse layer.
+// ---------------------------------------------------------------------------------------------
+
+/// A random global COO of `nnz` unique coordinates in `shape`, float32 values.
+struct Coo {
+    std::vector<std::byte> indices;  // int64 [nnz, 2]
+    std::vector<std::byte> values;   // float32 [nnz]
+    std::uint64_t nnz = 0;
+};
+
+Coo RandomCoo(Index rows, Index cols, std::uint64_t nnz, unsigned seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::int64_t> flat(static_cast<std::size_t>(rows * cols));
+    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<std::int64_t>(i);
+    std::shuffle(flat.begin(), flat.end(), rng);
+    flat.resize(nnz);
+    Coo c;
+    c.nnz = nnz;
+    c.indices.resize(nnz * 16);
+    c.values.resize(nnz * 4);
+    for (std::uint64_t i = 0; i < nnz; ++i) {
+        const std::int64_t r = flat[i] / cols, col = flat[i] % cols;
+        std::memcpy(c.indices.data() + i * 16, &r, 8);
+        std::memcpy(c.indices.data() + i * 16 + 8, &col, 8);
+        const float v = static_cast<float>(i) * 0.5f + 1.0f;
+        std::memcpy(c.values.data() + i * 4, &v, 4);
+    }
+    return c;
+}
+
+PutSparseRequest Request(const std::string& tensor, const Coo& coo, Index rows, Index cols) {
+    PutSparseRequest r;
+    r.tensor_id = tensor;
+    r.global_shape = {rows, cols};
+    r.indices = {DType::kInt64, {Index(coo.nnz), 2}, coo.indices};
+    r.values = {DType::kFloat32, {Index(coo.nnz)}, coo.values};
+    r.placement_policy = *PlacementPolicy::Parse("replicate(ep)");
+    r.generation = {0, 1};
+    r.encode.num_threads = 1;
+    return r;
+}
+
+template <typename T>
+std::span<const std::byte> Bytes(const std::vector<T>& v) {
+    return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+EncodedMembers Members(const SparseObject& o) {
+    return {o.indices,          o.values,          Bytes(o.tile_coords), Bytes(o.tile_ptr),
+            o.checksum_indices, o.checksum_values, o.checksum_tile_coords, o.checksum_tile_ptr};
+}
+
+std::vector<TargetDescriptor> EpTpTargets(const std::string& tensor, Index rows, Index cols,
+                                          int ep, int tp) {
+    std::vector<TargetDescriptor> out;
+    for (int e = 0; e < ep; ++e) {
+        for (int t = 0; t < tp; ++t) {
+            auto axes = NamedAxes::Make({{"ep", e}, {"tp", t}});
+            auto target = TargetDescriptor::Make(
+                "rank" + std::to_string(e * tp + t), "node0", tensor, *axes,
+                {Index(t) * (rows / tp), 0}, {rows / tp, cols});
+            out.push_back(*target);
+        }
+    }
+    return out;
+}
+
+TEST_F(NodeServerTest, SparseCommitManifestAndReadMatchTheEmbeddedStore) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const Coo coo = RandomCoo(256, 512, 3000, 7);
+    auto object = BuildSourceObject(Request("w", coo, 256, 512));
+    ASSERT_TRUE(object.ok()) << object.status().ToString();
+    auto commit = client->CommitSparseObject(object->desc, "global", Members(*object), true);
+    ASSERT_TRUE(commit.ok()) << commit.status().ToString();
+    EXPECT_TRUE(commit->created);
+    EXPECT_EQ(commit->nnz, 3000u);
+    // Idempotent retry.
+    auto again = client->CommitSparseObject(object->desc, "global", Members(*object), true);
+    ASSERT_TRUE(again.ok());
+    EXPECT_FALSE(again->created);
+    EXPECT_EQ(again->source_ref, commit->source_ref);
+    auto head = client->CurrentGeneration("w");
+    ASSERT_TRUE(head.ok() && head->has_value());
+    EXPECT_EQ(**head, (Generation{0, 1}));
+
+    auto manifest = client->Manifest({0, 1});
+    ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+    ASSERT_EQ(manifest->size(), 1u);
+    const auto targets = EpTpTargets("w", 256, 512, 2, 2);
+    auto objects = client->ReadSparseObjects(*manifest, targets, {});
+    ASSERT_TRUE(objects.ok()) << objects.status().ToString();
+    ASSERT_EQ(objects->size(), 4u);
+
+    // The same on an embedded store.
+    SparseStore embedded(MakeEmbeddedStore());
+    ASSERT_TRUE(embedded.PutSparseObject(Request("w", coo, 256, 512)).ok());
+    auto em = embedded.Manifest({0, 1});
+    auto expected = embedded.ReadSparseObjects(*em, targets);
+    ASSERT_TRUE(expected.ok());
+    for (std::size_t i = 0; i < 4; ++i) {
+        const LeasedTargetObject& got = (*objects)[i];
+        const TargetObject& want = (*expected)[i];
+        EXPECT_EQ(got.target_id, want.target_id);
+        EXPECT_EQ(got.desc.nnz, want.object.desc.nnz);
+        EXPECT_EQ(got.coordinate_space, "local");
+        EXPECT_TRUE(std::equal(got.indices.begin(), got.indices.end(),
+                               want.object.indices.begin(), want.object.indices.end()));
+        EXPECT_TRUE(std::equal(got.values.begin(), got.values.end(), want.object.values.begin(),
+                               want.object.values.end()));
+        EXPECT_EQ(got.checksum_values, want.object.checksum_values);
+    }
+    EXPECT_EQ(server_->store().Stats().leases, 4u);
+    objects->clear();
+    ASSERT_OK(client->FlushReleases());
+    EXPECT_EQ(server_->store().Stats().leases, 0u);
+
+    auto metrics = client->Metrics();
+    ASSERT_TRUE(metrics.ok());
+    std::map<std::string, double> m(metrics->begin(), metrics->end());
+    EXPECT_EQ(m["source_objects_put"], 1);
+    EXPECT_EQ(m["full_gets"], 0);
+    EXPECT_EQ(m["target_objects_published"], 4);
+    EXPECT_EQ(m["range_gets"], 2);  // two TP boxes, each read once for both EP replicas
+    EXPECT_EQ(m["cuda_ipc_available"], 0);
+    EXPECT_GT(m["shm_capacity_bytes"], 0);
+
+    // A second read is served by the daemon's caches; after ClearCaches it reads again.
+    ASSERT_TRUE(client->Metrics(/*reset=*/true).ok());
+    ASSERT_TRUE(client->ReadSparseObjects(*manifest, targets, {}).ok());
+    auto cached = client->Metrics();
+    std::map<std::string, double> c(cached->begin(), cached->end());
+    EXPECT_EQ(c["range_gets"], 0);
+    EXPECT_EQ(c["index_gets"], 0);
+    ASSERT_OK(client->ClearCaches());
+    ASSERT_TRUE(client->Metrics(/*reset=*/true).ok());
+    ASSERT_TRUE(client->ReadSparseObjects(*manifest, targets, {}).ok());
+    auto cleared = client->Metrics();
+    std::map<std::string, double> d(cleared->begin(), cleared->end());
+    EXPECT_EQ(d["range_gets"], 2);
+    EXPECT_EQ(d["index_gets"], 1);
+}
+
+TEST_F(NodeServerTest, SparseCommitIsValidatedAgainByTheDaemon) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const Coo coo = RandomCoo(64, 64, 200, 3);
+    auto object = BuildSourceObject(Request("v", coo, 64, 64));
+    ASSERT_TRUE(object.ok());
+
+    EncodedMembers bad_sum = Members(*object);
+    bad_sum.checksum_values ^= 1;
+    EXPECT_THAT(client->CommitSparseObject(object->desc, "global", bad_sum, true),
+                StatusIs(StatusCode::kDataLoss));
+
+    // Entries out of order: the rebuilt tile index differs from the one sent.
+    SparseObject shuffled = *object;
+    const std::size_t entry = DTypeSize(shuffled.desc.index_dtype) * 2;
+    std::swap_ranges(shuffled.indices.begin(), shuffled.indices.begin() + entry,
+                     shuffled.indices.end() - entry);
+    UpdateChecksums(shuffled);
+    auto s = client->CommitSparseObject(shuffled.desc, "global", Members(shuffled), true);
+    EXPECT_FALSE(s.ok());
+
+    // A coordinate outside the tensor.
+    SparseObject outside = *object;
+    std::uint16_t big = 999;
+    std::memcpy(outside.indices.data() + outside.indices.size() - 2, &big, 2);
+    UpdateChecksums(outside);
+    EXPECT_THAT(client->CommitSparseObject(outside.desc, "global", Members(outside), true),
+                StatusIs(StatusCode::kInvalidArgument));
+
+    // Sizes that do not match the descriptor.
+    EncodedMembers short_values = Members(*object);
+    short_values.values = short_values.values.subspan(4);
+    EXPECT_THAT(client->CommitSparseObject(object->desc, "global", short_values, true),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(client->CommitSparseObject(object->desc, "local", Members(*object), true),
+                StatusIs(StatusCode::kInvalidArgument));
+
+    // Nothing of the above is visible.
+    auto keys = client->List("");
+    ASSERT_TRUE(keys.ok());
+    EXPECT_TRUE(keys->empty());
+    ASSERT_TRUE(client->CommitSparseObject(object->desc, "global", Members(*object), true).ok());
+}
+
+TEST_F(NodeServerTest, ConcurrentClientsReadEachUniqueRangeOnceForTheNode) {
+    // 8 clients, one target each (EP2 x TP4 of one non-EP weight), all at once: the daemon's
+    // single-flight table and range cache make each unique range one physical read.
+    constexpr int kClients = 8;
+    const Coo coo = RandomCoo(512, 256, 20000, 11);
+    {
+        auto writer = Client(socket_);
+        ASSERT_NE(writer, nullptr);
+        auto object = BuildSourceObject(Request("shared", coo, 512, 256));
+        ASSERT_TRUE(object.ok());
+        ASSERT_TRUE(writer->CommitSparseObject(object->desc, "global", Members(*object), true).ok());
+        ASSERT_TRUE(writer->Metrics(/*reset=*/true).ok());
+    }
+    const auto targets = EpTpTargets("shared", 512, 256, 2, 4);
+    std::vector<std::shared_ptr<NodeClient>> clients;
+    for (int i = 0; i < kClients; ++i) clients.push_back(Client(socket_));
+    std::latch start(kClients);
+    std::atomic<int> ok{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kClients; ++i) {
+        threads.emplace_back([&, i] {
+            auto manifest = clients[i]->Manifest({0, 1});
+            start.arrive_and_wait();
+            if (!manifest.ok()) return;
+            auto objs = clients[i]->ReadSparseObjects(*manifest, std::span(&targets[i], 1), {});
+            if (objs.ok() && objs->size() == 1) ok.fetch_add(1);
+        });
+    }
+    for (auto& t : threads) t.join();
+    EXPECT_EQ(ok.load(), kClients);
+    auto metrics = clients[0]->Metrics();
+    ASSERT_TRUE(metrics.ok());
+    std::map<std::string, double> m(metrics->begin(), metrics->end());
+    EXPECT_EQ(m["index_gets"], 1);
+    EXPECT_EQ(m["range_gets"], 4);  // one per TP box
+    EXPECT_EQ(m["range_bytes_read"], double(coo.nnz) * (2 * 2 + 4));  // every entry once
+    EXPECT_EQ(m["range_gets"] + m["range_cache_hits"] + m["single_flight_waits"], kClients);
+    EXPECT_EQ(m["target_objects_published"], kClients);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hostile input on a raw connection.
+// ---------------------------------------------------------------------------------------------
+
+class RawPeer {
+public:
+    explicit RawPeer(const std::string& socket) {
+        auto c = UnixConnection::Connect(socket);
+        EXPECT_TRUE(c.ok()) << c.status().ToString();
+        if (c.ok()) conn_ = std::move(c).value();
+    }
+    Status Send(std::span<const std::byte> frame, std::span<const int> fds = {}) {
+        return conn_.SendFrame(frame, fds, Deadline::After(2s));
+    }
+    Result<wire::Frame> Receive(std::vector<UniqueFd>* fds = nullptr) {
+        auto bytes = conn_.RecvFrame(wire::kMaxFrameBytes, fds, Deadline::After(5s),
+                                     wire::kMaxSegments);
+        if (!bytes.ok()) return bytes.status();
+        storage_ = std::move(bytes).value();
+        return wire::DecodeFrame(storage_);
+    }
+    template <typename M>
+    Status Request(const M& message, std::span<const int> fds = {},
+                   std::vector<UniqueFd>* rfds = nullptr) {
+        auto frame = wire::EncodeFrame(message, ++id_);
+        if (!frame.ok()) return frame.status();
+        MCS_RETURN_IF_ERROR(Send(*frame, fds));
+        std::vector<UniqueFd> received;  // Hello's segment fds, unless the caller wants them.
+        MCS_ASSIGN_OR_RETURN(wire::Frame reply, Receive(rfds ? rfds : &received));
+        if (reply.header.type == wire::MessageType::kError) {
+            auto err = wire::DecodePayloadAs<wire::ErrorReply>(reply.payload);
+            return err.ok() ? err->ToStatus() : err.status();
+        }
+        return Status::Ok();
+    }
+    UnixConnection& conn() { return conn_; }
+
+private:
+    UnixConnection conn_;
+    std::vector<std::byte> storage_;
+    std::uint64_t id_ = 0;
+};
+
+TEST_F(NodeServerTest, RequestsBeforeHelloAreRefused) {
+    RawPeer peer(socket_);
+    EXPECT_THAT(peer.Request(wire::StatRequest{"k"}), StatusIs(StatusCode::kFailedPrecondition));
+    std::vector<UniqueFd> fds;
+    EXPECT_OK(peer.Request(wire::HelloRequest{}, {}, &fds));
+    EXPECT_EQ(fds.size(), 2u);  // one read-only fd per segment
+    EXPECT_THAT(peer.Request(wire::StatRequest{"k"}), StatusIs(StatusCode::kNotFound));
+    // Segment fds are read-only: no writable mapping of daemon memory.
+    EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0].get(), 0),
+              MAP_FAILED);
+}
+
+TEST_F(NodeServerTest, MalformedAndTruncatedPayloadsGetErrorsAndTheDaemonStaysUp) {
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    // A Put whose payload is cut short: a valid header, a truncated body.
+    wire::PutRequest put;
+    put.key = "k";
+    put.members.push_back({"x", DType::kUInt8, {16}, 0, wire::BufferRef::Client(0, 16)});
+    auto frame = wire::EncodeFrame(put, 7);
+    ASSERT_TRUE(frame.ok());
+    std::vector<std::byte> cut(frame->begin(), frame->end() - 5);
+    wire::FrameHeader header;
+    header.type = wire::MessageType::kPut;
+    header.request_id = 7;
+    header.payload_len = static_cast<std::uint32_t>(cut.size() - wire::kFrameHeaderBytes);
+    wire::EncodeFrameHeader(header, std::span<std::byte, wire::kFrameHeaderBytes>(cut.data(),
+                                                                                  wire::kFrameHeaderBytes));
+    ASSERT_OK(peer.Send(cut));
+    auto reply = peer.Receive();
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    EXPECT_EQ(reply->header.type, wire::MessageType::kError);
+    EXPECT_EQ(reply->header.request_id, 7u);
+    // Garbage bytes after the header of a known type.
+    std::vector<std::byte> junk(wire::kFrameHeaderBytes + 64, std::byte{0xff});
+    header.type = wire::MessageType::kSparseRead;
+    header.request_id = 8;
+    header.payload_len = 64;
+    wire::EncodeFrameHeader(header, std::span<std::byte, wire::kFrameHeaderBytes>(junk.data(),
+                                                                                  wire::kFrameHeaderBytes));
+    ASSERT_OK(peer.Send(junk));
+    reply = peer.Receive();
+    ASSERT_TRUE(reply.ok());
+    EXPECT_EQ(reply->header.type, wire::MessageType::kError);
+    // A reply type sent as a request, and a put with no buffer registered.
+    EXPECT_THAT(peer.Request(wire::OkReply{}), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(peer.Request(put), StatusIs(StatusCode::kFailedPrecondition));
+    // The connection still works.
+    EXPECT_THAT(peer.Request(wire::StatRequest{"k"}), StatusIs(StatusCode::kNotFound));
+
+    // A broken frame header (raw bytes: SendFrame would refuse them) closes this connection
+    // only: the daemon answers with an error and hangs up.
+    std::vector<std::byte> bad_magic(wire::kFrameHeaderBytes, std::byte{0x42});
+    ASSERT_EQ(::send(peer.conn().fd(), bad_magic.data(), bad_magic.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(bad_magic.size()));
+    auto last = peer.Receive();
+    if (last.ok()) {
+        EXPECT_EQ(last->header.type, wire::MessageType::kError);
+        EXPECT_THAT(peer.Receive(), StatusIs(StatusCode::kUnavailable));
+    } else {
+        EXPECT_THAT(last, StatusIs(StatusCode::kUnavailable));
+    }
+    EXPECT_EQ(server_->Stats().protocol_errors, 1u);
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    EXPECT_THAT(client->Stat("k"), StatusIs(StatusCode::kNotFound));
+}
+
+TEST_F(NodeServerTest, ClientBuffersAreCheckedAndBoundsEnforced) {
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    // An unsealed memfd could shrink under the daemon: refused.
+    const int unsealed = ::memfd_create("unsealed", MFD_CLOEXEC);
+    ASSERT_EQ(::ftruncate(unsealed, 4096), 0);
+    EXPECT_THAT(peer.Request(wire::RegisterBufferRequest{4096}, std::span(&unsealed, 1)),
+                StatusIs(StatusCode::kInvalidArgument));
+    ::close(unsealed);
+    auto buffer = ShmSegment::Create("raw_client", 4096, {.seal_future_write = false});
+    ASSERT_TRUE(buffer.ok());
+    const int fd = buffer->fd();
+    // Larger than the file / than the daemon allows.
+    EXPECT_THAT(peer.Request(wire::RegisterBufferRequest{8192}, std::span(&fd, 1)),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(peer.Request(wire::RegisterBufferRequest{64 << 20}, std::span(&fd, 1)),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(peer.Request(wire::RegisterBufferRequest{4096}),
+                StatusIs(StatusCode::kInvalidArgument));  // no fd
+    ASSERT_OK(peer.Request(wire::RegisterBufferRequest{4096}, std::span(&fd, 1)));
+
+    wire::PutRequest put;
+    put.key = "k";
+    put.members.push_back({"x", DType::kUInt8, {16}, 0, wire::BufferRef::Client(4090, 16)});
+    EXPECT_THAT(peer.Request(put), StatusIs(StatusCode::kOutOfRange));
+    wire::ReadMemberRequest read{"k", "x", wire::BufferRef::Client(4096, 1)};
+    EXPECT_THAT(peer.Request(read), StatusIs(StatusCode::kOutOfRange));
+    put.members[0].src = wire::BufferRef::Client(0, 16);
+    EXPECT_OK(peer.Request(put));
+    // Shape and bytes disagree: the store refuses, nothing visible.
+    put.key = "k2";
+    put.members[0].shape = {17};
+    EXPECT_THAT(peer.Request(put), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(peer.Request(wire::StatRequest{"k2"}), StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(peer.Request(wire::ReleaseRequest{{12345}}), StatusIs(StatusCode::kNotFound));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Availability: restart, daemon gone, silent daemon.
+// ---------------------------------------------------------------------------------------------
+
+TEST_F(NodeServerTest, ClientReconnectsAfterADaemonRestart) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    ASSERT_OK(client->Put("a", "", {}, {}));
+    server_->Stop();
+    server_.reset();
+    auto gone = client->Stat("a");
+    EXPECT_THAT(gone, StatusIs(StatusCode::kUnavailable));
+    EXPECT_THAT(client->Stat("a"), StatusIs(StatusCode::kUnavailable));  // still gone
+
+    auto s = NodeServer::Start(SmallServer(socket_));
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    server_ = std::move(s).value();
+    // A fresh daemon: the next call dials again and sees its (empty) store.
+    EXPECT_THAT(client->Stat("a"), StatusIs(StatusCode::kNotFound));
+    ASSERT_OK(client->Put("b", "", {}, {}));
+    EXPECT_EQ(client->Stats().connects, 2u);
+}
+
+TEST(NodeClientTest, NoDaemonIsAClearUnavailable) {
+    TempDir dir;
+    NodeClientOptions o;
+    o.socket_path = dir.Path("nobody.sock");
+    auto c = NodeClient::Connect(o);
+    ASSERT_THAT(c, StatusIs(StatusCode::kUnavailable));
+    EXPECT_THAT(c.status().message(), ::testing::HasSubstr("not running"));
+}
+
+TEST(NodeClientTest, ASilentDaemonTimesOutInsteadOfHanging) {
+    // A fake daemon: answers Hello and RegisterBuffer, then never replies again.
+    TempDir dir;
+    const std::string path = dir.Path("silent.sock");
+    auto listener = UnixListener::Bind(path);
+    ASSERT_TRUE(listener.ok());
+    std::atomic<bool> done{false};
+    std::thread fake([&] {
+        auto conn = listener->Accept(Deadline::After(5s));
+        if (!conn.ok()) return;
+        for (int i = 0; !done.load(); ++i) {
+            std::vector<UniqueFd> fds;
+            auto bytes = conn->RecvFrame(wire::kMaxFrameBytes, &fds, Deadline::After(100ms));
+            if (!bytes.ok()) {
+                if (bytes.status().code() == StatusCode::kUnavailable && !done.load()) continue;
+                return;
+            }
+            auto frame = wire::DecodeFrame(*bytes);
+            if (!frame.ok()) return;
+            std::vector<std::byte> reply;
+            if (frame->header.type == wire::MessageType::kHello) {
+                wire::HelloReply h;
+                h.node_id = "fake";
+                h.client_buffer_max = 1 << 20;
+                reply = *wire::EncodeFrame(h, frame->header.request_id);
+            } else if (frame->header.type == wire::MessageType::kRegisterBuffer) {
+                reply = *wire::EncodeFrame(wire::OkReply{}, frame->header.request_id);
+            } else {
+                continue;  // silence
+            }
+            (void)conn->SendFrame(reply, {}, Deadline::After(1s));
+        }
+    });
+    NodeClientOptions o;
+    o.socket_path = path;
+    o.call_timeout = 300ms;
+    o.initial_buffer_bytes = 4096;
+    auto client = NodeClient::Connect(o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = (*client)->Stat("k");
+    const auto elapsed = std::chrono::steady_clock::now() - t0;
+    EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable));
+    EXPECT_LT(elapsed, 3s);
+    EXPECT_GE(elapsed, 250ms);
+    EXPECT_FALSE((*client)->connected());
+    done = true;
+    fake.join();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration.
+// ---------------------------------------------------------------------------------------------
+
+TEST(DaemonConfigTest, ByteSizes) {
+    EXPECT_EQ(*ParseByteSize("4096"), 4096u);
+    EXPECT_EQ(*ParseByteSize("64k"), 64u << 10);
+    EXPECT_EQ(*ParseByteSize("256MiB"), 256u << 20);
+    EXPECT_EQ(*ParseByteSize("1G"), 1u << 30);
+    EXPECT_EQ(*ParseByteSize("2GB"), 2000000000u);
+    EXPECT_EQ(*ParseByteSize(" 3 mib "), 3u << 20);
+    EXPECT_THAT(ParseByteSize(""), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ParseByteSize("12XB"), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ParseByteSize("-1"), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ParseByteSize("99999999999T"), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(DaemonConfigTest, YamlKeysAndCapacity) {
+    NodeDaemonConfig c;
+    ASSERT_OK(ApplyYamlConfig("socket_path: /tmp/x.sock\nsegment_size: 64MiB\n"
+                              "capacity: 200MiB\npinned_quota_bytes: 1GiB\nlog_level: warning\n",
+                              c));
+    auto o = ToServerOptions(c);
+    ASSERT_TRUE(o.ok()) << o.status().ToString();
+    EXPECT_EQ(o->socket_path, "/tmp/x.sock");
+    EXPECT_EQ(o->store.segment_size, 64u << 20);
+    EXPECT_EQ(o->store.num_segments, 4u);  // ceil(200 / 64)
+    EXPECT_EQ(o->store.pinned_quota_bytes, 1u << 30);
+    EXPECT_THAT(ApplyYamlConfig("nope: 1\n", c), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ApplyYamlConfig("- a\n- b\n", c), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ApplyYamlConfig("segment_size: [1]\n", c), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ApplyYamlConfig("log_level: loud\n", c), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ApplyYamlConfig("a: [unclosed\n", c), StatusIs(StatusCode::kInvalidArgument));
+    c.num_segments = 2;
+    EXPECT_THAT(ToServerOptions(c), StatusIs(StatusCode::kInvalidArgument));  // both given
+    NodeDaemonConfig small;
+    small.socket_path = "/tmp/y.sock";
+    small.capacity = 1 << 20;
+    auto so = ToServerOptions(small);
+    ASSERT_TRUE(so.ok());
+    EXPECT_EQ(so->store.num_segments, 1u);
+    EXPECT_EQ(so->store.segment_size, 1u << 20);
+    NodeDaemonConfig defaults;  // no socket_path given: the default one
+    EXPECT_EQ(defaults.socket_path, DefaultSocketPath());
+    ASSERT_TRUE(ToServerOptions(defaults).ok());
+    NodeDaemonConfig none;
+    none.socket_path.clear();
+    EXPECT_THAT(ToServerOptions(none), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(DaemonConfigTest, DefaultSocketPathAndItsDirectory) {
+    const char* saved = std::getenv("XDG_RUNTIME_DIR");
+    const std::string saved_value = saved ? saved : "";
+    char tmpl[] = "/tmp/mcs-cfg-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    const std::string runtime = tmpl;
+    setenv("XDG_RUNTIME_DIR", runtime.c_str(), 1);
+    EXPECT_EQ(DefaultSocketPath(), runtime + "/mooncake-sparse/node.sock");
+    ASSERT_TRUE(EnsureSocketDirectory(DefaultSocketPath()).ok());
+    struct stat st {};
+    ASSERT_EQ(::stat((runtime + "/mooncake-sparse").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0700u);
+    EXPECT_TRUE(EnsureSocketDirectory(DefaultSocketPath()).ok());  // exists: fine
+    // The default directory must be private.
+    ASSERT_EQ(::chmod((runtime + "/mooncake-sparse").c_str(), 0777), 0);
+    EXPECT_THAT(EnsureSocketDirectory(DefaultSocketPath()),
+                StatusIs(StatusCode::kFailedPrecondition));
+    // A missing parent is reported, not created.
+    EXPECT_THAT(EnsureSocketDirectory(runtime + "/no/such/node.sock"),
+                StatusIs(StatusCode::kInvalidArgument));
+    // Without XDG_RUNTIME_DIR: under /tmp, per user.
+    unsetenv("XDG_RUNTIME_DIR");
+    EXPECT_EQ(DefaultSocketPath(),
+              "/tmp/mooncake-sparse-" + std::to_string(::geteuid()) + "/node.sock");
+    if (saved) setenv("XDG_RUNTIME_DIR", saved_value.c_str(), 1);
+    ::rmdir((runtime + "/mooncake-sparse").c_str());
+    ::rmdir(runtime.c_str());
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
