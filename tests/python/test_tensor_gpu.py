@@ -339,3 +339,44 @@ def test_ipc_parent_puts_child_gets(node, node_store):
     p.join(60)
     assert status == "ok", child_digest
     assert child_digest == digest(t)
+
+
+@pytest.mark.parametrize("where", ["embedded", "node"])
+def test_pageable_copies_through_pinned_chunks_are_bit_exact(tmp_path, where):
+    """Over the pinned quota, CUDA copies of two chunks or more go through the store's two
+    pinned 32 MiB chunks: sizes that end mid-chunk, a batch, upsert and get_into."""
+    if not mcs.connect().capabilities()["cuda_available"]:
+        pytest.skip("the library cannot load the CUDA runtime here")
+    seed()
+    sizes = [(64 << 20) + 2, (96 << 20) + 4096 + 6, 130 << 20]  # bytes of int16 tensors
+    tensors = [torch.randint(-(1 << 15), 1 << 15, (n // 2,), dtype=torch.int16, device="cuda")
+               for n in sizes]
+
+    def check(store):
+        store.put_tensor("p/0", tensors[0])
+        store.batch_put_tensor(["p/1", "p/2"], tensors[1:])
+        store.upsert_tensor("p/0", tensors[2][: tensors[0].numel()].clone())
+        outs = [torch.empty_like(t) for t in tensors]
+        store.batch_get_tensor_into(["p/0", "p/1", "p/2"], outs)
+        assert digest(outs[0]) == digest(tensors[2][: tensors[0].numel()])
+        assert digest(outs[1]) == digest(tensors[1]) and digest(outs[2]) == digest(tensors[2])
+        stats = store.tensor_stats()
+        assert stats.get("pageable_copies", 0) >= 1, stats
+
+    if where == "embedded":
+        check(mcs.connect(pinned_quota_bytes=0))
+        return
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    with start_node_daemon(tmp_path, segment_size="256MiB", num_segments=4,
+                           pinned_quota_bytes=0) as daemon:
+        s = mcs.connect(daemon.url)
+        if not s.capabilities()["cuda_ipc_available"]:
+            pytest.skip("CUDA IPC is not available here")
+        s.put_tensor("p/0", tensors[0])
+        outs = [torch.empty_like(t) for t in tensors]
+        s.batch_put_tensor(["p/1", "p/2"], tensors[1:])
+        s.batch_get_tensor_into(["p/0", "p/1", "p/2"], outs)
+        for o, t in zip(outs, tensors):
+            assert digest(o) == digest(t)
+        s.close()
