@@ -23,41 +23,15 @@
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/geometry.h"
 #include "mooncake/sparse/status.h"
+#include "../status_matchers.h"
 
 namespace mooncake::sparse {
 
-inline void PrintTo(const Status& s, std::ostream* os) { *os << s.ToString(); }
-template <typename T>
-void PrintTo(const Result<T>& r, std::ostream* os) {
-    *os << (r.ok() ? std::string("Result(value)") : "Result(" + r.status().ToString() + ")");
-}
-
 namespace codec_testing {
 
-MATCHER_P(StatusIs, code,
-          std::string(negation ? "doesn't have" : "has") + " status code " +
-              std::string(::mooncake::sparse::StatusCodeName(code))) {
-    const ::mooncake::sparse::Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "whose status is " << s.ToString();
-    return s.code() == code;
-}
+using ::mooncake::sparse::testing::IsOk;
+using ::mooncake::sparse::testing::StatusIs;
 
-MATCHER(IsOk, std::string(negation ? "isn't" : "is") + " OK") {
-    const ::mooncake::sparse::Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "whose status is " << s.ToString();
-    return s.ok();
-}
-
-#define MCS_CODEC_CONCAT_INNER_(a, b) a##b
-#define MCS_CODEC_CONCAT_(a, b) MCS_CODEC_CONCAT_INNER_(a, b)
-#define MCS_CODEC_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                  \
-    auto tmp = (expr);                                                        \
-    ASSERT_TRUE(tmp.ok()) << #expr << " failed: " << tmp.status().ToString(); \
-    lhs = std::move(tmp).value()
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
-    MCS_CODEC_ASSERT_OK_AND_ASSIGN_IMPL_(MCS_CODEC_CONCAT_(mcs_codec_result_, __LINE__), lhs, expr)
-#define ASSERT_OK(expr) ASSERT_THAT((expr), ::mooncake::sparse::codec_testing::IsOk())
-#define EXPECT_OK(expr) EXPECT_THAT((expr), ::mooncake::sparse::codec_testing::IsOk())
 
 template <typename T>
 constexpr DType DTypeOf() {

@@ -28,50 +28,17 @@
 #include "mooncake/sparse/placement.h"
 #include "mooncake/sparse/planner.h"
 #include "mooncake/sparse/status.h"
+#include "../status_matchers.h"
 
 namespace mooncake::sparse {
 
-// Printers so that failures show codes and ranges instead of bytes.
-inline void PrintTo(const Status& s, std::ostream* os) { *os << s.ToString(); }
-template <typename T>
-void PrintTo(const Result<T>& r, std::ostream* os) {
-    *os << (r.ok() ? std::string("Result(value)") : "Result(" + r.status().ToString() + ")");
-}
+// Printers so that failures show ranges instead of bytes.
 inline void PrintTo(const Box& b, std::ostream* os) { *os << b.ToString(); }
 inline void PrintTo(const EntryRange& r, std::ostream* os) {
     *os << "[" << r.start << ", " << r.end << (r.exact_coordinate_filter ? ") filter" : ")");
 }
-inline void PrintTo(StatusCode c, std::ostream* os) { *os << StatusCodeName(c); }
 
 namespace testing {
-
-/// Matches a Status or a Result<T> whose code is `code`.
-MATCHER_P(StatusIs, code,
-          std::string(negation ? "doesn't have" : "has") + " status code " +
-              std::string(::mooncake::sparse::StatusCodeName(code))) {
-    const ::mooncake::sparse::Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "whose status is " << s.ToString();
-    return s.code() == code;
-}
-
-/// Matches an OK Status or a Result<T> that holds a value.
-MATCHER(IsOk, std::string(negation ? "isn't" : "is") + " OK") {
-    const ::mooncake::sparse::Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "whose status is " << s.ToString();
-    return s.ok();
-}
-
-#define MCS_TEST_CONCAT_INNER_(a, b) a##b
-#define MCS_TEST_CONCAT_(a, b) MCS_TEST_CONCAT_INNER_(a, b)
-#define MCS_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)                         \
-    auto tmp = (expr);                                                         \
-    ASSERT_TRUE(tmp.ok()) << #expr << " failed: " << tmp.status().ToString(); \
-    lhs = std::move(tmp).value()
-/// `ASSERT_OK_AND_ASSIGN(auto x, MakeX(...));` in a test body (a void function).
-#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
-    MCS_ASSERT_OK_AND_ASSIGN_IMPL_(MCS_TEST_CONCAT_(mcs_test_result_, __LINE__), lhs, expr)
-#define ASSERT_OK(expr) ASSERT_THAT((expr), ::mooncake::sparse::testing::IsOk())
-#define EXPECT_OK(expr) EXPECT_THAT((expr), ::mooncake::sparse::testing::IsOk())
 
 /// Unwraps a Result that the test set up to succeed (records a fatal-looking failure and aborts
 /// the process otherwise, since callers are often not void functions).

@@ -15,31 +15,9 @@
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
+#include "../status_matchers.h"
 
 namespace mooncake::sparse::testing {
-
-/// Matches a Status (or Result) whose code is `code`.
-MATCHER_P(StatusIs, code, "has status code " + std::string(StatusCodeName(code))) {
-    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "status is " << s.ToString();
-    return s.code() == code;
-}
-
-/// Matches a Status (or Result) whose code is `code` and whose message contains `substr`.
-MATCHER_P2(StatusIsWithMessage, code, substr,
-           "has status code " + std::string(StatusCodeName(code)) + " and a message containing '" +
-               std::string(substr) + "'") {
-    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "status is " << s.ToString();
-    return s.code() == code && s.message().find(substr) != std::string::npos;
-}
-
-#define MCS_EXPECT_OK(expr) \
-    EXPECT_THAT((expr),     \
-                ::mooncake::sparse::testing::StatusIs(::mooncake::sparse::StatusCode::kOk))
-#define MCS_ASSERT_OK(expr) \
-    ASSERT_THAT((expr),     \
-                ::mooncake::sparse::testing::StatusIs(::mooncake::sparse::StatusCode::kOk))
 
 /// Owns the bytes of one member and hands out a MemberData view of them.
 struct OwnedMember {
