@@ -72,7 +72,7 @@ SegmentPreparer::SegmentPreparer(std::vector<PrepareSegment> segments,
     }
     pinned_target_ = requested_pin_;
     chunk_state_.reset(new std::atomic<std::uint8_t>[chunks_.size()]);
-    for (std::size_t i = 0; i < chunks_.size(); ++i) chunk_state_[i].store(kTodo);
+    for (std::size_t i = 0; i < chunks_.size(); ++i) chunk_state_[i].store(kPending);
 
     const std::uint32_t threads = std::max<std::uint32_t>(1, options_.threads);
     running_ = threads;
@@ -96,7 +96,7 @@ void SegmentPreparer::RecordFailure(std::atomic<std::uint32_t>& counter, const S
 }
 
 bool SegmentPreparer::RunChunk(std::size_t i) {
-    std::uint8_t expected = kTodo;
+    std::uint8_t expected = kPending;
     if (!chunk_state_[i].compare_exchange_strong(expected, kClaimed, std::memory_order_acq_rel)) {
         return false;
     }

@@ -103,7 +103,7 @@ public:
     bool Wait(std::chrono::milliseconds timeout) const;
 
 private:
-    enum ChunkState : std::uint8_t { kTodo = 0, kClaimed = 1, kDone = 2 };
+    enum ChunkState : std::uint8_t { kPending = 0, kClaimed = 1, kDone = 2 };
     struct Chunk {
         std::uint32_t segment = 0;
         std::uint64_t offset = 0;

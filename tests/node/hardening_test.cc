@@ -28,34 +28,17 @@
 #include "store/pinned_memory.h"
 #include "node/uds.h"
 #include "node/wire.h"
+#include "node_test_util.h"
 
 namespace mooncake::sparse {
 namespace {
 
 using namespace std::chrono_literals;
 
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/mcs-hardening-XXXXXX";
-        path_ = ::mkdtemp(tmpl);
-    }
-    ~TempDir() { std::filesystem::remove_all(path_); }
-    std::string Path(const std::string& name) const { return path_ + "/" + name; }
-
-private:
-    std::string path_;
-};
+using testing::TempDir;
 
 NodeServerOptions SmallServer(const std::string& socket) {
-    NodeServerOptions o;
-    o.socket_path = socket;
-    o.store.segment_size = 4 << 20;
-    o.store.num_segments = 2;
-    o.store.name = "hardening_test";
-    o.client_buffer_max_bytes = 16 << 20;
-    o.cache_capacity_bytes = 16 << 20;
-    return o;
+    return testing::SmallServer(socket, "hardening_test", 16 << 20);
 }
 
 std::shared_ptr<NodeClient> Client(const std::string& socket) {

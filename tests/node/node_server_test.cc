@@ -34,44 +34,18 @@
 #include "store/shm_segment.h"
 #include "node/uds.h"
 #include "node/wire.h"
+#include "node_test_util.h"
 
 namespace mooncake::sparse {
 namespace {
 
 using namespace std::chrono_literals;
 
-MATCHER_P(StatusIs, code, "has status code " + std::string(StatusCodeName(code))) {
-    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
-    *result_listener << "status is " << s.ToString();
-    return s.code() == code;
-}
-
-#define ASSERT_OK(expr) ASSERT_THAT((expr), StatusIs(StatusCode::kOk))
-#define EXPECT_OK(expr) EXPECT_THAT((expr), StatusIs(StatusCode::kOk))
-
-/// A private directory for the socket, removed at the end.
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/mcs-node-test-XXXXXX";
-        path_ = ::mkdtemp(tmpl);
-    }
-    ~TempDir() { std::filesystem::remove_all(path_); }
-    std::string Path(const std::string& name) const { return path_ + "/" + name; }
-
-private:
-    std::string path_;
-};
+using testing::StatusIs;
+using testing::TempDir;
 
 NodeServerOptions SmallServer(const std::string& socket) {
-    NodeServerOptions o;
-    o.socket_path = socket;
-    o.store.segment_size = 4 << 20;
-    o.store.num_segments = 2;
-    o.store.name = "node_server_test";
-    o.client_buffer_max_bytes = 16 << 20;
-    o.cache_capacity_bytes = 64 << 20;
-    return o;
+    return testing::SmallServer(socket, "node_server_test", 64 << 20);
 }
 
 std::shared_ptr<NodeClient> Client(const std::string& socket,
