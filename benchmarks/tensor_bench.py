@@ -145,7 +145,8 @@ def run_config(store, backend, device, torch, tensor_bytes, count, iters, ceilin
     tensors = [make_tensor(torch, device, numel) for _ in range(count)]
     outs = [empty_like(torch, t) for t in tensors]
     total = tensor_bytes * count
-    tag = f"{backend}/{device}/{tensor_bytes // MiB}MiB" + (f"x{count}" if count > 1 else "")
+    size = f"{tensor_bytes // MiB}MiB" if tensor_bytes >= MiB else f"{tensor_bytes >> 10}KiB"
+    tag = f"{backend}/{device}/{size}" + (f"x{count}" if count > 1 else "")
     prefix = f"bench/{tag}"
     keys = [f"{prefix}/{j}" for j in range(count)]
     if is_cuda:
@@ -305,7 +306,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", help="also write the JSON lines to this file")
     ap.add_argument("--sizes-mib", default="64,256,1024")
-    ap.add_argument("--batch", default="256x4", help="COUNTxMIB of the batch point ('' to skip)")
+    ap.add_argument("--batch", default="256x4",
+                    help="batch points, comma-separated COUNTxMIB or COUNTxSIZE (e.g. "
+                         "'64x4,1024x256KiB'; '' to skip)")
     ap.add_argument("--backends", default="embedded,node")
     ap.add_argument("--devices", default="cuda,cpu")
     ap.add_argument("--iters", type=int, default=5, help="timed iterations after one warm-up")
@@ -338,9 +341,9 @@ def main(argv=None):
         devices = [d for d in devices if d != "cuda"]
     sizes = [int(s) * MiB for s in args.sizes_mib.split(",") if s]
     points = [(s, 1) for s in sizes]
-    if args.batch:
-        count, mib = args.batch.lower().split("x")
-        points.append((int(mib) * MiB, int(count)))
+    for spec in [p for p in args.batch.split(",") if p]:
+        count, size = spec.split("x", 1)
+        points.append((int(size) * MiB if size.isdigit() else parse_size(size), int(count)))
     emit = Emitter(args.json)
 
     device_name = torch.cuda.get_device_name() if torch is not None and "cuda" in devices else ""

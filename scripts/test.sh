@@ -37,7 +37,7 @@ UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     ctest --test-dir build/asan --output-on-failure -j"${JOBS}" --no-tests="${no_tests}"
 
 # ---- 2a. ThreadSanitizer on the concurrent code (stores, executor, daemon) --------------------
-mcs_step "TSan: configure + build (build/tsan: store, executor, daemon tests)"
+mcs_step "TSan: configure + build (build/tsan: transport, store, executor, daemon tests)"
 cmake -S . -B build/tsan -G Ninja \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DMOONCAKE_SPARSE_BUILD_TESTS=ON \
@@ -45,7 +45,7 @@ cmake -S . -B build/tsan -G Ninja \
     -DMOONCAKE_SPARSE_SANITIZE=thread \
     -DMOONCAKE_SPARSE_WITH_CUDA=OFF
 tsan_targets=()
-for t in store_test executor_test node_test; do
+for t in transport_test store_test executor_test node_test; do
     if cmake --build build/tsan --target help | grep -q "^${t}:"; then tsan_targets+=("${t}"); fi
 done
 cmake --build build/tsan -j"${JOBS}" --target "${tsan_targets[@]}"

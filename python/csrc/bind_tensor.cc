@@ -386,6 +386,7 @@ public:
         d["cuda_copies"] = s.cuda_copies;
         d["pinned_copies"] = s.pinned_copies;
         d["pageable_copies"] = s.pageable_copies;
+        d["pageable_chunks"] = s.pageable_chunks;
         return d;
     }
 

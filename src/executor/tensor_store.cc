@@ -2,6 +2,7 @@
 #include "executor/tensor_store.h"
 
 #include "transport/host_copy.h"
+#include "transport/pageable_cuda_copy.h"
 #include "transport/pitched_copy.h"
 
 #include <algorithm>
@@ -226,12 +227,8 @@ public:
         : store_(std::move(store)),
           options_(options),
           pool_(PinnedHostPool::Make(options.pinned_quota_bytes)),
-          threads_(options.copy_threads != 0 ? options.copy_threads : DefaultCopyThreads()) {}
-    ~LocalTensorStore() override {
-        for (void* b : bounce_) {
-            if (b != nullptr) (void)cuda::FreeHost(b);
-        }
-    }
+          threads_(options.copy_threads != 0 ? options.copy_threads : DefaultCopyThreads()),
+          copier_(threads_) {}
     LocalTensorStore(const LocalTensorStore&) = delete;
     LocalTensorStore& operator=(const LocalTensorStore&) = delete;
 
@@ -251,14 +248,6 @@ private:
     Status CopyIntoCudaView(const TensorRef& dst, const PitchedCopyPlan& plan, const std::byte* src,
                             std::uint64_t bytes, std::vector<HostBuffer>& staging, bool& pinned);
 
-    /// A CUDA copy between `device_ptr` and pageable host memory, through two pinned chunks:
-    /// the copy engine moves one chunk at the PCIe rate while host threads move the other on,
-    /// where the driver's own staging of a pageable copy runs one thread. Copies of concurrent
-    /// calls take turns (PCIe is shared anyway). Falls back to the driver's copy when the chunks
-    /// cannot be allocated. Has completed when it returns.
-    Status PageableCudaCopy(std::byte* host, std::uintptr_t device_ptr, std::uint64_t bytes,
-                            bool to_host, CudaStream stream, int device);
-
     void CountCopy(bool cuda, bool pinned) {
         if (!cuda) return;
         cuda_copies_.fetch_add(1, std::memory_order_relaxed);
@@ -270,12 +259,8 @@ private:
     const std::shared_ptr<PinnedHostPool> pool_;
     const unsigned threads_;
 
-    /// The pinned chunks of PageableCudaCopy: allocated once, on the first pageable copy (never
-    /// per operation), kBounceChunkBytes each.
-    static constexpr std::uint64_t kBounceChunkBytes = std::uint64_t{32} << 20;
-    std::mutex bounce_mu_;
-    std::array<void*, 2> bounce_{nullptr, nullptr};
-    bool bounce_failed_ = false;
+    /// CUDA copies to and from pageable store memory, one pipeline per batch.
+    PageableCudaCopier copier_;
 
     std::atomic<std::uint64_t> tensors_put_{0};
     std::atomic<std::uint64_t> bytes_put_{0};
@@ -318,6 +303,8 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
     auto fill = [&](std::span<const FillTarget> targets) -> Status {
         StreamSet streams;
         std::vector<HostCopy> host_copies;
+        std::vector<PageableCudaCopy> pageable;  // one pipeline for the whole batch
+        std::vector<std::size_t> pageable_items;
         Status status;
         for (const FillTarget& t : targets) {
             const TensorHeader& h = headers[t.index];
@@ -331,12 +318,9 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
             } else if (src.memory == TensorMemory::kHost) {
                 host_copies.push_back({dst, src.host, h.data_bytes});
             } else if (!t.pinned) {
-                status = PageableCudaCopy(dst, src.device.address, h.data_bytes,
-                                          /*to_host=*/true, src.stream, src.device.device);
-                if (!status.ok()) {
-                    status = status.WithContext(ItemName(t.index, keys.size(), keys[t.index]));
-                    break;
-                }
+                pageable.push_back(
+                    {dst, src.device.address, h.data_bytes, src.stream, src.device.device});
+                pageable_items.push_back(t.index);
                 CountCopy(true, false);
             } else {
                 status = cuda::MemcpyAsync(dst, reinterpret_cast<const void*>(src.device.address),
@@ -351,6 +335,14 @@ Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const 
             }
         }
         if (status.ok()) ParallelCopies(host_copies, threads_);
+        if (status.ok() && !pageable.empty()) {
+            std::size_t failed = 0;
+            status = copier_.Run(pageable, CopyDirection::kDeviceToHost, &failed);
+            if (!status.ok()) {
+                const std::size_t i = pageable_items[failed];
+                status = status.WithContext(ItemName(i, keys.size(), keys[i]));
+            }
+        }
         // Always wait for what was issued: the object memory must not go while DMA writes it.
         Status synced = streams.SyncAll();
         return status.ok() ? synced : status;
@@ -421,6 +413,8 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         StreamSet streams;
         std::vector<HostCopy> host_copies;
         std::vector<HostBuffer> staging;  // gathered sources; alive until the streams are synced
+        std::vector<PageableCudaCopy> pageable;  // one pipeline for the whole batch
+        std::vector<std::size_t> pageable_items;
         Status status;
         for (std::size_t i = 0; i < views.size(); ++i) {
             const TensorRef& dst = destinations[i];
@@ -441,13 +435,9 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
             } else if (dst.memory == TensorMemory::kHost) {
                 host_copies.push_back({dst.host, src, stored[i].data_bytes});
             } else if (!views[i].pinned) {
-                status = PageableCudaCopy(const_cast<std::byte*>(src), dst.device.address,
-                                          stored[i].data_bytes, /*to_host=*/false, dst.stream,
-                                          dst.device.device);
-                if (!status.ok()) {
-                    status = status.WithContext(ItemName(i, keys.size(), keys[i]));
-                    break;
-                }
+                pageable.push_back({const_cast<std::byte*>(src), dst.device.address,
+                                    stored[i].data_bytes, dst.stream, dst.device.device});
+                pageable_items.push_back(i);
                 CountCopy(true, false);
             } else {
                 status = cuda::MemcpyAsync(reinterpret_cast<void*>(dst.device.address), src,
@@ -462,78 +452,20 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
             }
         }
         if (status.ok()) ParallelCopies(host_copies, threads_);
+        if (status.ok() && !pageable.empty()) {
+            std::size_t failed = 0;
+            status = copier_.Run(pageable, CopyDirection::kHostToDevice, &failed);
+            if (!status.ok()) {
+                const std::size_t i = pageable_items[failed];
+                status = status.WithContext(ItemName(i, keys.size(), keys[i]));
+            }
+        }
         // The snapshot must outlive every copy that reads it.
         Status synced = streams.SyncAll();
         return status.ok() ? synced : status;
     }, pool_.get()));
     tensors_read_.fetch_add(keys.size(), std::memory_order_relaxed);
     bytes_read_.fetch_add(total, std::memory_order_relaxed);
-    return Status::Ok();
-}
-
-Status LocalTensorStore::PageableCudaCopy(std::byte* host, std::uintptr_t device_ptr,
-                                          std::uint64_t bytes, bool to_host, CudaStream stream,
-                                          int device) {
-    const auto direct = [&]() -> Status {
-        void* dev = reinterpret_cast<void*>(device_ptr);
-        MCS_RETURN_IF_ERROR(to_host ? cuda::MemcpyAsync(host, dev, bytes,
-                                                        cuda::CopyKind::kDeviceToHost, stream, device)
-                                    : cuda::MemcpyAsync(dev, host, bytes,
-                                                        cuda::CopyKind::kHostToDevice, stream,
-                                                        device));
-        return cuda::StreamSynchronize(stream, device);
-    };
-    if (bytes < 2 * kBounceChunkBytes) {
-        // Below two chunks nothing overlaps: the driver's copy is as fast.
-        return direct();
-    }
-    std::lock_guard lock(bounce_mu_);
-    if (bounce_[0] == nullptr && !bounce_failed_) {
-        for (void*& b : bounce_) {
-            auto allocated = cuda::HostAlloc(kBounceChunkBytes);
-            if (!allocated.ok()) {
-                bounce_failed_ = true;
-                break;
-            }
-            b = *allocated;
-        }
-    }
-    if (bounce_failed_ || bounce_[1] == nullptr) return direct();
-    auto* chunk0 = static_cast<std::byte*>(bounce_[0]);
-    auto* chunk1 = static_cast<std::byte*>(bounce_[1]);
-    const auto chunk = [&](std::uint64_t k) { return k % 2 == 0 ? chunk0 : chunk1; };
-    const std::uint64_t n = (bytes + kBounceChunkBytes - 1) / kBounceChunkBytes;
-    const auto size = [&](std::uint64_t k) {
-        return std::min(kBounceChunkBytes, bytes - k * kBounceChunkBytes);
-    };
-    const auto dev = [&](std::uint64_t k) {
-        return reinterpret_cast<void*>(device_ptr + k * kBounceChunkBytes);
-    };
-    if (to_host) {
-        // DMA of chunk k overlaps the host copy of chunk k - 1 (the other buffer).
-        for (std::uint64_t k = 0; k < n; ++k) {
-            MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(chunk(k), dev(k), size(k),
-                                                  cuda::CopyKind::kDeviceToHost, stream, device));
-            if (k > 0) {
-                ParallelMemcpy(host + (k - 1) * kBounceChunkBytes, chunk(k - 1), size(k - 1),
-                               threads_);
-            }
-            MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
-        }
-        ParallelMemcpy(host + (n - 1) * kBounceChunkBytes, chunk(n - 1), size(n - 1), threads_);
-    } else {
-        // The host copy of chunk k + 1 overlaps the DMA of chunk k.
-        ParallelMemcpy(chunk(0), host, size(0), threads_);
-        for (std::uint64_t k = 0; k < n; ++k) {
-            MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(dev(k), chunk(k), size(k),
-                                                  cuda::CopyKind::kHostToDevice, stream, device));
-            if (k + 1 < n) {
-                ParallelMemcpy(chunk(k + 1), host + (k + 1) * kBounceChunkBytes, size(k + 1),
-                               threads_);
-            }
-            MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
-        }
-    }
     return Status::Ok();
 }
 
@@ -597,6 +529,7 @@ TensorStoreStats LocalTensorStore::Stats() const {
     s.bytes_read = bytes_read_.load(std::memory_order_relaxed);
     s.cuda_copies = cuda_copies_.load(std::memory_order_relaxed);
     s.pinned_copies = pinned_copies_.load(std::memory_order_relaxed);
+    s.pageable_chunks = copier_.chunks_moved();
     s.pageable_copies = pageable_copies_.load(std::memory_order_relaxed);
     return s;
 }

@@ -99,6 +99,8 @@ struct TensorStoreStats {
     std::uint64_t cuda_copies = 0;     ///< H2D + D2H copies issued.
     std::uint64_t pinned_copies = 0;   ///< ... of which to/from pinned store memory.
     std::uint64_t pageable_copies = 0; ///< ... of which to/from pageable store memory.
+    /// Pinned chunks the pageable copies of batches of two chunks or more moved through.
+    std::uint64_t pageable_chunks = 0;
 };
 
 struct TensorCapabilities {

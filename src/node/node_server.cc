@@ -902,6 +902,7 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"tensor_cuda_copies", double(tensors.cuda_copies)},
         {"tensor_pinned_copies", double(tensors.pinned_copies)},
         {"tensor_pageable_copies", double(tensors.pageable_copies)},
+        {"tensor_pageable_chunks", double(tensors.pageable_chunks)},
         {"connections_active", double(server.connections_active)},
         {"connections_total", double(server.connections_total)},
         {"rejected_peers", double(server.rejected_peers)},

@@ -31,21 +31,39 @@ void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, u
     for (auto& w : workers) w.join();
 }
 
-void ParallelCopies(std::span<const HostCopy> copies, unsigned threads) {
-    std::uint64_t total = 0;
-    for (const HostCopy& c : copies) total += c.bytes;
-    if (copies.size() == 1 || total < (std::uint64_t{16} << 20) || threads <= 1) {
-        for (const HostCopy& c : copies) ParallelMemcpy(c.dst, c.src, c.bytes, threads);
-        return;
-    }
+namespace {
+
+constexpr std::uint64_t kSplitBatchBytes = std::uint64_t{16} << 20;
+
+/// The pieces the threads of a batch take in turn: 1-8 MiB, about four per thread.
+void CutPieces(std::span<const HostCopy> copies, std::uint64_t total, unsigned threads,
+               std::vector<HostCopy>& pieces) {
     const std::uint64_t piece =
         std::clamp<std::uint64_t>(total / (std::uint64_t{threads} * 4), 1 << 20, 8 << 20);
-    std::vector<HostCopy> pieces;
+    pieces.clear();
     for (const HostCopy& c : copies) {
         for (std::uint64_t off = 0; off < c.bytes; off += piece) {
             pieces.push_back({c.dst + off, c.src + off, std::min(piece, c.bytes - off)});
         }
     }
+}
+
+std::uint64_t TotalBytes(std::span<const HostCopy> copies) {
+    std::uint64_t total = 0;
+    for (const HostCopy& c : copies) total += c.bytes;
+    return total;
+}
+
+}  // namespace
+
+void ParallelCopies(std::span<const HostCopy> copies, unsigned threads) {
+    const std::uint64_t total = TotalBytes(copies);
+    if (copies.size() == 1 || total < kSplitBatchBytes || threads <= 1) {
+        for (const HostCopy& c : copies) ParallelMemcpy(c.dst, c.src, c.bytes, threads);
+        return;
+    }
+    std::vector<HostCopy> pieces;
+    CutPieces(copies, total, threads, pieces);
     std::atomic<std::size_t> next{0};
     auto work = [&] {
         for (std::size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
@@ -59,6 +77,68 @@ void ParallelCopies(std::span<const HostCopy> copies, unsigned threads) {
 }
 
 unsigned DefaultCopyThreads() { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
+
+HostCopyPool::HostCopyPool(unsigned threads) : threads_(std::max(1u, threads)) {}
+
+HostCopyPool::~HostCopyPool() {
+    {
+        std::lock_guard lock(mu_);
+        stop_ = true;
+    }
+    wake_.notify_all();
+    for (std::thread& w : workers_) w.join();
+}
+
+void HostCopyPool::Work(std::uint64_t /*job*/) {
+    for (std::size_t i = next_.fetch_add(1); i < pieces_.size(); i = next_.fetch_add(1)) {
+        std::memcpy(pieces_[i].dst, pieces_[i].src, pieces_[i].bytes);
+    }
+}
+
+void HostCopyPool::WorkerLoop() {
+    std::uint64_t seen = 0;
+    for (;;) {
+        std::uint64_t job;
+        {
+            std::unique_lock lock(mu_);
+            wake_.wait(lock, [&] { return stop_ || job_ != seen; });
+            if (stop_) return;
+            job = seen = job_;
+        }
+        Work(job);
+        {
+            std::lock_guard lock(mu_);
+            --busy_;
+        }
+        done_.notify_one();
+    }
+}
+
+void HostCopyPool::Run(std::span<const HostCopy> copies) {
+    const std::uint64_t total = TotalBytes(copies);
+    if (total == 0) return;
+    if (threads_ <= 1 || total < kSplitBatchBytes) {
+        for (const HostCopy& c : copies) std::memcpy(c.dst, c.src, c.bytes);
+        return;
+    }
+    std::lock_guard run(run_mu_);
+    std::uint64_t job;
+    {
+        std::lock_guard lock(mu_);
+        if (workers_.empty()) {
+            workers_.reserve(threads_ - 1);
+            for (unsigned t = 1; t < threads_; ++t) workers_.emplace_back([this] { WorkerLoop(); });
+        }
+        CutPieces(copies, total, threads_, pieces_);
+        next_.store(0);
+        busy_ = static_cast<unsigned>(workers_.size());
+        job = ++job_;
+    }
+    wake_.notify_all();
+    Work(job);
+    std::unique_lock lock(mu_);
+    done_.wait(lock, [&] { return busy_ == 0; });
+}
 
 namespace {
 

@@ -10,6 +10,11 @@
 #include <cstdint>
 #include <span>
 #include <utility>
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace mooncake::sparse {
 
@@ -30,6 +35,38 @@ void ParallelCopies(std::span<const HostCopy> copies, unsigned threads);
 
 /// The default thread count for ParallelMemcpy: hardware concurrency, at most 8.
 unsigned DefaultCopyThreads();
+
+/// ParallelCopies on threads kept for the pool's life, for callers that copy in many steps (a
+/// pipeline of chunks), where starting threads per step would cost a sixth of each step. The
+/// workers start on the first Run. One Run at a time (a second caller waits for the first).
+class HostCopyPool {
+public:
+    explicit HostCopyPool(unsigned threads);
+    ~HostCopyPool();
+    HostCopyPool(const HostCopyPool&) = delete;
+    HostCopyPool& operator=(const HostCopyPool&) = delete;
+
+    /// Copies every item of `copies` (cut as ParallelCopies cuts them); returns when all are done.
+    void Run(std::span<const HostCopy> copies);
+
+    unsigned threads() const { return threads_; }
+
+private:
+    void Work(std::uint64_t job);
+    void WorkerLoop();
+
+    const unsigned threads_;
+    std::mutex run_mu_;  ///< One Run at a time.
+    std::mutex mu_;
+    std::condition_variable wake_;
+    std::condition_variable done_;
+    std::vector<std::thread> workers_;
+    std::vector<HostCopy> pieces_;
+    std::atomic<std::size_t> next_{0};
+    std::uint64_t job_ = 0;       ///< Counts Runs; a worker takes each job once.
+    unsigned busy_ = 0;           ///< Workers still inside the current job.
+    bool stop_ = false;
+};
 
 /// Strides are in elements and may be negative or zero; an empty stride list means C-contiguous.
 
