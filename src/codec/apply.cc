@@ -186,7 +186,10 @@ Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
         }
         lowest = lo;
     }
-    if (values.dtype != dtype) {
+    // An update with no entries (a tensor a sealed step left unchanged) applies to a weight of
+    // any dtype: there is nothing to convert.
+    const bool no_entries = values.shape.size() == 1 && values.shape[0] == 0;
+    if (values.dtype != dtype && !no_entries) {
         return InvalidArgument("values dtype " + std::string(DTypeName(values.dtype)) +
                                " != weight dtype " + std::string(DTypeName(dtype)));
     }

@@ -434,7 +434,7 @@ Status BuildTyped(const BuildInput& in, const KeyPlan& plan, SparseObject& obj) 
             }
             break;
         }
-        if (in.duplicates == DuplicatePolicy::kSum) {
+        if (in.duplicates != DuplicatePolicy::kError) {
             group_start.reserve(nnz + 1);
             for (std::uint64_t j = 0; j < nnz; ++j) {
                 if (j == 0 || !same_coord(j)) group_start.push_back(j);
@@ -467,12 +467,18 @@ Status BuildTyped(const BuildInput& in, const KeyPlan& plan, SparseObject& obj) 
             std::iota(identity.begin(), identity.end(), std::uint64_t{0});
         }
         const std::uint64_t* p = perm.empty() ? identity.data() : perm.data();
-        const SumFn sum = SumFnFor(in.value_dtype);
+        const SumFn sum =
+            in.duplicates == DuplicatePolicy::kSum ? SumFnFor(in.value_dtype) : SumFn{};
         std::vector<std::uint64_t> out_keys(out_n), out_elems(plan.single_key ? 0 : out_n);
         for (std::uint64_t g = 0; g < out_n; ++g) {
             const std::uint64_t first = group_start[g], last = group_start[g + 1];
             write_index(g, p[first]);
-            sum(in.values, p, first, last, out_val + g * vb);
+            if (in.duplicates == DuplicatePolicy::kLast) {
+                // The sort is stable: the group's last entry is the last in input order.
+                std::memcpy(out_val + g * vb, in.values + p[last - 1] * vb, vb);
+            } else {
+                sum(in.values, p, first, last, out_val + g * vb);
+            }
             out_keys[g] = keys[first];
             if (!plan.single_key) out_elems[g] = elems[first];
         }
@@ -588,6 +594,10 @@ Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& i
     if (options.num_threads < 0) {
         return InvalidArgument("num_threads " + std::to_string(options.num_threads) +
                                " is negative (0 means all hardware threads)");
+    }
+    if (options.duplicates == DuplicatePolicy::kLast && desc.apply != ApplyMode::kOverwrite) {
+        return InvalidArgument(
+            "duplicates=last needs apply=overwrite (scatter_add sums repeated coordinates)");
     }
     if (options.duplicates == DuplicatePolicy::kSum && desc.apply != ApplyMode::kScatterAdd) {
         return InvalidArgument(

@@ -43,6 +43,7 @@ struct MutableHostArray {
 enum class DuplicatePolicy : std::uint8_t {
     kError = 0,  ///< Duplicate coordinates are rejected (InvalidArgument).
     kSum = 1,    ///< Coalesced by summing their values (scatter_add only).
+    kLast = 2,   ///< The last in input order wins (overwrite only): a fold of steps.
 };
 
 struct EncodeOptions {

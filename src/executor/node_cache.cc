@@ -167,4 +167,22 @@ void NodeCache::Clear() {
     range_bytes_ = 0;
 }
 
+void NodeCache::Forget(std::span<const std::string> refs) {
+    std::lock_guard lock(mu_);
+    for (const std::string& ref : refs) {
+        if (auto it = index_.find(ref); it != index_.end()) {
+            index_bytes_ -= it->second.bytes;
+            index_lru_.erase(it->second.lru);
+            index_.erase(it);
+        }
+        if (auto it = ranges_.find(ref); it != ranges_.end()) {
+            for (auto& [start, entry] : it->second) {
+                range_bytes_ -= entry.bytes;
+                range_lru_.erase(entry.lru);
+            }
+            ranges_.erase(it);
+        }
+    }
+}
+
 }  // namespace mooncake::sparse

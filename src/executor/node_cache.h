@@ -109,6 +109,8 @@ public:
 
     /// Drops every cached index and range (reads in progress finish as claimed).
     void Clear();
+    /// Drops the cached index and ranges of each source in `refs` (freed by retention).
+    void Forget(std::span<const std::string> refs);
 
 private:
     struct IndexEntry {

@@ -20,28 +20,20 @@
 #include "executor/tensor_store.h"  // kReservedKeyPrefix
 
 namespace mooncake::sparse {
-namespace {
-
-using Json = nlohmann::json;
-
-constexpr std::string_view kSourcePrefix = "mcs/src/";
-constexpr std::string_view kManifestPrefix = "mcs/manifest/";
-constexpr std::string_view kHeadPrefix = "mcs/head/";
-constexpr std::string_view kAdmitPrefix = "mcs/admit/";
-// Every key of this layer lies under the prefix the tensor API refuses (item keys of the two
-// APIs share one store).
-static_assert(kSourcePrefix.starts_with(kReservedKeyPrefix) &&
-              kManifestPrefix.starts_with(kReservedKeyPrefix) &&
-              kHeadPrefix.starts_with(kReservedKeyPrefix) &&
-              kAdmitPrefix.starts_with(kReservedKeyPrefix));
 
 std::string GenerationTag(Generation g) {
     return std::to_string(g.base) + "-" + std::to_string(g.delta);
 }
 
-std::string ManifestPrefix(Generation g) {
-    return std::string(kManifestPrefix) + GenerationTag(g) + "/";
-}
+namespace {
+
+using Json = nlohmann::json;
+
+// The default namespace's source prefix: BuildSourceObject's provisional source_ref (a commit
+// names the object under its store's namespace).
+constexpr std::string_view kSourcePrefix = "mcs/src/";
+static_assert(kSourcePrefix.starts_with(kReservedKeyPrefix));
+
 
 std::string JoinShape(std::span<const Index> v) {
     std::string s;
@@ -131,7 +123,7 @@ Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
 }
 
 Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_view tensor_id) {
-    auto info = store_->Stat(std::string(kHeadPrefix) + std::string(tensor_id));
+    auto info = store_->Stat(keys_.Head() + std::string(tensor_id));
     if (!info.ok()) {
         if (info.status().code() == StatusCode::kNotFound) return std::optional<Generation>();
         return info.status();
@@ -149,7 +141,9 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
     if (object.coordinate_space != "global") {
         return InvalidArgument("only global-coordinate objects are committed as sources");
     }
-    d.source_ref = SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box);
+    d.source_ref = keys_.Source() +
+                   SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box)
+                       .substr(kSourcePrefix.size());
     MCS_ASSIGN_OR_RETURN(SourceDescriptor checked, SourceDescriptor::Make(d));
     const std::string metadata = EncodeObjectMetadata(object);
     CommitResult result{d.source_ref, false, d.nnz, object.PayloadBytes()};
@@ -167,10 +161,17 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         return existing.status();
     }
 
+    MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(d.generation));
+    if (sealed) {
+        return Conflict("step " + d.generation.ToString() + " is sealed: " + d.source_ref +
+                        " cannot join it");
+    }
     MCS_ASSIGN_OR_RETURN(std::optional<Generation> head, CurrentGeneration(d.tensor_id));
-    // Fencing: the first writer of a step moves the head from base to delta; the other writers
-    // of the same step (other experts, other boxes) find it at exactly (base, delta).
-    if (head && head->delta != d.generation.base && *head != d.generation) {
+    // Fencing: the first writer of a step moves the head to (base, delta); the other writers
+    // of the same step (other experts, other boxes) find it at exactly (base, delta). A tensor
+    // left unchanged for steps commits a later step directly (base past its head); a base
+    // older than the head's delta is stale.
+    if (head && *head != d.generation && d.generation.base < head->delta) {
         return StaleGeneration("tensor '" + d.tensor_id + "' is at generation " +
                                head->ToString() + "; commit " + d.generation.ToString() +
                                " does not extend it");
@@ -178,12 +179,12 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
 
     const std::vector<MemberData> members = MembersOf(object);
     MCS_RETURN_IF_ERROR(store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin}));
-    const std::string manifest_key =
-        ManifestPrefix(d.generation) + d.source_ref.substr(kSourcePrefix.size());
+    const std::string manifest_key = keys_.Manifest() + GenerationTag(d.generation) + "/" +
+                                     d.source_ref.substr(keys_.Source().size());
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
     if (s.ok() && (!head || *head != d.generation)) {
         Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
-        s = store_->Put(std::string(kHeadPrefix) + d.tensor_id, h.dump(), {},
+        s = store_->Put(keys_.Head() + d.tensor_id, h.dump(), {},
                         {PutMode::kUpsert, true});
     }
     if (!s.ok()) {
@@ -206,8 +207,8 @@ Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generatio
     MCS_RETURN_IF_ERROR(internal::ValidateId("writer_id", writer_id));
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
     MCS_RETURN_IF_ERROR(policy.ValidateSource(source_placement));
-    const std::string key =
-        std::string(kAdmitPrefix) + LogicalKeyOf(tensor_id, generation, policy, source_placement);
+    const std::string key = keys_.Admit() + GenerationTag(generation) + "/" +
+                            LogicalKeyOf(tensor_id, generation, policy, source_placement);
     Status s = store_->Put(key, writer_id, {}, {PutMode::kCreate, false});
     if (s.ok()) return true;
     if (s.code() != StatusCode::kConflict) return s;
@@ -224,7 +225,7 @@ Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generatio
 
 Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generation) {
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
-    const std::string prefix = ManifestPrefix(generation);
+    const std::string prefix = keys_.Manifest() + GenerationTag(generation) + "/";
     MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(prefix));
     std::vector<SourceDescriptor> out;
     out.reserve(keys.size());
@@ -234,7 +235,7 @@ Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generatio
             if (info.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
             return info.status();
         }
-        const std::string ref = std::string(kSourcePrefix) + key.substr(prefix.size());
+        const std::string ref = keys_.Source() + key.substr(prefix.size());
         MCS_ASSIGN_OR_RETURN(SourceDescriptor d, DecodeObjectMetadata(ref, info->metadata));
         out.push_back(std::move(d));
     }

@@ -6,6 +6,8 @@
 
 #include "executor/node_cache.h"
 
+#include <random>
+
 namespace mooncake::sparse {
 
 std::vector<std::pair<std::string, double>> SparseMetrics::Items() const {
@@ -40,7 +42,11 @@ SparseStore::SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions 
     : store_(std::move(store)),
       options_(std::move(options)),
       cache_(std::make_unique<NodeCache>(options_.index_cache_capacity_bytes,
-                                         options_.range_cache_capacity_bytes)) {}
+                                         options_.range_cache_capacity_bytes)) {
+    keys_.tag = options_.name_space.empty() ? "" : "@" + options_.name_space;
+    std::random_device rd;
+    lease_holder_ = (std::uint64_t{rd()} << 32) ^ rd();
+}
 
 SparseStore::~SparseStore() = default;
 

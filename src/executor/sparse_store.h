@@ -8,6 +8,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -115,8 +116,30 @@ struct ReadOptions {
     const ManifestIndex* manifest_index = nullptr;
 };
 
+/// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the
+/// generation (k - 1, k). `generation` (j, k) with k > j + 1 is the fold of steps j+1..k: its
+/// sources are those of every step in the range, step by step, and reading it gives, per target,
+/// one object with the latest value per coordinate (overwrite) or the sum (scatter_add).
+struct StepManifest {
+    Generation generation;
+    std::vector<SourceDescriptor> sources;
+    /// Tensor ids the step's seal lists that have no source in the range (unchanged): their
+    /// targets read as empty objects. Sorted.
+    std::vector<std::string> unchanged;
+    bool sealed = false;
+};
+
 struct SparseStoreOptions {
     std::string node_id = "node0";
+    /// Keeps the tensor ids, steps, seals and retention of runs that share one store apart
+    /// (docs/design.md §9). "" is the default namespace; others must pass ValidateNamespace.
+    std::string name_space;
+    /// How long a reader's lease on a step lasts when the reader does not end it (a crashed
+    /// reader): retention frees a leased step only after its lease expired.
+    double lease_seconds = 60;
+    /// Wait for a seal made by another process (not through this store): the store is checked
+    /// at this interval at most, starting at 1 ms.
+    double wait_poll_max_seconds = 0.05;
     std::uint64_t index_cache_capacity_bytes = std::uint64_t{1} << 30;
     std::uint64_t range_cache_capacity_bytes = std::uint64_t{1} << 30;
 };
@@ -150,6 +173,42 @@ public:
     /// Errors: InvalidArgument (corrupt manifest entry).
     Result<std::vector<SourceDescriptor>> Manifest(Generation generation);
 
+    /// The manifest of a step (sealed or not; an unsealed one lists what is committed so far),
+    /// or the fold of the sealed steps j+1..k for (j, k) with k > j + 1.
+    /// Errors: InvalidArgument; NotFound (a step of a fold is not sealed, or past retention).
+    Result<StepManifest> GetManifest(Generation generation);
+
+    /// Seals a step: `tensor_ids` is the model's complete list of tensors at that step; those
+    /// without a source in the step are unchanged. Then frees what retention no longer keeps.
+    /// Errors: InvalidArgument (bad id, a committed tensor missing from the list);
+    /// FailedPrecondition (sealed already, or an admitted writer of the step has not
+    /// committed).
+    Status SealGeneration(Generation generation, std::span<const std::string> tensor_ids);
+
+    /// Blocks until `generation` (a step, or a fold whose last step is) is sealed, then returns
+    /// its manifest. A negative timeout waits for ever.
+    /// Errors: DeadlineExceeded; as GetManifest.
+    Result<StepManifest> WaitGeneration(Generation generation, double timeout_seconds);
+
+    /// The newest sealed step, if any.
+    Result<std::optional<Generation>> LatestGeneration();
+
+    /// Keeps the last `keep_last` sealed steps (0: keep every step) and frees the older ones:
+    /// their source objects, manifest entries, admissions, seals and cached ranges. A step a
+    /// reader holds a lease on is never freed.
+    /// Errors: InvalidArgument; FailedPrecondition (it would free a leased step: nothing is
+    /// changed).
+    Status SetRetention(std::uint64_t keep_last);
+
+    /// The retention in force (0: keep every step).
+    Result<std::uint64_t> Retention();
+
+    /// ReadSparseObjects on a step manifest: targets of unchanged tensors get empty objects,
+    /// and a fold's steps are merged per target. Holds a lease on the steps while it reads.
+    Result<std::vector<TargetObject>> ReadSparseObjects(const StepManifest& manifest,
+                                                        std::span<const TargetDescriptor> targets,
+                                                        const ReadOptions& options = {});
+
     /// The tensor's current generation (the last committed delta), if any.
     Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id);
 
@@ -170,6 +229,37 @@ public:
 private:
     /// One ReadSparseObjects call's state, from step to step (sparse_read.cc).
     struct ReadCall;
+
+    /// The keys of this layer's objects. A namespace tags the second component of every key
+    /// ("mcs/src@run1/..."), which no tensor id can reach: the key spaces of two namespaces are
+    /// disjoint, and each of their directories lists on its own.
+    struct Keys {
+        std::string tag;  ///< "" or "@<namespace>"
+        std::string Source() const { return "mcs/src" + tag + "/"; }
+        std::string Manifest() const { return "mcs/manifest" + tag + "/"; }
+        std::string Head() const { return "mcs/head" + tag + "/"; }
+        std::string Admit() const { return "mcs/admit" + tag + "/"; }
+        std::string Seal() const { return "mcs/seal" + tag + "/steps/"; }
+        std::string Lease() const { return "mcs/lease" + tag + "/"; }
+        std::string Latest() const { return "mcs/step" + tag + "/latest"; }
+        std::string Floor() const { return "mcs/step" + tag + "/floor"; }
+        std::string RetentionKey() const { return "mcs/step" + tag + "/retention"; }
+    };
+
+    // Steps (sparse_steps.cc).
+    Result<bool> IsSealed(Generation step);
+    /// The tensor ids of a sealed step's seal (cached: a seal never changes).
+    Result<std::shared_ptr<const std::vector<std::string>>> SealedTensorIds(Generation step);
+    Result<std::optional<std::uint64_t>> ReadStepRecord(const std::string& key);
+    Status WriteStepRecord(const std::string& key, std::uint64_t value);
+    /// Frees what the retention in force no longer keeps. `strict`: fail (changing nothing)
+    /// when a leased step would go, instead of keeping it for a later pass.
+    Status CollectSteps(std::uint64_t keep_last, bool strict);
+    Status FreeStep(Generation step);
+    /// A lease on steps for the life of the returned token (store objects that expire).
+    class StepLease;
+    Result<std::unique_ptr<StepLease>> LeaseSteps(std::span<const Generation> steps);
+    Result<bool> IsLeased(Generation step);
 
     // The steps of ReadSparseObjects, in the order it takes them (docs/design.md §4).
     /// Steps 1-2: which sources each target reads, from the manifest alone.
@@ -220,7 +310,15 @@ private:
     std::unique_ptr<PlanScratch> TakeScratch();
     void ReturnScratch(std::unique_ptr<PlanScratch> scratch);
 
+    Keys keys_;
     std::mutex commit_mu_;
+    std::mutex seal_mu_;
+    std::condition_variable sealed_cv_;
+    std::uint64_t seals_ = 0;  ///< Seals made through this store (wakes its waiters).
+    std::atomic<std::uint64_t> lease_ids_{0};
+    std::uint64_t lease_holder_ = 0;  ///< Random per store: lease keys of two processes differ.
+    std::mutex seal_cache_mu_;
+    std::map<std::uint64_t, std::shared_ptr<const std::vector<std::string>>> seal_cache_;
     std::mutex scratch_mu_;
     std::unique_ptr<PlanScratch> scratch_;
     mutable std::mutex metrics_mu_;
@@ -233,6 +331,13 @@ private:
 /// sends the object (the daemon validates it again before committing).
 /// Errors: InvalidArgument.
 Result<SparseObject> BuildSourceObject(const PutSparseRequest& request);
+
+/// "base-delta": how a generation appears in keys.
+std::string GenerationTag(Generation generation);
+
+/// A namespace name: 1-64 of [A-Za-z0-9_.-] ("" is the default namespace).
+/// Errors: InvalidArgument.
+Status ValidateNamespace(std::string_view name_space);
 
 /// Key of the structured object for a logical key.
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,

@@ -306,6 +306,32 @@ TEST(BuildSparseObjectTest, SumDuplicatesNeedsScatterAdd) {
     EXPECT_THAT(r.status().message(), HasSubstr("scatter_add"));
 }
 
+TEST(BuildSparseObjectTest, LastDuplicateWinsWithOverwrite) {
+    EncodeOptions opts;
+    opts.duplicates = DuplicatePolicy::kLast;
+    // (3, 5) three times, (0, 0) twice: the last in input order wins, whatever the sort does.
+    const std::vector<std::int64_t> idx = {3, 5, 0, 0, 3, 5, 9, 9, 3, 5, 0, 0};
+    const std::vector<float> val = {1.0f, 10.0f, 2.0f, 100.0f, 4.0f, 20.0f};
+    ASSERT_OK_AND_ASSIGN(SparseObject obj,
+                         BuildSparseObject(MakeDesc({10, 10}, ApplyMode::kOverwrite),
+                                           View(idx, {6, 2}), View(val, {6}), opts));
+    ExpectWellFormed(obj);
+    EXPECT_EQ(obj.desc.nnz, 3u);
+    EXPECT_EQ(DecodeIndices(obj.indices, DType::kUInt16),
+              (std::vector<std::uint64_t>{0, 0, 3, 5, 9, 9}));
+    EXPECT_EQ(DecodeValues<float>(obj.values), (std::vector<float>{20.0f, 4.0f, 100.0f}));
+}
+
+TEST(BuildSparseObjectTest, LastDuplicatesNeedsOverwrite) {
+    EncodeOptions opts;
+    opts.duplicates = DuplicatePolicy::kLast;
+    const std::vector<std::int64_t> idx = {3, 5, 3, 5};
+    auto r = BuildSparseObject(MakeDesc({10, 10}, ApplyMode::kScatterAdd), View(idx, {2, 2}),
+                               View(std::vector<float>{1, 2}, {2}), opts);
+    EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(r.status().message(), HasSubstr("overwrite"));
+}
+
 TEST(BuildSparseObjectTest, SumDuplicatesCoalescesWithScatterAdd) {
     EncodeOptions opts;
     opts.duplicates = DuplicatePolicy::kSum;

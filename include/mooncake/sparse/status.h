@@ -27,10 +27,11 @@ enum class StatusCode : int {
     kUnimplemented = 10,     ///< A capability this build or machine lacks (e.g. no CUDA).
     kDataLoss = 11,          ///< A checksum mismatch or torn data was detected.
     kPermissionDenied = 12,  ///< The caller may not do this (e.g. a socket peer of another uid).
+    kDeadlineExceeded = 13,  ///< A wait ended at its deadline before what it waited for happened.
 };
 
 /// The highest StatusCode value: loops over every code (e.g. the binding's code table) end here.
-inline constexpr StatusCode kLastStatusCode = StatusCode::kPermissionDenied;
+inline constexpr StatusCode kLastStatusCode = StatusCode::kDeadlineExceeded;
 
 constexpr std::string_view StatusCodeName(StatusCode code) {
     switch (code) {
@@ -47,6 +48,7 @@ constexpr std::string_view StatusCodeName(StatusCode code) {
         case StatusCode::kUnimplemented: return "Unimplemented";
         case StatusCode::kDataLoss: return "DataLoss";
         case StatusCode::kPermissionDenied: return "PermissionDenied";
+        case StatusCode::kDeadlineExceeded: return "DeadlineExceeded";
     }
     return "Unknown";
 }
@@ -102,6 +104,9 @@ inline Status Unimplemented(std::string msg) { return {StatusCode::kUnimplemente
 inline Status DataLoss(std::string msg) { return {StatusCode::kDataLoss, std::move(msg)}; }
 inline Status PermissionDenied(std::string msg) {
     return {StatusCode::kPermissionDenied, std::move(msg)};
+}
+inline Status DeadlineExceeded(std::string msg) {
+    return {StatusCode::kDeadlineExceeded, std::move(msg)};
 }
 
 /// Either a value or a non-OK Status.

@@ -16,6 +16,7 @@ __all__ = [
     "Unimplemented",
     "DataLoss",
     "PermissionDenied",
+    "DeadlineExceeded",
     "error_class",
     "code_of",
 ]
@@ -72,6 +73,10 @@ class DataLoss(Error):
     """A checksum mismatch or torn data was detected."""
 
 
+class DeadlineExceeded(Error, TimeoutError):
+    """A wait (wait_generation) reached its deadline first."""
+
+
 class PermissionDenied(Error, PermissionError):
     """The caller may not do this (e.g. a node daemon peer running as another user)."""
 
@@ -89,6 +94,7 @@ _BY_CODE = {
     10: Unimplemented,
     11: DataLoss,
     12: PermissionDenied,
+    13: DeadlineExceeded,
 }
 
 

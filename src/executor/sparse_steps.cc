@@ -1,0 +1,541 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// A training run of SparseStore (docs/design.md §9): steps sealed with the model's tensor list,
+// waits for a step, the newest sealed step, retention with readers' leases, and reads of a step
+// manifest (unchanged tensors, folds of several steps merged per target).
+//
+// State lives in the object store, so that every process of a run (embedded, through the node
+// daemon, or on mooncake:// across nodes) sees the same steps:
+//   mcs/seal/steps/<b-d>        one per sealed step; member "tensor_ids" (newline-separated)
+//   mcs/step/latest, floor      the newest sealed step; the oldest step not yet freed
+//   mcs/step/retention          keep_last
+//   mcs/lease/<b-d>/<holder>    a reader's lease on a step, with its expiry
+// (with a namespace, "mcs/seal@NAME/...", and so on).
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#include "codec/codec.h"
+#include "executor/node_cache.h"
+#include "executor/sparse_store.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::string_view kTensorIdsMember = "tensor_ids";
+
+std::int64_t NowMs() {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+               std::chrono::system_clock::now().time_since_epoch())
+        .count();
+}
+
+Status RequireStep(Generation g, std::string_view what) {
+    MCS_RETURN_IF_ERROR(Generation::Make(g.base, g.delta));
+    if (g.delta != g.base + 1) {
+        return InvalidArgument(std::string(what) + " " + g.ToString() +
+                               " is not a step: step k is the generation (k - 1, k)");
+    }
+    return Status::Ok();
+}
+
+Status IgnoreNotFound(Status s) {
+    return s.code() == StatusCode::kNotFound ? Status::Ok() : s;
+}
+
+/// An empty target-local object: a target of a tensor that a sealed step left unchanged.
+/// It has no values, so it applies to a weight of any dtype (as a no-op).
+Result<TargetObject> EmptyTarget(const TargetDescriptor& target, Generation generation) {
+    Shape local(target.box.shape().begin(), target.box.shape().end());
+    SourceDescriptor desc;
+    desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
+    desc.tensor_id = target.tensor_id;
+    desc.global_shape = local;
+    MCS_ASSIGN_OR_RETURN(desc.box, Box::Whole(local));
+    desc.generation = generation;
+    desc.placement = target.placement;
+    desc.apply = ApplyMode::kOverwrite;
+    const DType index = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
+    const HostArray idx{index, {0, Index(local.size())}, {}};
+    const HostArray val{DType::kUInt8, {0}, {}};
+    MCS_ASSIGN_OR_RETURN(SparseObject obj, BuildSparseObject(std::move(desc), idx, val));
+    obj.coordinate_space = "local";
+    return TargetObject{target.target_id, target.node_id, target.box, std::move(obj)};
+}
+
+/// One object per target from the objects of the steps of a fold, in step order: per
+/// coordinate the latest value (overwrite) or the sum (scatter_add).
+Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation generation) {
+    TargetObject& first = parts.front();
+    const SourceDescriptor& d0 = first.object.desc;
+    const std::size_t rank = d0.rank();
+    std::vector<std::byte> indices, values;
+    for (const TargetObject& p : parts) {
+        const SourceDescriptor& d = p.object.desc;
+        if (d.apply != d0.apply || d.value_dtype != d0.value_dtype ||
+            d.index_dtype != d0.index_dtype) {
+            return InvalidArgument("target " + first.target_id + " of '" + d0.tensor_id +
+                                   "': the steps of the fold differ in apply mode or dtypes");
+        }
+        indices.insert(indices.end(), p.object.indices.begin(), p.object.indices.end());
+        values.insert(values.end(), p.object.values.begin(), p.object.values.end());
+    }
+    const std::uint64_t nnz = values.size() / DTypeSize(d0.value_dtype);
+    SourceDescriptor desc = d0;
+    desc.generation = generation;
+    EncodeOptions enc;
+    enc.tile_shape = d0.tile_shape;
+    enc.duplicates = d0.apply == ApplyMode::kOverwrite ? DuplicatePolicy::kLast
+                                                       : DuplicatePolicy::kSum;
+    const HostArray idx{d0.index_dtype, {Index(nnz), Index(rank)}, indices};
+    const HostArray val{d0.value_dtype, {Index(nnz)}, values};
+    MCS_ASSIGN_OR_RETURN(SparseObject obj, BuildSparseObject(std::move(desc), idx, val, enc));
+    obj.coordinate_space = "local";
+    return TargetObject{first.target_id, first.node_id, first.target_box, std::move(obj)};
+}
+
+}  // namespace
+
+Status ValidateNamespace(std::string_view ns) {
+    if (ns.empty()) return Status::Ok();
+    if (ns.size() > 64) return InvalidArgument("namespace longer than 64 characters");
+    for (char c : ns) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                        (c >= '0' && c <= '9') || c == '_' || c == '.' || c == '-';
+        if (!ok) {
+            return InvalidArgument("namespace '" + std::string(ns) +
+                                   "' may hold only letters, digits, '_', '.' and '-'");
+        }
+    }
+    return Status::Ok();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small records.
+// ---------------------------------------------------------------------------------------------
+
+Result<std::optional<std::uint64_t>> SparseStore::ReadStepRecord(const std::string& key) {
+    auto info = store_->Stat(key);
+    if (!info.ok()) {
+        if (info.status().code() == StatusCode::kNotFound) return std::optional<std::uint64_t>();
+        return info.status();
+    }
+    Json j = Json::parse(info->metadata, nullptr, false);
+    if (j.is_discarded() || !j.contains("value") || !j["value"].is_number_unsigned()) {
+        return DataLoss("record " + key + " is corrupt");
+    }
+    return std::optional<std::uint64_t>(j["value"].get<std::uint64_t>());
+}
+
+Status SparseStore::WriteStepRecord(const std::string& key, std::uint64_t value) {
+    return store_->Put(key, Json{{"value", value}}.dump(), {}, {PutMode::kUpsert, true});
+}
+
+Result<bool> SparseStore::IsSealed(Generation step) {
+    auto info = store_->Stat(keys_.Seal() + GenerationTag(step));
+    if (info.ok()) return true;
+    if (info.status().code() == StatusCode::kNotFound) return false;
+    return info.status();
+}
+
+Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTensorIds(
+    Generation step) {
+    {
+        std::lock_guard lock(seal_cache_mu_);
+        if (auto it = seal_cache_.find(step.delta); it != seal_cache_.end()) return it->second;
+    }
+    const std::string key = keys_.Seal() + GenerationTag(step);
+    auto info = store_->Stat(key);
+    if (!info.ok()) {
+        if (info.status().code() == StatusCode::kNotFound) {
+            return NotFound("step " + step.ToString() + " is not sealed");
+        }
+        return info.status();
+    }
+    const MemberInfo* m = info->FindMember(kTensorIdsMember);
+    if (m == nullptr) return DataLoss("seal " + key + " has no tensor list");
+    std::string bytes(m->size_bytes, '\0');
+    MCS_RETURN_IF_ERROR(store_->ReadMember(
+        key, kTensorIdsMember, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
+    if (Checksum({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}) !=
+        m->checksum) {
+        return DataLoss("seal " + key + ": tensor list checksum mismatch");
+    }
+    auto ids = std::make_shared<std::vector<std::string>>();
+    for (std::size_t pos = 0; pos < bytes.size();) {
+        const std::size_t end = std::min(bytes.find('\n', pos), bytes.size());
+        ids->emplace_back(bytes.substr(pos, end - pos));
+        pos = end + 1;
+    }
+    std::lock_guard lock(seal_cache_mu_);
+    seal_cache_[step.delta] = ids;
+    if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
+    return std::shared_ptr<const std::vector<std::string>>(ids);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seal, wait, latest.
+// ---------------------------------------------------------------------------------------------
+
+Status SparseStore::SealGeneration(Generation step, std::span<const std::string> tensor_ids) {
+    MCS_RETURN_IF_ERROR(RequireStep(step, "seal_generation: generation"));
+    std::vector<std::string> ids(tensor_ids.begin(), tensor_ids.end());
+    for (const std::string& id : ids) {
+        MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", id));
+        if (id.find('\n') != std::string::npos) {
+            return InvalidArgument("tensor_id '" + id + "' contains a newline");
+        }
+    }
+    std::sort(ids.begin(), ids.end());
+    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+        return InvalidArgument("seal_generation: tensor id '" + *dup + "' is listed twice");
+    }
+    const std::string tag = GenerationTag(step);
+    std::lock_guard lock(seal_mu_);
+    MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
+    if (sealed) return FailedPrecondition("step " + step.ToString() + " is sealed already");
+
+    // Every committed tensor is listed, and every admitted writer has committed.
+    const std::string manifest_prefix = keys_.Manifest() + tag + "/";
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> entries, store_->List(manifest_prefix));
+    MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
+    for (const SourceDescriptor& s : sources) {
+        if (!std::binary_search(ids.begin(), ids.end(), s.tensor_id)) {
+            return InvalidArgument("seal_generation " + step.ToString() + ": tensor '" +
+                                   s.tensor_id + "' was committed but is not in the list");
+        }
+    }
+    const std::string admit_prefix = keys_.Admit() + tag + "/";
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> admits, store_->List(admit_prefix));
+    std::vector<std::string> committed;  // logical keys + "/at..." of the step's entries
+    committed.reserve(entries.size());
+    for (const std::string& e : entries) committed.push_back(e.substr(manifest_prefix.size()));
+    std::sort(committed.begin(), committed.end());
+    for (const std::string& a : admits) {
+        const std::string logical = a.substr(admit_prefix.size()) + "/at";
+        auto it = std::lower_bound(committed.begin(), committed.end(), logical);
+        if (it == committed.end() || !it->starts_with(logical)) {
+            return FailedPrecondition("seal_generation " + step.ToString() + ": the writer " +
+                                      "admitted for " + a.substr(admit_prefix.size()) +
+                                      " has not committed");
+        }
+    }
+
+    std::string joined;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i) joined += '\n';
+        joined += ids[i];
+    }
+    const auto bytes = std::span<const std::byte>(
+        reinterpret_cast<const std::byte*>(joined.data()), joined.size());
+    const MemberData member{std::string(kTensorIdsMember), DType::kUInt8,
+                            {Index(joined.size())}, bytes, Checksum(bytes)};
+    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
+    Status put = store_->Put(keys_.Seal() + tag, meta.dump(), {&member, 1},
+                             {PutMode::kCreate, true});
+    if (put.code() == StatusCode::kConflict) {
+        return FailedPrecondition("step " + step.ToString() + " is sealed already");
+    }
+    MCS_RETURN_IF_ERROR(put);
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
+    if (!latest || *latest < step.delta) {
+        MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Latest(), step.delta));
+    }
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
+    if (!floor) MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), step.delta));
+    {
+        std::lock_guard cache(seal_cache_mu_);
+        seal_cache_[step.delta] = std::make_shared<std::vector<std::string>>(std::move(ids));
+        if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
+    }
+    ++seals_;
+    sealed_cv_.notify_all();
+    MCS_ASSIGN_OR_RETURN(const std::uint64_t keep, Retention());
+    return CollectSteps(keep, /*strict=*/false);
+}
+
+Result<std::optional<Generation>> SparseStore::LatestGeneration() {
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
+    if (!latest) return std::optional<Generation>();
+    return std::optional<Generation>(Generation{*latest - 1, *latest});
+}
+
+Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double timeout_seconds) {
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    const Generation last{generation.delta - 1, generation.delta};
+    using Clock = std::chrono::steady_clock;
+    const bool forever = timeout_seconds < 0;
+    const auto deadline =
+        forever ? Clock::time_point::max()
+                : Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(timeout_seconds));
+    auto poll = std::chrono::duration<double>(0.001);
+    const auto poll_max = std::chrono::duration<double>(options_.wait_poll_max_seconds);
+    for (;;) {
+        std::uint64_t seen;
+        {
+            std::lock_guard lock(seal_mu_);
+            seen = seals_;
+        }
+        MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(last));
+        if (sealed) return GetManifest(generation);
+        const auto now = Clock::now();
+        if (now >= deadline) {
+            return DeadlineExceeded("wait_generation: step " + last.ToString() +
+                                    " is not sealed after " + std::to_string(timeout_seconds) +
+                                    " s");
+        }
+        // Woken at once by a seal through this store; a seal by another process is seen at
+        // the next check.
+        std::unique_lock lock(seal_mu_);
+        const auto until = std::min(deadline, now + std::chrono::duration_cast<Clock::duration>(poll));
+        sealed_cv_.wait_until(lock, until, [&] { return seals_ != seen; });
+        poll = std::min(poll * 2, poll_max);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manifests of steps and folds.
+// ---------------------------------------------------------------------------------------------
+
+Result<StepManifest> SparseStore::GetManifest(Generation generation) {
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    StepManifest out;
+    out.generation = generation;
+    if (generation.delta == generation.base + 1) {
+        MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
+        MCS_ASSIGN_OR_RETURN(out.sealed, IsSealed(generation));
+    } else {
+        // A fold: a single commit of (j, k) itself, or the sealed steps j+1..k.
+        MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
+        if (!out.sources.empty()) return out;
+        MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
+        if (floor && generation.base + 1 < *floor) {
+            return NotFound("fold " + generation.ToString() + " reaches past retention: step " +
+                            std::to_string(generation.base + 1) + " is freed (the oldest " +
+                            "step kept is " + std::to_string(*floor) + ")");
+        }
+        for (std::uint64_t k = generation.base + 1; k <= generation.delta; ++k) {
+            const Generation step{k - 1, k};
+            MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
+            if (!sealed) {
+                return NotFound("fold " + generation.ToString() + ": step " + step.ToString() +
+                                " is not sealed (or was freed by retention)");
+            }
+            MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> step_sources, Manifest(step));
+            for (SourceDescriptor& s : step_sources) out.sources.push_back(std::move(s));
+        }
+        out.sealed = true;
+    }
+    if (out.sealed) {
+        const Generation last{generation.delta - 1, generation.delta};
+        MCS_ASSIGN_OR_RETURN(auto ids, SealedTensorIds(last));
+        std::vector<std::string> changed;
+        changed.reserve(out.sources.size());
+        for (const SourceDescriptor& s : out.sources) changed.push_back(s.tensor_id);
+        std::sort(changed.begin(), changed.end());
+        for (const std::string& id : *ids) {
+            if (!std::binary_search(changed.begin(), changed.end(), id)) out.unchanged.push_back(id);
+        }
+    }
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Leases and retention.
+// ---------------------------------------------------------------------------------------------
+
+class SparseStore::StepLease {
+public:
+    StepLease(ObjectStore& store, std::vector<std::string> keys)
+        : store_(store), keys_(std::move(keys)) {}
+    ~StepLease() {
+        for (const std::string& k : keys_) (void)store_.Remove(k);
+    }
+
+private:
+    ObjectStore& store_;
+    std::vector<std::string> keys_;
+};
+
+Result<std::unique_ptr<SparseStore::StepLease>> SparseStore::LeaseSteps(
+    std::span<const Generation> steps) {
+    const std::string holder = options_.node_id + "-" + std::to_string(::getpid()) + "-" +
+                               std::to_string(lease_holder_) + "-" +
+                               std::to_string(lease_ids_.fetch_add(1));
+    const auto expires = NowMs() + static_cast<std::int64_t>(options_.lease_seconds * 1000);
+    const std::string meta = Json{{"expires_ms", expires}}.dump();
+    std::vector<std::string> keys;
+    for (const Generation& g : steps) {
+        std::string key = keys_.Lease() + GenerationTag(g) + "/" + holder;
+        Status s = store_->Put(key, meta, {}, {PutMode::kUpsert, true});
+        if (!s.ok()) {
+            for (const std::string& k : keys) (void)store_->Remove(k);
+            return s.WithContext("leasing step " + g.ToString());
+        }
+        keys.push_back(std::move(key));
+    }
+    return std::make_unique<StepLease>(*store_, std::move(keys));
+}
+
+Result<bool> SparseStore::IsLeased(Generation step) {
+    const std::string prefix = keys_.Lease() + GenerationTag(step) + "/";
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> leases, store_->List(prefix));
+    const std::int64_t now = NowMs();
+    bool leased = false;
+    for (const std::string& key : leases) {
+        auto info = store_->Stat(key);
+        if (!info.ok()) continue;  // ended meanwhile
+        Json j = Json::parse(info->metadata, nullptr, false);
+        if (!j.is_discarded() && j.contains("expires_ms") && j["expires_ms"].is_number() &&
+            j["expires_ms"].get<std::int64_t>() > now) {
+            leased = true;
+        } else {
+            (void)store_->Remove(key);  // a crashed reader's expired lease
+        }
+    }
+    return leased;
+}
+
+Status SparseStore::FreeStep(Generation step) {
+    const std::string tag = GenerationTag(step);
+    const std::string manifest_prefix = keys_.Manifest() + tag + "/";
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> entries, store_->List(manifest_prefix));
+    std::vector<std::string> refs;
+    refs.reserve(entries.size());
+    for (const std::string& e : entries) {
+        refs.push_back(keys_.Source() + e.substr(manifest_prefix.size()));
+        MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(refs.back())));
+        MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(e)));
+    }
+    cache_->Forget(refs);
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> admits,
+                         store_->List(keys_.Admit() + tag + "/"));
+    for (const std::string& a : admits) MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(a)));
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> leases,
+                         store_->List(keys_.Lease() + tag + "/"));
+    for (const std::string& l : leases) MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(l)));
+    MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(keys_.Seal() + tag)));
+    std::lock_guard lock(seal_cache_mu_);
+    seal_cache_.erase(step.delta);
+    return Status::Ok();
+}
+
+Status SparseStore::CollectSteps(std::uint64_t keep_last, bool strict) {
+    if (keep_last == 0) return Status::Ok();
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
+    if (!latest || !floor || *latest < keep_last + *floor) return Status::Ok();
+    const std::uint64_t last_freed = *latest - keep_last;  // steps floor..last_freed go
+    if (strict) {
+        for (std::uint64_t k = *floor; k <= last_freed; ++k) {
+            MCS_ASSIGN_OR_RETURN(const bool leased, IsLeased({k - 1, k}));
+            if (leased) {
+                return FailedPrecondition("retention keep_last=" + std::to_string(keep_last) +
+                                          " would free step " + std::to_string(k) +
+                                          ", which a reader holds a lease on");
+            }
+        }
+    }
+    std::uint64_t next = *floor;
+    Status status;
+    for (; next <= last_freed; ++next) {
+        const Generation step{next - 1, next};
+        auto leased = IsLeased(step);
+        if (!leased.ok()) {
+            status = leased.status();
+            break;
+        }
+        if (*leased) break;  // kept until its reader is done; a later pass frees it
+        status = FreeStep(step);
+        if (!status.ok()) break;
+    }
+    if (next != *floor) MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), next));
+    return status;
+}
+
+Status SparseStore::SetRetention(std::uint64_t keep_last) {
+    std::lock_guard lock(seal_mu_);
+    MCS_RETURN_IF_ERROR(CollectSteps(keep_last, /*strict=*/true));
+    return WriteStepRecord(keys_.RetentionKey(), keep_last);
+}
+
+Result<std::uint64_t> SparseStore::Retention() {
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> keep, ReadStepRecord(keys_.RetentionKey()));
+    return keep.value_or(0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads of a step manifest.
+// ---------------------------------------------------------------------------------------------
+
+Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
+    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    // The steps the manifest's sources belong to, oldest first.
+    std::map<std::uint64_t, std::vector<SourceDescriptor>> by_step;
+    for (const SourceDescriptor& s : manifest.sources) by_step[s.generation.delta].push_back(s);
+    std::vector<Generation> steps;
+    for (const auto& [delta, sources] : by_step) steps.push_back(sources.front().generation);
+    MCS_ASSIGN_OR_RETURN(std::unique_ptr<StepLease> lease, LeaseSteps(steps));
+
+    const auto unchanged = [&](const std::string& id) {
+        return std::binary_search(manifest.unchanged.begin(), manifest.unchanged.end(), id);
+    };
+    const bool any_unchanged =
+        std::any_of(targets.begin(), targets.end(),
+                    [&](const TargetDescriptor& t) { return unchanged(t.tensor_id); });
+    if (by_step.size() <= 1 && !any_unchanged) {
+        return ReadSparseObjects(std::span<const SourceDescriptor>(manifest.sources), targets,
+                                 options);
+    }
+    ReadOptions step_options = options;
+    step_options.manifest_index = nullptr;  // built for the whole manifest, not for one step
+    std::vector<std::vector<TargetObject>> parts(targets.size());
+    for (auto& [delta, sources] : by_step) {
+        std::vector<std::string> ids;
+        for (const SourceDescriptor& s : sources) ids.push_back(s.tensor_id);
+        std::sort(ids.begin(), ids.end());
+        std::vector<TargetDescriptor> step_targets;
+        std::vector<std::size_t> which;
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            if (std::binary_search(ids.begin(), ids.end(), targets[t].tensor_id)) {
+                step_targets.push_back(targets[t]);
+                which.push_back(t);
+            }
+        }
+        if (step_targets.empty()) continue;
+        MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objs,
+                             ReadSparseObjects(std::span<const SourceDescriptor>(sources),
+                                               step_targets, step_options));
+        for (std::size_t i = 0; i < objs.size(); ++i) parts[which[i]].push_back(std::move(objs[i]));
+    }
+    std::vector<TargetObject> out;
+    out.reserve(targets.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        const TargetDescriptor& tgt = targets[t];
+        if (parts[t].empty()) {
+            if (!unchanged(tgt.tensor_id)) {
+                return NotFound("target " + tgt.target_id + ": tensor '" + tgt.tensor_id +
+                                "' has no source object in the manifest");
+            }
+            MCS_ASSIGN_OR_RETURN(TargetObject empty, EmptyTarget(tgt, manifest.generation));
+            out.push_back(std::move(empty));
+        } else if (parts[t].size() == 1) {
+            out.push_back(std::move(parts[t].front()));
+        } else {
+            MCS_ASSIGN_OR_RETURN(TargetObject merged, MergeSteps(parts[t], manifest.generation));
+            out.push_back(std::move(merged));
+        }
+    }
+    return out;
+}
+
+}  // namespace mooncake::sparse
