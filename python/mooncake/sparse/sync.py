@@ -126,7 +126,8 @@ def _add_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, .
         local = idx.to(torch.int64) - torch.tensor(offset, dtype=torch.int64, device=idx.device)
         snapshot.index_put_(tuple(local.T), vals.to(snapshot.dtype), accumulate=True)
         return
-    local = np.asarray(idx).astype(np.int64) - np.asarray(offset, dtype=np.int64)
+    local = (np.asarray(idx).astype(np.int64) - np.asarray(offset, dtype=np.int64)).astype(
+        np.uint64)
     _core.apply_coo(_api.as_core_array(snapshot), local, _api.as_core_array(vals), "scatter_add")
 
 
