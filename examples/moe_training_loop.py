@@ -21,7 +21,9 @@ from torch import nn
 import mooncake.sparse as mcs
 from mooncake.sparse import engines, layout
 
-VOCAB, HIDDEN, HEADS, KV_HEADS, HEAD_DIM, EXPERTS, TOP_K, INTER, LAYERS = 96, 32, 4, 2, 8, 4, 2, 24, 2
+VOCAB, HIDDEN, LAYERS = 96, 32, 2
+HEADS, KV_HEADS, HEAD_DIM = 4, 2, 8
+EXPERTS, TOP_K, INTER = 4, 2, 24
 
 
 class Attention(nn.Module):
@@ -119,7 +121,8 @@ def engine_params(plan: mcs.SyncPlan, rank: int, names: engines.EngineNameMap) -
     return {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
 
 
-def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5, seed: int = 0) -> list[dict]:
+def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
+        seed: int = 0) -> list[dict]:
     torch.manual_seed(seed)
     model = TinyMoE()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)

@@ -177,14 +177,16 @@ def test_deepseek_v3_names():
     s = sglang(f"{a}.kv_a_proj_with_mqa.weight")
     assert s.param == f"{a}.fused_qkv_a_proj_with_mqa.weight" and s.position == 1
     m = "model.layers.3.mlp"
-    assert vllm(f"{m}.shared_experts.up_proj.weight").param == f"{m}.shared_experts.gate_up_proj.weight"
+    assert (vllm(f"{m}.shared_experts.up_proj.weight").param
+            == f"{m}.shared_experts.gate_up_proj.weight")
     ex = vllm(f"{m}.experts.200.up_proj.weight")
     assert (ex.param, ex.expert, ex.position) == (f"{m}.experts.w13_weight", 200, 1)
     for keep in (f"{a}.kv_b_proj.weight", f"{a}.q_b_proj.weight", f"{a}.o_proj.weight",
                  f"{m}.gate.weight", f"{m}.gate.e_score_correction_bias",
                  f"{a}.kv_a_layernorm.weight"):
         assert vllm(keep).param == keep and sglang(keep).param == keep
-    assert vllm("model.layers.0.mlp.down_proj.weight").param == "model.layers.0.mlp.down_proj.weight"
+    down = "model.layers.0.mlp.down_proj.weight"
+    assert vllm(down).param == down
     q = EN.qwen3_moe_names("sglang")("model.layers.0.self_attn.k_proj.bias")
     assert (q.param, q.position) == ("model.layers.0.self_attn.qkv_proj.bias", 1)
     with pytest.raises(mcs.InvalidArgument, match="unknown engine"):
@@ -244,5 +246,6 @@ def test_non_contiguous_views_are_written_in_place():
     views = mcs.engine_views(params, plan, 1, names)
     assert not views["b.w"].is_contiguous()
     mcs.apply_step(store, plan, 1, views, (0, 1))
-    assert torch.equal(big[1, :, 1:6], new["a.w"][3:]) and torch.equal(big[1, :, 6:], new["b.w"][3:])
+    assert torch.equal(big[1, :, 1:6], new["a.w"][3:])
+    assert torch.equal(big[1, :, 6:], new["b.w"][3:])
     assert big[0].eq(-1).all() and big[1, :, 0].eq(-1).all()

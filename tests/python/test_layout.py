@@ -194,7 +194,8 @@ def test_expert_on_one_side_only_is_refused():
     they are experts would ask without an "expert" ordinal and silently get nothing."""
     trainer = mcs.ParallelLayout(ep=2, rules=L.expert_rules(), name="trainer")
     inference = mcs.ParallelLayout(tp=2, rules=[L.TensorRule(".*")], name="inference")
-    with pytest.raises(mcs.InvalidArgument, match=r"experts\.0\.gate_proj.*covered 0 of .*owner\(expert\)"):
+    with pytest.raises(mcs.InvalidArgument,
+                       match=r"experts\.0\.gate_proj.*covered 0 of .*owner\(expert\)"):
         mcs.SyncPlan(trainer, inference, moe_shapes())
 
 

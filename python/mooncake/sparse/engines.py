@@ -192,7 +192,8 @@ def _common_rules(shared: str) -> list[NameRule]:
         NameRule(r"(?P<n>model\.embed_tokens|lm_head)\.weight", "{n}.weight", padded=True),
     ]
     shared_rule = NameRule(rf"(?P<p>.*\.mlp\.{shared})\.(gate|up)_proj\.weight",
-                           "{p}.gate_up_proj.weight", ("{p}.gate_proj.weight", "{p}.up_proj.weight"))
+                           "{p}.gate_up_proj.weight",
+                           ("{p}.gate_proj.weight", "{p}.up_proj.weight"))
     rules.insert(2, shared_rule)
     return rules
 

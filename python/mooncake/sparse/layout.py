@@ -181,7 +181,8 @@ class ParallelLayout:
 
     def node_id(self, rank: int) -> str:
         self._check_rank(rank)
-        return f"{self.node_prefix}{0 if self.ranks_per_node is None else rank // self.ranks_per_node}"
+        node = 0 if self.ranks_per_node is None else rank // self.ranks_per_node
+        return f"{self.node_prefix}{node}"
 
     def target_id(self, rank: int) -> str:
         return f"{self.node_id(rank)}/rank{rank}"
@@ -347,10 +348,12 @@ class SourceSpec:
         return self.source_placement if self.complete else {"shard": self.shard}
 
     def put_kwargs(self) -> dict[str, object]:
-        """put_sparse_object's placement keywords for this source."""
-        return {"source_placement": dict(self.source_placement),
-                "placement_policy": self.placement_policy,
-                "global_offset": self.global_offset, "local_shape": self.local_shape}
+        """put_sparse_object's placement keywords for this source (and its box, when partial)."""
+        out: dict[str, object] = {"source_placement": dict(self.source_placement),
+                                  "placement_policy": self.placement_policy}
+        if not self.complete:
+            out.update(global_offset=self.global_offset, local_shape=self.local_shape)
+        return out
 
 
 def _policy_matches(policy: str | None, source: Mapping[str, int],
