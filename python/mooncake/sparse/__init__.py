@@ -190,3 +190,28 @@ __all__ = [
     "put_sparse_object",
     "read_sparse_objects",
 ]
+
+# Layouts, per-step sync of a state dict, engine parameters (layout.py, sync.py, engines.py).
+from . import engines, layout  # noqa: E402
+from .engines import EngineNameMap, NameRule, engine_param_shapes, engine_views  # noqa: E402
+from .layout import ParallelLayout, SourceSpec, SyncPlan, TensorRule  # noqa: E402
+from .sync import ApplyStats, StepStats, TensorStats, TrainerSync, apply_step, sync_step  # noqa: E402
+
+__all__ += [
+    "ApplyStats",
+    "EngineNameMap",
+    "NameRule",
+    "ParallelLayout",
+    "SourceSpec",
+    "StepStats",
+    "SyncPlan",
+    "TensorRule",
+    "TensorStats",
+    "TrainerSync",
+    "apply_step",
+    "engine_param_shapes",
+    "engine_views",
+    "engines",
+    "layout",
+    "sync_step",
+]

@@ -7,6 +7,7 @@ import math
 import numbers
 import operator
 import os
+import sys
 import threading
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -405,16 +406,33 @@ def encode_update(
     threshold: float = 0.0,
     tile_shape: Sequence[int] | None = None,
     num_threads: int = 0,
+    global_offset: Sequence[int] | None = None,
 ) -> tuple[Any, Any]:
     """Dense (new, old) -> global COO (indices [nnz, ndim] narrowest unsigned dtype, values).
 
     overwrite: coordinates whose bits differ, with the new values (bit-exact);
     scatter_add: new - old where |new - old| > threshold. The result is already sorted by tile,
     so put_sparse_object takes it without sorting. CUDA tensors (2-D bf16/fp16/fp32) are
-    encoded on the GPU and the result stays there (torch CUDA tensors)."""
+    encoded on the GPU and the result stays there (torch CUDA tensors).
+
+    global_offset: (new, old) are one box of a larger tensor (a trainer's shard) starting at
+    this offset; the indices come back in the larger tensor's coordinates, ready for
+    put_sparse_object(..., global_offset=global_offset, local_shape=new.shape)."""
+    offset = _shape(global_offset, "global_offset", optional=True)
+    shape: tuple[int, ...] = ()
+    if offset is not None:
+        import numpy as np
+
+        shape = tuple(int(s) for s in new.shape) if hasattr(new, "shape") else np.shape(new)
+        if len(offset) != len(shape):
+            raise InvalidArgument(f"global_offset {offset} has {len(offset)} dims; the tensors "
+                                  f"have {len(shape)}")
+        if min(offset, default=0) < 0:
+            raise InvalidArgument(f"global_offset {offset} must be >= 0")
     if _gpu.is_cuda(new):
-        return _gpu.encode_update_gpu(new, old, _str(apply, "apply"), _real(threshold, "threshold"),
-                                      tile_shape)
+        idx, vals = _gpu.encode_update_gpu(new, old, _str(apply, "apply"),
+                                           _real(threshold, "threshold"), tile_shape)
+        return _offset_indices(idx, offset, shape), vals
     idx, vals, dtype_name = _core.encode_update(
         as_core_array(new),
         as_core_array(old),
@@ -423,7 +441,22 @@ def encode_update(
         _shape(tile_shape, "tile_shape", optional=True),
         _int(num_threads, "num_threads", minimum=0),
     )
-    return idx, values_out(vals, dtype_name)
+    return _offset_indices(idx, offset, shape), values_out(vals, dtype_name)
+
+
+def _offset_indices(idx: Any, offset: tuple[int, ...] | None, shape: Sequence[int]) -> Any:
+    """Local COO indices + a box offset, in the narrowest unsigned dtype that holds the global
+    coordinates (numpy), or int64 (torch: its unsigned types lack arithmetic)."""
+    if offset is None or not any(offset):
+        return idx
+    bound = max((int(s) + o for s, o in zip(shape, offset)), default=0)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(idx, torch.Tensor):
+        return idx.to(torch.int64) + torch.tensor(offset, dtype=torch.int64, device=idx.device)
+    import numpy as np
+
+    dtype = next(t for t in (np.uint16, np.uint32, np.uint64) if bound <= np.iinfo(t).max + 1)
+    return np.asarray(idx).astype(dtype) + np.asarray(offset, dtype=dtype)
 
 
 def apply_sparse_object(weight: Any, obj: SparseObject, *, num_threads: int = 0) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 import time
 from typing import Any
@@ -167,26 +168,28 @@ INFER_EP, INFER_TP = 2, 2
 NODE = "node0"
 
 
-def inference_targets(spec: TensorSpec, cfg: ModelConfig) -> list[mcs.Target]:
-    """The EP2 x TP2 targets of one tensor on the single inference node."""
-    targets = []
-    for ep in range(INFER_EP):
-        if spec.expert is not None and spec.expert * INFER_EP // cfg.experts != ep:
-            continue  # routed expert hosted by the other EP group
-        for tp in range(INFER_TP):
-            offset = [0] * len(spec.shape)
-            local = list(spec.shape)
-            if spec.split_dim is not None:
-                part = spec.shape[spec.split_dim] // INFER_TP
-                offset[spec.split_dim] = tp * part
-                local[spec.split_dim] = part
-            rank = ep * INFER_TP + tp
-            placement = {"ep": ep, "tp": tp}
-            if spec.expert is not None:
-                placement["expert"] = spec.expert
-            targets.append(mcs.Target(spec.name, f"{NODE}/rank{rank}", NODE, placement,
-                                      tuple(offset), tuple(local)))
-    return targets
+def sync_plan(cfg: ModelConfig, specs: list[TensorSpec]) -> mcs.SyncPlan:
+    """Trainer EP4 and inference EP2 x TP2 (TP within each EP group), described once: routed
+    experts by their expert id, the rest replicated; each tensor's TP split dimension as the
+    spec says. The plan gives the trainer's placements and every rank's targets."""
+    rules = [mcs.TensorRule(r".*\.experts\.(?P<expert>\d+)\.w[13]", tp_dim=0),
+             mcs.TensorRule(r".*\.experts\.(?P<expert>\d+)\.w2", tp_dim=1)]
+    rules += [mcs.TensorRule(re.escape(s.name), tp_dim=s.split_dim) for s in specs
+              if s.expert is None]
+    trainer = mcs.ParallelLayout(ep=TRAIN_EP, rules=mcs.layout.expert_rules(),
+                                 num_experts=cfg.experts, name="trainer")
+    inference = mcs.ParallelLayout(ep=INFER_EP, tp=INFER_TP, rules=rules,
+                                   num_experts=cfg.experts, name="inference")
+    return mcs.SyncPlan(trainer, inference, {s.name: s.shape for s in specs})
+
+
+def targets_by_tensor(plan: mcs.SyncPlan) -> dict[str, list[mcs.Target]]:
+    """Every inference rank's targets, grouped by tensor (ranks in order)."""
+    out: dict[str, list[mcs.Target]] = {name: [] for name in plan.tensor_ids}
+    for rank in range(plan.inference.world_size):
+        for t in plan.targets(rank):
+            out[t.tensor_id].append(t)
+    return out
 
 
 class Progress:
@@ -244,7 +247,9 @@ def run(cfg: ModelConfig, *, apply: str, density: float, seed: int, show_progres
     prog.close()
     model_bytes = sum(be.nbytes(w) for w in old.values())
 
-    all_targets = [t for s in specs for t in inference_targets(s, cfg)]
+    plan = sync_plan(cfg, specs)
+    targets = targets_by_tensor(plan)
+    all_targets = [t for s in specs for t in targets[s.name]]
     shard_bytes = sum(int(np.prod(t.local_shape)) * 2 for t in all_targets)
 
     if store is None:
@@ -256,14 +261,14 @@ def run(cfg: ModelConfig, *, apply: str, density: float, seed: int, show_progres
         "store": store_url or "embedded", "strategies": {},
     }
     if role in ("both", "trainer"):
-        commit(store, specs, cfg, old, new, apply, generation, show_progress, results)
+        commit(store, plan, old, new, apply, generation, show_progress, results)
         if role == "trainer":
             return results
     manifest = wait_for_manifest(store, generation, len(specs), wait_seconds)
     if role == "inference":
         results.update(source_objects_put=len(manifest), encode_seconds=0.0, commit_seconds=0.0,
                        source_bytes_put=sum(m.nnz * m.entry_bytes for m in manifest))
-    read_all(store, specs, cfg, old, new, apply, manifest, model_bytes, shard_bytes,
+    read_all(store, specs, targets, old, new, apply, manifest, model_bytes, shard_bytes,
              results["source_bytes_put"], show_progress, be, results)
     return results
 
@@ -283,28 +288,21 @@ def wait_for_manifest(store: Any, generation: tuple[int, int], expected: int,
     return manifest
 
 
-def commit(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, apply: str,
+def commit(store: Any, plan: mcs.SyncPlan, old: dict, new: dict, apply: str,
            generation: tuple[int, int], show_progress: bool, results: dict) -> None:
     # ---- Trainer: EP4; each tensor is encoded once by its one owner, committed once. -------
     t0 = time.perf_counter()
     encode_s = 0.0
-    prog = Progress(len(specs), "trainer commit", show_progress)
-    for s in specs:
-        if s.expert is not None:
-            policy, placement = "owner(expert)", {"expert": s.expert}
-            owner = s.expert * TRAIN_EP // cfg.experts
-            writers = [owner]
-        else:
-            policy, placement = "replicate(ep)", {}
-            writers = list(range(TRAIN_EP))  # every trainer rank holds a replica
-        admitted = [w for w in writers
-                    if store.admit(s.name, generation, policy, placement, f"trainer/ep{w}")]
-        assert len(admitted) == 1, (s.name, admitted)
+    sources = plan.sources()
+    prog = Progress(len(sources), "trainer commit", show_progress)
+    for s in sources:  # in a real run, each trainer rank commits plan.sources(rank)
+        assert store.admit(s.tensor_id, generation, s.admit_policy, s.admit_placement,
+                           f"trainer/ep{s.owner}"), s.tensor_id
         te = time.perf_counter()
-        idx, vals = mcs.encode_update(new[s.name], old[s.name], apply=apply)
+        idx, vals = mcs.encode_update(new[s.tensor_id], old[s.tensor_id], apply=apply)
         encode_s += time.perf_counter() - te
-        store.put_sparse_object(s.name, s.shape, idx, vals, source_placement=placement,
-                                placement_policy=policy, generation=generation, apply=apply)
+        store.put_sparse_object(s.tensor_id, s.global_shape, idx, vals, generation=generation,
+                                apply=apply, **s.put_kwargs())
         prog.update()
     prog.close()
     commit_s = time.perf_counter() - t0
@@ -314,7 +312,7 @@ def commit(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, appl
                    encode_seconds=encode_s, commit_seconds=commit_s)
 
 
-def read_all(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, apply: str,
+def read_all(store: Any, specs: list, targets_of: dict, old: dict, new: dict, apply: str,
              manifest: list, model_bytes: int, shard_bytes: int, source_bytes_put: int,
              show_progress: bool, be: "Backend", results: dict) -> None:
 
@@ -322,7 +320,7 @@ def read_all(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, ap
     # dense shard (measured as the shard copies themselves: the floor of that approach). ------
     t0 = time.perf_counter()
     for s in specs:
-        for t in inference_targets(s, cfg):
+        for t in targets_of[s.name]:
             be.slice(new[s.name], t.global_offset, t.local_shape)
     dense_s = time.perf_counter() - t0
     results["strategies"]["dense_full"] = {
@@ -339,7 +337,7 @@ def read_all(store: Any, specs: list, cfg: ModelConfig, old: dict, new: dict, ap
         t0 = time.perf_counter()
         read_s = 0.0
         for s in specs:
-            targets = inference_targets(s, cfg)
+            targets = targets_of[s.name]
             tr = time.perf_counter()
             objs = store.read_sparse_objects(manifest, targets, strategy=strategy)
             read_s += time.perf_counter() - tr

@@ -1,0 +1,251 @@
+"""Engine name maps and destination views (mooncake.sparse.engines): updates land in place in
+strided slices of fused vLLM/SGLang-style parameters, laid out as the engines load them."""
+
+import numpy as np
+import pytest
+import torch
+
+import mooncake.sparse as mcs
+from mooncake.sparse import engines as EN
+from mooncake.sparse import layout as L
+
+H, HEADS, KV, HD, I, E, V = 16, 4, 2, 8, 12, 4, 100
+
+
+def qwen_shapes():
+    s = {"model.embed_tokens.weight": (V, H), "lm_head.weight": (V, H), "model.norm.weight": (H,)}
+    p = "model.layers.0"
+    s.update({f"{p}.self_attn.q_proj.weight": (HEADS * HD, H),
+              f"{p}.self_attn.k_proj.weight": (KV * HD, H),
+              f"{p}.self_attn.v_proj.weight": (KV * HD, H),
+              f"{p}.self_attn.o_proj.weight": (H, HEADS * HD),
+              f"{p}.self_attn.q_norm.weight": (HD,), f"{p}.self_attn.k_norm.weight": (HD,),
+              f"{p}.mlp.gate.weight": (E, H)})
+    for e in range(E):
+        s[f"{p}.mlp.experts.{e}.gate_proj.weight"] = (I, H)
+        s[f"{p}.mlp.experts.{e}.up_proj.weight"] = (I, H)
+        s[f"{p}.mlp.experts.{e}.down_proj.weight"] = (H, I)
+    # A dense layer (Qwen3-MoE mlp_only_layers).
+    s["model.layers.1.mlp.gate_proj.weight"] = (2 * I, H)
+    s["model.layers.1.mlp.up_proj.weight"] = (2 * I, H)
+    s["model.layers.1.mlp.down_proj.weight"] = (H, 2 * I)
+    return s
+
+
+def rows(x, r, n):
+    k = x.shape[0] // n
+    return x[r * k:(r + 1) * k]
+
+
+def vllm_params(state, layout, rank):
+    """Rank `rank`'s vLLM Qwen3-MoE parameters, built the way its loaders lay them out:
+    QKVParallelLinear (q, k, v of this rank; KV heads replicated when fewer than TP ranks),
+    MergedColumnParallelLinear (gate, up), FusedMoE w13 [E_local, 2 I_tp, H] / w2, vocab rows
+    padded to 64 and split evenly."""
+    ep_rank = rank // layout.tp
+    tp, tp_rank = layout.dense_size, rank % layout.dense_size
+    etp, etp_rank = layout.tp, rank % layout.tp
+    p, a = "model.layers.0", "model.layers.0.self_attn"
+    kv_part, kv_parts = (tp_rank, tp) if KV >= tp else (tp_rank // (tp // KV), KV)
+    out = {
+        f"{a}.qkv_proj.weight": torch.cat([
+            rows(state[f"{a}.q_proj.weight"], tp_rank, tp),
+            rows(state[f"{a}.k_proj.weight"], kv_part, kv_parts),
+            rows(state[f"{a}.v_proj.weight"], kv_part, kv_parts)]),
+        f"{a}.o_proj.weight": rows(state[f"{a}.o_proj.weight"].T, tp_rank, tp).T,
+        f"{a}.q_norm.weight": state[f"{a}.q_norm.weight"],
+        f"{a}.k_norm.weight": state[f"{a}.k_norm.weight"],
+        f"{p}.mlp.gate.weight": state[f"{p}.mlp.gate.weight"],
+        "model.norm.weight": state["model.norm.weight"],
+        "model.layers.1.mlp.gate_up_proj.weight": torch.cat([
+            rows(state["model.layers.1.mlp.gate_proj.weight"], tp_rank, tp),
+            rows(state["model.layers.1.mlp.up_proj.weight"], tp_rank, tp)]),
+        "model.layers.1.mlp.down_proj.weight":
+            rows(state["model.layers.1.mlp.down_proj.weight"].T, tp_rank, tp).T,
+    }
+    experts = range(ep_rank * E // layout.ep, (ep_rank + 1) * E // layout.ep)
+    out[f"{p}.mlp.experts.w13_weight"] = torch.stack([torch.cat([
+        rows(state[f"{p}.mlp.experts.{e}.gate_proj.weight"], etp_rank, etp),
+        rows(state[f"{p}.mlp.experts.{e}.up_proj.weight"], etp_rank, etp)]) for e in experts])
+    out[f"{p}.mlp.experts.w2_weight"] = torch.stack([
+        rows(state[f"{p}.mlp.experts.{e}.down_proj.weight"].T, etp_rank, etp).T
+        for e in experts])
+    per = 128 // tp  # V padded to 64 -> 128 rows
+    for n in ("model.embed_tokens.weight", "lm_head.weight"):
+        w = torch.full((per, H), -7.0, dtype=state[n].dtype)  # padding rows: sentinel
+        lo, hi = min(tp_rank * per, V), min((tp_rank + 1) * per, V)
+        w[:hi - lo] = state[n][lo:hi]
+        out[n] = w
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def random_state(seed):
+    g = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=g).to(torch.bfloat16) for n, s in qwen_shapes().items()}
+
+
+LAYOUTS = {
+    "TP2": mcs.ParallelLayout(tp=2, rules=L.qwen3_moe_rules(num_kv_heads=KV)),
+    "TP4 (KV heads replicated)": mcs.ParallelLayout(tp=4, rules=L.qwen3_moe_rules(num_kv_heads=KV)),
+    "EP2, attention TP2": mcs.ParallelLayout(ep=2, dense_tp=2,
+                                             rules=L.qwen3_moe_rules(num_kv_heads=KV)),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_engine_param_shapes_are_the_engines(name):
+    inference = LAYOUTS[name]
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=L.expert_rules(), name="trainer"), inference,
+                        qwen_shapes())
+    state = random_state(0)
+    for rank in range(inference.world_size):
+        params = vllm_params(state, inference, rank)
+        need = mcs.engine_param_shapes(plan, rank, EN.qwen3_moe_names())
+        assert set(need) == set(params)
+        for k, shape in need.items():
+            have = tuple(params[k].shape)
+            assert have == shape or (k.endswith(("embed_tokens.weight", "lm_head.weight"))
+                                     and have[0] >= shape[0]), (k, have, shape)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_updates_land_in_fused_engine_parameters_in_place(name):
+    inference = LAYOUTS[name]
+    plan = mcs.SyncPlan(mcs.ParallelLayout(ep=2, rules=L.expert_rules(), name="trainer"),
+                        inference, qwen_shapes())
+    old, new = random_state(0), random_state(0)
+    g = torch.Generator().manual_seed(5)
+    for n, w in new.items():
+        mask = torch.rand(w.shape, generator=g) < 0.1
+        new[n] = torch.where(mask, -w, w)
+    store = mcs.connect()
+    for r in range(2):
+        sync = mcs.TrainerSync(store, plan, r)
+        sync.snapshot(old)
+        sync.step(new)
+    for rank in range(inference.world_size):
+        params = vllm_params(old, inference, rank)
+        ptrs = {k: (v.data_ptr(), v.data_ptr() + v.numel() * v.element_size())
+                for k, v in params.items()}
+        views = mcs.engine_views(params, plan, rank, EN.qwen3_moe_names())
+        for tid, v in views.items():  # views, not copies
+            slot = EN.qwen3_moe_names()(tid)
+            lo, hi = ptrs[slot.param]
+            assert lo <= v.data_ptr() < hi, tid
+        qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
+        k_view = views["model.layers.0.self_attn.k_proj.weight"]
+        assert k_view.data_ptr() == qkv[HEADS * HD // inference.dense_size:].data_ptr()
+        stats = mcs.apply_step(store, plan, rank, views, (0, 1))
+        assert stats.nnz > 0
+        want = vllm_params(new, inference, rank)
+        for k in params:
+            assert torch.equal(params[k].view(torch.int16), want[k].view(torch.int16)), (rank, k)
+        # Padding rows of the vocabulary-parallel parameters stay as they were.
+        assert params["lm_head.weight"].float().eq(-7.0).sum() == want["lm_head.weight"].float(
+        ).eq(-7.0).sum()
+
+
+def test_expert_views_are_strided_slices_of_w13():
+    inference = LAYOUTS["TP2"]
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=L.expert_rules()), inference, qwen_shapes())
+    params = vllm_params(random_state(0), inference, 1)
+    views = mcs.engine_views(params, plan, 1, EN.qwen3_moe_names())
+    w13 = params["model.layers.0.mlp.experts.w13_weight"]
+    up2 = views["model.layers.0.mlp.experts.2.up_proj.weight"]
+    assert up2.shape == (I // 2, H)
+    assert up2.data_ptr() == w13[2, I // 2:].data_ptr()
+    down3 = views["model.layers.0.mlp.experts.3.down_proj.weight"]
+    assert down3.data_ptr() == params["model.layers.0.mlp.experts.w2_weight"][3].data_ptr()
+
+
+def test_numpy_parameters():
+    inference = mcs.ParallelLayout(tp=2, rules=L.qwen3_moe_rules(num_kv_heads=KV))
+    shapes = {k: v for k, v in qwen_shapes().items() if "self_attn" in k}
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=L.expert_rules()), inference, shapes)
+    need = mcs.engine_param_shapes(plan, 0, EN.qwen3_moe_names())
+    params = {k: np.zeros(s, np.float32) for k, s in need.items()}
+    views = mcs.engine_views(params, plan, 0, EN.qwen3_moe_names())
+    views["model.layers.0.self_attn.v_proj.weight"][...] = 1.0
+    qkv = params["model.layers.0.self_attn.qkv_proj.weight"]
+    assert qkv[-KV // 2 * HD:].min() == 1.0 and qkv[:-KV // 2 * HD].max() == 0.0
+
+
+def test_deepseek_v3_names():
+    vllm, sglang = EN.deepseek_v3_names("vllm"), EN.deepseek_v3_names("sglang")
+    a = "model.layers.3.self_attn"
+    assert vllm(f"{a}.kv_a_proj_with_mqa.weight").param == f"{a}.fused_qkv_a_proj.weight"
+    s = sglang(f"{a}.kv_a_proj_with_mqa.weight")
+    assert s.param == f"{a}.fused_qkv_a_proj_with_mqa.weight" and s.position == 1
+    m = "model.layers.3.mlp"
+    assert (vllm(f"{m}.shared_experts.up_proj.weight").param
+            == f"{m}.shared_experts.gate_up_proj.weight")
+    ex = vllm(f"{m}.experts.200.up_proj.weight")
+    assert (ex.param, ex.expert, ex.position) == (f"{m}.experts.w13_weight", 200, 1)
+    for keep in (f"{a}.kv_b_proj.weight", f"{a}.q_b_proj.weight", f"{a}.o_proj.weight",
+                 f"{m}.gate.weight", f"{m}.gate.e_score_correction_bias",
+                 f"{a}.kv_a_layernorm.weight"):
+        assert vllm(keep).param == keep and sglang(keep).param == keep
+    down = "model.layers.0.mlp.down_proj.weight"
+    assert vllm(down).param == down
+    q = EN.qwen3_moe_names("sglang")("model.layers.0.self_attn.k_proj.bias")
+    assert (q.param, q.position) == ("model.layers.0.self_attn.qkv_proj.bias", 1)
+    with pytest.raises(mcs.InvalidArgument, match="unknown engine"):
+        EN.deepseek_v3_names("trt")
+
+
+def test_deepseek_v3_layout_and_views():
+    shapes = {"model.layers.0.self_attn.q_a_proj.weight": (24, H),
+              "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": (8 + 4, H),
+              "model.layers.0.self_attn.q_b_proj.weight": (HEADS * 12, 24),
+              "model.layers.0.self_attn.kv_b_proj.weight": (HEADS * 16, 8),
+              "model.layers.0.self_attn.o_proj.weight": (H, HEADS * 8),
+              "model.layers.0.mlp.shared_experts.gate_proj.weight": (I, H),
+              "model.layers.0.mlp.shared_experts.up_proj.weight": (I, H),
+              "model.layers.0.mlp.shared_experts.down_proj.weight": (H, I),
+              "model.layers.0.mlp.gate.e_score_correction_bias": (E,)}
+    rules = L.deepseek_v3_rules()
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=rules), mcs.ParallelLayout(tp=2, rules=rules),
+                        shapes)
+    need = mcs.engine_param_shapes(plan, 1, EN.deepseek_v3_names())
+    assert need["model.layers.0.self_attn.fused_qkv_a_proj.weight"] == (36, H)  # replicated
+    assert need["model.layers.0.self_attn.q_b_proj.weight"] == (HEADS * 6, 24)
+    assert need["model.layers.0.self_attn.o_proj.weight"] == (H, HEADS * 4)
+    assert need["model.layers.0.mlp.shared_experts.gate_up_proj.weight"] == (I, H)
+
+
+def test_views_that_do_not_fit_raise():
+    inference = LAYOUTS["TP2"]
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=L.expert_rules()), inference, qwen_shapes())
+    params = vllm_params(random_state(0), inference, 0)
+    missing = {k: v for k, v in params.items() if "qkv" not in k}
+    with pytest.raises(mcs.InvalidArgument, match="no parameter.*qkv_proj"):
+        mcs.engine_views(missing, plan, 0, EN.qwen3_moe_names())
+    wrong = dict(params)
+    wrong["model.layers.0.self_attn.o_proj.weight"] = torch.zeros(H, HEADS * HD)  # unsplit
+    with pytest.raises(mcs.InvalidArgument, match="o_proj.*gives shape"):
+        mcs.engine_views(wrong, plan, 0, EN.qwen3_moe_names())
+
+
+def test_non_contiguous_views_are_written_in_place():
+    """A map that fuses on dim 1 gives column slices (strided views); apply_step writes them
+    where they lie and leaves the rest of the parameter alone."""
+    shapes = {"a.w": (6, 5), "b.w": (6, 3)}
+    rules = [L.TensorRule(r".*", tp_dim=0)]
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=rules), mcs.ParallelLayout(tp=2, rules=rules),
+                        shapes)
+    names = EN.EngineNameMap([EN.NameRule(r"(?P<n>a|b)\.w", "ab", ("a.w", "b.w"), dim=1)])
+    assert mcs.engine_param_shapes(plan, 1, names) == {"ab": (3, 8)}
+    old = {n: torch.zeros(s) for n, s in shapes.items()}
+    new = {n: torch.arange(float(np.prod(s))).reshape(s) + 1 for n, s in shapes.items()}
+    store = mcs.connect()
+    sync = mcs.TrainerSync(store, plan, 0)
+    sync.snapshot(old)
+    sync.step(new)
+    big = torch.full((2, 3, 9), -1.0)  # the parameter is itself a strided slice of a buffer
+    params = {"ab": big[1, :, 1:]}
+    views = mcs.engine_views(params, plan, 1, names)
+    assert not views["b.w"].is_contiguous()
+    mcs.apply_step(store, plan, 1, views, (0, 1))
+    assert torch.equal(big[1, :, 1:6], new["a.w"][3:])
+    assert torch.equal(big[1, :, 6:], new["b.w"][3:])
+    assert big[0].eq(-1).all() and big[1, :, 0].eq(-1).all()
