@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <array>
 #include <chrono>
 #include <cstddef>
@@ -529,6 +530,10 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
         case T::kSparseCurrentGeneration: return T::kSparseCurrentGenerationReply;
         case T::kSparseRead: return T::kSparseReadReply;
         case T::kMetrics: return T::kMetricsReply;
+        case T::kSparseStepManifest: return T::kSparseStepManifestReply;
+        case T::kSparseWait: return T::kSparseStepManifestReply;
+        case T::kSparseLatest: return T::kSparseLatestReply;
+        case T::kSparseRetention: return T::kSparseRetentionReply;
         default: return T::kOk;
     }
 }
@@ -537,7 +542,8 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
 bool Mutates(w::MessageType request) {
     using T = w::MessageType;
     return request == T::kPut || request == T::kRemove || request == T::kSparseCommit ||
-           request == T::kSparseAdmit || request == T::kTensorPut;
+           request == T::kSparseAdmit || request == T::kTensorPut || request == T::kSparseSeal ||
+           request == T::kSparseRetention;
 }
 
 /// A connection to the daemon with its client buffer registered; or, when writing the seed
@@ -911,6 +917,26 @@ w::Message SparseManifestOf(Choices& c) {
     return w::SparseManifestRequest{GenerationOf(c, "generation", {0, 1})};
 }
 
+w::Message SparseSealOf(Choices& c, const World& world) {
+    w::SparseSealRequest r;
+    r.generation = GenerationOf(c, "generation", {0, 1});
+    // Decision 0: every committed tensor; else a few, possibly hostile, ids.
+    if (!c.Flag("seal.subset")) {
+        r.tensor_ids = world.tensor_ids;
+    } else {
+        for (std::size_t n = c.Range("seal ids", 0, 3), i = 0; i < n; ++i) {
+            r.tensor_ids.push_back(StringOf(c, "tensor_id", world.tensor_ids));
+        }
+    }
+    return r;
+}
+
+w::Message SparseWaitOf(Choices& c) {
+    static const double kTimeouts[] = {0.0, 0.002, -1.0, 1e300, std::nan("")};
+    return w::SparseWaitRequest{GenerationOf(c, "generation", {0, 1}),
+                                kTimeouts[c.Pick("timeout", std::size(kTimeouts))]};
+}
+
 w::Message SparseCurrentGenerationOf(Choices& c, const World& world) {
     return w::SparseCurrentGenerationRequest{StringOf(c, "tensor_id", world.tensor_ids)};
 }
@@ -1001,6 +1027,11 @@ enum Op : std::uint64_t {
     kTensorGet,
     kHelloAgain,
     kRegisterBufferWithoutFd,
+    kSparseStepManifest,
+    kSparseSeal,
+    kSparseWait,
+    kSparseLatest,
+    kSparseRetention,
     kNumOps,
 };
 
@@ -1042,6 +1073,15 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
             case kClearCaches: request = w::ClearCachesRequest{}; break;
             case kTensorPut: request = TensorItemsOf(c, world, true); break;
             case kTensorGet: request = TensorItemsOf(c, world, false); break;
+            case kSparseStepManifest:
+                request = w::SparseStepManifestRequest{GenerationOf(c, "generation", {0, 1})};
+                break;
+            case kSparseSeal: request = SparseSealOf(c, world); break;
+            case kSparseWait: request = SparseWaitOf(c); break;
+            case kSparseLatest: request = w::SparseLatestRequest{}; break;
+            case kSparseRetention:
+                request = w::SparseRetentionRequest{c.Flag("set"), U64(c, "keep_last", 2)};
+                break;
             case kHelloAgain: {
                 w::HelloRequest hello;
                 hello.protocol_version = static_cast<std::uint32_t>(U64(c, "protocol", 1));

@@ -1,6 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "bind_common.h"
 
+#include <algorithm>
+
 #include <pybind11/stl.h>
 
 namespace mooncake::sparse::py {
@@ -155,6 +157,23 @@ pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items) 
         }
     }
     return d;
+}
+
+pyb::tuple StepManifestTuple(StepManifest m) {
+    return pyb::make_tuple(pyb::cast(std::move(m.sources)), pyb::cast(std::move(m.unchanged)),
+                           m.sealed);
+}
+
+StepManifest StepManifestFrom(const std::vector<SourceDescriptor>& sources,
+                              std::pair<std::uint64_t, std::uint64_t> generation,
+                              const std::vector<std::string>& unchanged) {
+    StepManifest m;
+    m.generation = ValueOrThrow(Generation::Make(generation.first, generation.second));
+    m.sources = sources;
+    m.unchanged = unchanged;
+    std::sort(m.unchanged.begin(), m.unchanged.end());
+    m.sealed = true;
+    return m;
 }
 
 pyb::object GenerationOrNone(const std::optional<Generation>& g) {

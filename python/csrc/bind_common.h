@@ -56,4 +56,11 @@ pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items);
 /// (base, delta) or None.
 pyb::object GenerationOrNone(const std::optional<Generation>& g);
 
+/// A step manifest as Python gets it: (sources, unchanged tensor ids, sealed).
+pyb::tuple StepManifestTuple(StepManifest m);
+/// The StepManifest of a Python Manifest's parts.
+StepManifest StepManifestFrom(const std::vector<SourceDescriptor>& sources,
+                              std::pair<std::uint64_t, std::uint64_t> generation,
+                              const std::vector<std::string>& unchanged);
+
 }  // namespace mooncake::sparse::py

@@ -62,10 +62,12 @@ class PyNodeStore {
 public:
     PyNodeStore(const std::string& socket_path, double connect_timeout_s, double call_timeout_s,
                 const std::string& client_name, std::uint64_t initial_buffer_bytes,
-                std::optional<double> reply_spin_max_s) {
+                std::optional<double> reply_spin_max_s, const std::string& name_space) {
+        ThrowIfError(ValidateNamespace(name_space));
         NodeClientOptions options;
         options.socket_path = socket_path;
         options.client_name = client_name;
+        options.name_space = name_space;
         // A float -> int cast of inf, NaN or a value past int64 is undefined: check first.
         CheckSeconds(connect_timeout_s, "connect_timeout", /*allow_zero=*/false);
         CheckSeconds(call_timeout_s, "call_timeout", /*allow_zero=*/false);
@@ -113,9 +115,41 @@ public:
         return NoGil([&] { return client_->Manifest({generation.first, generation.second}); });
     }
 
+    pyb::tuple StepManifestOf(std::pair<std::uint64_t, std::uint64_t> generation) {
+        return StepManifestTuple(
+            NoGil([&] { return client_->GetManifest({generation.first, generation.second}); }));
+    }
+
+    pyb::tuple WaitGeneration(std::pair<std::uint64_t, std::uint64_t> generation, double timeout) {
+        return StepManifestTuple(NoGil([&] {
+            return client_->WaitGeneration({generation.first, generation.second}, timeout);
+        }));
+    }
+
+    void SealGeneration(std::pair<std::uint64_t, std::uint64_t> generation,
+                        const std::vector<std::string>& tensor_ids) {
+        NoGil([&] {
+            return client_->SealGeneration({generation.first, generation.second}, tensor_ids);
+        });
+    }
+
+    pyb::object LatestGeneration() {
+        return GenerationOrNone(NoGil([&] { return client_->LatestGeneration(); }));
+    }
+
+    void SetRetention(std::uint64_t keep_last) {
+        NoGil([&] { return client_->SetRetention(keep_last); });
+    }
+
+    std::uint64_t Retention() {
+        return NoGil([&] { return client_->Retention(); });
+    }
+
     std::vector<std::shared_ptr<SparseObjectView>> Read(
         const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
-        const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads) {
+        const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
+        const std::optional<std::pair<std::uint64_t, std::uint64_t>>& generation,
+        const std::vector<std::string>& unchanged) {
         std::vector<TargetDescriptor> tds = TargetsFrom(targets);
         ReadOptions opts = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
         wire::SparseReadOptions wopts;
@@ -124,7 +158,12 @@ public:
                              ? wire::ReadStrategy::kFullSourcePerTarget
                              : wire::ReadStrategy::kSparseRanges;
         wopts.num_threads = static_cast<std::uint32_t>(opts.num_threads);
-        auto objects = NoGil([&] { return client_->ReadSparseObjects(manifest, tds, wopts); });
+        std::optional<StepManifest> step;
+        if (generation) step = StepManifestFrom(manifest, *generation, unchanged);
+        auto objects = NoGil([&] {
+            return step ? client_->ReadSparseObjects(*step, tds, wopts)
+                        : client_->ReadSparseObjects(manifest, tds, wopts);
+        });
         std::vector<std::shared_ptr<SparseObjectView>> out;
         out.reserve(objects.size());
         for (LeasedTargetObject& t : objects) {
@@ -236,10 +275,11 @@ void RegisterNode(pyb::module_& m) {
     pyb::class_<PyNodeStore>(m, "_NodeStore",
                              "A DummyClient of the node daemon (mooncake_sparse_node).")
         .def(pyb::init<const std::string&, double, double, const std::string&, std::uint64_t,
-                       std::optional<double>>(),
+                       std::optional<double>, const std::string&>(),
              pyb::arg("socket_path"), pyb::arg("connect_timeout") = 5.0,
              pyb::arg("call_timeout") = 120.0, pyb::arg("client_name") = "",
-             pyb::arg("initial_buffer_bytes") = 0, pyb::arg("reply_spin_max") = pyb::none())
+             pyb::arg("initial_buffer_bytes") = 0, pyb::arg("reply_spin_max") = pyb::none(),
+             pyb::arg("name_space") = "")
         .def("put_sparse_object", &PyNodeStore::PutSparseObject, pyb::arg("tensor_id"),
              pyb::arg("global_shape"), pyb::arg("indices"), pyb::arg("values"),
              pyb::arg("source_placement") = pyb::none(), pyb::arg("placement_policy") = pyb::none(),
@@ -250,7 +290,16 @@ void RegisterNode(pyb::module_& m) {
         .def("manifest", &PyNodeStore::Manifest, pyb::arg("generation"))
         .def("read_sparse_objects", &PyNodeStore::Read, pyb::arg("manifest"), pyb::arg("targets"),
              pyb::arg("strategy") = "sparse", pyb::arg("read_coalesce_gap") = -1,
-             pyb::arg("num_threads") = 0)
+             pyb::arg("num_threads") = 0, pyb::arg("generation") = pyb::none(),
+             pyb::arg("unchanged") = std::vector<std::string>{})
+        .def("step_manifest", &PyNodeStore::StepManifestOf, pyb::arg("generation"))
+        .def("wait_generation", &PyNodeStore::WaitGeneration, pyb::arg("generation"),
+             pyb::arg("timeout"))
+        .def("seal_generation", &PyNodeStore::SealGeneration, pyb::arg("generation"),
+             pyb::arg("tensor_ids"))
+        .def("latest_generation", &PyNodeStore::LatestGeneration)
+        .def("set_retention", &PyNodeStore::SetRetention, pyb::arg("keep_last"))
+        .def("retention", &PyNodeStore::Retention)
         .def("admit", &PyNodeStore::Admit, pyb::arg("tensor_id"), pyb::arg("generation"),
              pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
         .def("current_generation", &PyNodeStore::CurrentGeneration, pyb::arg("tensor_id"))

@@ -22,9 +22,12 @@ class PyStore {
 public:
     /// Over the embedded store, or over `object_store` (a Python implementation of the
     /// ObjectStore contract, e.g. the upstream Mooncake adapter) when it is not None.
-    PyStore(std::string node_id, std::uint64_t capacity_bytes, const pyb::object& object_store) {
+    PyStore(std::string node_id, std::uint64_t capacity_bytes, const pyb::object& object_store,
+            const std::string& name_space) {
+        ThrowIfError(ValidateNamespace(name_space));
         SparseStoreOptions opts;
         opts.node_id = std::move(node_id);
+        opts.name_space = name_space;
         std::shared_ptr<ObjectStore> objects =
             object_store.is_none() ? std::shared_ptr<ObjectStore>(MakeEmbeddedStore({capacity_bytes}))
                                    : MakePythonObjectStore(object_store);
@@ -56,14 +59,63 @@ public:
         return ValueOrThrow(store_->Manifest({generation.first, generation.second}));
     }
 
-    std::vector<std::shared_ptr<SparseObjectView>> Read(const std::vector<SourceDescriptor>& manifest,
-                                                    const pyb::iterable& targets,
-                                                    const std::string& strategy,
-                                                    std::int64_t read_coalesce_gap, int num_threads) {
+    /// (sources, unchanged tensor ids, sealed) of a step or a fold.
+    pyb::tuple StepManifestOf(std::pair<std::uint64_t, std::uint64_t> generation) {
+        Result<StepManifest> m = Internal("unset");
+        {
+            pyb::gil_scoped_release nogil;
+            m = store_->GetManifest({generation.first, generation.second});
+        }
+        return StepManifestTuple(ValueOrThrow(std::move(m)));
+    }
+
+    pyb::tuple WaitGeneration(std::pair<std::uint64_t, std::uint64_t> generation, double timeout) {
+        Result<StepManifest> m = Internal("unset");
+        {
+            pyb::gil_scoped_release nogil;
+            m = store_->WaitGeneration({generation.first, generation.second}, timeout);
+        }
+        return StepManifestTuple(ValueOrThrow(std::move(m)));
+    }
+
+    void SealGeneration(std::pair<std::uint64_t, std::uint64_t> generation,
+                        const std::vector<std::string>& tensor_ids) {
+        pyb::gil_scoped_release nogil;
+        ThrowIfError(store_->SealGeneration({generation.first, generation.second}, tensor_ids));
+    }
+
+    pyb::object LatestGeneration() {
+        Result<std::optional<Generation>> g = Internal("unset");
+        {
+            pyb::gil_scoped_release nogil;
+            g = store_->LatestGeneration();
+        }
+        return GenerationOrNone(ValueOrThrow(std::move(g)));
+    }
+
+    void SetRetention(std::uint64_t keep_last) {
+        pyb::gil_scoped_release nogil;
+        ThrowIfError(store_->SetRetention(keep_last));
+    }
+
+    std::uint64_t Retention() {
+        pyb::gil_scoped_release nogil;
+        return ValueOrThrow(store_->Retention());
+    }
+
+    std::vector<std::shared_ptr<SparseObjectView>> Read(
+        const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
+        const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
+        const std::optional<std::pair<std::uint64_t, std::uint64_t>>& generation,
+        const std::vector<std::string>& unchanged) {
         std::vector<TargetDescriptor> tds = TargetsFrom(targets);
         ReadOptions opts = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
         Result<std::vector<TargetObject>> r = Internal("unset");
-        {
+        if (generation) {
+            StepManifest step = StepManifestFrom(manifest, *generation, unchanged);
+            pyb::gil_scoped_release nogil;
+            r = store_->ReadSparseObjects(step, tds, opts);
+        } else {
             pyb::gil_scoped_release nogil;
             r = store_->ReadSparseObjects(manifest, tds, opts);
         }
@@ -154,9 +206,9 @@ void RegisterSparse(pyb::module_& m) {
     RegisterSparseObject(m);
 
     pyb::class_<PyStore>(m, "_Store")
-        .def(pyb::init<std::string, std::uint64_t, const pyb::object&>(),
+        .def(pyb::init<std::string, std::uint64_t, const pyb::object&, const std::string&>(),
              pyb::arg("node_id") = "node0", pyb::arg("capacity_bytes") = 0,
-             pyb::arg("object_store") = pyb::none())
+             pyb::arg("object_store") = pyb::none(), pyb::arg("name_space") = "")
         .def("put_sparse_object", &PyStore::PutSparseObject, pyb::arg("tensor_id"),
              pyb::arg("global_shape"), pyb::arg("indices"), pyb::arg("values"),
              pyb::arg("source_placement") = pyb::none(), pyb::arg("placement_policy") = pyb::none(),
@@ -167,7 +219,16 @@ void RegisterSparse(pyb::module_& m) {
         .def("manifest", &PyStore::Manifest, pyb::arg("generation"))
         .def("read_sparse_objects", &PyStore::Read, pyb::arg("manifest"), pyb::arg("targets"),
              pyb::arg("strategy") = "sparse", pyb::arg("read_coalesce_gap") = -1,
-             pyb::arg("num_threads") = 0)
+             pyb::arg("num_threads") = 0, pyb::arg("generation") = pyb::none(),
+             pyb::arg("unchanged") = std::vector<std::string>{})
+        .def("step_manifest", &PyStore::StepManifestOf, pyb::arg("generation"))
+        .def("wait_generation", &PyStore::WaitGeneration, pyb::arg("generation"),
+             pyb::arg("timeout"))
+        .def("seal_generation", &PyStore::SealGeneration, pyb::arg("generation"),
+             pyb::arg("tensor_ids"))
+        .def("latest_generation", &PyStore::LatestGeneration)
+        .def("set_retention", &PyStore::SetRetention, pyb::arg("keep_last"))
+        .def("retention", &PyStore::Retention)
         .def("admit", &PyStore::Admit, pyb::arg("tensor_id"), pyb::arg("generation"),
              pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
         .def("current_generation", &PyStore::CurrentGeneration, pyb::arg("tensor_id"))

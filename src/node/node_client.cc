@@ -110,6 +110,7 @@ Status NodeClient::EnsureConnected() {
     hello.pid = static_cast<std::uint32_t>(::getpid());
     hello.client_name =
         options_.client_name.empty() ? "pid " + std::to_string(::getpid()) : options_.client_name;
+    hello.name_space = options_.name_space;
     const std::uint64_t id = next_request_id_++;
     MCS_ASSIGN_OR_RETURN(auto request, wire::EncodeFrame(hello, id));
     const std::string where = "node daemon at " + options_.socket_path;
@@ -298,6 +299,10 @@ Status NodeClient::FlushReleases() {
 }
 
 void NodeClient::Disconnect() {
+    {
+        std::lock_guard lock(waiter_mu_);
+        if (waiter_) waiter_->Disconnect();
+    }
     std::lock_guard lock(mu_);
     DropSessionLocked("requested");
 }
@@ -637,21 +642,123 @@ Result<std::optional<Generation>> NodeClient::CurrentGeneration(std::string_view
 Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
     std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
     const wire::SparseReadOptions& options) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
     wire::SparseReadRequest request;
     request.manifest.assign(manifest.begin(), manifest.end());
     request.targets.assign(targets.begin(), targets.end());
     request.options = options;
+    return Read(std::move(request), targets.size());
+}
+
+Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
+    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const wire::SparseReadOptions& options) {
+    wire::SparseReadRequest request;
+    request.manifest = manifest.sources;
+    request.targets.assign(targets.begin(), targets.end());
+    request.options = options;
+    request.step = manifest.generation;
+    request.unchanged = manifest.unchanged;
+    return Read(std::move(request), targets.size());
+}
+
+namespace {
+
+StepManifest StepManifestOf(wire::SparseStepManifestReply r) {
+    return {r.generation, std::move(r.sources), std::move(r.unchanged), r.sealed};
+}
+
+}  // namespace
+
+Result<StepManifest> NodeClient::GetManifest(Generation generation) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseStepManifestReply>(
+                                         wire::SparseStepManifestRequest{generation}));
+    return StepManifestOf(std::move(reply));
+}
+
+Status NodeClient::SealGeneration(Generation generation, std::span<const std::string> tensor_ids) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseSealRequest request{generation, {tensor_ids.begin(), tensor_ids.end()}};
+    return Call<wire::OkReply>(request).status();
+}
+
+Result<StepManifest> NodeClient::WaitGeneration(Generation generation, double timeout_seconds) {
+    using Clock = std::chrono::steady_clock;
+    const bool forever = timeout_seconds < 0;
+    const auto start = Clock::now();
+    // Each wait is bounded well inside the call timeout.
+    const double chunk = std::min(
+        10.0, std::chrono::duration<double>(options_.call_timeout).count() / 2);
+    for (;;) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        const double left = forever ? chunk : std::max(0.0, timeout_seconds - elapsed);
+        const double wait = std::min(left, chunk);
+        std::shared_ptr<NodeClient> waiter;
+        {
+            std::lock_guard lock(waiter_mu_);
+            if (!waiter_) {
+                NodeClientOptions o = options_;
+                o.client_name += " (waits)";
+                MCS_ASSIGN_OR_RETURN(waiter_, Connect(o));
+            }
+            waiter = waiter_;
+        }
+        Result<StepManifest> reply = waiter->WaitOnce(generation, wait);
+        if (reply.ok()) return reply;
+        if (reply.status().code() != StatusCode::kDeadlineExceeded) return reply.status();
+        if (!forever && wait >= left) {
+            return DeadlineExceeded("wait_generation: step " +
+                                    std::to_string(generation.delta) + " is not sealed after " +
+                                    std::to_string(timeout_seconds) + " s");
+        }
+    }
+}
+
+Result<StepManifest> NodeClient::WaitOnce(Generation generation, double timeout_seconds) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseStepManifestReply>(
+                                         wire::SparseWaitRequest{generation, timeout_seconds}));
+    return StepManifestOf(std::move(reply));
+}
+
+Result<std::optional<Generation>> NodeClient::LatestGeneration() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseLatestReply>(wire::SparseLatestRequest{}));
+    return reply.generation;
+}
+
+Status NodeClient::SetRetention(std::uint64_t keep_last) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    return Call<wire::SparseRetentionReply>(wire::SparseRetentionRequest{true, keep_last})
+        .status();
+}
+
+Result<std::uint64_t> NodeClient::Retention() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseRetentionReply>(
+                                         wire::SparseRetentionRequest{false, 0}));
+    return reply.keep_last;
+}
+
+Result<std::vector<LeasedTargetObject>> NodeClient::Read(wire::SparseReadRequest request,
+                                                         std::size_t num_targets) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
     MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseReadReply>(request));
     std::vector<LeasedTargetObject> out;
     out.reserve(reply.objects.size());
     // Keepalives first, so that every lease is released whatever fails below.
     std::vector<LeaseKeepalive> keepalives;
     for (const auto& o : reply.objects) keepalives.push_back(MakeKeepalive(o.lease_id, 0));
-    if (reply.objects.size() != targets.size()) {
+    if (reply.objects.size() != num_targets) {
         return DataLoss("the node daemon returned " + std::to_string(reply.objects.size()) +
-                        " objects for " + std::to_string(targets.size()) + " targets");
+                        " objects for " + std::to_string(num_targets) + " targets");
     }
     for (std::size_t i = 0; i < reply.objects.size(); ++i) {
         wire::TargetObjectLocation& o = reply.objects[i];

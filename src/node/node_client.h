@@ -34,6 +34,7 @@
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
+#include "executor/sparse_store.h"
 #include "node/wire.h"
 
 namespace mooncake::sparse {
@@ -56,6 +57,8 @@ struct NodeClientOptions {
     std::chrono::microseconds reply_spin{200};
     std::chrono::microseconds reply_spin_max{20000};
     double spin_bytes_per_second = 8e9;
+    /// The run's namespace of this client's sparse calls (docs/design.md §9); "" the default.
+    std::string name_space;
 };
 
 /// Keeps a zero-copy view valid: the lease (released when the last holder goes) and the
@@ -169,6 +172,21 @@ public:
     Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
         std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
         const wire::SparseReadOptions& options);
+    /// ReadSparseObjects of a step manifest (unchanged tensors, folds), run by the daemon.
+    Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
+        const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+        const wire::SparseReadOptions& options);
+    // The steps of a training run (docs/design.md §9), as SparseStore has them.
+    Result<StepManifest> GetManifest(Generation generation);
+    Status SealGeneration(Generation generation, std::span<const std::string> tensor_ids);
+    /// Waits in the daemon (woken by the seal); a long or endless wait is a sequence of bounded
+    /// waits. The connection serves this client's other calls only between them.
+    Result<StepManifest> WaitGeneration(Generation generation, double timeout_seconds);
+    /// One bounded wait on this client's own connection.
+    Result<StepManifest> WaitOnce(Generation generation, double timeout_seconds);
+    Result<std::optional<Generation>> LatestGeneration();
+    Status SetRetention(std::uint64_t keep_last);
+    Result<std::uint64_t> Retention();
     // The tensor fast path (docs/design.md §5), run by the daemon.
     /// TensorPut: host tensors are copied once into the client buffer, CUDA tensors travel as
     /// IPC handles (the daemon copies them straight into its segments). The caller has
@@ -215,6 +233,8 @@ private:
                                   std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
     template <typename Reply>
     Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
+    Result<std::vector<LeasedTargetObject>> Read(wire::SparseReadRequest request,
+                                                 std::size_t num_targets);
     /// Polls the connection until a reply is readable or the spin budget of a call moving
     /// `bytes` runs out. True when the reply came while polling.
     bool SpinForReply(int fd, std::uint64_t bytes) const;
@@ -230,6 +250,10 @@ private:
 
     const NodeClientOptions options_;
     mutable std::mutex mu_;  ///< Serializes calls (one connection, request/reply).
+    /// A second connection of this client for WaitGeneration, made on the first wait: a wait
+    /// blocks its connection, and the same handle must still seal, commit and read meanwhile.
+    std::mutex waiter_mu_;
+    std::shared_ptr<NodeClient> waiter_;  // Guarded by waiter_mu_.
     std::shared_ptr<Session> session_;  // Guarded by mu_.
     std::uint64_t next_request_id_ = 1;  // Guarded by mu_.
     std::uint64_t epoch_ = 0;            // Guarded by mu_.

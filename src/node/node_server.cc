@@ -106,6 +106,11 @@ private:
     Result<Reply> ClearCaches(const wire::ClearCachesRequest& req);
     Result<Reply> TensorPut(const wire::TensorPutRequest& req);
     Result<Reply> TensorGet(const wire::TensorGetRequest& req);
+    Result<Reply> SparseStepManifest(const wire::SparseStepManifestRequest& req);
+    Result<Reply> SparseSeal(const wire::SparseSealRequest& req);
+    Result<Reply> SparseWait(const wire::SparseWaitRequest& req);
+    Result<Reply> SparseLatest(const wire::SparseLatestRequest& req);
+    Result<Reply> SparseRetention(const wire::SparseRetentionRequest& req);
 
     /// The tensors of a TensorPut / TensorGet as this process sees them: host tensors in the
     /// client buffer, CUDA tensors through this connection's IPC mappings (`holders` keeps them
@@ -122,6 +127,8 @@ private:
     NodeServer& server_;
     Connection& connection_;
     bool hello_done_ = false;
+    /// The sparse store of this connection's namespace (set by Hello).
+    SparseStore* sparse_ = nullptr;
     std::optional<ShmMapping> buffer_;
     std::unordered_map<std::uint64_t, ObjectLease> leases_;
     std::uint64_t next_lease_id_ = 1;
@@ -260,6 +267,11 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kClearCaches, ClearCaches)
         MCS_DISPATCH_(kTensorPut, TensorPut)
         MCS_DISPATCH_(kTensorGet, TensorGet)
+        MCS_DISPATCH_(kSparseStepManifest, SparseStepManifest)
+        MCS_DISPATCH_(kSparseSeal, SparseSeal)
+        MCS_DISPATCH_(kSparseWait, SparseWait)
+        MCS_DISPATCH_(kSparseLatest, SparseLatest)
+        MCS_DISPATCH_(kSparseRetention, SparseRetention)
         default:
             return InvalidArgument(std::string(wire::MessageTypeName(type)) +
                                    " is not a request a daemon serves");
@@ -304,6 +316,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Hello(const wire::HelloR
                                   std::to_string(wire::kProtocolVersion));
     }
     if (hello_done_) return FailedPrecondition("Hello was already received");
+    MCS_ASSIGN_OR_RETURN(sparse_, server_.SparseFor(req.name_space));
     hello_done_ = true;
     MCS_LOG(kInfo) << "connection " << connection_.id << ": client '" << req.client_name << "' pid "
               << connection_.peer.pid;
@@ -479,27 +492,27 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommit(
                         " do not match the bytes in the client buffer");
     }
     MCS_ASSIGN_OR_RETURN(CommitResult c,
-                         server_.sparse_->CommitSparseObject(std::move(object), req.hard_pin));
+                         sparse_->CommitSparseObject(std::move(object), req.hard_pin));
     return Reply{wire::SparseCommitReply{c.source_ref, c.created, c.nnz, c.bytes}, {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmit(
     const wire::SparseAdmitRequest& req) {
     MCS_ASSIGN_OR_RETURN(bool admitted,
-                         server_.sparse_->Admit(req.tensor_id, req.generation, req.policy,
+                         sparse_->Admit(req.tensor_id, req.generation, req.policy,
                                                 req.source_placement, req.writer_id));
     return Reply{wire::SparseAdmitReply{admitted}, {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseManifest(
     const wire::SparseManifestRequest& req) {
-    MCS_ASSIGN_OR_RETURN(auto sources, server_.sparse_->Manifest(req.generation));
+    MCS_ASSIGN_OR_RETURN(auto sources, sparse_->Manifest(req.generation));
     return Reply{wire::SparseManifestReply{std::move(sources)}, {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseCurrentGeneration(
     const wire::SparseCurrentGenerationRequest& req) {
-    MCS_ASSIGN_OR_RETURN(auto generation, server_.sparse_->CurrentGeneration(req.tensor_id));
+    MCS_ASSIGN_OR_RETURN(auto generation, sparse_->CurrentGeneration(req.tensor_id));
     return Reply{wire::SparseCurrentGenerationReply{generation}, {}};
 }
 
@@ -513,8 +526,15 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
     options.num_threads = static_cast<int>(
         req.options.num_threads == 0 ? server_.options_.read_threads
                                      : std::min(req.options.num_threads, kMaxReadThreads));
-    MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
-                         server_.sparse_->ReadSparseObjects(req.manifest, req.targets, options));
+    std::vector<TargetObject> objects;
+    if (req.step) {
+        StepManifest step{*req.step, req.manifest, req.unchanged, true};
+        std::sort(step.unchanged.begin(), step.unchanged.end());
+        MCS_ASSIGN_OR_RETURN(objects, sparse_->ReadSparseObjects(step, req.targets, options));
+    } else {
+        MCS_ASSIGN_OR_RETURN(objects,
+                             sparse_->ReadSparseObjects(req.manifest, req.targets, options));
+    }
 
     // Publish each target-local object into segment memory, leased to this connection.
     wire::SparseReadReply reply;
@@ -559,14 +579,56 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
 Result<NodeServer::Session::Reply> NodeServer::Session::Metrics(const wire::MetricsRequest& req) {
     wire::MetricsReply reply;
     for (auto& [name, value] : server_.MetricItems()) reply.items.push_back({name, value});
-    if (req.reset) server_.sparse_->ResetMetrics();
+    if (req.reset) sparse_->ResetMetrics();
     return Reply{std::move(reply), {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::ClearCaches(
     const wire::ClearCachesRequest&) {
-    server_.sparse_->ClearCaches();
+    sparse_->ClearCaches();
     return Reply{wire::OkReply{}, {}};
+}
+
+namespace {
+
+wire::SparseStepManifestReply StepManifestReply(StepManifest m) {
+    return {m.generation, std::move(m.sources), std::move(m.unchanged), m.sealed};
+}
+
+}  // namespace
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseStepManifest(
+    const wire::SparseStepManifestRequest& req) {
+    MCS_ASSIGN_OR_RETURN(StepManifest m, sparse_->GetManifest(req.generation));
+    return Reply{StepManifestReply(std::move(m)), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseSeal(
+    const wire::SparseSealRequest& req) {
+    MCS_RETURN_IF_ERROR(sparse_->SealGeneration(req.generation, req.tensor_ids));
+    return Reply{wire::OkReply{}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseWait(
+    const wire::SparseWaitRequest& req) {
+    // This connection's thread blocks; others are served meanwhile. A seal through the daemon
+    // wakes it at once.
+    MCS_ASSIGN_OR_RETURN(StepManifest m,
+                         sparse_->WaitGeneration(req.generation, req.timeout_seconds));
+    return Reply{StepManifestReply(std::move(m)), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseLatest(
+    const wire::SparseLatestRequest&) {
+    MCS_ASSIGN_OR_RETURN(std::optional<Generation> g, sparse_->LatestGeneration());
+    return Reply{wire::SparseLatestReply{g}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseRetention(
+    const wire::SparseRetentionRequest& req) {
+    if (req.set) MCS_RETURN_IF_ERROR(sparse_->SetRetention(req.keep_last));
+    MCS_ASSIGN_OR_RETURN(std::uint64_t keep, sparse_->Retention());
+    return Reply{wire::SparseRetentionReply{keep}, {}};
 }
 
 Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(
@@ -851,6 +913,21 @@ NodeServerStats NodeServer::Stats() const {
     s.idle_closes = idle_closes_.load(std::memory_order_relaxed);
     s.connections_evicted = connections_evicted_.load(std::memory_order_relaxed);
     return s;
+}
+
+Result<SparseStore*> NodeServer::SparseFor(const std::string& name_space) {
+    if (name_space.empty()) return sparse_.get();
+    MCS_RETURN_IF_ERROR(ValidateNamespace(name_space));
+    std::lock_guard lock(namespaces_mu_);
+    auto& store = namespaces_[name_space];
+    if (!store) {
+        SparseStoreOptions o = sparse_->options();
+        o.name_space = name_space;
+        store = std::make_unique<SparseStore>(
+            options_.sparse_objects ? options_.sparse_objects : std::shared_ptr<ObjectStore>(store_),
+            o);
+    }
+    return store.get();
 }
 
 std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {

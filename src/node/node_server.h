@@ -25,6 +25,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -108,6 +109,9 @@ public:
 
     ShmStore& store() { return *store_; }
     SparseStore& sparse() { return *sparse_; }
+    /// The sparse store of a namespace ("" the default one), made on first use.
+    /// Errors: InvalidArgument (not a namespace name).
+    Result<SparseStore*> SparseFor(const std::string& name_space);
     /// The tensor fast path over the segments (TensorPut / TensorGet requests).
     TensorStore& tensors() { return *tensors_; }
     NodeServerStats Stats() const;
@@ -131,6 +135,8 @@ private:
     const NodeServerOptions options_;
     std::shared_ptr<ShmStore> store_;
     std::unique_ptr<SparseStore> sparse_;
+    std::mutex namespaces_mu_;
+    std::map<std::string, std::unique_ptr<SparseStore>> namespaces_;  // Guarded by namespaces_mu_.
     std::unique_ptr<TensorStore> tensors_;
     UnixListener listener_;
     /// eventfd: a finished connection wakes the accept loop, which joins its thread at once.

@@ -40,11 +40,13 @@ struct HelloRequest {
     std::uint32_t protocol_version = kProtocolVersion;
     std::uint32_t pid = 0;
     std::string client_name;
+    std::string name_space;  ///< The run's namespace of this connection's sparse calls.
 
     static void Fields(auto& v, auto& m) {
         v("protocol_version", m.protocol_version);
         v("pid", m.pid);
         v("client_name", m.client_name, kMaxNameBytes);
+        v("name_space", m.name_space, kMaxNameBytes);
     }
     friend bool operator==(const HelloRequest&, const HelloRequest&) = default;
 };
@@ -103,7 +105,9 @@ using Message = std::variant<
     SparseAdmitRequest, SparseAdmitReply, SparseManifestRequest, SparseManifestReply,
     SparseCurrentGenerationRequest, SparseCurrentGenerationReply, SparseReadRequest,
     SparseReadReply, MetricsRequest, MetricsReply, TensorPutRequest, TensorGetRequest,
-    ClearCachesRequest>;
+    ClearCachesRequest, SparseStepManifestRequest, SparseStepManifestReply, SparseSealRequest,
+    SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
+    SparseRetentionReply>;
 
 MessageType TypeOf(const Message& message);
 

@@ -177,6 +177,14 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kClearCaches: return "ClearCaches";
         case MessageType::kTensorPut: return "TensorPut";
         case MessageType::kTensorGet: return "TensorGet";
+        case MessageType::kSparseStepManifest: return "SparseStepManifest";
+        case MessageType::kSparseStepManifestReply: return "SparseStepManifestReply";
+        case MessageType::kSparseSeal: return "SparseSeal";
+        case MessageType::kSparseWait: return "SparseWait";
+        case MessageType::kSparseLatest: return "SparseLatest";
+        case MessageType::kSparseLatestReply: return "SparseLatestReply";
+        case MessageType::kSparseRetention: return "SparseRetention";
+        case MessageType::kSparseRetentionReply: return "SparseRetentionReply";
     }
     return "Unknown";
 }
@@ -197,6 +205,9 @@ bool IsReplyType(MessageType type) {
         case MessageType::kSparseAdmitReply:
         case MessageType::kSparseManifestReply:
         case MessageType::kSparseCurrentGenerationReply:
+        case MessageType::kSparseStepManifestReply:
+        case MessageType::kSparseLatestReply:
+        case MessageType::kSparseRetentionReply:
         case MessageType::kSparseReadReply:
         case MessageType::kMetricsReply: return true;
         default: return false;

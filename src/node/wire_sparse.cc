@@ -15,4 +15,12 @@ Status SparseReadOptions::Validate() const {
     return Status::Ok();
 }
 
+Status SparseWaitRequest::Validate() const {
+    if (!(timeout_seconds >= 0 && timeout_seconds <= kMaxWaitSeconds)) {
+        return InvalidArgument("wait timeout " + std::to_string(timeout_seconds) +
+                               " s is not in [0, " + std::to_string(kMaxWaitSeconds) + "]");
+    }
+    return Status::Ok();
+}
+
 }  // namespace mooncake::sparse::wire

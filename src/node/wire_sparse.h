@@ -11,6 +11,14 @@
 //     MetricsRequest                 -> MetricsReply
 //     ClearCachesRequest             -> OkReply        drops the daemon's node-local caches
 //
+// and the steps of a training run (docs/design.md §9):
+//
+//     SparseStepManifestRequest      -> SparseStepManifestReply
+//     SparseSealRequest              -> OkReply
+//     SparseWaitRequest              -> SparseStepManifestReply   (blocks up to its timeout)
+//     SparseLatestRequest            -> SparseLatestReply
+//     SparseRetentionRequest         -> SparseRetentionReply
+//
 // Each message lists its fields once (wire_format.h); the list is the wire order.
 #pragma once
 
@@ -184,11 +192,17 @@ struct SparseReadRequest {
     std::vector<SourceDescriptor> manifest;
     std::vector<TargetDescriptor> targets;
     SparseReadOptions options;
+    /// Set for a step manifest (executor StepManifest): its generation, and the tensors it
+    /// leaves unchanged (their targets read as empty objects).
+    std::optional<Generation> step;
+    std::vector<std::string> unchanged;
 
     static void Fields(auto& v, auto& m) {
         v("manifest", m.manifest, kMaxBatchItems);
         v("targets", m.targets, kMaxBatchItems);
         v("options", m.options);
+        v("step", m.step);
+        v("unchanged", m.unchanged, kMaxBatchItems, kMaxNameBytes);
     }
     friend bool operator==(const SparseReadRequest&, const SparseReadRequest&) = default;
 };
@@ -284,6 +298,105 @@ struct ClearCachesRequest {
 
     static void Fields(auto&, auto&) {}
     friend bool operator==(const ClearCachesRequest&, const ClearCachesRequest&) = default;
+};
+
+/// SparseStore::GetManifest: a step's manifest, or a fold's.
+struct SparseStepManifestRequest {
+    static constexpr MessageType kType = MessageType::kSparseStepManifest;
+    Generation generation;
+
+    static void Fields(auto& v, auto& m) { v("generation", m.generation); }
+    friend bool operator==(const SparseStepManifestRequest&,
+                           const SparseStepManifestRequest&) = default;
+};
+
+/// Executor StepManifest.
+struct SparseStepManifestReply {
+    static constexpr MessageType kType = MessageType::kSparseStepManifestReply;
+    Generation generation;
+    std::vector<SourceDescriptor> sources;
+    std::vector<std::string> unchanged;
+    bool sealed = false;
+
+    static void Fields(auto& v, auto& m) {
+        v("generation", m.generation);
+        v("sources", m.sources, kMaxBatchItems);
+        v("unchanged", m.unchanged, kMaxBatchItems, kMaxNameBytes);
+        v("sealed", m.sealed);
+    }
+    friend bool operator==(const SparseStepManifestReply&,
+                           const SparseStepManifestReply&) = default;
+};
+
+/// SparseStore::SealGeneration.
+struct SparseSealRequest {
+    static constexpr MessageType kType = MessageType::kSparseSeal;
+    Generation generation;
+    std::vector<std::string> tensor_ids;
+
+    static void Fields(auto& v, auto& m) {
+        v("generation", m.generation);
+        v("tensor_ids", m.tensor_ids, kMaxBatchItems, kMaxNameBytes);
+    }
+    friend bool operator==(const SparseSealRequest&, const SparseSealRequest&) = default;
+};
+
+/// SparseStore::WaitGeneration: the daemon answers when the step is sealed (woken by the seal,
+/// no polling) or at the timeout (DeadlineExceeded). A client waiting for ever sends a sequence
+/// of bounded waits.
+struct SparseWaitRequest {
+    static constexpr MessageType kType = MessageType::kSparseWait;
+    Generation generation;
+    double timeout_seconds = 0;  ///< In [0, kMaxWaitSeconds].
+
+    static void Fields(auto& v, auto& m) {
+        v("generation", m.generation);
+        v("timeout_seconds", m.timeout_seconds);
+    }
+    Status Validate() const;
+    /// Bitwise on the timeout, so NaN round-trips compare equal.
+    friend bool operator==(const SparseWaitRequest& a, const SparseWaitRequest& b) {
+        return a.generation == b.generation && std::bit_cast<std::uint64_t>(a.timeout_seconds) ==
+                                                   std::bit_cast<std::uint64_t>(b.timeout_seconds);
+    }
+};
+inline constexpr double kMaxWaitSeconds = 3600;
+
+/// SparseStore::LatestGeneration. No payload.
+struct SparseLatestRequest {
+    static constexpr MessageType kType = MessageType::kSparseLatest;
+
+    static void Fields(auto&, auto&) {}
+    friend bool operator==(const SparseLatestRequest&, const SparseLatestRequest&) = default;
+};
+
+struct SparseLatestReply {
+    static constexpr MessageType kType = MessageType::kSparseLatestReply;
+    std::optional<Generation> generation;
+
+    static void Fields(auto& v, auto& m) { v("generation", m.generation); }
+    friend bool operator==(const SparseLatestReply&, const SparseLatestReply&) = default;
+};
+
+/// SparseStore::SetRetention when `set`, else Retention.
+struct SparseRetentionRequest {
+    static constexpr MessageType kType = MessageType::kSparseRetention;
+    bool set = false;
+    std::uint64_t keep_last = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("set", m.set);
+        v("keep_last", m.keep_last);
+    }
+    friend bool operator==(const SparseRetentionRequest&, const SparseRetentionRequest&) = default;
+};
+
+struct SparseRetentionReply {
+    static constexpr MessageType kType = MessageType::kSparseRetentionReply;
+    std::uint64_t keep_last = 0;
+
+    static void Fields(auto& v, auto& m) { v("keep_last", m.keep_last); }
+    friend bool operator==(const SparseRetentionReply&, const SparseRetentionReply&) = default;
 };
 
 }  // namespace mooncake::sparse::wire

@@ -127,7 +127,8 @@ TargetObjectLocation SampleLocation(int rank) {
 /// At least one message of every type, most with non-default values in every field.
 std::vector<Message> SampleMessages() {
     std::vector<Message> out;
-    out.push_back(HelloRequest{kProtocolVersion, 4242, "trainer-rank-0"});
+    out.push_back(HelloRequest{kProtocolVersion, 4242, "trainer-rank-0", ""});
+    out.push_back(HelloRequest{kProtocolVersion, 4243, "rollout-1", "run-7"});
     out.push_back(HelloReply{kProtocolVersion,
                              "mooncake_sparse_node 0.1.0",
                              "node0",
@@ -210,7 +211,25 @@ std::vector<Message> SampleMessages() {
         out.push_back(r);
     }
     out.push_back(SparseReadRequest{});
+    {
+        SparseReadRequest r;
+        r.manifest = {SampleSource("layers.3.w1", 3)};
+        r.targets = {SampleTarget(0)};
+        r.step = Generation{2, 7};
+        r.unchanged = {"norm.a", "norm.b"};
+        out.push_back(r);
+    }
     out.push_back(SparseReadReply{{SampleLocation(0), SampleLocation(1)}});
+    out.push_back(SparseStepManifestRequest{{6, 7}});
+    out.push_back(SparseStepManifestReply{{6, 7}, {SampleSource("a", 0)}, {"norm.a"}, true});
+    out.push_back(SparseStepManifestReply{{0, 1}, {}, {}, false});
+    out.push_back(SparseSealRequest{{6, 7}, {"a", "norm.a"}});
+    out.push_back(SparseWaitRequest{{6, 7}, 2.5});
+    out.push_back(SparseLatestRequest{});
+    out.push_back(SparseLatestReply{Generation{6, 7}});
+    out.push_back(SparseLatestReply{std::nullopt});
+    out.push_back(SparseRetentionRequest{true, 3});
+    out.push_back(SparseRetentionReply{3});
     out.push_back(MetricsRequest{true});
     out.push_back(ClearCachesRequest{});
     out.push_back(MetricsReply{{{"source_objects_put", 1},

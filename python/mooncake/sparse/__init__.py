@@ -32,6 +32,7 @@ def _preload_upstream() -> None:
 _preload_upstream()
 
 from ._api import (
+    Manifest,
     SourceInfo,
     SparseObject,
     Store,
@@ -105,8 +106,24 @@ def read_sparse_objects(
         num_threads=num_threads, device=device)
 
 
-def manifest(generation: tuple[int, int]) -> list[SourceInfo]:
+def manifest(generation: tuple[int, int]) -> Manifest:
     return default_store().manifest(generation)
+
+
+def seal_generation(generation: tuple[int, int], tensor_ids: Iterable[str]) -> None:
+    default_store().seal_generation(generation, tensor_ids)
+
+
+def wait_generation(generation: tuple[int, int], timeout: float | None = None) -> Manifest:
+    return default_store().wait_generation(generation, timeout)
+
+
+def latest_generation() -> tuple[int, int] | None:
+    return default_store().latest_generation()
+
+
+def set_retention(keep_last: int) -> None:
+    default_store().set_retention(keep_last)
 
 
 def metrics() -> dict[str, float]:
@@ -143,7 +160,8 @@ def batch_get_tensor_into(keys: Sequence[str], tensors: Sequence[Any]) -> None:
     default_store().batch_get_tensor_into(keys, tensors)
 
 
-for _f in (put_sparse_object, read_sparse_objects, manifest, metrics, put_tensor,
+for _f in (put_sparse_object, read_sparse_objects, manifest, seal_generation, wait_generation,
+           latest_generation, set_retention, metrics, put_tensor,
            batch_put_tensor, upsert_tensor, batch_upsert_tensor, get_tensor, get_tensor_into,
            batch_get_tensor_into):
     _f.__doc__ = getattr(Store, _f.__name__).__doc__
@@ -154,6 +172,7 @@ __all__ = [
     "DataLoss",
     "DeviceSparseObject",
     "Error",
+    "Manifest",
     "FailedPrecondition",
     "Internal",
     "InvalidArgument",
@@ -189,6 +208,10 @@ __all__ = [
     "metrics",
     "put_sparse_object",
     "read_sparse_objects",
+    "seal_generation",
+    "wait_generation",
+    "latest_generation",
+    "set_retention",
 ]
 
 # Layouts, per-step sync of a state dict, engine parameters (layout.py, sync.py, engines.py).

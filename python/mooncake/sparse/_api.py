@@ -57,7 +57,16 @@ class _Backend(Protocol):
     def put_sparse_object(self, *args: Any) -> dict: ...
     def manifest(self, generation: tuple[int, int]) -> list: ...
     def read_sparse_objects(self, manifest: list, targets: list, strategy: str,
-                            read_coalesce_gap: int, num_threads: int) -> list: ...
+                            read_coalesce_gap: int, num_threads: int, *,
+                            generation: tuple[int, int] | None = None,
+                            unchanged: list[str] | None = None) -> list: ...
+    def step_manifest(self, generation: tuple[int, int]) -> tuple[list, list, bool]: ...
+    def wait_generation(self, generation: tuple[int, int],
+                        timeout: float) -> tuple[list, list, bool]: ...
+    def seal_generation(self, generation: tuple[int, int], tensor_ids: list[str]) -> None: ...
+    def latest_generation(self) -> tuple[int, int] | None: ...
+    def set_retention(self, keep_last: int) -> None: ...
+    def retention(self) -> int: ...
     def admit(self, tensor_id: str, generation: tuple[int, int], placement_policy: str | None,
               source_placement: dict, writer_id: str) -> bool: ...
     def current_generation(self, tensor_id: str) -> tuple[int, int] | None: ...
@@ -69,6 +78,32 @@ class _Backend(Protocol):
     def _object_store(self) -> Any: ...
 
 
+class Manifest(list):
+    """The manifest of a step or of a fold of steps: a list of SourceInfo, plus
+
+    - ``generation``: the step (k - 1, k), or the fold (j, k);
+    - ``sealed``: whether the step (the fold's last step) is sealed;
+    - ``unchanged``: the tensor ids the seal lists that have no source here (their targets
+      read as empty objects, which apply as no-ops)."""
+
+    generation: tuple[int, int]
+    sealed: bool
+    unchanged: tuple[str, ...]
+
+    @classmethod
+    def _of(cls, generation: tuple[int, int], parts: tuple[list, list, bool]) -> Manifest:
+        sources, unchanged, sealed = parts
+        m = cls(sources)
+        m.generation = generation
+        m.sealed = bool(sealed)
+        m.unchanged = tuple(unchanged)
+        return m
+
+    def __repr__(self) -> str:
+        return (f"<Manifest {self.generation} sources={len(self)} "
+                f"unchanged={len(self.unchanged)} sealed={self.sealed}>")
+
+
 class Store(TensorMixin):
     """A handle on a store: the embedded one (connect()) or the node daemon
     (connect("unix:///PATH")). Both have the same methods and answers."""
@@ -76,11 +111,14 @@ class Store(TensorMixin):
     def __init__(
         self, *, node_id: str = "node0", capacity_bytes: int = 0, backend: _Backend | None = None,
         url: str | None = None, pinned_quota_bytes: int | None = None, upstream: Any = None,
+        namespace: str = "",
     ) -> None:
         self._pinned_quota_bytes = pinned_quota_bytes  # tensor objects (_tensor.py); None: default
+        self.namespace = _str(namespace, "namespace")
         self._core: _Backend = (
             backend if backend is not None
-            else _core._Store(node_id=node_id, capacity_bytes=capacity_bytes)
+            else _core._Store(node_id=node_id, capacity_bytes=capacity_bytes,
+                              name_space=self.namespace)
         )
         self.url = url
         self._upstream = upstream  # mooncake://: the UpstreamObjectStore under the core
@@ -199,9 +237,51 @@ class Store(TensorMixin):
     def current_generation(self, tensor_id: str) -> tuple[int, int] | None:
         return self._core.current_generation(_str(tensor_id, "tensor_id"))
 
-    def manifest(self, generation: tuple[int, int]) -> list[SourceInfo]:
-        """Every source object committed for `generation`."""
-        return self._core.manifest(_generation(generation))
+    def manifest(self, generation: tuple[int, int]) -> Manifest:
+        """The manifest of a step (every source object committed for it; a sealed step also
+        names the tensors it left unchanged), or, for (j, k) with k > j + 1, the fold of the
+        sealed steps j+1..k: reading it gives per target the latest value of every coordinate
+        the steps changed (overwrite) or their sum (scatter_add). A fold reaching past
+        retention raises NotFound."""
+        return Manifest._of(_generation(generation),
+                            self._core.step_manifest(_generation(generation)))
+
+    # -- steps of a training run (docs/design.md §9) ------------------------------------------
+    def seal_generation(self, generation: tuple[int, int], tensor_ids: Iterable[str]) -> None:
+        """Seals step k = generation (k - 1, k): `tensor_ids` is the model's complete list of
+        tensors; those with no source committed for the step are unchanged (their targets read
+        as empty objects). Call once per step, from one writer, after every admitted writer has
+        committed. Raises FailedPrecondition (sealed already, or an admitted writer has not
+        committed) and InvalidArgument (a committed tensor missing from the list). Then frees
+        what retention no longer keeps."""
+        if isinstance(tensor_ids, (str, bytes)):
+            raise InvalidArgument("tensor_ids must be a list of tensor ids, not one string")
+        ids = [_str(t, "tensor id") for t in tensor_ids]
+        self._core.seal_generation(_generation(generation), ids)
+
+    def wait_generation(self, generation: tuple[int, int],
+                        timeout: float | None = None) -> Manifest:
+        """Blocks until the step (or the last step of a fold) is sealed and returns its
+        manifest. timeout: seconds (None waits for ever); past it, raises DeadlineExceeded
+        (also a TimeoutError)."""
+        t = -1.0 if timeout is None else _seconds(timeout, "timeout", allow_zero=True)
+        g = _generation(generation)
+        return Manifest._of(g, self._core.wait_generation(g, t))
+
+    def latest_generation(self) -> tuple[int, int] | None:
+        """The newest sealed step, or None."""
+        return self._core.latest_generation()
+
+    def set_retention(self, keep_last: int) -> None:
+        """Keeps the last `keep_last` sealed steps (0 keeps every step) and frees older ones:
+        their source objects, manifests and cached ranges. A step a reader holds a lease on
+        (a read in progress) is never freed: raises FailedPrecondition, changing nothing, when
+        the new retention would free one now."""
+        self._core.set_retention(_int(keep_last, "keep_last", minimum=0))
+
+    def retention(self) -> int:
+        """The retention in force (0: every step is kept)."""
+        return self._core.retention()
 
     # -- read side -----------------------------------------------------------------------------
     def read_sparse_objects(
@@ -218,10 +298,13 @@ class Store(TensorMixin):
         strategy="full_source" is the baseline that GETs complete sources per target.
         device="cuda" / "cuda:N": the objects' indices and values are copied into that GPU's
         memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights."""
+        step = manifest if isinstance(manifest, Manifest) else None
         objs = self._core.read_sparse_objects(
             _manifest(manifest), _targets(targets), _str(strategy, "strategy"),
             _int(read_coalesce_gap, "read_coalesce_gap", minimum=-1),
-            _int(num_threads, "num_threads", minimum=0)
+            _int(num_threads, "num_threads", minimum=0),
+            generation=None if step is None else step.generation,
+            unchanged=[] if step is None else list(step.unchanged),
         )
         return objs if device is None else _gpu.upload(objs, device)
 
@@ -364,9 +447,13 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
     - "mooncake://HOST:PORT?protocol=tcp&metadata=URL&local_hostname=H&segment_bytes=N":
       upstream Mooncake Store (its mooncake_master at HOST:PORT, a client of its own in this
       process that contributes segment_bytes of memory, default 512 MiB); the same options are
-      accepted as kwargs. Needs the mooncake-transfer-engine wheel. See docs/multi_node.md."""
+      accepted as kwargs. Needs the mooncake-transfer-engine wheel. See docs/multi_node.md.
+
+    namespace="NAME" (any URL): keeps this run's tensor ids, steps, seals and retention apart
+    from other runs sharing the store (letters, digits, '_', '.', '-'; default "")."""
+    namespace = _str(kwargs.pop("namespace", ""), "namespace")
     if url is None or url in ("", "embedded", "embedded://"):
-        return Store(**kwargs)
+        return Store(namespace=namespace, **kwargs)
     if url.startswith("unix://"):
         path = url[len("unix://"):]
         if not path:
@@ -388,13 +475,15 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
             kwargs["initial_buffer_bytes"] = _int(kwargs["initial_buffer_bytes"],
                                                   "initial_buffer_bytes", minimum=0)
         kwargs["client_name"] = _str(kwargs["client_name"], "client_name")
-        return Store(backend=_core._NodeStore(path, **kwargs), url=url)
+        return Store(backend=_core._NodeStore(path, name_space=namespace, **kwargs), url=url,
+                     namespace=namespace)
     if url.startswith("mooncake://"):
         from ._upstream import UpstreamObjectStore, parse_mooncake_url
         config = parse_mooncake_url(url, **kwargs)
         objects = UpstreamObjectStore.connect(config)
-        return Store(backend=_core._Store(node_id=config.node_id, object_store=objects), url=url,
-                     upstream=objects)
+        return Store(backend=_core._Store(node_id=config.node_id, object_store=objects,
+                                          name_space=namespace),
+                     url=url, upstream=objects, namespace=namespace)
     raise InvalidArgument(f"unknown store URL {url!r} (expected None, unix:///PATH or mooncake://HOST:PORT)")
 
 
