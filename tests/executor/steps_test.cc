@@ -898,5 +898,279 @@ TEST(StepsTest, ThirtyStepRunIsBitExactWithBoundedStore) {
     EXPECT_TRUE(std::binary_search(tail.unchanged.begin(), tail.unchanged.end(), "norm"));
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Leases.
+// ---------------------------------------------------------------------------------------------
+
+TEST(StepsTest, AnUnexpiredLeaseBlocksFreeingAnExpiredOneDoesNot) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore store(os);
+    for (std::uint64_t k = 1; k <= 5; ++k) CommitAndSeal(store, Ids({"w"}), k);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{1, 2, 3, 4, 5}));
+
+    // A reader holds step 2: a retention that would free it fails and changes nothing.
+    WriteLease(*os, "", Step(2), "reader-a", NowMs() + 60'000);
+    const StoreSize before = SizeOf(*os);
+    EXPECT_THAT(store.SetRetention(2), StatusIsWithMessage(StatusCode::kFailedPrecondition, "2"));
+    EXPECT_THAT(store.SetRetention(3), StatusIs(StatusCode::kFailedPrecondition));
+    EXPECT_EQ(*store.Retention(), 0u);
+    EXPECT_EQ(SizeOf(*os).keys, before.keys);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{1, 2, 3, 4, 5}));
+    // One that frees only step 1 is fine.
+    ASSERT_OK(store.SetRetention(4));
+    EXPECT_EQ(*store.Retention(), 4u);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{2, 3, 4, 5}));
+    EXPECT_FALSE(os->Stat("mcs/seal/steps/0-1").ok());
+    EXPECT_TRUE(os->Stat("mcs/seal/steps/1-2").ok());
+
+    // The reader crashed: its lease expired. Retention frees the step and the lease.
+    WriteLease(*os, "", Step(2), "reader-a", NowMs() - 1);
+    ASSERT_OK(store.SetRetention(2));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{4, 5}));
+    EXPECT_THAT(*os->List("mcs/lease/"), IsEmpty());
+    EXPECT_THAT(*os->List("mcs/manifest/0-1/"), IsEmpty());
+    EXPECT_THAT(*os->List("mcs/manifest/2-3/"), IsEmpty());
+
+    // The GC after a seal stops at a leased step and frees it once the lease has expired.
+    WriteLease(*os, "", Step(4), "reader-b", NowMs() + 300);
+    CommitAndSeal(store, Ids({"w"}), 6);
+    CommitAndSeal(store, Ids({"w"}), 7);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{4, 5, 6, 7}));
+    // The kept steps still fold.
+    ASSERT_OK_AND_ASSIGN(StepManifest fold, store.GetManifest({3, 7}));
+    EXPECT_EQ(fold.sources.size(), 4u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+    CommitAndSeal(store, Ids({"w"}), 8);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{7, 8}));
+    EXPECT_THAT(*os->List("mcs/lease/"), IsEmpty());
+    EXPECT_THAT(store.GetManifest({3, 8}), StatusIs(StatusCode::kNotFound));
+    EXPECT_EQ(*os->List("mcs/seal/"), Ids({"mcs/seal/steps/6-7", "mcs/seal/steps/7-8"}));
+}
+
+/// A read of step 2 held in its range reads; the writer seals on meanwhile.
+struct HeldRead {
+    std::shared_ptr<HoldingStore> hs = std::make_shared<HoldingStore>();
+    SparseStore writer{hs, Options("trainer")};
+    std::optional<SparseStore> reader;
+    std::optional<Result<std::vector<TargetObject>>> result;
+    std::thread thread;
+    const std::vector<TargetDescriptor> targets = {Target("r0", "w", "n0", {0, 0}, {8, 8})};
+
+    void Start(double lease_seconds) {
+        reader.emplace(hs, Options("n0", "", lease_seconds));
+        ASSERT_OK(writer.SetRetention(1));
+        CommitAndSeal(writer, Ids({"w"}), 1);
+        CommitAndSeal(writer, Ids({"w"}), 2);
+        ASSERT_OK_AND_ASSIGN(StepManifest m, reader->GetManifest(Step(2)));
+        hs->Hold();
+        thread = std::thread([this, m] { result.emplace(reader->ReadSparseObjects(m, targets)); });
+        hs->WaitHeld();
+    }
+    void Finish() {
+        hs->Release();
+        thread.join();
+    }
+};
+
+TEST(StepsTest, AReaderMidReadKeepsItsStep) {
+    HeldRead h;
+    ASSERT_NO_FATAL_FAILURE(h.Start(30));
+    // The reader's lease, as it wrote it.
+    const std::vector<std::string> leases = *h.hs->List("mcs/lease/1-2/");
+    ASSERT_EQ(leases.size(), 1u);
+    ASSERT_OK_AND_ASSIGN(ObjectInfo lease, h.hs->Stat(leases[0]));
+    const auto meta = nlohmann::json::parse(lease.metadata);
+    const std::int64_t expires = meta.at("expires_ms").get<std::int64_t>();
+    EXPECT_GT(expires, NowMs() + 25'000);
+    EXPECT_LE(expires, NowMs() + 30'000);
+
+    CommitAndSeal(h.writer, Ids({"w"}), 3);  // would free step 2: kept
+    EXPECT_EQ(StepsWithSources(*h.hs, "mcs/src/"), (std::set<std::uint64_t>{2, 3}));
+    EXPECT_THAT(h.writer.SetRetention(1), StatusIs(StatusCode::kFailedPrecondition));
+    CommitAndSeal(h.writer, Ids({"w"}), 4);
+    EXPECT_EQ(StepsWithSources(*h.hs, "mcs/src/"), (std::set<std::uint64_t>{2, 3, 4}));
+    h.Finish();
+    ASSERT_TRUE(h.result->ok()) << h.result->status().ToString();
+    using E = std::map<std::vector<std::int64_t>, float>;
+    EXPECT_EQ(Entries((**h.result)[0]), (E{{{0, 0}, 2.0f}}));
+    // The read ended its lease; the next seal frees what retention no longer keeps.
+    EXPECT_THAT(*h.hs->List("mcs/lease/"), IsEmpty());
+    CommitAndSeal(h.writer, Ids({"w"}), 5);
+    EXPECT_EQ(StepsWithSources(*h.hs, "mcs/src/"), (std::set<std::uint64_t>{5}));
+}
+
+TEST(StepsTest, AStuckReadersLeaseExpires) {
+    HeldRead h;
+    ASSERT_NO_FATAL_FAILURE(h.Start(0.2));
+    ASSERT_EQ(h.hs->List("mcs/lease/1-2/")->size(), 1u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(350));
+    CommitAndSeal(h.writer, Ids({"w"}), 3);  // the lease has expired: step 2 goes
+    EXPECT_EQ(StepsWithSources(*h.hs, "mcs/src/"), (std::set<std::uint64_t>{3}));
+    EXPECT_THAT(*h.hs->List("mcs/lease/"), IsEmpty());
+    h.Finish();
+    // The late reader gets a typed error, not stale or torn data.
+    EXPECT_THAT(*h.result, StatusIs(StatusCode::kNotFound));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waits.
+// ---------------------------------------------------------------------------------------------
+
+TEST(StepsTest, WaitGenerationHonorsItsDeadline) {
+    SparseStore store(MakeEmbeddedStore());
+    ASSERT_OK(CommitOne(store, "w", 1, 1));
+    auto t0 = Clock::now();
+    EXPECT_THAT(store.WaitGeneration(Step(1), 0), StatusIs(StatusCode::kDeadlineExceeded));
+    EXPECT_LT(SecondsSince(t0), 1.0);
+    t0 = Clock::now();
+    EXPECT_THAT(store.WaitGeneration(Step(1), 0.15),
+                StatusIsWithMessage(StatusCode::kDeadlineExceeded, "(0, 1)"));
+    const double waited = SecondsSince(t0);
+    EXPECT_GE(waited, 0.14);
+    EXPECT_LT(waited, 2.0);
+    EXPECT_THAT(store.WaitGeneration({3, 2}, 1), StatusIs(StatusCode::kInvalidArgument));
+    // A sealed step returns at once, with its manifest.
+    ASSERT_OK(store.SealGeneration(Step(1), Ids({"w", "n"})));
+    t0 = Clock::now();
+    ASSERT_OK_AND_ASSIGN(StepManifest m, store.WaitGeneration(Step(1), -1));
+    EXPECT_LT(SecondsSince(t0), 1.0);
+    EXPECT_TRUE(m.sealed);
+    EXPECT_EQ(m.sources.size(), 1u);
+    EXPECT_THAT(m.unchanged, ElementsAre("n"));
+    // A fold waits for its last step.
+    EXPECT_THAT(store.WaitGeneration({0, 2}, 0.05), StatusIs(StatusCode::kDeadlineExceeded));
+}
+
+TEST(StepsTest, WaitGenerationWakesOnASealThroughTheSameStore) {
+    SparseStoreOptions opts = Options("n0");
+    opts.wait_poll_max_seconds = 30;  // only the seal's notification can wake the waiter early
+    SparseStore store(MakeEmbeddedStore(), opts);
+    CommitAndSeal(store, Ids({"w"}), 1);
+    ASSERT_OK(CommitOne(store, "w", 2, 2));
+    std::optional<Result<StepManifest>> step, fold;
+    Clock::time_point step_woke, fold_woke;
+    std::thread forever([&] {
+        step.emplace(store.WaitGeneration(Step(2), -1));
+        step_woke = Clock::now();
+    });
+    std::thread deadline([&] {
+        fold.emplace(store.WaitGeneration({0, 2}, 60));
+        fold_woke = Clock::now();
+    });
+    // The waiters' own checks are 1 ms, 2 ms, 4 ms, ... apart: at 600 ms they are in a 512 ms
+    // wait that ends at about 1023 ms.
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    const auto sealed_at = Clock::now();
+    ASSERT_OK(store.SealGeneration(Step(2), Ids({"w"})));
+    forever.join();
+    deadline.join();
+    ASSERT_TRUE(step->ok()) << step->status().ToString();
+    ASSERT_TRUE(fold->ok()) << fold->status().ToString();
+    EXPECT_LT(std::chrono::duration<double>(step_woke - sealed_at).count(), 0.3);
+    EXPECT_LT(std::chrono::duration<double>(fold_woke - sealed_at).count(), 0.3);
+    EXPECT_TRUE((*step)->sealed);
+    EXPECT_EQ((*step)->generation, Step(2));
+    EXPECT_EQ((*step)->sources.size(), 1u);
+    EXPECT_EQ((*fold)->generation, (Generation{0, 2}));
+    EXPECT_EQ((*fold)->sources.size(), 2u);
+}
+
+TEST(StepsTest, WaitGenerationSeesASealByAnotherProcess) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    SparseStoreOptions opts = Options("n0");
+    opts.wait_poll_max_seconds = 0.02;
+    SparseStore reader(os, opts);
+    ASSERT_OK(CommitOne(trainer, "w", 1, 1));
+    std::optional<Result<StepManifest>> got;
+    std::thread waiter([&] { got.emplace(reader.WaitGeneration(Step(1), 20)); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto sealed_at = Clock::now();
+    ASSERT_OK(trainer.SealGeneration(Step(1), Ids({"w"})));
+    waiter.join();
+    EXPECT_LT(SecondsSince(sealed_at), 2.0);
+    ASSERT_TRUE(got->ok()) << got->status().ToString();
+    EXPECT_TRUE((*got)->sealed);
+    EXPECT_EQ(*reader.LatestGeneration(), Step(1));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Namespaces.
+// ---------------------------------------------------------------------------------------------
+
+TEST(StepsTest, NamespacesKeepRunsApart) {
+    EXPECT_OK(ValidateNamespace(""));
+    EXPECT_OK(ValidateNamespace("run-1_a.B"));
+    EXPECT_THAT(ValidateNamespace("a/b"), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ValidateNamespace("a b"), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ValidateNamespace("a@b"), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(ValidateNamespace(std::string(65, 'a')), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_OK(ValidateNamespace(std::string(64, 'a')));
+
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore a(os, Options("n0", "runA"));
+    SparseStore b(os, Options("n0", "runB"));
+    SparseStore d(os, Options("n0"));
+    // The same tensor id and step, different payloads: no conflict across namespaces.
+    for (auto [s, v] : {std::pair{&a, 1.0f}, {&b, 2.0f}, {&d, 3.0f}}) {
+        ASSERT_OK_AND_ASSIGN(CommitResult r, s->PutSparseObject(Req(
+                                                 "w", {8, 8}, One(0, 0, v), DType::kFloat32, Step(1))));
+        EXPECT_TRUE(r.created);
+    }
+    EXPECT_EQ(os->List("mcs/src@runA/")->size(), 1u);
+    EXPECT_EQ(os->List("mcs/src@runB/")->size(), 1u);
+    EXPECT_EQ(os->List("mcs/src/")->size(), 1u);
+    // A seal in one run seals nothing in the others.
+    ASSERT_OK(a.SealGeneration(Step(1), Ids({"w"})));
+    EXPECT_EQ(*a.LatestGeneration(), Step(1));
+    EXPECT_FALSE(b.LatestGeneration()->has_value());
+    EXPECT_FALSE(d.LatestGeneration()->has_value());
+    EXPECT_FALSE(b.GetManifest(Step(1))->sealed);
+    EXPECT_THAT(b.WaitGeneration(Step(1), 0.05), StatusIs(StatusCode::kDeadlineExceeded));
+    ASSERT_OK(CommitOne(b, "v", 1, 5));  // b's step 1 is open
+    EXPECT_THAT(CommitOne(a, "v", 1, 5), StatusIs(StatusCode::kConflict));
+    ASSERT_OK(b.SealGeneration(Step(1), Ids({"w", "v"})));
+    ASSERT_OK(d.SealGeneration(Step(1), Ids({"w"})));
+
+    // Run A goes on with retention 1; B and the default run keep their step 1.
+    ASSERT_OK(a.SetRetention(1));
+    for (std::uint64_t k = 2; k <= 5; ++k) CommitAndSeal(a, Ids({"w"}), k);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src@runA/"), (std::set<std::uint64_t>{5}));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src@runB/"), (std::set<std::uint64_t>{1}));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{1}));
+    EXPECT_EQ(*b.Retention(), 0u);
+    EXPECT_EQ(*b.LatestGeneration(), Step(1));
+    // Fencing is per run: A's "w" is at step 5, B's at step 1.
+    EXPECT_EQ(**a.CurrentGeneration("w"), Step(5));
+    EXPECT_EQ(**b.CurrentGeneration("w"), Step(1));
+    ASSERT_OK(CommitOne(b, "w", 2, 6));
+    ASSERT_OK(b.SealGeneration(Step(2), Ids({"w", "v"})));
+
+    // Each run reads its own objects.
+    const std::vector<TargetDescriptor> targets = {Target("t", "w", "n0", {0, 0}, {8, 8})};
+    using E = std::map<std::vector<std::int64_t>, float>;
+    for (auto [s, step, v] : {std::tuple{&a, 5u, 5.0f}, {&b, 1u, 2.0f}, {&d, 1u, 3.0f}}) {
+        ASSERT_OK_AND_ASSIGN(StepManifest m, s->GetManifest(Step(step)));
+        ASSERT_OK_AND_ASSIGN(auto objs, s->ReadSparseObjects(m, targets));
+        EXPECT_EQ(Entries(objs[0]), (E{{{0, 0}, v}}));
+    }
+    ASSERT_OK_AND_ASSIGN(StepManifest bm, b.GetManifest(Step(1)));
+    EXPECT_THAT(bm.unchanged, IsEmpty());  // b's seal, not d's
+    ASSERT_OK_AND_ASSIGN(StepManifest dm, d.GetManifest(Step(1)));
+    EXPECT_THAT(dm.unchanged, IsEmpty());
+
+    // Leases are per run too: one in A's namespace does not hold B's step 1; one in B's does.
+    WriteLease(*os, "@runA", Step(1), "reader", NowMs() + 60'000);
+    WriteLease(*os, "@runB", Step(1), "reader", NowMs() + 60'000);
+    EXPECT_THAT(b.SetRetention(1), StatusIs(StatusCode::kFailedPrecondition));
+    ASSERT_OK(os->Remove(*os->List("mcs/lease@runB/")->begin()));
+    ASSERT_OK(b.SetRetention(1));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src@runB/"), (std::set<std::uint64_t>{2}));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{1}));
+    EXPECT_EQ(os->List("mcs/seal/")->size(), 1u);
+    EXPECT_EQ(os->List("mcs/seal@runA/")->size(), 1u);
+}
+
 }  // namespace
 }  // namespace mooncake::sparse
