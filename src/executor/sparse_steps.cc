@@ -145,6 +145,16 @@ Result<bool> SparseStore::IsSealed(Generation step) {
     return info.status();
 }
 
+Result<bool> SparseStore::PastRetention(Generation step) {
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
+    if (!floor || step.delta >= *floor) return false;
+    // Below the floor: freed, unless it is older than the first step sealed (sealed out of
+    // order, it lowers the floor) and retention would still keep it.
+    MCS_ASSIGN_OR_RETURN(const std::uint64_t keep, Retention());
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
+    return keep > 0 && latest && step.delta + keep <= *latest;
+}
+
 Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTensorIds(
     Generation step) {
     {
@@ -201,6 +211,10 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     std::lock_guard lock(seal_mu_);
     MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
     if (sealed) return FailedPrecondition("step " + step.ToString() + " is sealed already");
+    MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(step));
+    if (freed) {
+        return FailedPrecondition("step " + step.ToString() + " is past retention (freed)");
+    }
 
     // Every committed tensor is listed, and every admitted writer has committed.
     const std::string manifest_prefix = keys_.Manifest() + tag + "/";
@@ -249,7 +263,9 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
         MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Latest(), step.delta));
     }
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
-    if (!floor) MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), step.delta));
+    if (!floor || step.delta < *floor) {
+        MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), step.delta));
+    }
     {
         std::lock_guard cache(seal_cache_mu_);
         seal_cache_[step.delta] = std::make_shared<std::vector<std::string>>(std::move(ids));
@@ -286,6 +302,11 @@ Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double t
         }
         MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(last));
         if (sealed) return GetManifest(generation);
+        MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(last));
+        if (freed) {
+            return NotFound("wait_generation: step " + last.ToString() +
+                            " was freed by retention");
+        }
         const auto now = Clock::now();
         if (now >= deadline) {
             return DeadlineExceeded("wait_generation: step " + last.ToString() +
@@ -312,6 +333,12 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
     if (generation.delta == generation.base + 1) {
         MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
         MCS_ASSIGN_OR_RETURN(out.sealed, IsSealed(generation));
+        if (!out.sealed) {
+            MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(generation));
+            if (freed) {
+                return NotFound("step " + generation.ToString() + " was freed by retention");
+            }
+        }
     } else {
         // A fold: a single commit of (j, k) itself, or the sealed steps j+1..k.
         MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));

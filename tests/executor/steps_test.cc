@@ -1172,5 +1172,60 @@ TEST(StepsTest, NamespacesKeepRunsApart) {
     EXPECT_EQ(os->List("mcs/seal@runA/")->size(), 1u);
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Steps that retention freed, and steps sealed out of order.
+// ---------------------------------------------------------------------------------------------
+
+TEST(StepsTest, AFreedStepCannotBeWaitedOnResealedOrCommittedTo) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore store(os);
+    ASSERT_OK(store.SetRetention(2));
+    ASSERT_OK(CommitOne(store, "u", 1, 1));  // "u" never changes after step 1
+    for (std::uint64_t k = 1; k <= 5; ++k) {
+        ASSERT_OK(CommitOne(store, "w", k, float(k)));
+        ASSERT_OK(store.SealGeneration(Step(k), Ids({"w", "u"})));
+    }
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{4, 5}));
+    const StoreSize before = SizeOf(*os);
+    // A lagging reader asking for a freed step learns it at once instead of waiting for ever.
+    const auto t0 = Clock::now();
+    EXPECT_THAT(store.WaitGeneration(Step(2), 5), StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(store.WaitGeneration(Step(3), -1), StatusIs(StatusCode::kNotFound));
+    EXPECT_LT(SecondsSince(t0), 1.0);
+    EXPECT_THAT(store.GetManifest(Step(2)), StatusIs(StatusCode::kNotFound));
+    // Sealing it again, or a late commit into it ("u" is at (0, 1), so fencing alone would
+    // let it in), would leave objects that no retention pass reaches.
+    EXPECT_THAT(store.SealGeneration(Step(2), Ids({"w", "u"})),
+                StatusIs(StatusCode::kFailedPrecondition));
+    EXPECT_THAT(CommitOne(store, "u", 3, 3), StatusIs(StatusCode::kConflict));
+    EXPECT_EQ(SizeOf(*os).keys, before.keys);
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{4, 5}));
+    EXPECT_EQ(**store.CurrentGeneration("u"), Step(1));
+    // The kept steps and the next one are unaffected.
+    ASSERT_OK_AND_ASSIGN(StepManifest m, store.WaitGeneration(Step(4), 0));
+    EXPECT_THAT(m.unchanged, ElementsAre("u"));
+    ASSERT_OK(CommitOne(store, "u", 6, 6));
+    ASSERT_OK(store.SealGeneration(Step(6), Ids({"w", "u"})));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{5, 6}));
+}
+
+TEST(StepsTest, StepsSealedOutOfOrderFoldAndAreFreed) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore store(os);
+    ASSERT_OK(CommitOne(store, "w", 1, 1));
+    ASSERT_OK(CommitOne(store, "v", 2, 2));
+    // Step 2 is sealed before step 1 (a slow writer of step 1).
+    ASSERT_OK(store.SealGeneration(Step(2), Ids({"w", "v"})));
+    EXPECT_THAT(store.WaitGeneration(Step(1), 0), StatusIs(StatusCode::kDeadlineExceeded));
+    ASSERT_OK(store.SealGeneration(Step(1), Ids({"w", "v"})));
+    EXPECT_EQ(*store.LatestGeneration(), Step(2));
+    ASSERT_OK_AND_ASSIGN(StepManifest fold, store.GetManifest({0, 2}));
+    EXPECT_EQ(fold.sources.size(), 2u);
+    ASSERT_OK(store.SetRetention(1));
+    EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{2}));
+    EXPECT_EQ(*os->List("mcs/seal/"), Ids({"mcs/seal/steps/1-2"}));
+}
+
 }  // namespace
 }  // namespace mooncake::sparse
