@@ -13,6 +13,7 @@
 // (with a namespace, "mcs/seal@NAME/...", and so on).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -209,6 +210,9 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     }
     const std::string tag = GenerationTag(step);
     std::lock_guard lock(seal_mu_);
+    // No commit through this store lands between the checks below and the seal: it is in the
+    // step's manifest before them, or it finds the step sealed (Conflict).
+    std::unique_lock commits(commit_mu_);
     MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
     if (sealed) return FailedPrecondition("step " + step.ToString() + " is sealed already");
     MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(step));
@@ -254,6 +258,7 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
     Status put = store_->Put(keys_.Seal() + tag, meta.dump(), {&member, 1},
                              {PutMode::kCreate, true});
+    commits.unlock();
     if (put.code() == StatusCode::kConflict) {
         return FailedPrecondition("step " + step.ToString() + " is sealed already");
     }
@@ -287,7 +292,10 @@ Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double t
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
     const Generation last{generation.delta - 1, generation.delta};
     using Clock = std::chrono::steady_clock;
-    const bool forever = timeout_seconds < 0;
+    if (std::isnan(timeout_seconds)) return InvalidArgument("wait_generation: timeout is NaN");
+    // Past about 30 years (and infinity) is for ever: a steady_clock time point cannot hold
+    // much more.
+    const bool forever = timeout_seconds < 0 || timeout_seconds > 1e9;
     const auto deadline =
         forever ? Clock::time_point::max()
                 : Clock::now() + std::chrono::duration_cast<Clock::duration>(

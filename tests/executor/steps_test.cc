@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -1225,6 +1226,68 @@ TEST(StepsTest, StepsSealedOutOfOrderFoldAndAreFreed) {
     ASSERT_OK(store.SetRetention(1));
     EXPECT_EQ(StepsWithSources(*os, "mcs/src/"), (std::set<std::uint64_t>{2}));
     EXPECT_EQ(*os->List("mcs/seal/"), Ids({"mcs/seal/steps/1-2"}));
+}
+
+
+TEST(StepsTest, WaitGenerationWithAHugeTimeoutWaits) {
+    SparseStore store(MakeEmbeddedStore());
+    const double timeouts[] = {1e12, 1e300, std::numeric_limits<double>::infinity()};
+    for (std::uint64_t k = 1; k <= 3; ++k) {
+        ASSERT_OK(CommitOne(store, "w", k, float(k)));
+        std::atomic<bool> returned{false};
+        std::optional<Result<StepManifest>> got;
+        std::thread waiter([&] {
+            got.emplace(store.WaitGeneration(Step(k), timeouts[k - 1]));
+            returned = true;
+        });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_FALSE(returned.load()) << "timeout " << timeouts[k - 1] << " did not wait";
+        ASSERT_OK(store.SealGeneration(Step(k), Ids({"w"})));
+        waiter.join();
+        EXPECT_OK(*got);
+    }
+    EXPECT_THAT(store.WaitGeneration(Step(4), std::numeric_limits<double>::quiet_NaN()),
+                StatusIs(StatusCode::kInvalidArgument));
+}
+
+// A commit racing with the seal of its step: either the commit lands first (and the seal,
+// whose list lacks the tensor, fails) or the seal does (and the commit is refused); never both.
+TEST(StepsTest, ACommitRacingTheSealOfItsStepIsInOrRefused) {
+    SparseStore store(MakeEmbeddedStore());
+    int both = 0, commits_first = 0, seals_first = 0;
+    for (std::uint64_t k = 1; k <= 300; ++k) {
+        ASSERT_OK(CommitOne(store, "w", k, float(k)));
+        Status commit, seal;
+        std::atomic<int> ready{0};
+        std::thread a([&] {
+            ++ready;
+            while (ready.load() < 2) {
+            }
+            commit = CommitOne(store, "late" + std::to_string(k % 2), k, 1);
+        });
+        std::thread b([&] {
+            ++ready;
+            while (ready.load() < 2) {
+            }
+            seal = store.SealGeneration(Step(k), Ids({"w"}));
+        });
+        a.join();
+        b.join();
+        if (commit.ok() && seal.ok()) ++both;
+        if (commit.ok() && !seal.ok()) {
+            ++commits_first;
+            ASSERT_THAT(seal, StatusIs(StatusCode::kInvalidArgument));
+            ASSERT_OK(store.SealGeneration(Step(k), Ids({"w", "late0", "late1"})));
+        }
+        if (!commit.ok()) {
+            ++seals_first;
+            ASSERT_THAT(commit, StatusIs(StatusCode::kConflict));
+            ASSERT_OK(seal);
+        }
+        ASSERT_OK_AND_ASSIGN(StepManifest m, store.GetManifest(Step(k)));
+        ASSERT_TRUE(m.sealed);
+    }
+    EXPECT_EQ(both, 0) << commits_first << " commits first, " << seals_first << " seals first";
 }
 
 }  // namespace
