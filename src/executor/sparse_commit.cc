@@ -166,6 +166,11 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         return Conflict("step " + d.generation.ToString() + " is sealed: " + d.source_ref +
                         " cannot join it");
     }
+    MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(d.generation));
+    if (freed) {
+        return Conflict("step " + d.generation.ToString() + " is past retention (freed): " +
+                        d.source_ref + " cannot join it");
+    }
     MCS_ASSIGN_OR_RETURN(std::optional<Generation> head, CurrentGeneration(d.tensor_id));
     // Fencing: the first writer of a step moves the head to (base, delta); the other writers
     // of the same step (other experts, other boxes) find it at exactly (base, delta). A tensor

@@ -13,6 +13,7 @@
 // (with a namespace, "mcs/seal@NAME/...", and so on).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -145,6 +146,16 @@ Result<bool> SparseStore::IsSealed(Generation step) {
     return info.status();
 }
 
+Result<bool> SparseStore::PastRetention(Generation step) {
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
+    if (!floor || step.delta >= *floor) return false;
+    // Below the floor: freed, unless it is older than the first step sealed (sealed out of
+    // order, it lowers the floor) and retention would still keep it.
+    MCS_ASSIGN_OR_RETURN(const std::uint64_t keep, Retention());
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
+    return keep > 0 && latest && step.delta + keep <= *latest;
+}
+
 Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTensorIds(
     Generation step) {
     {
@@ -199,8 +210,15 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     }
     const std::string tag = GenerationTag(step);
     std::lock_guard lock(seal_mu_);
+    // No commit through this store lands between the checks below and the seal: it is in the
+    // step's manifest before them, or it finds the step sealed (Conflict).
+    std::unique_lock commits(commit_mu_);
     MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
     if (sealed) return FailedPrecondition("step " + step.ToString() + " is sealed already");
+    MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(step));
+    if (freed) {
+        return FailedPrecondition("step " + step.ToString() + " is past retention (freed)");
+    }
 
     // Every committed tensor is listed, and every admitted writer has committed.
     const std::string manifest_prefix = keys_.Manifest() + tag + "/";
@@ -240,6 +258,7 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
     Status put = store_->Put(keys_.Seal() + tag, meta.dump(), {&member, 1},
                              {PutMode::kCreate, true});
+    commits.unlock();
     if (put.code() == StatusCode::kConflict) {
         return FailedPrecondition("step " + step.ToString() + " is sealed already");
     }
@@ -249,7 +268,9 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
         MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Latest(), step.delta));
     }
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
-    if (!floor) MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), step.delta));
+    if (!floor || step.delta < *floor) {
+        MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), step.delta));
+    }
     {
         std::lock_guard cache(seal_cache_mu_);
         seal_cache_[step.delta] = std::make_shared<std::vector<std::string>>(std::move(ids));
@@ -271,7 +292,10 @@ Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double t
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
     const Generation last{generation.delta - 1, generation.delta};
     using Clock = std::chrono::steady_clock;
-    const bool forever = timeout_seconds < 0;
+    if (std::isnan(timeout_seconds)) return InvalidArgument("wait_generation: timeout is NaN");
+    // Past about 30 years (and infinity) is for ever: a steady_clock time point cannot hold
+    // much more.
+    const bool forever = timeout_seconds < 0 || timeout_seconds > 1e9;
     const auto deadline =
         forever ? Clock::time_point::max()
                 : Clock::now() + std::chrono::duration_cast<Clock::duration>(
@@ -286,6 +310,11 @@ Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double t
         }
         MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(last));
         if (sealed) return GetManifest(generation);
+        MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(last));
+        if (freed) {
+            return NotFound("wait_generation: step " + last.ToString() +
+                            " was freed by retention");
+        }
         const auto now = Clock::now();
         if (now >= deadline) {
             return DeadlineExceeded("wait_generation: step " + last.ToString() +
@@ -312,6 +341,12 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
     if (generation.delta == generation.base + 1) {
         MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
         MCS_ASSIGN_OR_RETURN(out.sealed, IsSealed(generation));
+        if (!out.sealed) {
+            MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(generation));
+            if (freed) {
+                return NotFound("step " + generation.ToString() + " was freed by retention");
+            }
+        }
     } else {
         // A fold: a single commit of (j, k) itself, or the sealed steps j+1..k.
         MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));

@@ -250,6 +250,9 @@ private:
     Result<bool> IsSealed(Generation step);
     /// The tensor ids of a sealed step's seal (cached: a seal never changes).
     Result<std::shared_ptr<const std::vector<std::string>>> SealedTensorIds(Generation step);
+    /// Whether retention freed `step` (or would free it as soon as it were sealed): older than
+    /// the oldest step kept and than the last keep_last sealed steps.
+    Result<bool> PastRetention(Generation step);
     Result<std::optional<std::uint64_t>> ReadStepRecord(const std::string& key);
     Status WriteStepRecord(const std::string& key, std::uint64_t value);
     /// Frees what the retention in force no longer keeps. `strict`: fail (changing nothing)
