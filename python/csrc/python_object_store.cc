@@ -67,9 +67,14 @@ public:
                                             reinterpret_cast<std::uintptr_t>(m.bytes.data()),
                                             m.bytes.size(), m.checksum));
             }
-            impl_.attr("put")(std::string(key), pyb::bytes(metadata.data(), metadata.size()), list,
-                              options.mode == PutMode::kCreate ? "create" : "upsert",
-                              options.hard_pin);
+            const char* mode = options.mode == PutMode::kCreate ? "create" : "upsert";
+            pyb::bytes meta(metadata.data(), metadata.size());
+            if (!options.listed && unlisted_puts_) {
+                impl_.attr("put")(std::string(key), meta, list, mode, options.hard_pin,
+                                  pyb::arg("listed") = false);
+            } else {
+                impl_.attr("put")(std::string(key), meta, list, mode, options.hard_pin);
+            }
         } catch (pyb::error_already_set& e) {
             return StatusOf(e, "put '" + std::string(key) + "'");
         }
@@ -153,6 +158,17 @@ public:
         }
     }
 
+    Status ForgetDirectory(std::string_view prefix) override {
+        pyb::gil_scoped_acquire gil;
+        if (!pyb::hasattr(impl_, "forget_directory")) return Status::Ok();
+        try {
+            impl_.attr("forget_directory")(std::string(prefix));
+        } catch (pyb::error_already_set& e) {
+            return StatusOf(e, "forget_directory '" + std::string(prefix) + "'");
+        }
+        return Status::Ok();
+    }
+
     StoreCounters Counters() const override {
         StoreCounters c;
         pyb::gil_scoped_acquire gil;
@@ -176,6 +192,8 @@ public:
 
 private:
     pyb::object impl_;
+    /// The implementation takes put(..., listed=False) (it says so with supports_unlisted).
+    const bool unlisted_puts_ = pyb::hasattr(impl_, "supports_unlisted");
 };
 
 }  // namespace

@@ -183,7 +183,9 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
     }
 
     const std::vector<MemberData> members = MembersOf(object);
-    MCS_RETURN_IF_ERROR(store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin}));
+    // Sources are found through manifests, never listed.
+    MCS_RETURN_IF_ERROR(
+        store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin, false}));
     const std::string manifest_key = keys_.Manifest() + GenerationTag(d.generation) + "/" +
                                      d.source_ref.substr(keys_.Source().size());
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});

@@ -257,7 +257,7 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
                             {Index(joined.size())}, bytes, Checksum(bytes)};
     const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
     Status put = store_->Put(keys_.Seal() + tag, meta.dump(), {&member, 1},
-                             {PutMode::kCreate, true});
+                             {PutMode::kCreate, true, /*listed=*/false});
     commits.unlock();
     if (put.code() == StatusCode::kConflict) {
         return FailedPrecondition("step " + step.ToString() + " is sealed already");
@@ -458,6 +458,11 @@ Status SparseStore::FreeStep(Generation step) {
                          store_->List(keys_.Lease() + tag + "/"));
     for (const std::string& l : leases) MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(l)));
     MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(keys_.Seal() + tag)));
+    // The step's directories are empty for good: a store's listing state of them can go.
+    for (const std::string& dir : {manifest_prefix, keys_.Admit() + tag + "/",
+                                   keys_.Lease() + tag + "/"}) {
+        MCS_RETURN_IF_ERROR(store_->ForgetDirectory(dir));
+    }
     std::lock_guard lock(seal_cache_mu_);
     seal_cache_.erase(step.delta);
     return Status::Ok();

@@ -63,6 +63,9 @@ enum class PutMode : std::uint8_t {
 struct PutOptions {
     PutMode mode = PutMode::kCreate;
     bool hard_pin = false;  ///< Never evicted.
+    /// False: the key is never listed (List need not find it), so a store that keeps listing
+    /// state per directory (upstream Mooncake has no listing of its own) need not record it.
+    bool listed = true;
 };
 
 /// Copy rows [row_start, row_end) of one member into `dst` (exactly the rows' bytes).
@@ -153,6 +156,11 @@ public:
 
     /// Keys starting with `prefix`, sorted.
     virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
+
+    /// Called once every key under `prefix` (a directory List takes, ending in '/') has been
+    /// removed and none will be written again (a step freed by retention): a store that keeps
+    /// listing state of its own per directory frees it. The default keeps none.
+    virtual Status ForgetDirectory(std::string_view /*prefix*/) { return Status::Ok(); }
 
     virtual StoreCounters Counters() const = 0;
 

@@ -176,9 +176,9 @@ def test_node_store_answers_like_the_embedded_store(store, rng):
         mcs.apply_sparse_object(shard, obj)
         np.testing.assert_array_equal(shard, ref[t.global_offset[0]:t.global_offset[0] + 256])
     # Errors map to the same classes.
-    with pytest.raises(mcs.StaleGeneration):
+    with pytest.raises(mcs.StaleGeneration):  # its base is older than the tensor's head
         store.put_sparse_object("w", shape, idx, vals, placement_policy="replicate(ep)",
-                                generation=(5, 6))
+                                generation=(GEN[0], GEN[1] + 1))
     with pytest.raises(mcs.Conflict):
         store.put_sparse_object("w", shape, idx, vals * 2, placement_policy="replicate(ep)",
                                 generation=GEN)

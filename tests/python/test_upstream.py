@@ -145,11 +145,11 @@ def test_bad_input_leaves_upstream_unchanged(node_a):
         node_a.put_sparse_object(name, (4, 4), dup, np.ones(2, np.float32), generation=g)
     assert node_a.manifest(g) == []
     assert node_a.current_generation(name) is None
-    # A commit that does not extend the tensor's generation is fenced.
+    # A commit whose base is older than the tensor's last committed step is fenced.
     node_a.put_sparse_object(name, (4, 4), idx[:1], np.ones(1, np.float32), generation=g)
     with pytest.raises(mcs.StaleGeneration):
         node_a.put_sparse_object(name, (4, 4), idx[:1], np.ones(1, np.float32),
-                                 generation=(g[1] + 5, g[1] + 6))
+                                 generation=(g[0], g[1] + 1))
     assert node_a.current_generation(name) == g
     assert len(node_a.manifest(g)) == 1
 
@@ -301,3 +301,56 @@ def test_cross_node_update_each_unique_range_crosses_once(master, tmp_path):
             trainer.join(30)
         if trainer.is_alive():
             trainer.kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# A training run across nodes (docs/design.md §9): seals on node A wake a reader on node B,
+# retention frees old steps (and the listing tables of their directories), folds catch up.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_training_run_across_nodes_with_retention_and_catch_up(master, node_a):
+    ns = unique_key("run")
+    seed, steps, keep = random.randint(0, 1 << 30), 12, 4
+    ref = W.run_weights(seed, steps)
+    trainer = mcs.connect(master.url(**NODE_A), namespace=ns)
+    trainer.set_retention(keep)
+    parent, child = CTX.Pipe()
+    reader = CTX.Process(target=W.step_reader,
+                         args=(master.url(**NODE_B), ns, seed, steps, 1, child))
+    reader.start()
+    try:
+        reader_at = recv(parent, timeout=180)[1]
+        for k in range(1, steps + 1):
+            while reader_at < k - 2:  # the trainer stays within 2 steps of its reader
+                reader_at = recv(parent)[1]
+            idx, vals = mcs.encode_update(ref[k]["w"], ref[k - 1]["w"])
+            trainer.put_sparse_object("w", W.RUN_SHAPES["w"], idx, vals, generation=(k - 1, k))
+            trainer.seal_generation((k - 1, k), list(W.RUN_SHAPES))
+        msg = recv(parent, timeout=180)
+        while msg[0] == "at":
+            msg = recv(parent, timeout=180)
+        assert msg[1], "node B's shard differs from the trainer's weights"
+    finally:
+        reader.join(60)
+    assert trainer.latest_generation() == (steps - 1, steps)
+    # A reader at step 9 catches up to 12 in one read (here, on node A).
+    shard = ref[9]["w"].copy()
+    fold = trainer.manifest((9, steps))
+    assert fold.unchanged == ("norm",)
+    (obj,) = trainer.read_sparse_objects(
+        fold, [mcs.Target("w", "a/0", "nodeA", {}, (0, 0), W.RUN_SHAPES["w"])])
+    mcs.apply_sparse_object(shard, obj)
+    assert np.array_equal(shard, ref[steps]["w"])
+    with pytest.raises(mcs.NotFound, match="retention"):
+        trainer.manifest((2, steps))
+    # Freed steps leave nothing behind: no manifest entries, no slot tables of their
+    # directories, no source objects.
+    objs = trainer.objects
+    for k in range(1, steps - keep + 1):
+        tag = f"{k - 1}-{k}"
+        assert objs.list(f"mcs/manifest@{ns}/{tag}/") == []
+        assert node_a.upstream.client.is_exist(f"mcs-slots/mcs/manifest@{ns}/{tag}/#0") != 1
+        assert node_a.upstream.client.is_exist(f"mcs/seal@{ns}/steps/{tag}") != 1
+    kept = objs.list(f"mcs/manifest@{ns}/{steps - 1}-{steps}/")
+    assert len(kept) == 1

@@ -107,3 +107,48 @@ def admit(url: str, writer: str, conn) -> None:
         conn.send(("ok", won))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
+
+
+# A short training run across the two nodes: node A commits and seals steps; a reader on
+# node B (a Mooncake client of its own) waits for each, reads its TP half and applies it.
+RUN_SHAPES = {"w": (128, 64), "norm": (64,)}
+
+
+def run_weights(seed: int, steps: int):
+    """The weights after each step 0..steps (only "w" changes; "norm" never does)."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal(RUN_SHAPES["w"]).astype(np.float32)
+    out = [{"w": w, "norm": np.ones(RUN_SHAPES["norm"], np.float32)}]
+    for _ in range(steps):
+        w = w.copy()
+        mask = rng.random(w.shape) < 0.03
+        w[mask] = rng.standard_normal(int(mask.sum())).astype(np.float32)
+        out.append({"w": w, "norm": out[0]["norm"]})
+    return out
+
+
+def step_reader(url: str, namespace: str, seed: int, steps: int, rank: int, conn) -> None:
+    try:
+        import mooncake.sparse as mcs
+
+        store = mcs.connect(url, namespace=namespace)
+        ref = run_weights(seed, steps)
+        rows = RUN_SHAPES["w"][0] // 2
+        targets = [mcs.Target("w", f"nodeB/rank{rank}", "nodeB", {}, (rank * rows, 0),
+                              (rows, RUN_SHAPES["w"][1])),
+                   mcs.Target("norm", f"nodeB/rank{rank}/n", "nodeB", {}, (0,),
+                              RUN_SHAPES["norm"])]
+        shard = {"w": ref[0]["w"][rank * rows:(rank + 1) * rows].copy(),
+                 "norm": ref[0]["norm"].copy()}
+        exact = True
+        conn.send(("at", 0))
+        for k in range(1, steps + 1):
+            manifest = store.wait_generation((k - 1, k), timeout=60)  # a seal on node A
+            for t, o in zip(targets, store.read_sparse_objects(manifest, targets)):
+                mcs.apply_sparse_object(shard[t.tensor_id], o)
+            exact &= np.array_equal(shard["w"], ref[k]["w"][rank * rows:(rank + 1) * rows])
+            exact &= np.array_equal(shard["norm"], ref[k]["norm"])
+            conn.send(("at", k))
+        conn.send(("ok", exact))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))

@@ -348,9 +348,13 @@ class UpstreamObjectStore:
             self._count(upstream_calls=1)
 
     # -- ObjectStore ----------------------------------------------------------------------------
-    def put(self, key: str, metadata: bytes, members: list, mode: str, hard_pin: bool) -> None:
+    supports_unlisted = True  # put(..., listed=False): the key never enters a slot table
+
+    def put(self, key: str, metadata: bytes, members: list, mode: str, hard_pin: bool,
+            listed: bool = True) -> None:
         """members: (name, dtype, shape, address, nbytes, checksum) tuples whose bytes stay
-        valid for the call."""
+        valid for the call. listed=False: list() need not find the key (sources, seals), so
+        it takes no slot in its directory's table."""
         config = self._config(hard_pin)
         total = sum(m[4] for m in members) + len(metadata)
         if (len(members) == 1 and members[0][0] == _TENSOR_MEMBER and not metadata
@@ -388,7 +392,7 @@ class UpstreamObjectStore:
             raise
         if existing is not None:
             self._remove_keys([existing.member_key(m[0]) for m in existing.members if m[3] > 0])
-        else:
+        elif listed:
             self._register_in_directory(key)
         self._count(puts=1, bytes_put=total)
 
@@ -584,6 +588,26 @@ class UpstreamObjectStore:
             return []
         alive = self._client.batch_is_exist(keys)
         return [k for k, e in zip(keys, alive) if e == 1]
+
+    def forget_directory(self, prefix: str) -> None:
+        """Drops the slot table of a directory whose keys are all removed for good (a step
+        freed by retention), so that a long run's tables do not pile up in the store."""
+        if prefix.count("/") < _LIST_DEPTH:
+            return
+        d = self._directory(prefix + "x")
+        n, misses = 0, 0
+        while misses < 2:
+            window = [f"mcs-slots/{d}#{i}" for i in range(n, n + _SLOT_WINDOW)]
+            exist = self._client.batch_is_exist(window)
+            present = [k for k, e in zip(window, exist) if e == 1]
+            self._count(upstream_calls=1)
+            if present:
+                misses = 0
+                self._remove_keys(present)
+            else:
+                misses += 1
+            n += _SLOT_WINDOW
+        self._slot_hint.pop(d, None)
 
     def counters(self) -> dict[str, int]:
         with self._mu:
