@@ -1158,7 +1158,8 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "end", "stat", "read_member", "read_ranges", "remove", "list", "lease", "release",
         "put", "sparse_commit", "sparse_admit", "sparse_manifest", "sparse_current_generation",
         "sparse_read", "metrics", "clear_caches", "tensor_put", "tensor_get", "hello_again",
-        "register_buffer_without_fd"};
+        "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
+        "sparse_latest", "sparse_retention"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 
