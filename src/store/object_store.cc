@@ -101,6 +101,29 @@ Result<std::uint64_t> ValidateMemberData(const MemberData& m) {
 
 }  // namespace internal
 
+Result<RangeSlice> LocateRangeRead(const RangeRead& r, std::size_t index,
+                                   const ObjectInfo& info) {
+    const std::string where = "range read " + std::to_string(index) + " (object " +
+                              Quote(r.key) + ", member " + Quote(r.member) + ")";
+    const MemberInfo* m = info.FindMember(r.member);
+    if (m == nullptr) return NotFound(where + ": no such member");
+    const auto rows = static_cast<std::uint64_t>(m->shape.empty() ? 0 : m->shape[0]);
+    if (r.row_start > r.row_end || r.row_end > rows) {
+        return OutOfRange(where + ": rows [" + std::to_string(r.row_start) + ", " +
+                          std::to_string(r.row_end) + ") are not within [0, " +
+                          std::to_string(rows) + ")");
+    }
+    const std::uint64_t row_bytes = m->RowBytes();
+    const std::uint64_t bytes = (r.row_end - r.row_start) * row_bytes;  // <= size_bytes
+    if (r.dst.size() != bytes) {
+        return InvalidArgument(where + ": rows [" + std::to_string(r.row_start) + ", " +
+                               std::to_string(r.row_end) + ") are " + std::to_string(bytes) +
+                               " bytes, destination is " + std::to_string(r.dst.size()));
+    }
+    return RangeSlice{static_cast<std::size_t>(m - info.members.data()), r.row_start * row_bytes,
+                      bytes};
+}
+
 std::uint64_t MemberInfo::RowBytes() const {
     std::uint64_t row = DTypeSize(dtype);
     for (std::size_t axis = 1; axis < shape.size(); ++axis) {

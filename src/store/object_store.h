@@ -77,6 +77,23 @@ struct RangeRead {
     std::span<std::byte> dst;
 };
 
+/// Where the rows of a range read lie in its object: the member's index in
+/// ObjectInfo::members, and the byte offset and count of the rows in it.
+struct RangeSlice {
+    std::size_t member = 0;
+    std::uint64_t offset = 0;
+    std::uint64_t bytes = 0;
+};
+
+struct ObjectInfo;
+
+/// The checks every store makes of read `index` of a ReadRanges batch against its object.
+/// Errors: NotFound (no such member); OutOfRange (rows outside the member); InvalidArgument
+/// (the destination is not exactly the rows' bytes).
+Result<RangeSlice> LocateRangeRead(const RangeRead& read, std::size_t index,
+                                   const ObjectInfo& info);
+
+
 /// One member of a PutFilled: MemberData without the bytes, which the fill callback writes.
 struct MemberSpec {
     std::string name;

@@ -833,29 +833,11 @@ Status ShmStore::ReadRanges(std::span<const RangeRead> reads) {
         for (std::size_t i = 0; i < reads.size(); ++i) {
             const RangeRead& r = reads[i];
             const ShmObject& object = *objects[i];
-            const std::string where = "range read " + std::to_string(i) + " (object " +
-                                      Quote(r.key) + ", member " + Quote(r.member) + ")";
-            const std::ptrdiff_t index = object.MemberIndex(r.member);
-            if (index < 0) return NotFound(where + ": no such member");
-            const MemberInfo& m = object.info.members[static_cast<std::size_t>(index)];
-            const auto rows = static_cast<std::uint64_t>(m.shape[0]);
-            if (r.row_start > r.row_end || r.row_end > rows) {
-                return OutOfRange(where + ": rows [" + std::to_string(r.row_start) + ", " +
-                                  std::to_string(r.row_end) + ") are not within [0, " +
-                                  std::to_string(rows) + ")");
-            }
-            const std::uint64_t row_bytes = m.RowBytes();
-            const std::uint64_t bytes = (r.row_end - r.row_start) * row_bytes;
-            if (r.dst.size() != bytes) {
-                return InvalidArgument(where + ": rows [" + std::to_string(r.row_start) + ", " +
-                                       std::to_string(r.row_end) + ") are " +
-                                       std::to_string(bytes) + " bytes, destination is " +
-                                       std::to_string(r.dst.size()));
-            }
-            sources[i] = object.Bytes(static_cast<std::size_t>(index))
-                             .subspan(static_cast<std::size_t>(r.row_start * row_bytes),
-                                      static_cast<std::size_t>(bytes));
-            total += bytes;
+            MCS_ASSIGN_OR_RETURN(const RangeSlice slice, LocateRangeRead(r, i, object.info));
+            sources[i] = object.Bytes(slice.member)
+                             .subspan(static_cast<std::size_t>(slice.offset),
+                                      static_cast<std::size_t>(slice.bytes));
+            total += slice.bytes;
         }
 
         // 3. Lock every extent shared (address order), check no snapshot was rewritten in
