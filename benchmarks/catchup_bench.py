@@ -292,6 +292,17 @@ def run_backend(store, backend, apply, args, emit):
             log(f"  fold differs from replay (max abs diff {max_diff})")
 
 
+def argv_record(argv):
+    """The arguments as recorded: the --json file by its name only (no directories)."""
+    out = list(argv)
+    for i, a in enumerate(out):
+        if a == "--json" and i + 1 < len(out):
+            out[i + 1] = os.path.basename(out[i + 1])
+        elif a.startswith("--json="):
+            out[i] = "--json=" + os.path.basename(a[len("--json="):])
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", help="also write the JSON lines here")
@@ -320,7 +331,7 @@ def main(argv=None):
     emit({"what": "catchup_machine", "python": platform.python_version(),
           "torch": torch.__version__, "cpus": os.cpu_count(), "machine": platform.machine(),
           "loadavg": list(os.getloadavg()),
-          "argv": sys.argv[1:] if argv is None else list(argv)})
+          "argv": argv_record(sys.argv[1:] if argv is None else list(argv))})
     for backend in [b for b in args.backends.split(",") if b]:
         for apply in [a for a in args.apply.split(",") if a]:
             if backend == "embedded":
