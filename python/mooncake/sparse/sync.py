@@ -244,8 +244,8 @@ def _commit(store: _api.Store, step: EncodedStep, *, apply: str, skip_unchanged:
         # same logical key, which the boxes of a tensor share, while their admissions are one
         # per box (owner(shard)) and would never be paired. Its writer is the plan's owner of
         # the box; a second writer of it with other values is refused by the commit (Conflict).
-        if spec.complete and not store.admit(spec.tensor_id, generation, spec.admit_policy, spec.admit_placement,
-                           writer_id):
+        if spec.complete and not store.admit(spec.tensor_id, generation, spec.admit_policy,
+                                             spec.admit_placement, writer_id):
             raise Conflict(f"tensor {spec.tensor_id!r} box {spec.global_offset} of step "
                            f"{generation}: another writer than {writer_id!r} is admitted for it "
                            "(two trainers with the same rank?)")
