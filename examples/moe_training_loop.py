@@ -2,10 +2,15 @@
 laid out EP2 to an inference engine laid out EP1 x TP2 with vLLM-style fused parameters
 (qkv_proj, FusedMoE w13_weight / w2_weight, padded vocabulary rows), checked bit for bit.
 
-    python examples/moe_training_loop.py [--steps 4] [--store URL] [--verbose]
+    python examples/moe_training_loop.py [--steps 4] [--read-every 1] [--store URL] [--verbose]
+
+Each step commits only the tensors that changed and is sealed with the model's tensor list by
+trainer rank 0; each inference rank waits for the seal (wait_generation), then applies the step
+in one read, or, with --read-every N, the last N steps in one read (a fold).
 
 Both trainer ranks and both inference ranks run in this process, on one store; in a real run
-each is its own process with the same plan, and reads wait for the step's commits (or its seal).
+each is its own process with the same plan, and a barrier between the trainer ranks orders
+rank 0's seal after every rank's commit.
 """
 
 from __future__ import annotations
@@ -122,7 +127,7 @@ def engine_params(plan: mcs.SyncPlan, rank: int, names: engines.EngineNameMap) -
 
 
 def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
-        seed: int = 0) -> list[dict]:
+        seed: int = 0, read_every: int = 1) -> list[dict]:
     torch.manual_seed(seed)
     model = TinyMoE()
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
@@ -146,6 +151,8 @@ def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
     for r in range(inference.world_size):
         for t in plan.targets(r):
             views[r][t.tensor_id].copy_(box(state[t.tensor_id], t))
+    # Each inference rank tracks the step its weights are at (0: the initial weights).
+    readers = [mcs.InferenceSync(store, plan, r, views[r]) for r in range(inference.world_size)]
 
     results = []
     for step in range(1, steps + 1):
@@ -157,20 +164,28 @@ def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
         opt.step()
 
         state = bf16_state(model)
+        # Trainer: every rank commits what changed (here one after the other; in a real run
+        # concurrently, then a barrier), then rank 0 seals the step with every tensor id.
         stats = [sync.step({s.tensor_id: state[s.tensor_id] for s in plan.held(r)})
                  for r, sync in enumerate(syncs)]
-        if syncs[0].can_seal:
-            syncs[0].seal()
+        syncs[0].seal(timeout=10)  # retries while a rank's commit is still in flight
         generation = stats[0].generation
-        applied = [mcs.apply_step(store, plan, r, views[r], generation)
-                   for r in range(inference.world_size)]
+
+        # Inference: wait for the seal, then one read (of every step since the last one).
+        read = step % read_every == 0 or step == steps
+        applied = [reader.update(step, timeout=60) for reader in readers] if read else []
         exact = all(torch.equal(views[r][t.tensor_id].view(torch.int16),
                                 box(state[t.tensor_id], t).view(torch.int16))
-                    for r in range(inference.world_size) for t in plan.targets(r))
+                    for r in range(inference.world_size) for t in plan.targets(r)) if read \
+            else None
         dense = sum(w.numel() * 2 for w in state.values())
         results.append({"step": step, "generation": generation, "loss": loss.item(),
                         "changed": sum(s.nnz for s in stats), "entries": dense // 2,
+                        "tensors_committed": len({t.tensor_id for s in stats for t in s.tensors
+                                                  if t.committed}),
+                        "tensors": len(plan.tensor_ids),
                         "bytes_committed": sum(s.bytes for s in stats), "dense_bytes": dense,
+                        "read": applied[0].generation if applied else None,
                         "applied": [a.nnz for a in applied], "bit_exact": exact})
     return results
 
@@ -184,20 +199,24 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--read-every", type=int, default=1,
+                    help="inference ranks read every N steps (N > 1: a fold of N steps)")
     ap.add_argument("--store", default=None, help="store URL (default: embedded)")
     ap.add_argument("--verbose", action="store_true", help="debug log of mooncake.sparse")
     args = ap.parse_args(argv)
     if args.verbose:
         logging.basicConfig(level=logging.INFO)
         logging.getLogger("mooncake.sparse").setLevel(logging.DEBUG)
-    results = run(args.steps, args.store, args.lr)
+    results = run(args.steps, args.store, args.lr, read_every=args.read_every)
     for r in results:
+        read = ("not read yet" if r["read"] is None else
+                f"read {r['read']}: applied per inference rank {r['applied']}, "
+                f"{'bit-exact' if r['bit_exact'] else 'MISMATCH'}")
         print(f"step {r['step']} {r['generation']}: loss {r['loss']:.3f}, "
-              f"{r['changed']}/{r['entries']} bf16 entries changed, "
-              f"{r['bytes_committed']} B committed vs {r['dense_bytes']} B dense, "
-              f"applied per inference rank {r['applied']}, "
-              f"{'bit-exact' if r['bit_exact'] else 'MISMATCH'}")
-    return 0 if all(r["bit_exact"] for r in results) else 1
+              f"{r['changed']}/{r['entries']} bf16 entries changed in "
+              f"{r['tensors_committed']}/{r['tensors']} tensors, "
+              f"{r['bytes_committed']} B committed vs {r['dense_bytes']} B dense; {read}")
+    return 0 if all(r["bit_exact"] is not False for r in results) else 1
 
 
 if __name__ == "__main__":

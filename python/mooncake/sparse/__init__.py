@@ -238,3 +238,7 @@ __all__ += [
     "layout",
     "sync_step",
 ]
+
+from .sync import EncodedStep, InferenceSync  # noqa: E402
+
+__all__ += ["EncodedStep", "InferenceSync"]

@@ -11,7 +11,7 @@ every rank holds its own part of each fused member, the offset of a member insid
 parameter is the sum of the earlier members' local extents on this rank.
 
     views = engine_views(dict(model.named_parameters()), plan, rank, qwen3_moe_names())
-    apply_step(store, plan, rank, views, generation)
+    apply_step(store, plan, rank, views, generation, wait=True)   # or InferenceSync
 
 The views are slices (narrow / select) of the parameters: no parameter is copied.
 """

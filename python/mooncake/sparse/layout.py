@@ -340,7 +340,9 @@ class SourceSpec:
     @property
     def admit_policy(self) -> str | None:
         """The policy of the admission key: the commit's own for a complete tensor; for one box
-        of several, `owner(shard)`, so that each box has its own single writer."""
+        of several, `owner(shard)`, so that each box has its own single writer. A seal pairs
+        each admission with a commit of the same key, which the boxes of a tensor do not have
+        (they share the commit's key): TrainerSync and sync_step admit complete tensors only."""
         return self.placement_policy if self.complete else "owner(shard)"
 
     @property
