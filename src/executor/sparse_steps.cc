@@ -12,6 +12,9 @@
 //   mcs/lease/<b-d>/<holder>    a reader's lease on a step, with its expiry
 // (with a namespace, "mcs/seal@NAME/...", and so on).
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -71,35 +74,142 @@ Result<TargetObject> EmptyTarget(const TargetDescriptor& target, Generation gene
     return TargetObject{target.target_id, target.node_id, target.box, std::move(obj)};
 }
 
+std::uint64_t LoadUnsigned(const std::byte* p, std::size_t size) {
+    switch (size) {
+        case 1: return std::to_integer<std::uint64_t>(*p);
+        case 2: { std::uint16_t v; std::memcpy(&v, p, 2); return v; }
+        case 4: { std::uint32_t v; std::memcpy(&v, p, 4); return v; }
+        default: { std::uint64_t v; std::memcpy(&v, p, 8); return v; }
+    }
+}
+
 /// One object per target from the objects of the steps of a fold, in step order: per
-/// coordinate the latest value (overwrite) or the sum (scatter_add).
+/// coordinate the latest value (overwrite) or the sum (scatter_add). Every step object is
+/// sorted by (tile, row-major coordinate) with the same tile shape, so the steps merge tile by
+/// tile: within a tile their entries are merged by coordinate (stable: step order within one
+/// coordinate), and the result comes out sorted, which BuildSparseObject takes without sorting.
 Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation generation) {
     TargetObject& first = parts.front();
     const SourceDescriptor& d0 = first.object.desc;
     const std::size_t rank = d0.rank();
-    std::vector<std::byte> indices, values;
     for (const TargetObject& p : parts) {
         const SourceDescriptor& d = p.object.desc;
         if (d.apply != d0.apply || d.value_dtype != d0.value_dtype ||
-            d.index_dtype != d0.index_dtype) {
+            d.index_dtype != d0.index_dtype || d.tile_shape != d0.tile_shape ||
+            d.global_shape != d0.global_shape) {
             return InvalidArgument("target " + first.target_id + " of '" + d0.tensor_id +
-                                   "': the steps of the fold differ in apply mode or dtypes");
+                                   "': the steps of the fold differ in apply mode, dtypes or "
+                                   "tile shape");
         }
-        indices.insert(indices.end(), p.object.indices.begin(), p.object.indices.end());
-        values.insert(values.end(), p.object.values.begin(), p.object.values.end());
     }
-    const std::uint64_t nnz = values.size() / DTypeSize(d0.value_dtype);
+    const bool overwrite = d0.apply == ApplyMode::kOverwrite;
+    const std::size_t isz = DTypeSize(d0.index_dtype);
+    const std::size_t vsz = DTypeSize(d0.value_dtype);
+    const std::size_t row = isz * rank;
+    std::uint64_t total = 0;
+    for (const TargetObject& p : parts) total += p.object.desc.nnz;
+    std::vector<std::byte> indices, values;
+    indices.reserve(total * row);
+    values.reserve(total * vsz);
+
+    // Row-major linear coordinate over the target's local shape: the in-tile order.
+    std::array<std::uint64_t, kMaxRank> stride{};
+    {
+        std::uint64_t s = 1;
+        for (std::size_t d = rank; d-- > 0;) {
+            stride[d] = s;
+            s *= static_cast<std::uint64_t>(d0.global_shape[d]);
+        }
+    }
+    const auto linear = [&](const std::byte* e) {
+        std::uint64_t v = 0;
+        for (std::size_t d = 0; d < rank; ++d) v += LoadUnsigned(e + d * isz, isz) * stride[d];
+        return v;
+    };
+    const auto tile_less = [&](const TileCoord* a, const TileCoord* b) {
+        return std::lexicographical_compare(a, a + rank, b, b + rank);
+    };
+    struct Entry {
+        std::uint64_t coord;
+        std::uint32_t part;
+        std::uint64_t row;
+    };
+    std::vector<std::size_t> cursor(parts.size(), 0);  // next tile of each part
+    std::vector<Entry> tile_entries;
+    for (;;) {
+        // The smallest next tile among the parts.
+        const TileCoord* next = nullptr;
+        for (std::size_t p = 0; p < parts.size(); ++p) {
+            const SparseObject& o = parts[p].object;
+            if (cursor[p] >= o.desc.num_tiles) continue;
+            const TileCoord* t = o.tile_coords.data() + cursor[p] * rank;
+            if (next == nullptr || tile_less(t, next)) next = t;
+        }
+        if (next == nullptr) break;
+        const std::vector<TileCoord> tile(next, next + rank);
+        tile_entries.clear();
+        for (std::size_t p = 0; p < parts.size(); ++p) {
+            const SparseObject& o = parts[p].object;
+            if (cursor[p] >= o.desc.num_tiles) continue;
+            const TileCoord* t = o.tile_coords.data() + cursor[p] * rank;
+            if (!std::equal(t, t + rank, tile.data())) continue;
+            for (std::uint64_t r = o.tile_ptr[cursor[p]]; r < o.tile_ptr[cursor[p] + 1]; ++r) {
+                tile_entries.push_back(
+                    {linear(o.indices.data() + r * row), static_cast<std::uint32_t>(p), r});
+            }
+            ++cursor[p];
+        }
+        // Each part's run is sorted and unique; the stable sort keeps step order per coordinate.
+        std::stable_sort(tile_entries.begin(), tile_entries.end(),
+                         [](const Entry& a, const Entry& b) { return a.coord < b.coord; });
+        for (std::size_t i = 0; i < tile_entries.size(); ++i) {
+            const Entry& e = tile_entries[i];
+            if (overwrite && i + 1 < tile_entries.size() &&
+                tile_entries[i + 1].coord == e.coord) {
+                continue;  // a later step wrote this coordinate
+            }
+            const SparseObject& o = parts[e.part].object;
+            indices.insert(indices.end(), o.indices.begin() + e.row * row,
+                           o.indices.begin() + (e.row + 1) * row);
+            values.insert(values.end(), o.values.begin() + e.row * vsz,
+                          o.values.begin() + (e.row + 1) * vsz);
+        }
+    }
+    const std::uint64_t nnz = values.size() / vsz;
     SourceDescriptor desc = d0;
     desc.generation = generation;
     EncodeOptions enc;
     enc.tile_shape = d0.tile_shape;
-    enc.duplicates = d0.apply == ApplyMode::kOverwrite ? DuplicatePolicy::kLast
-                                                       : DuplicatePolicy::kSum;
+    enc.num_threads = 1;  // targets merge in parallel
+    // Overwrite: already one entry per coordinate. Scatter_add: repeated coordinates, in step
+    // order, are summed.
+    enc.duplicates = overwrite ? DuplicatePolicy::kError : DuplicatePolicy::kSum;
     const HostArray idx{d0.index_dtype, {Index(nnz), Index(rank)}, indices};
     const HostArray val{d0.value_dtype, {Index(nnz)}, values};
     MCS_ASSIGN_OR_RETURN(SparseObject obj, BuildSparseObject(std::move(desc), idx, val, enc));
     obj.coordinate_space = "local";
     return TargetObject{first.target_id, first.node_id, first.target_box, std::move(obj)};
+}
+
+/// Runs fn(i) for i in [0, n) on up to `threads` threads (0: the hardware's), in chunks.
+template <typename Fn>
+void ParallelFor(std::size_t n, int threads, Fn&& fn) {
+    std::size_t t = threads > 0 ? std::size_t(threads)
+                                : std::max(1u, std::thread::hardware_concurrency());
+    t = std::min(t, n);
+    if (t <= 1) {
+        for (std::size_t i = 0; i < n; ++i) fn(i);
+        return;
+    }
+    std::atomic<std::size_t> next{0};
+    std::vector<std::thread> pool;
+    for (std::size_t k = 1; k < t; ++k) {
+        pool.emplace_back([&] {
+            for (std::size_t i = next++; i < n; i = next++) fn(i);
+        });
+    }
+    for (std::size_t i = next++; i < n; i = next++) fn(i);
+    for (auto& th : pool) th.join();
 }
 
 }  // namespace
@@ -557,23 +667,27 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
                                                step_targets, step_options));
         for (std::size_t i = 0; i < objs.size(); ++i) parts[which[i]].push_back(std::move(objs[i]));
     }
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (parts[t].empty() && !unchanged(targets[t].tensor_id)) {
+            return NotFound("target " + targets[t].target_id + ": tensor '" +
+                            targets[t].tensor_id + "' has no source object in the manifest");
+        }
+    }
+    std::vector<Result<TargetObject>> results(targets.size(), Internal("unset"));
+    ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
+        if (parts[t].empty()) {
+            results[t] = EmptyTarget(targets[t], manifest.generation);
+        } else if (parts[t].size() == 1) {
+            results[t] = std::move(parts[t].front());
+        } else {
+            results[t] = MergeSteps(parts[t], manifest.generation);
+        }
+    });
     std::vector<TargetObject> out;
     out.reserve(targets.size());
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-        const TargetDescriptor& tgt = targets[t];
-        if (parts[t].empty()) {
-            if (!unchanged(tgt.tensor_id)) {
-                return NotFound("target " + tgt.target_id + ": tensor '" + tgt.tensor_id +
-                                "' has no source object in the manifest");
-            }
-            MCS_ASSIGN_OR_RETURN(TargetObject empty, EmptyTarget(tgt, manifest.generation));
-            out.push_back(std::move(empty));
-        } else if (parts[t].size() == 1) {
-            out.push_back(std::move(parts[t].front()));
-        } else {
-            MCS_ASSIGN_OR_RETURN(TargetObject merged, MergeSteps(parts[t], manifest.generation));
-            out.push_back(std::move(merged));
-        }
+    for (Result<TargetObject>& r : results) {
+        if (!r.ok()) return r.status();
+        out.push_back(std::move(r).value());
     }
     return out;
 }

@@ -107,10 +107,11 @@ def trainer(url: str, namespace: str, steps: int, keep_last: int, q, positions=N
 
 
 def reader(url: str, namespace: str, rank: int, first: int, last: int, state_path: str,
-           q, positions=None) -> None:
+           q, positions=None, fold: bool = True) -> None:
     """Holds its TP shard of every tensor. Resumes from `state_path` when it exists (a
     restarted worker: one read of the fold from its step to the newest), then follows step by
-    step, saving its shards and step after each."""
+    step, saving its shards and step after each. `fold`: when behind, catch up in one read;
+    otherwise read every step in turn."""
     try:
         import torch
 
@@ -134,7 +135,7 @@ def reader(url: str, namespace: str, rank: int, first: int, last: int, state_pat
         while at < last:
             newest = store.latest_generation()
             k = at + 1
-            if newest is not None and newest[1] > k:
+            if fold and newest is not None and newest[1] > k:
                 k = min(newest[1], last)  # behind (or restarted): one read of the fold
             manifest = store.wait_generation((at, k), timeout=60)
             objs = store.read_sparse_objects(manifest, targets)
