@@ -41,7 +41,9 @@ Status TensorItem::Validate() const {
 Status TensorPutRequest::Validate() const {
     if (items.empty()) return InvalidArgument("TensorPut carries no tensors");
     for (const TensorItem& item : items) {
-        if (!item.box_origin.empty()) return InvalidArgument("a TensorPut item carries a box origin");
+        if (!item.box_origin.empty()) {
+            return InvalidArgument("a TensorPut item carries a box origin");
+        }
     }
     return Status::Ok();
 }

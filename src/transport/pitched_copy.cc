@@ -90,7 +90,9 @@ Result<PitchedCopyPlan> PlanStridedCopies(std::span<const std::int64_t> shape,
     const std::vector<std::int64_t> c_strides = CStrides(shape);
     if (dst_strides.empty()) dst_strides = c_strides;
     if (src_strides.empty()) src_strides = c_strides;
-    if (!ReachFits(shape, dst_strides, bytes)) return InvalidArgument("strides reach beyond 2^63 bytes");
+    if (!ReachFits(shape, dst_strides, bytes)) {
+        return InvalidArgument("strides reach beyond 2^63 bytes");
+    }
     if (!ReachFits(shape, src_strides, bytes)) {
         return InvalidArgument("source strides reach beyond 2^63 bytes");
     }

@@ -239,10 +239,12 @@ std::vector<Message> SampleMessages() {
                                 {"inf", -std::numeric_limits<double>::infinity()}}});
     {
         TensorPutRequest t;
-        t.items.push_back({"w/0", DType::kBFloat16, {4096, 7168}, {BufferRef::Client(0, 4096ull * 7168 * 2), 0, 0, ""}, {}, {}});
+        t.items.push_back({"w/0", DType::kBFloat16, {4096, 7168},
+                           {BufferRef::Client(0, 4096ull * 7168 * 2), 0, 0, ""}, {}, {}});
         TensorLocation cuda{CudaRef(1 << 20, 4096), 0x7f0000000000ull, 20 << 20, "0000:3b:00.0"};
         t.items.push_back({"w/1", DType::kFloat32, {1024}, cuda, {}, {}});
-        t.items.push_back({"scalar", DType::kInt64, {}, {BufferRef::Client(64, 8), 0, 0, ""}, {}, {}});
+        t.items.push_back(
+            {"scalar", DType::kInt64, {}, {BufferRef::Client(64, 8), 0, 0, ""}, {}, {}});
         t.mode = PutMode::kUpsert;
         t.hard_pin = true;
         out.push_back(t);
@@ -404,7 +406,8 @@ TEST(WireTest, TensorBoxOriginRoundTripsAndIsChecked) {
 
 TEST(WireTest, TensorStridesRoundTripAndAreChecked) {
     TensorGetRequest get;
-    TensorItem view{"k", DType::kFloat32, {4, 2}, {CudaRef(0, (3 * 8 + 2) * 4), 0x1000, 4096, ""}, {}, {}};
+    TensorItem view{"k", DType::kFloat32, {4, 2},
+                    {CudaRef(0, (3 * 8 + 2) * 4), 0x1000, 4096, ""}, {}, {}};
     view.strides = {8, 1};
     get.items.push_back(view);
     auto frame = EncodeFrame(get, 7);
