@@ -323,7 +323,7 @@ public:
     }
 
     void GetInto(const std::vector<std::string>& keys, const pyb::sequence& tensors,
-                 const pyb::sequence& streams) {
+                 const pyb::sequence& streams, const std::vector<Shape>& box_origins) {
         std::vector<ParsedTensor> parsed = ParseTensors(keys, tensors, streams, true);
         std::vector<TensorRef> refs;
         refs.reserve(parsed.size());
@@ -331,7 +331,7 @@ public:
         Status s;
         {
             pyb::gil_scoped_release nogil;
-            s = store_->GetInto(keys, refs);
+            s = store_->GetInto(keys, refs, box_origins);
         }
         ThrowIfError(s);
     }
@@ -414,7 +414,7 @@ void RegisterTensor(pyb::module_& m) {
         .def("put", &PyTensorStore::Put, pyb::arg("keys"), pyb::arg("tensors"),
              pyb::arg("streams"), pyb::arg("mode") = "create", pyb::arg("hard_pin") = true)
         .def("get_into", &PyTensorStore::GetInto, pyb::arg("keys"), pyb::arg("tensors"),
-             pyb::arg("streams"))
+             pyb::arg("streams"), pyb::arg("box_origins") = std::vector<Shape>{})
         .def("get", &PyTensorStore::Get, pyb::arg("key"))
         .def("stat", &PyTensorStore::Stat, pyb::arg("key"))
         .def("capabilities", &PyTensorStore::Capabilities)

@@ -57,7 +57,20 @@ Status TensorStore::Put(std::string_view key, const TensorRef& tensor,
 Status TensorStore::GetInto(std::string_view key, const TensorRef& destination) {
     const std::string k(key);
     return GetInto(std::span<const std::string>(&k, 1),
-                   std::span<const TensorRef>(&destination, 1));
+                   std::span<const TensorRef>(&destination, 1), {});
+}
+
+Status TensorStore::GetInto(std::string_view key, const TensorRef& destination,
+                            const Shape& box_origin) {
+    const std::string k(key);
+    return GetInto(std::span<const std::string>(&k, 1),
+                   std::span<const TensorRef>(&destination, 1),
+                   std::span<const Shape>(&box_origin, 1));
+}
+
+Status TensorStore::GetInto(std::span<const std::string> keys,
+                            std::span<const TensorRef> destinations) {
+    return GetInto(keys, destinations, {});
 }
 
 namespace internal {
@@ -191,11 +204,69 @@ Status CheckTensorMatch(const TensorHeader& stored, const TensorHeader& expected
     return Status::Ok();
 }
 
+Status ValidateBoxOrigin(const Shape& origin, const Shape& shape, std::string_view what) {
+    if (origin.size() != shape.size()) {
+        return InvalidArgument(std::string(what) + ": box origin " + ShapeString(origin) +
+                               " has rank " + std::to_string(origin.size()) +
+                               ", the destination has rank " + std::to_string(shape.size()));
+    }
+    for (std::size_t d = 0; d < origin.size(); ++d) {
+        if (origin[d] < 0) {
+            return InvalidArgument(std::string(what) + ": box origin " + ShapeString(origin) +
+                                   " has a negative coordinate");
+        }
+    }
+    return Status::Ok();
+}
+
+Status CheckTensorBox(const TensorHeader& stored, const TensorHeader& expected,
+                      const Shape& origin, std::string_view key) {
+    const Shape& full = stored.local_shape;
+    const Shape& box = expected.local_shape;
+    if (stored.dtype != expected.dtype || full.size() != box.size() ||
+        origin.size() != box.size()) {
+        return InvalidArgument("tensor " + Quote(key) + " is " + Describe(stored.dtype, full) +
+                               ", the destination box is " + Describe(expected.dtype, box) +
+                               " (a box has the stored rank and dtype)");
+    }
+    for (std::size_t d = 0; d < box.size(); ++d) {
+        // Extents are >= 1 and origins >= 0 (validated), so neither side overflows.
+        if (origin[d] < 0 || box[d] > full[d] || origin[d] > full[d] - box[d]) {
+            return InvalidArgument("the box at " + ShapeString(origin) + " of shape " +
+                                   ShapeString(box) + " lies outside tensor " + Quote(key) +
+                                   " of shape " + ShapeString(full) + " (dimension " +
+                                   std::to_string(d) + ")");
+        }
+    }
+    return Status::Ok();
+}
+
 }  // namespace internal
 
 namespace {
 
 using internal::Quote;
+
+/// Where the elements of a box of a stored (C-contiguous) tensor lie.
+struct BoxSource {
+    std::uint64_t offset = 0;           ///< Bytes from the data's first byte to the box origin.
+    std::vector<std::int64_t> strides;  ///< Element strides; empty when the box is contiguous.
+};
+
+BoxSource LocateBox(const Shape& full, const Shape& box, const Shape& origin, std::size_t item) {
+    BoxSource out;
+    std::vector<std::int64_t> strides(full.size());
+    std::int64_t stride = 1;
+    std::uint64_t offset = 0;
+    for (std::size_t d = full.size(); d-- > 0;) {
+        strides[d] = stride;
+        offset += std::uint64_t(origin[d]) * std::uint64_t(stride);
+        stride *= full[d];
+    }
+    out.offset = offset * item;
+    if (!IsCContiguous(box, strides)) out.strides = std::move(strides);
+    return out;
+}
 
 /// The (device, stream) pairs a call issued copies on; synchronized before it returns.
 class StreamSet {
@@ -235,8 +306,9 @@ public:
     Status Put(std::span<const std::string> keys, std::span<const TensorRef> tensors,
                const TensorPutOptions& options) override;
     Result<HostTensor> Get(std::string_view key) override;
-    Status GetInto(std::span<const std::string> keys,
-                   std::span<const TensorRef> destinations) override;
+    using TensorStore::GetInto;
+    Status GetInto(std::span<const std::string> keys, std::span<const TensorRef> destinations,
+                   std::span<const Shape> box_origins) override;
     Result<TensorInfo> Stat(std::string_view key) override;
     TensorCapabilities Capabilities() const override;
     TensorStoreStats Stats() const override;
@@ -374,16 +446,25 @@ Result<HostTensor> LocalTensorStore::Get(std::string_view key) {
 }
 
 Status LocalTensorStore::GetInto(std::span<const std::string> keys,
-                                 std::span<const TensorRef> destinations) {
+                                 std::span<const TensorRef> destinations,
+                                 std::span<const Shape> box_origins) {
     if (keys.size() != destinations.size()) {
         return InvalidArgument(std::to_string(keys.size()) + " keys but " +
                                std::to_string(destinations.size()) + " destination tensors");
     }
+    if (!box_origins.empty() && box_origins.size() != keys.size()) {
+        return InvalidArgument(std::to_string(keys.size()) + " keys but " +
+                               std::to_string(box_origins.size()) + " box origins");
+    }
     if (keys.empty()) return Status::Ok();
+    auto box_of = [&](std::size_t i) -> const Shape* {
+        return box_origins.empty() || box_origins[i].empty() ? nullptr : &box_origins[i];
+    };
     std::vector<TensorHeader> expected;
     expected.reserve(keys.size());
     // CUDA views are planned up front, so that a view the copies cannot take fails the call
-    // before any byte moves.
+    // before any byte moves (a strided box is planned once its stored shape is known, still
+    // before any byte moves).
     std::vector<std::optional<PitchedCopyPlan>> plans(keys.size());
     std::uint64_t total = 0;
     for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -392,6 +473,9 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         const std::string what = "destination " + ItemName(i, keys.size(), keys[i]);
         MCS_ASSIGN_OR_RETURN(TensorHeader h,
                              internal::ValidateTensorRef(dst, /*destination=*/true, what));
+        if (const Shape* origin = box_of(i)) {
+            MCS_RETURN_IF_ERROR(internal::ValidateBoxOrigin(*origin, dst.shape, what));
+        }
         if (dst.memory == TensorMemory::kCuda && !IsCContiguous(dst.shape, dst.strides)) {
             auto plan = PlanPitchedCopies(dst.shape, dst.strides, DTypeSize(dst.dtype));
             if (!plan.ok()) return plan.status().WithContext(what);
@@ -402,53 +486,91 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
     }
     std::vector<std::string_view> views_of(keys.begin(), keys.end());
     MCS_RETURN_IF_ERROR(store_->ViewObjects(views_of, [&](std::span<const ObjectView> views) -> Status {
-        // Every item is checked before any byte moves.
-        std::vector<TensorHeader> stored;
-        stored.reserve(views.size());
+        // Every item is checked, planned and given its staging before any byte moves.
+        struct Source {
+            const std::byte* data = nullptr;    ///< The first element read (a box's origin).
+            std::vector<std::int64_t> strides;  ///< Empty: the elements are contiguous.
+            bool pinned = false;
+        };
+        std::vector<Source> sources(views.size());
+        std::vector<HostBuffer> staging;  // gathered sources; alive until the streams are synced
         for (std::size_t i = 0; i < views.size(); ++i) {
+            const TensorRef& dst = destinations[i];
             MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ReadTensorObjectHeader(views[i], keys[i]));
-            MCS_RETURN_IF_ERROR(internal::CheckTensorMatch(h, expected[i], keys[i]));
-            stored.push_back(std::move(h));
+            Source& src = sources[i];
+            src.data = views[i].members[0].data() + h.data_offset;
+            src.pinned = views[i].pinned;
+            const Shape* origin = box_of(i);
+            if (origin == nullptr) {
+                MCS_RETURN_IF_ERROR(internal::CheckTensorMatch(h, expected[i], keys[i]));
+                continue;
+            }
+            MCS_RETURN_IF_ERROR(internal::CheckTensorBox(h, expected[i], *origin, keys[i]));
+            const std::size_t item = DTypeSize(dst.dtype);
+            BoxSource box = LocateBox(h.local_shape, dst.shape, *origin, item);
+            src.data += box.offset;
+            src.strides = std::move(box.strides);
+            if (dst.memory != TensorMemory::kCuda || src.strides.empty()) continue;
+            if (src.pinned) {
+                // 2-D copies straight from the box's rows in the store.
+                auto plan = PlanStridedCopies(dst.shape, dst.strides, src.strides, item);
+                if (!plan.ok()) {
+                    return plan.status().WithContext("destination " +
+                                                     ItemName(i, keys.size(), keys[i]));
+                }
+                plans[i] = std::move(plan).value();
+                continue;
+            }
+            // Pageable store memory: the driver would stage every 2-D row itself, so the box is
+            // gathered into pool memory (pinned while the quota has room) and copied from there
+            // as a contiguous tensor. This costs one host pass over the box.
+            MCS_ASSIGN_OR_RETURN(HostBuffer buffer, pool_->Allocate(expected[i].data_bytes));
+            StridedCopy(buffer.data(), {}, src.data, src.strides, dst.shape, item);
+            src.data = buffer.data();
+            src.strides.clear();
+            src.pinned = buffer.pinned();
+            staging.push_back(std::move(buffer));
         }
         StreamSet streams;
         std::vector<HostCopy> host_copies;
-        std::vector<HostBuffer> staging;  // gathered sources; alive until the streams are synced
         std::vector<PageableCudaCopy> pageable;  // one pipeline for the whole batch
         std::vector<std::size_t> pageable_items;
         Status status;
         for (std::size_t i = 0; i < views.size(); ++i) {
             const TensorRef& dst = destinations[i];
-            const std::byte* src = views[i].members[0].data() + stored[i].data_offset;
+            const Source& src = sources[i];
+            const std::uint64_t bytes = expected[i].data_bytes;
             if (plans[i]) {
-                bool pinned = views[i].pinned;
-                status = CopyIntoCudaView(dst, *plans[i], src, stored[i].data_bytes, staging,
-                                          pinned);
+                bool pinned = src.pinned;
+                status = CopyIntoCudaView(dst, *plans[i], src.data, bytes, staging, pinned);
                 if (!status.ok()) {
                     status = status.WithContext(ItemName(i, keys.size(), keys[i]));
                     break;
                 }
                 streams.Add(dst.device.device, dst.stream);
                 CountCopy(true, pinned);
-            } else if (dst.memory == TensorMemory::kHost && !IsCContiguous(dst.shape, dst.strides)) {
-                // A view is scattered into in place, straight from the snapshot.
-                StridedCopy(dst.host, dst.strides, src, {}, dst.shape, DTypeSize(dst.dtype));
+            } else if (dst.memory == TensorMemory::kHost &&
+                       (!src.strides.empty() || !IsCContiguous(dst.shape, dst.strides))) {
+                // A view or a box is copied in place, straight from the snapshot.
+                StridedCopy(dst.host, dst.strides, src.data, src.strides, dst.shape,
+                            DTypeSize(dst.dtype));
             } else if (dst.memory == TensorMemory::kHost) {
-                host_copies.push_back({dst.host, src, stored[i].data_bytes});
-            } else if (!views[i].pinned) {
-                pageable.push_back({const_cast<std::byte*>(src), dst.device.address,
-                                    stored[i].data_bytes, dst.stream, dst.device.device});
+                host_copies.push_back({dst.host, src.data, bytes});
+            } else if (!src.pinned) {
+                pageable.push_back({const_cast<std::byte*>(src.data), dst.device.address, bytes,
+                                    dst.stream, dst.device.device});
                 pageable_items.push_back(i);
                 CountCopy(true, false);
             } else {
-                status = cuda::MemcpyAsync(reinterpret_cast<void*>(dst.device.address), src,
-                                           stored[i].data_bytes, cuda::CopyKind::kHostToDevice,
-                                           dst.stream, dst.device.device);
+                status = cuda::MemcpyAsync(reinterpret_cast<void*>(dst.device.address), src.data,
+                                           bytes, cuda::CopyKind::kHostToDevice, dst.stream,
+                                           dst.device.device);
                 if (!status.ok()) {
                     status = status.WithContext(ItemName(i, keys.size(), keys[i]));
                     break;
                 }
                 streams.Add(dst.device.device, dst.stream);
-                CountCopy(true, views[i].pinned);
+                CountCopy(true, true);
             }
         }
         if (status.ok()) ParallelCopies(host_copies, threads_);

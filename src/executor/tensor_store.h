@@ -131,9 +131,18 @@ public:
     /// get_tensor_into of a batch: every stored header is checked against its destination
     /// (dtype, shape, size) and every destination is checked (layout, writability) before
     /// any byte is copied; all items are read from one state of the store.
-    /// Errors: NotFound (a missing key); InvalidArgument (a mismatch); Unimplemented; Internal.
+    ///
+    /// `box_origins` is empty (every destination receives its whole stored tensor) or has one
+    /// entry per destination. An empty entry reads the whole tensor; an entry of the
+    /// destination's rank makes a dense box read: the destination receives the box
+    /// [origin, origin + destination.shape) of the stored tensor (the same rank and dtype, the
+    /// box inside the stored shape), and only the box's bytes are read (a TP rank reading its
+    /// shard of a full weight).
+    /// Errors: NotFound (a missing key); InvalidArgument (a mismatch, an origin of another rank,
+    /// a negative origin, a box outside the stored shape); Unimplemented; Internal.
     virtual Status GetInto(std::span<const std::string> keys,
-                           std::span<const TensorRef> destinations) = 0;
+                           std::span<const TensorRef> destinations,
+                           std::span<const Shape> box_origins) = 0;
 
     /// The stored header of `key`.
     /// Errors: NotFound; InvalidArgument (not a tensor object).
@@ -145,6 +154,10 @@ public:
     // Single-item conveniences.
     Status Put(std::string_view key, const TensorRef& tensor, const TensorPutOptions& options);
     Status GetInto(std::string_view key, const TensorRef& destination);
+    /// The box of `key` at `box_origin` into `destination`.
+    Status GetInto(std::string_view key, const TensorRef& destination, const Shape& box_origin);
+    /// Whole tensors.
+    Status GetInto(std::span<const std::string> keys, std::span<const TensorRef> destinations);
 };
 
 struct LocalTensorStoreOptions {
@@ -189,6 +202,17 @@ Result<TensorHeader> ReadTensorObjectHeader(const ObjectView& view, std::string_
 /// Errors: InvalidArgument naming both.
 Status CheckTensorMatch(const TensorHeader& stored, const TensorHeader& expected,
                         std::string_view key);
+
+/// That a box origin can be read into a destination of `shape`: an origin of the same rank
+/// with no negative coordinate (checked before the stored header is known). `what` names it.
+/// Errors: InvalidArgument.
+Status ValidateBoxOrigin(const Shape& origin, const Shape& shape, std::string_view what);
+
+/// That the box [origin, origin + expected.local_shape) lies inside the stored tensor, whose
+/// dtype and rank must equal the destination's.
+/// Errors: InvalidArgument naming both.
+Status CheckTensorBox(const TensorHeader& stored, const TensorHeader& expected,
+                      const Shape& origin, std::string_view key);
 
 }  // namespace internal
 }  // namespace mooncake::sparse

@@ -490,7 +490,11 @@ std::vector<wire::TensorItem> TensorItems(std::span<const NodeTensor> tensors,
     offsets.assign(tensors.size(), 0);
     for (std::size_t i = 0; i < tensors.size(); ++i) {
         const NodeTensor& t = tensors[i];
-        wire::TensorItem item{std::string(t.key), t.dtype, t.shape, {}, {}};
+        wire::TensorItem item;
+        item.key = std::string(t.key);
+        item.dtype = t.dtype;
+        item.shape = t.shape;
+        item.box_origin = t.box_origin;
         if (t.cuda) {
             item.location = *t.cuda;
             item.strides = t.cuda_strides;

@@ -119,6 +119,8 @@ struct NodeTensor {
     /// Element strides of a CUDA view (a get_tensor_into destination); empty: C-contiguous.
     /// `cuda->ref` then covers the view's extent (transport/pitched_copy.h StridedViewSpan).
     std::vector<std::int64_t> cuda_strides;
+    /// A get's box of the stored tensor at this origin (`shape` its extents); empty: whole.
+    Shape box_origin;
 };
 
 struct NodeClientStats {

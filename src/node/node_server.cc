@@ -707,9 +707,16 @@ Result<NodeServer::Session::Reply> NodeServer::Session::TensorGet(
     std::vector<std::shared_ptr<const CudaIpcMapping>> holders;
     MCS_ASSIGN_OR_RETURN(std::vector<TensorRef> refs, ResolveTensors(req.items, true, holders));
     std::vector<std::string> keys;
+    std::vector<Shape> box_origins;
     keys.reserve(req.items.size());
-    for (const wire::TensorItem& item : req.items) keys.push_back(item.key);
-    MCS_RETURN_IF_ERROR(server_.tensors_->GetInto(keys, refs));
+    bool boxes = false;
+    for (const wire::TensorItem& item : req.items) {
+        keys.push_back(item.key);
+        box_origins.push_back(item.box_origin);
+        boxes |= !item.box_origin.empty();
+    }
+    if (!boxes) box_origins.clear();
+    MCS_RETURN_IF_ERROR(server_.tensors_->GetInto(keys, refs, box_origins));
     return Reply{wire::OkReply{}, {}};
 }
 

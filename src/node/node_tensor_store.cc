@@ -33,10 +33,23 @@ public:
         return Status::Ok();
     }
 
-    Status GetInto(std::span<const std::string> keys,
-                   std::span<const TensorRef> destinations) override {
+    using TensorStore::GetInto;
+    Status GetInto(std::span<const std::string> keys, std::span<const TensorRef> destinations,
+                   std::span<const Shape> box_origins) override {
+        if (!box_origins.empty() && box_origins.size() != keys.size()) {
+            return InvalidArgument(std::to_string(keys.size()) + " keys but " +
+                                   std::to_string(box_origins.size()) + " box origins");
+        }
         std::vector<NodeTensor> items;
         MCS_RETURN_IF_ERROR(Prepare(keys, destinations, /*destination=*/true, items));
+        for (std::size_t i = 0; i < box_origins.size(); ++i) {
+            if (box_origins[i].empty()) continue;
+            // Checked here too, so that a bad origin fails before the request is sent.
+            MCS_RETURN_IF_ERROR(internal::ValidateBoxOrigin(
+                box_origins[i], destinations[i].shape,
+                "destination " + ItemName(i, keys.size(), keys[i])));
+            items[i].box_origin = box_origins[i];
+        }
         MCS_RETURN_IF_ERROR(client_->GetTensorsInto(items));
         Count(items, tensors_read_, bytes_read_);
         return Status::Ok();

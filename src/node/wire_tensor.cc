@@ -28,11 +28,23 @@ Status TensorItem::Validate() const {
     if (!strides.empty() && location.ref.kind != BufferKind::kCudaIpc) {
         return InvalidArgument("only a CUDA tensor location carries strides");
     }
+    if (!box_origin.empty() && box_origin.size() != shape.size()) {
+        return InvalidArgument("a box origin of rank " + std::to_string(box_origin.size()) +
+                               " for a tensor of rank " + std::to_string(shape.size()));
+    }
+    for (std::int64_t c : box_origin) {
+        if (c < 0) return InvalidArgument("a box origin with a negative coordinate");
+    }
     return Status::Ok();
 }
 
 Status TensorPutRequest::Validate() const {
     if (items.empty()) return InvalidArgument("TensorPut carries no tensors");
+    for (const TensorItem& item : items) {
+        if (!item.box_origin.empty()) {
+            return InvalidArgument("a TensorPut item carries a box origin");
+        }
+    }
     return Status::Ok();
 }
 

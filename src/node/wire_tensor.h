@@ -40,7 +40,7 @@ struct TensorLocation {
 };
 
 /// One tensor of a TensorPut (the source) or TensorGet (the destination, whose dtype and shape
-/// the stored tensor must match).
+/// the stored tensor must match, or the box of it at `box_origin`).
 struct TensorItem {
     std::string key;
     DType dtype = DType::kFloat32;
@@ -51,6 +51,9 @@ struct TensorItem {
     /// the view's extent — from its lowest to its highest element — so the daemon checks that
     /// extent against what it mapped before it writes.
     std::vector<std::int64_t> strides;
+    /// TensorGet: the origin of the box of the stored tensor this destination receives (a
+    /// dense box read, `shape` the box's extents); empty: the whole tensor. A put carries none.
+    Shape box_origin;
 
     static void Fields(auto& v, auto& m) {
         v("key", m.key, kMaxKeyBytes);
@@ -58,6 +61,7 @@ struct TensorItem {
         v("tensor shape", m.shape, kMaxRank);
         v("location", m.location);
         v("tensor strides", m.strides, kMaxRank);
+        v("box origin", m.box_origin, kMaxRank);
     }
     Status Validate() const;
     friend bool operator==(const TensorItem&, const TensorItem&) = default;

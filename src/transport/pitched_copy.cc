@@ -22,13 +22,52 @@ bool MulOverflows(std::int64_t a, std::int64_t b, std::int64_t& out) {
 
 }  // namespace
 
+namespace {
+
+/// The byte offsets of every element of `shape` laid out by `strides` fit in 2^63.
+bool ReachFits(std::span<const std::int64_t> shape, std::span<const std::int64_t> strides,
+               std::int64_t bytes) {
+    std::int64_t lo = 0, hi = 0;
+    for (std::size_t d = 0; d < shape.size(); ++d) {
+        std::int64_t reach = 0;
+        if (MulOverflows(strides[d], shape[d] - 1, reach) || MulOverflows(reach, bytes, reach) ||
+            __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+std::vector<std::int64_t> CStrides(std::span<const std::int64_t> shape) {
+    std::vector<std::int64_t> strides(shape.size());
+    std::int64_t s = 1;
+    for (std::size_t d = shape.size(); d-- > 0;) {
+        strides[d] = s;
+        s *= shape[d];
+    }
+    return strides;
+}
+
+}  // namespace
+
 Result<PitchedCopyPlan> PlanPitchedCopies(std::span<const std::int64_t> shape,
                                           std::span<const std::int64_t> dst_strides,
+                                          std::size_t item, std::size_t max_copies) {
+    return PlanStridedCopies(shape, dst_strides, {}, item, max_copies);
+}
+
+Result<PitchedCopyPlan> PlanStridedCopies(std::span<const std::int64_t> shape,
+                                          std::span<const std::int64_t> dst_strides,
+                                          std::span<const std::int64_t> src_strides,
                                           std::size_t item, std::size_t max_copies) {
     PitchedCopyPlan plan;
     if (item == 0) return InvalidArgument("element size 0");
     if (!dst_strides.empty() && dst_strides.size() != shape.size()) {
         return InvalidArgument(std::to_string(dst_strides.size()) + " strides for rank " +
+                               std::to_string(shape.size()));
+    }
+    if (!src_strides.empty() && src_strides.size() != shape.size()) {
+        return InvalidArgument(std::to_string(src_strides.size()) + " source strides for rank " +
                                std::to_string(shape.size()));
     }
     std::int64_t elements = 1;
@@ -40,33 +79,34 @@ Result<PitchedCopyPlan> PlanPitchedCopies(std::span<const std::int64_t> shape,
     const auto bytes = static_cast<std::int64_t>(item);
     std::int64_t total_bytes = 0;
     if (MulOverflows(elements, bytes, total_bytes)) return InvalidArgument("byte size overflows");
-    if (IsCContiguous(shape, dst_strides)) {
+    const bool dst_contiguous = IsCContiguous(shape, dst_strides);
+    const bool src_contiguous = IsCContiguous(shape, src_strides);
+    if (dst_contiguous && src_contiguous) {
         plan.copies.push_back({0, 0, std::uint64_t(total_bytes), 1, 0, 0});
         return plan;
     }
     // Byte offsets of every element must be representable before anything else looks at the
     // strides (they may come from another process).
-    std::int64_t reach_lo = 0, reach_hi = 0;
-    for (std::size_t d = 0; d < shape.size(); ++d) {
-        std::int64_t reach = 0;
-        if (MulOverflows(dst_strides[d], shape[d] - 1, reach) ||
-            MulOverflows(reach, bytes, reach) ||
-            __builtin_add_overflow(reach < 0 ? reach_lo : reach_hi, reach,
-                                   reach < 0 ? &reach_lo : &reach_hi)) {
-            return InvalidArgument("strides reach beyond 2^63 bytes");
-        }
+    const std::vector<std::int64_t> c_strides = CStrides(shape);
+    if (dst_strides.empty()) dst_strides = c_strides;
+    if (src_strides.empty()) src_strides = c_strides;
+    if (!ReachFits(shape, dst_strides, bytes)) {
+        return InvalidArgument("strides reach beyond 2^63 bytes");
+    }
+    if (!ReachFits(shape, src_strides, bytes)) {
+        return InvalidArgument("source strides reach beyond 2^63 bytes");
     }
     if (!IsNonOverlapping(shape, dst_strides)) {
         return InvalidArgument("the destination view has overlapping elements");
     }
-    // Source strides (C-contiguous), extent-1 dimensions dropped, negative destination strides
-    // flipped: element [0..0] moves to the lowest address and the source is then walked
-    // backwards along that dimension (which only a gather can do).
+    // Extent-1 dimensions dropped, negative destination strides flipped: element [0..0] moves
+    // to the lowest address and the source is then walked backwards along that dimension
+    // (which only a gather can do).
     std::vector<Dim> dims;
-    std::int64_t src_stride = 1, dst_base = 0, src_base = 0;
+    std::int64_t dst_base = 0, src_base = 0;
     for (std::size_t d = shape.size(); d-- > 0;) {
         if (shape[d] != 1) {
-            Dim dim{shape[d], dst_strides[d], src_stride};
+            Dim dim{shape[d], dst_strides[d], src_strides[d]};
             if (dim.dst < 0) {
                 dst_base += dim.dst * (dim.extent - 1);
                 src_base += dim.src * (dim.extent - 1);
@@ -75,15 +115,24 @@ Result<PitchedCopyPlan> PlanPitchedCopies(std::span<const std::int64_t> shape,
             }
             dims.push_back(dim);
         }
-        src_stride *= shape[d];
     }
     // Memory order of the destination, outermost first.
     std::stable_sort(dims.begin(), dims.end(),
                      [](const Dim& a, const Dim& b) { return a.dst > b.dst; });
-    std::int64_t expect = 1;
-    for (std::size_t i = dims.size(); i-- > 0;) {
-        if (dims[i].src != expect) plan.gather = true;
-        expect *= dims[i].extent;
+    // The copies walk both sides in the destination's memory order: a source whose strides run
+    // the other way (or backwards) is gathered first. So is one whose innermost run is shorter
+    // than the destination's (a contiguous destination row would be copied element by element);
+    // a box of a larger tensor (rows `stored_shape[-1]` elements apart) keeps its own rows.
+    for (std::size_t i = 0; i < dims.size(); ++i) {
+        if (dims[i].src <= 0 || (i > 0 && dims[i].src >= dims[i - 1].src)) plan.gather = true;
+    }
+    if (!dims.empty() && dims.back().dst == 1 && dims.back().src != 1) plan.gather = true;
+    if (!plan.gather) {
+        // No source element may lie between two it reads as one run or row (a box's strides
+        // are those of its parent, so each stride spans the ones below it).
+        for (std::size_t i = dims.size(); i-- > 1;) {
+            if (dims[i - 1].src < dims[i].src * dims[i].extent) plan.gather = true;
+        }
     }
     if (plan.gather) {
         for (const Dim& dim : dims) {

@@ -47,7 +47,7 @@ struct PitchedCopy {
 };
 
 struct PitchedCopyPlan {
-    /// When true the C-contiguous source must first be gathered on the host:
+    /// When true the source must first be gathered on the host:
     /// StridedCopy(staging, {}, source + gather_src_offset, gather_strides, gather_shape, item)
     /// into a staging buffer of the tensor's size — the copies then read the staging buffer.
     bool gather = false;
@@ -69,6 +69,24 @@ inline constexpr std::uint64_t kMaxCopyPitch = (std::uint64_t{1} << 31) - 1;
 /// overflow, more than `max_copies` copies).
 Result<PitchedCopyPlan> PlanPitchedCopies(std::span<const std::int64_t> shape,
                                           std::span<const std::int64_t> dst_strides,
+                                          std::size_t item,
+                                          std::size_t max_copies = kMaxPitchedCopies);
+
+/// Plans the copy of a tensor of `shape` whose source elements lie at element strides
+/// `src_strides` (empty: C-contiguous) into a view with `dst_strides` (empty: C-contiguous):
+/// a box of a larger C-contiguous tensor (its strides those of the parent, so rows of the box
+/// are `parent_shape[-1]` elements apart) into a contiguous or strided destination. Trailing
+/// dimensions that the box spans fully merge into one run; a box whose rows are whole runs is
+/// one 2-D copy. A source that the copies cannot walk in the destination's memory order with
+/// runs as wide as the destination's (negative or reordered strides, a contiguous destination
+/// row under a strided source row) is gathered first: plan.gather, as for PlanPitchedCopies,
+/// with `gather_strides` in the source's strides. Source offsets of the copies are bytes from
+/// the source's element [0, ..., 0] (never negative).
+/// Errors: as PlanPitchedCopies; InvalidArgument (source strides of another rank, or whose byte
+/// offsets overflow).
+Result<PitchedCopyPlan> PlanStridedCopies(std::span<const std::int64_t> shape,
+                                          std::span<const std::int64_t> dst_strides,
+                                          std::span<const std::int64_t> src_strides,
                                           std::size_t item,
                                           std::size_t max_copies = kMaxPitchedCopies);
 

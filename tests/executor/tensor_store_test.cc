@@ -292,6 +292,152 @@ TEST_P(TensorStoreTest, HostViewsAreCopiedThroughTheirStrides) {
     EXPECT_EQ(gaps, (std::vector<float>{1, -1, 2, -1, 3, -1, 4, -1, 5, -1, 6, -1}));
 }
 
+/// The box [origin, origin + box) of a C-contiguous tensor of `full` (`item`-byte elements),
+/// C-contiguous: what a box read must produce.
+std::vector<std::byte> BoxOf(const std::vector<std::byte>& data, const Shape& full,
+                             const Shape& origin, const Shape& box, std::size_t item) {
+    std::vector<std::int64_t> strides(full.size());
+    std::int64_t s = 1;
+    for (std::size_t d = full.size(); d-- > 0;) {
+        strides[d] = s;
+        s *= full[d];
+    }
+    std::int64_t at = 0, n = 1;
+    for (std::size_t d = 0; d < full.size(); ++d) {
+        at += origin[d] * strides[d];
+        n *= box[d];
+    }
+    std::vector<std::byte> out(static_cast<std::size_t>(n) * item);
+    StridedCopy(out.data(), {}, data.data() + at * std::int64_t(item), strides, box, item);
+    return out;
+}
+
+TEST_P(TensorStoreTest, BoxReadsOfOneToFourDimensions) {
+    struct Case {
+        Shape full, origin, box;
+    };
+    const std::vector<Case> cases = {
+        {{1000}, {0}, {1000}},
+        {{1000}, {250}, {500}},
+        {{64, 48}, {32, 0}, {32, 48}},    // rows: one contiguous run
+        {{64, 48}, {0, 16}, {64, 16}},    // columns: rows 48 elements apart
+        {{64, 48}, {10, 7}, {5, 3}},
+        {{8, 16, 32}, {2, 0, 0}, {3, 16, 32}},
+        {{8, 16, 32}, {0, 4, 0}, {8, 8, 32}},   // the last dimension whole: rows merge
+        {{8, 16, 32}, {1, 2, 3}, {4, 5, 6}},
+        {{4, 6, 8, 10}, {1, 2, 3, 4}, {2, 3, 4, 5}},
+        {{4, 6, 8, 10}, {0, 0, 0, 5}, {4, 6, 8, 5}},
+        {{4, 6, 8, 10}, {3, 5, 7, 9}, {1, 1, 1, 1}},
+    };
+    int seed = 0;
+    for (const Case& c : cases) {
+        SCOPED_TRACE(ShapeString(c.full) + " at " + ShapeString(c.origin) + " box " +
+                     ShapeString(c.box));
+        std::int64_t n = 1;
+        for (Index e : c.full) n *= e;
+        auto data = Pattern(static_cast<std::size_t>(n) * 4, ++seed);
+        const std::string key = "box/" + std::to_string(seed);
+        MCS_ASSERT_OK(store_->Put(key, TensorRef::ConstHost(DType::kFloat32, c.full, data), {}));
+        const auto expect = BoxOf(data, c.full, c.origin, c.box, 4);
+        std::vector<std::byte> out(expect.size(), std::byte{0x5a});
+        MCS_ASSERT_OK(store_->GetInto(key, TensorRef::Host(DType::kFloat32, c.box, out), c.origin));
+        EXPECT_EQ(out, expect);
+    }
+}
+
+TEST_P(TensorStoreTest, BoxReadsIntoStridedDestinations) {
+    // Columns [256, 512) of a [1024, 1024] tensor into columns [100, 356) of a [1024, 400]
+    // buffer, the rest of which stays untouched; and into a transposed (Fortran-order) shard.
+    const Shape full{1024, 1024};
+    auto data = Pattern(1024 * 1024 * 2, 7);
+    MCS_ASSERT_OK(store_->Put("w", TensorRef::ConstHost(DType::kBFloat16, full, data), {}));
+    const auto expect = BoxOf(data, full, {0, 256}, {1024, 256}, 2);
+    std::vector<std::byte> parent(1024 * 400 * 2, std::byte{0x5a});
+    const std::size_t first = 100 * 2;
+    const std::size_t span = (1023 * 400 + 255) * 2 + 2;
+    TensorRef view = TensorRef::Host(DType::kBFloat16, {1024, 256},
+                                     std::span(parent).subspan(first, span));
+    view.host_bytes = 1024 * 256 * 2;
+    view.strides = {400, 1};
+    MCS_ASSERT_OK(store_->GetInto("w", view, Shape{0, 256}));
+    std::vector<std::byte> got(expect.size());
+    StridedCopy(got.data(), {}, parent.data() + first, std::vector<std::int64_t>{400, 1},
+                Shape{1024, 256}, 2);
+    EXPECT_EQ(got, expect);
+    for (std::size_t r = 0; r < 1024; ++r) {
+        for (std::size_t c = 0; c < 400; ++c) {
+            if (c >= 100 && c < 356) continue;
+            ASSERT_EQ(parent[(r * 400 + c) * 2], std::byte{0x5a}) << r << ", " << c;
+        }
+    }
+    std::vector<std::byte> fortran(expect.size());
+    TensorRef transposed = TensorRef::Host(DType::kBFloat16, {1024, 256}, fortran);
+    transposed.strides = {1, 1024};
+    MCS_ASSERT_OK(store_->GetInto("w", transposed, Shape{0, 256}));
+    StridedCopy(got.data(), {}, fortran.data(), std::vector<std::int64_t>{1, 1024},
+                Shape{1024, 256}, 2);
+    EXPECT_EQ(got, expect);
+}
+
+TEST_P(TensorStoreTest, BatchBoxReadsMixWithWholeReads) {
+    const Shape full{1024, 1024};
+    auto data = Pattern(1024 * 1024 * 4, 3);
+    auto small = Pattern(64, 4);
+    MCS_ASSERT_OK(store_->Put("w", TensorRef::ConstHost(DType::kFloat32, full, data), {}));
+    MCS_ASSERT_OK(store_->Put("b", TensorRef::ConstHost(DType::kUInt8, {64}, small), {}));
+    std::vector<std::byte> rows(512 * 1024 * 4), cols(1024 * 256 * 4), whole(64);
+    MCS_ASSERT_OK(store_->GetInto(
+        std::vector<std::string>{"w", "w", "b"},
+        std::vector<TensorRef>{TensorRef::Host(DType::kFloat32, {512, 1024}, rows),
+                               TensorRef::Host(DType::kFloat32, {1024, 256}, cols),
+                               TensorRef::Host(DType::kUInt8, {64}, whole)},
+        std::vector<Shape>{{512, 0}, {0, 256}, {}}));
+    EXPECT_EQ(rows, BoxOf(data, full, {512, 0}, {512, 1024}, 4));
+    EXPECT_EQ(cols, BoxOf(data, full, {0, 256}, {1024, 256}, 4));
+    EXPECT_EQ(whole, small);
+    const TensorStoreStats stats = store_->Stats();
+    EXPECT_GE(stats.bytes_read, rows.size() + cols.size() + whole.size());
+}
+
+TEST_P(TensorStoreTest, BadBoxesLeaveDestinationsUntouched) {
+    auto a = Pattern(4 * 6 * 4, 1);
+    MCS_ASSERT_OK(store_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4, 6}, a), {}));
+    const std::vector<std::byte> sentinel(2 * 3 * 4, std::byte{0x5a});
+    std::vector<std::byte> dst = sentinel;
+    const TensorRef box = TensorRef::Host(DType::kFloat32, {2, 3}, dst);
+    EXPECT_THAT(store_->GetInto("k", box, Shape{3, 0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "outside"));
+    EXPECT_THAT(store_->GetInto("k", box, Shape{0, 4}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "dimension 1"));
+    EXPECT_THAT(store_->GetInto("k", box, Shape{-1, 0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "negative"));
+    EXPECT_THAT(store_->GetInto("k", box, Shape{0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "rank"));
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kInt32, {2, 3}, dst), Shape{0, 0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "float32 [4, 6]"));
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {6}, dst), Shape{0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "stored rank"));
+    std::vector<std::byte> big(5 * 6 * 4, std::byte{0x5a});
+    EXPECT_THAT(store_->GetInto("k", TensorRef::Host(DType::kFloat32, {5, 6}, big), Shape{0, 0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "outside"));
+    EXPECT_THAT(store_->GetInto("missing", box, Shape{0, 0}), StatusIs(StatusCode::kNotFound));
+    // A batch whose second box is bad writes neither; a box list of another length fails.
+    std::vector<std::byte> first = sentinel;
+    EXPECT_THAT(store_->GetInto(std::vector<std::string>{"k", "k"},
+                                std::vector<TensorRef>{
+                                    TensorRef::Host(DType::kFloat32, {2, 3}, first), box},
+                                std::vector<Shape>{{0, 0}, {3, 3}}),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(store_->GetInto(std::vector<std::string>{"k"}, std::vector<TensorRef>{box},
+                                std::vector<Shape>{{0, 0}, {0, 0}}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "box origins"));
+    EXPECT_EQ(first, sentinel);
+    EXPECT_EQ(dst, sentinel);
+    // The last box that fits.
+    MCS_ASSERT_OK(store_->GetInto("k", box, Shape{2, 3}));
+    EXPECT_EQ(dst, BoxOf(a, {4, 6}, {2, 3}, {2, 3}, 4));
+}
+
 TEST_P(TensorStoreTest, PutValidation) {
     auto a = Pattern(24, 1);
     TensorRef strided = TensorRef::ConstHost(DType::kFloat32, {2, 3}, a);

@@ -19,6 +19,7 @@
 #include "node/node_server.h"
 #include "node/node_tensor_store.h"
 #include "executor/tensor_store.h"
+#include "transport/host_copy.h"
 #include "node/node_client.h"
 #include "store/shm_store.h"
 #include "store/tensor_object.h"
@@ -33,6 +34,13 @@ MATCHER_P(StatusIs, code, "has status code " + std::string(StatusCodeName(code))
     const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
     *result_listener << "status is " << s.ToString();
     return s.code() == code;
+}
+MATCHER_P2(StatusIsWithMessage, code, substr,
+           "has status code " + std::string(StatusCodeName(code)) + " and a message with '" +
+               std::string(substr) + "'") {
+    const Status& s = ::mooncake::sparse::internal::AsStatus(arg);
+    *result_listener << "status is " << s.ToString();
+    return s.code() == code && s.message().find(substr) != std::string::npos;
 }
 #define ASSERT_OK(expr) ASSERT_THAT((expr), StatusIs(StatusCode::kOk))
 #define EXPECT_OK(expr) EXPECT_THAT((expr), StatusIs(StatusCode::kOk))
@@ -126,6 +134,53 @@ TEST_F(TensorDaemonTest, RoundTripsThroughTheDaemon) {
     EXPECT_EQ(put, 4);
 }
 
+TEST_F(TensorDaemonTest, BoxReadsThroughTheDaemon) {
+    // A TP rank's rows and columns of a [256, 128] anchor: only the box crosses the client
+    // buffer; a bad box fails in the daemon (or before the request) and writes nothing.
+    const Shape full{256, 128};
+    auto a = Pattern(256 * 128 * 4, 5);
+    ASSERT_OK(tensors_->Put("anchor", TensorRef::ConstHost(DType::kFloat32, full, a), {}));
+    auto expect = [&](const Shape& origin, const Shape& box) {
+        std::vector<std::byte> out(std::size_t(box[0] * box[1] * 4));
+        StridedCopy(out.data(), {}, a.data() + (origin[0] * 128 + origin[1]) * 4,
+                    std::vector<std::int64_t>{128, 1}, box, 4);
+        return out;
+    };
+    std::vector<std::byte> rows(128 * 128 * 4), cols(256 * 32 * 4);
+    ASSERT_OK(tensors_->GetInto(std::vector<std::string>{"anchor", "anchor"},
+                                std::vector<TensorRef>{
+                                    TensorRef::Host(DType::kFloat32, {128, 128}, rows),
+                                    TensorRef::Host(DType::kFloat32, {256, 32}, cols)},
+                                std::vector<Shape>{{128, 0}, {0, 64}}));
+    EXPECT_EQ(rows, expect({128, 0}, {128, 128}));
+    EXPECT_EQ(cols, expect({0, 64}, {256, 32}));
+    // Into a host view (every other column of a wider buffer).
+    std::vector<std::byte> wide(256 * 64 * 4, std::byte{0x5a});
+    TensorRef view = TensorRef::Host(DType::kFloat32, {256, 32}, wide);
+    view.host_bytes = 256 * 32 * 4;
+    view.strides = {64, 2};
+    ASSERT_OK(tensors_->GetInto("anchor", view, Shape{0, 64}));
+    std::vector<std::byte> got(256 * 32 * 4);
+    StridedCopy(got.data(), {}, wide.data(), std::vector<std::int64_t>{64, 2}, Shape{256, 32}, 4);
+    EXPECT_EQ(got, expect({0, 64}, {256, 32}));
+
+    const std::vector<std::byte> sentinel(cols.size(), std::byte{0x5a});
+    cols = sentinel;
+    EXPECT_THAT(tensors_->GetInto("anchor", TensorRef::Host(DType::kFloat32, {256, 32}, cols),
+                                  Shape{0, 100}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "outside"));
+    EXPECT_THAT(tensors_->GetInto("anchor", TensorRef::Host(DType::kFloat32, {256, 32}, cols),
+                                  Shape{0, -1}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "negative"));
+    EXPECT_EQ(cols, sentinel);
+    // A hand-written request with a bad origin is refused by the daemon too.
+    NodeTensor raw{"anchor", DType::kFloat32, {256, 32}, {cols.data(), cols.size()}, {},
+                   std::nullopt, {}, {1, 0}};
+    EXPECT_THAT(client_->GetTensorsInto({&raw, 1}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "outside"));
+    EXPECT_EQ(cols, sentinel);
+}
+
 TEST_F(TensorDaemonTest, ValidationInTheDaemonLeavesDestinationsUntouched) {
     auto a = Pattern(16, 1);
     ASSERT_OK(tensors_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, a), {}));
@@ -159,7 +214,7 @@ TEST_F(TensorDaemonTest, HostileTensorRequestsAreRejected) {
     // A CUDA item whose handle cannot be opened (or no CUDA in the daemon): an error reply, the
     // connection stays usable.
     wire::TensorGetRequest req;
-    wire::TensorItem item{"k", DType::kFloat32, {4}, {}, {}};
+    wire::TensorItem item{"k", DType::kFloat32, {4}, {}, {}, {}};
     item.location.ref.kind = wire::BufferKind::kCudaIpc;
     item.location.ref.offset = 0;
     item.location.ref.size = 16;
@@ -168,12 +223,12 @@ TEST_F(TensorDaemonTest, HostileTensorRequestsAreRejected) {
     item.location.cuda_base = 0x1000;
     item.location.cuda_alloc_size = 16;
     std::vector<std::byte> out(16);
-    NodeTensor t{"k", DType::kFloat32, {4}, {}, {}, item.location, {}};
+    NodeTensor t{"k", DType::kFloat32, {4}, {}, {}, item.location, {}, {}};
     const Status s = client_->GetTensorsInto({&t, 1});
     EXPECT_FALSE(s.ok());
     EXPECT_NE(s.code(), StatusCode::kUnavailable) << s.ToString();
     // A missing key through the client-buffer path.
-    NodeTensor host{"k", DType::kFloat32, {4}, {out.data(), out.size()}, {}, std::nullopt, {}};
+    NodeTensor host{"k", DType::kFloat32, {4}, {out.data(), out.size()}, {}, std::nullopt, {}, {}};
     EXPECT_THAT(client_->GetTensorsInto({&host, 1}), StatusIs(StatusCode::kNotFound));
     auto a = Pattern(16, 1);
     ASSERT_OK(tensors_->Put("k", TensorRef::ConstHost(DType::kFloat32, {4}, a), {}));
@@ -197,7 +252,7 @@ TEST_F(TensorDaemonTest, StridesReachingPastTheExportedRangeAreRejectedBeforeMap
          {std::vector<std::int64_t>{64, 1}, std::vector<std::int64_t>{8, 1000},
           std::vector<std::int64_t>{std::int64_t{1} << 62, 1},
           std::vector<std::int64_t>{8, 2}}) {
-        NodeTensor t{"k", DType::kFloat32, {4, 2}, {}, {}, loc, strides};
+        NodeTensor t{"k", DType::kFloat32, {4, 2}, {}, {}, loc, strides, {}};
         const Status s = client_->GetTensorsInto({&t, 1});
         EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
     }

@@ -239,10 +239,12 @@ std::vector<Message> SampleMessages() {
                                 {"inf", -std::numeric_limits<double>::infinity()}}});
     {
         TensorPutRequest t;
-        t.items.push_back({"w/0", DType::kBFloat16, {4096, 7168}, {BufferRef::Client(0, 4096ull * 7168 * 2), 0, 0, ""}, {}});
+        t.items.push_back({"w/0", DType::kBFloat16, {4096, 7168},
+                           {BufferRef::Client(0, 4096ull * 7168 * 2), 0, 0, ""}, {}, {}});
         TensorLocation cuda{CudaRef(1 << 20, 4096), 0x7f0000000000ull, 20 << 20, "0000:3b:00.0"};
-        t.items.push_back({"w/1", DType::kFloat32, {1024}, cuda, {}});
-        t.items.push_back({"scalar", DType::kInt64, {}, {BufferRef::Client(64, 8), 0, 0, ""}, {}});
+        t.items.push_back({"w/1", DType::kFloat32, {1024}, cuda, {}, {}});
+        t.items.push_back(
+            {"scalar", DType::kInt64, {}, {BufferRef::Client(64, 8), 0, 0, ""}, {}, {}});
         t.mode = PutMode::kUpsert;
         t.hard_pin = true;
         out.push_back(t);
@@ -250,10 +252,19 @@ std::vector<Message> SampleMessages() {
         // w[:, 1024:2048] of a [16, 4096] bf16 parameter: the range covers the view's extent.
         TensorItem view{"w/2", DType::kBFloat16, {16, 1024},
                         {CudaRef(2048, (15 * 4096 + 1024) * 2), 0x7f0000000000ull, 20 << 20, ""},
-                        {}};
+                        {}, {}};
         view.strides = {4096, 1};
         get.items.push_back(view);
         out.push_back(get);
+        // Dense box reads: rows [512, 1024) of a [1024, 1024] anchor into a client buffer, and
+        // columns [256, 512) of it into a CUDA tensor.
+        TensorGetRequest boxes;
+        boxes.items.push_back({"anchor/w", DType::kFloat32, {512, 1024},
+                               {BufferRef::Client(0, 512 * 1024 * 4), 0, 0, ""}, {}, {512, 0}});
+        boxes.items.push_back({"anchor/w", DType::kFloat32, {1024, 256},
+                               {CudaRef(0, 1024 * 256 * 4), 0x7f0000000000ull, 20 << 20, ""},
+                               {}, {0, 256}});
+        out.push_back(boxes);
     }
     return out;
 }
@@ -351,14 +362,14 @@ TEST(WireTest, TensorLocationBoundsAreChecked) {
     // A CUDA range past its allocation, and CUDA fields on a client-buffer location, never
     // encode and never decode.
     TensorGetRequest bad;
-    bad.items.push_back({"k", DType::kUInt8, {16}, {CudaRef(8, 16), 0x1000, 20, ""}, {}});
+    bad.items.push_back({"k", DType::kUInt8, {16}, {CudaRef(8, 16), 0x1000, 20, ""}, {}, {}});
     EXPECT_THAT(EncodeFrame(bad, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "allocation"));
     bad.items[0].location = {BufferRef::Client(0, 16), 0x1000, 0, ""};
     EXPECT_THAT(EncodeFrame(bad, 1), StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(EncodeFrame(TensorPutRequest{}, 1), StatusIs(StatusCode::kInvalidArgument));
 
     TensorGetRequest good;
-    good.items.push_back({"k", DType::kUInt8, {16}, {CudaRef(4, 16), 0x1000, 20, ""}, {}});
+    good.items.push_back({"k", DType::kUInt8, {16}, {CudaRef(4, 16), 0x1000, 20, ""}, {}, {}});
     auto frame = EncodeFrame(good, 1);
     ASSERT_TRUE(frame.ok());
     // Grow the offset in place (the BufferRef offset follows key, dtype, shape and kind).
@@ -371,9 +382,32 @@ TEST(WireTest, TensorLocationBoundsAreChecked) {
     EXPECT_THAT(DecodeMessage(*decoded), StatusIsWithMessage(StatusCode::kInvalidArgument, "allocation"));
 }
 
+TEST(WireTest, TensorBoxOriginRoundTripsAndIsChecked) {
+    TensorGetRequest get;
+    get.items.push_back({"k", DType::kFloat32, {4, 2}, {BufferRef::Client(0, 32), 0, 0, ""}, {},
+                         {3, 6}});
+    auto frame = EncodeFrame(get, 7);
+    ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+    auto decoded = DecodeFrame(*frame);
+    ASSERT_TRUE(decoded.ok());
+    auto message = DecodeMessage(*decoded);
+    ASSERT_TRUE(message.ok());
+    EXPECT_EQ(std::get<TensorGetRequest>(*message), get);
+
+    TensorGetRequest bad = get;
+    bad.items[0].box_origin = {3};  // another rank
+    EXPECT_THAT(EncodeFrame(bad, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "rank"));
+    bad.items[0].box_origin = {-1, 0};
+    EXPECT_THAT(EncodeFrame(bad, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "negative"));
+    TensorPutRequest put;
+    put.items = get.items;  // a put names no box
+    EXPECT_THAT(EncodeFrame(put, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "box"));
+}
+
 TEST(WireTest, TensorStridesRoundTripAndAreChecked) {
     TensorGetRequest get;
-    TensorItem view{"k", DType::kFloat32, {4, 2}, {CudaRef(0, (3 * 8 + 2) * 4), 0x1000, 4096, ""}, {}};
+    TensorItem view{"k", DType::kFloat32, {4, 2},
+                    {CudaRef(0, (3 * 8 + 2) * 4), 0x1000, 4096, ""}, {}, {}};
     view.strides = {8, 1};
     get.items.push_back(view);
     auto frame = EncodeFrame(get, 7);
@@ -430,7 +464,8 @@ TEST(WireTest, MinBytesAreTheShortestEncodings) {
     EXPECT_EQ(MinBytes<TargetDescriptor>(), 3 * 4u + 4 + 8);
     EXPECT_EQ(MinBytes<TargetObjectLocation>(), 2 * 4u + 8 + 68 + 4 + 4 * 28 + 8);
     EXPECT_EQ(MinBytes<MetricItem>(), 4u + 8);
-    EXPECT_EQ(MinBytes<TensorItem>(), 4u + 1 + 4 + 17 + 8 + 8 + 4 + 4);  // + strides count
+    // ... + strides count + box origin count
+    EXPECT_EQ(MinBytes<TensorItem>(), 4u + 1 + 4 + 17 + 8 + 8 + 4 + 4 + 4);
     for (const Message& m : SampleMessages()) {
         auto payload = EncodePayload(m);
         ASSERT_TRUE(payload.ok());

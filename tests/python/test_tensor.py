@@ -1,6 +1,6 @@
 """The tensor API (docs/design.md §5) on host tensors, in the embedded store and through the node
-daemon: the seven calls, upstream Mooncake's tensor object format, and validation that leaves
-destinations untouched. CUDA tensors: test_tensor_gpu.py."""
+daemon: the seven calls, dense box reads, upstream Mooncake's tensor object format, and
+validation that leaves destinations untouched. CUDA tensors: test_tensor_gpu.py."""
 
 import struct
 import threading
@@ -165,6 +165,146 @@ def test_module_level_functions(rng):
     np.testing.assert_array_equal(out, a + 2)
     mcs.batch_get_tensor_into([key], [out])
     np.testing.assert_array_equal(out, a + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dense box reads.
+# ---------------------------------------------------------------------------------------------
+
+
+def test_box_reads_tp_rows_and_columns_numpy(store, rng):
+    a = random_array(rng, (1024, 1024), np.float32)
+    store.put_tensor("anchor/w", a)
+    rows = np.empty((512, 1024), np.float32)
+    store.get_tensor_into("anchor/w", rows, global_offset=(512, 0))
+    assert rows.tobytes() == a[512:1024].tobytes()
+    cols = np.empty((1024, 256), np.float32)
+    store.get_tensor_into("anchor/w", cols, global_offset=[0, 256])
+    assert cols.tobytes() == np.ascontiguousarray(a[:, 256:512]).tobytes()
+    # numpy integers are offsets too; a box of one element; the whole tensor as a box.
+    one = np.empty((1, 1), np.float32)
+    store.get_tensor_into("anchor/w", one, global_offset=(np.int64(1023), np.int32(1023)))
+    assert one[0, 0].tobytes() == a[1023, 1023].tobytes()
+    whole = np.empty_like(a)
+    store.get_tensor_into("anchor/w", whole, global_offset=(0, 0))
+    assert whole.tobytes() == a.tobytes()
+
+
+def test_box_reads_into_views_and_batches(store, rng):
+    a = random_array(rng, (1024, 1024), np.int32)
+    b = random_array(rng, (16,), np.uint8)
+    store.batch_put_tensor(["w", "b"], [a, b])
+    # Into a slice of a larger buffer (written in place, the rest untouched) and into a
+    # Fortran-order shard.
+    parent = np.full((1024, 600), -1, np.int32)
+    view = parent[:, 100:356]
+    store.get_tensor_into("w", view, global_offset=(0, 256))
+    np.testing.assert_array_equal(view, a[:, 256:512])
+    assert (parent[:, :100] == -1).all() and (parent[:, 356:] == -1).all()
+    fortran = np.asfortranarray(np.zeros((512, 256), np.int32))
+    store.get_tensor_into("w", fortran, global_offset=(512, 768))
+    np.testing.assert_array_equal(fortran, a[512:, 768:])
+    # A batch of boxes and whole tensors, read from one state of the store.
+    r0, r1 = np.empty((512, 1024), np.int32), np.empty((512, 1024), np.int32)
+    c1, whole = np.empty((1024, 512), np.int32), np.empty_like(b)
+    store.batch_get_tensor_into(["w", "w", "w", "b"], [r0, r1, c1, whole],
+                                global_offsets=[(0, 0), (512, 0), (0, 512), None])
+    assert r0.tobytes() == a[:512].tobytes() and r1.tobytes() == a[512:].tobytes()
+    assert c1.tobytes() == np.ascontiguousarray(a[:, 512:]).tobytes()
+    assert whole.tobytes() == b.tobytes()
+
+
+def test_box_reads_of_one_to_four_dimensions(store, rng):
+    cases = [
+        ((1000,), (250,), (500,)),
+        ((8, 16, 32), (2, 4, 0), (3, 8, 32)),
+        ((8, 16, 32), (1, 2, 3), (4, 5, 6)),
+        ((4, 6, 8, 10), (1, 2, 3, 4), (2, 3, 4, 5)),
+        ((4, 6, 8, 10), (0, 0, 0, 5), (4, 6, 8, 5)),
+    ]
+    for i, (full, origin, box) in enumerate(cases):
+        a = random_array(rng, full, np.float64)
+        store.put_tensor(f"box/{i}", a)
+        out = np.empty(box, np.float64)
+        store.get_tensor_into(f"box/{i}", out, global_offset=origin)
+        want = a[tuple(slice(o, o + n) for o, n in zip(origin, box))]
+        assert out.tobytes() == np.ascontiguousarray(want).tobytes(), (full, origin, box)
+
+
+def test_box_reads_torch_cpu(store):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(8, 1024, 64, dtype=torch.bfloat16)
+    store.put_tensor("experts", t)
+    shard = torch.empty(8, 256, 64, dtype=torch.bfloat16)
+    store.get_tensor_into("experts", shard, global_offset=(0, 512, 0))
+    assert torch.equal(shard, t[:, 512:768])
+    cols = torch.empty(2, 1024, 16, dtype=torch.bfloat16)
+    store.get_tensor_into("experts", cols, global_offset=(6, 0, 48))
+    assert torch.equal(cols, t[6:, :, 48:])
+    # A transposed destination (a view written in place).
+    dst = torch.empty(64, 1024, dtype=torch.bfloat16).t()
+    store.get_tensor_into("experts", dst.unsqueeze(0), global_offset=(3, 0, 0))
+    assert torch.equal(dst, t[3])
+    w = torch.randn(1024, 1024)
+    store.put_tensor("w32", w)
+    out = torch.empty(1024, 256)
+    store.batch_get_tensor_into(["w32"], [out], global_offsets=[(0, 256)])
+    assert out.numpy().tobytes() == w[:, 256:512].contiguous().numpy().tobytes()
+
+
+def test_bad_boxes_leave_destinations_untouched(store, rng):
+    a = random_array(rng, (4, 6), np.float32)
+    store.put_tensor("k", a)
+    dst = np.full((2, 3), 7.0, np.float32)
+    before = dst.copy()
+    cases = [
+        ((3, 0), "outside"),
+        ((0, 4), "outside"),
+        ((-1, 0), "negative"),
+        ((0,), "rank"),
+        ((0, 0, 0), "rank"),
+        ((), "empty"),
+        (("0", 0), "ints"),
+        ((0.0, 0), "ints"),
+        ((True, 0), "ints"),
+        ((1 << 64, 0), "outside"),
+        ("00", "offset"),
+        (3, "ints"),
+    ]
+    for offset, match in cases:
+        with pytest.raises(mcs.InvalidArgument, match=match):
+            store.get_tensor_into("k", dst, global_offset=offset)
+        np.testing.assert_array_equal(dst, before)
+    with pytest.raises(mcs.InvalidArgument, match="float32 \\[4, 6\\]"):
+        store.get_tensor_into("k", np.zeros((2, 3), np.int32), global_offset=(0, 0))
+    with pytest.raises(mcs.InvalidArgument, match="rank"):
+        store.get_tensor_into("k", np.zeros(6, np.float32), global_offset=(0,))
+    with pytest.raises(mcs.InvalidArgument, match="outside"):
+        store.get_tensor_into("k", np.zeros((5, 6), np.float32), global_offset=(0, 0))
+    with pytest.raises(mcs.NotFound):
+        store.get_tensor_into("missing", dst, global_offset=(0, 0))
+    # A batch whose second box is bad writes neither; offsets of another length fail.
+    first = np.full((2, 3), 7.0, np.float32)
+    with pytest.raises(mcs.InvalidArgument, match="outside"):
+        store.batch_get_tensor_into(["k", "k"], [first, dst], global_offsets=[(0, 0), (3, 3)])
+    with pytest.raises(mcs.InvalidArgument, match="global offsets"):
+        store.batch_get_tensor_into(["k"], [dst], global_offsets=[(0, 0), (0, 0)])
+    np.testing.assert_array_equal(first, before)
+    np.testing.assert_array_equal(dst, before)
+    store.get_tensor_into("k", dst, global_offset=(2, 3))
+    np.testing.assert_array_equal(dst, a[2:, 3:])
+
+
+def test_box_reads_module_level(rng):
+    a = random_array(rng, (64, 32), np.int16)
+    key = f"module/box/{rng.integers(1 << 62)}"
+    mcs.put_tensor(key, a)
+    out = np.empty((64, 8), np.int16)
+    mcs.get_tensor_into(key, out, global_offset=(0, 24))
+    np.testing.assert_array_equal(out, a[:, 24:])
+    outs = [np.empty((32, 32), np.int16) for _ in range(2)]
+    mcs.batch_get_tensor_into([key, key], outs, global_offsets=[(0, 0), (32, 0)])
+    np.testing.assert_array_equal(np.concatenate(outs), a)
 
 
 # ---------------------------------------------------------------------------------------------

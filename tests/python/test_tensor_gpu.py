@@ -254,6 +254,130 @@ def test_embedded_large_tp_half_is_one_copy_bit_exact(embedded):
     assert bits_equal(parent[:, :8192], left)
 
 
+# Dense box reads into CUDA shards: (stored shape, dtype, box origin, box shape, destination
+# maker: the box-shaped CUDA tensor to read into, with its parent when it is a view).
+def _contiguous(shape, dtype):
+    t = torch.full(shape, -3, device="cuda").to(dtype)
+    return t, t
+
+
+def _columns_of_wider(shape, dtype):
+    parent = torch.full((shape[0], shape[1] * 2 + 5), -3, device="cuda").to(dtype)
+    return parent, parent[:, 3:3 + shape[1]]
+
+
+def _transposed(shape, dtype):
+    parent = torch.full((shape[1], shape[0]), -3, device="cuda").to(dtype)
+    return parent, parent.t()
+
+
+BOXES = {
+    "rows": ((1024, 1024), torch.float32, (512, 0), (512, 1024), _contiguous),
+    "columns": ((1024, 1024), torch.float32, (0, 256), (1024, 256), _contiguous),
+    "columns_into_view": ((1024, 1024), torch.bfloat16, (0, 256), (1024, 256), _columns_of_wider),
+    "columns_into_transposed": ((512, 768), torch.float16, (0, 128), (512, 256), _transposed),
+    "inner_box": ((300, 200), torch.int32, (17, 33), (101, 77), _contiguous),
+    "expert_rows": ((8, 512, 64), torch.bfloat16, (2, 128, 0), (4, 256, 64), _contiguous),
+    "expert_box": ((8, 64, 128), torch.bfloat16, (1, 8, 32), (3, 40, 64), _contiguous),
+    "four_d": ((4, 6, 8, 10), torch.float32, (1, 2, 3, 4), (2, 3, 4, 5), _contiguous),
+}
+
+
+def box_get_into(store, names, batch=False):
+    """Each shard gets its box of the stored tensor bit-exactly; the rest of a view's parent
+    keeps its bytes."""
+    seed()
+    cases = []
+    for i, name in enumerate(names):
+        full, dtype, origin, box, make = BOXES[name]
+        src = torch.randn(full, device="cuda").to(dtype) if dtype.is_floating_point else \
+            torch.randint(-(1 << 30), 1 << 30, full, device="cuda", dtype=dtype)
+        key = f"box/{name}/{i}"
+        store.upsert_tensor(key, src)
+        parent, dst = make(box, dtype)
+        want = src[tuple(slice(o, o + n) for o, n in zip(origin, box))]
+        expected = parent.clone()
+        if parent is dst:
+            expected = want.clone()
+        else:
+            make_view = {_columns_of_wider: lambda p: p[:, 3:3 + box[1]],
+                         _transposed: lambda p: p.t()}[make]
+            make_view(expected).copy_(want)
+        cases.append((name, key, origin, parent, dst, want, expected))
+    if batch:
+        store.batch_get_tensor_into([c[1] for c in cases], [c[4] for c in cases],
+                                    global_offsets=[c[2] for c in cases])
+    else:
+        for _, key, origin, _, dst, _, _ in cases:
+            store.get_tensor_into(key, dst, global_offset=origin)
+    torch.cuda.synchronize()
+    for name, _, _, parent, dst, want, expected in cases:
+        assert bits_equal(dst.contiguous(), want.contiguous()), name
+        assert bits_equal(parent, expected), f"{name}: bytes outside the view changed"
+
+
+@pytest.mark.parametrize("name", sorted(BOXES))
+def test_embedded_box_reads_into_cuda(embedded, name):
+    box_get_into(embedded, [name])
+
+
+def test_embedded_batch_box_reads_into_cuda(embedded):
+    box_get_into(embedded, sorted(BOXES), batch=True)
+
+
+def test_embedded_box_reads_from_pageable_memory():
+    """Over the pinned quota a strided box is gathered on the host, then copied as a whole."""
+    if not mcs.connect().capabilities()["cuda_available"]:
+        pytest.skip("the library cannot load the CUDA runtime here")
+    store = mcs.connect(pinned_quota_bytes=0)
+    box_get_into(store, sorted(BOXES), batch=True)
+    assert store.tensor_stats().get("pageable_copies", 0) >= 1
+
+
+def test_embedded_large_column_box_bit_exact(embedded):
+    # Columns [4096, 8192) of a [8192, 16384] bf16 anchor (256 MiB) into a 64 MiB shard.
+    seed()
+    src = torch.randn(8192, 16384, device="cuda").to(torch.bfloat16)
+    embedded.upsert_tensor("anchor/big", src)
+    out = torch.empty(8192, 4096, device="cuda", dtype=torch.bfloat16)
+    embedded.get_tensor_into("anchor/big", out, global_offset=(0, 4096))
+    assert digest(out) == digest(src[:, 4096:8192])
+
+
+def test_embedded_bad_box_leaves_cuda_destination_untouched(embedded):
+    src = torch.randn(64, 64, device="cuda")
+    embedded.upsert_tensor("anchor/small", src)
+    out = torch.full((32, 32), 5.0, device="cuda")
+    for offset in [(40, 0), (0, 33), (-1, 0), (0,)]:
+        with pytest.raises(mcs.InvalidArgument):
+            embedded.get_tensor_into("anchor/small", out, global_offset=offset)
+    assert bool((out == 5.0).all())
+
+
+@needs_daemon
+@pytest.mark.parametrize("name", sorted(BOXES))
+def test_node_box_reads_into_cuda(node_store, name):
+    box_get_into(node_store, [name])
+
+
+@needs_daemon
+def test_node_batch_box_reads_into_cuda(node_store):
+    box_get_into(node_store, sorted(BOXES), batch=True)
+
+
+@needs_daemon
+def test_node_box_reads_from_pageable_memory(tmp_path):
+    if not mcs.connect().capabilities()["cuda_available"]:
+        pytest.skip("the library cannot load the CUDA runtime here")
+    with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4,
+                           pinned_quota_bytes=0) as daemon:
+        s = mcs.connect(daemon.url)
+        if not s.capabilities()["cuda_ipc_available"]:
+            pytest.skip("CUDA IPC is not available here")
+        box_get_into(s, sorted(BOXES), batch=True)
+        s.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Node daemon: CUDA IPC.
 # ---------------------------------------------------------------------------------------------

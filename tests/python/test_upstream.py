@@ -225,6 +225,30 @@ def test_tensor_interop_both_ways(node_a):
     assert all(torch.equal(o, u + i) for i, o in enumerate(outs))
 
 
+def test_tensor_box_reads(node_a):
+    """Dense box reads of an anchor on mooncake://, of our objects and of upstream's own."""
+    torch = pytest.importorskip("torch")
+    client = node_a.upstream.client
+    ours = unique_key("tensor.box.ours.")
+    w = torch.randn(1024, 1024)
+    node_a.put_tensor(ours, w)
+    rows, cols = torch.empty(512, 1024), torch.empty(1024, 256)
+    node_a.batch_get_tensor_into([ours, ours], [rows, cols],
+                                 global_offsets=[(512, 0), (0, 256)])
+    assert rows.numpy().tobytes() == w[512:].numpy().tobytes()
+    assert cols.numpy().tobytes() == w[:, 256:512].contiguous().numpy().tobytes()
+    theirs = unique_key("tensor.box.theirs.")
+    u = torch.randn(8, 64, 32).to(torch.bfloat16)
+    assert client.put_tensor(theirs, u) == 0
+    shard = torch.empty(8, 16, 32, dtype=torch.bfloat16)
+    node_a.get_tensor_into(theirs, shard, global_offset=(0, 48, 0))
+    assert torch.equal(shard, u[:, 48:])
+    before = shard.clone()
+    with pytest.raises(mcs.InvalidArgument, match="outside"):
+        node_a.get_tensor_into(theirs, shard, global_offset=(0, 49, 0))
+    assert torch.equal(shard, before)
+
+
 # ---------------------------------------------------------------------------------------------
 # The cross-node update.
 # ---------------------------------------------------------------------------------------------

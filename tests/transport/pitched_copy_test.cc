@@ -204,6 +204,152 @@ TEST(PitchedCopyTest, RandomViewsMatchStridedCopy) {
     }
 }
 
+/// Copies the box [origin, origin + box) of a C-contiguous parent of `parent` into `view` of a
+/// destination parent of `dst_elems` 2-byte elements, through PlanStridedCopies and through
+/// StridedCopy; the destinations must come out identical.
+void ExpectBoxPlanMatchesStridedCopy(const std::vector<std::int64_t>& parent,
+                                     const std::vector<std::int64_t>& origin, const View& view,
+                                     std::int64_t dst_elems) {
+    constexpr std::size_t kItem = 2;
+    std::int64_t n = 1;
+    for (std::int64_t e : parent) n *= e;
+    std::vector<std::uint16_t> src(static_cast<std::size_t>(n));
+    std::iota(src.begin(), src.end(), std::uint16_t{1});
+    const std::vector<std::int64_t> src_strides = CStrides(parent);
+    std::int64_t at = 0;
+    for (std::size_t d = 0; d < parent.size(); ++d) at += origin[d] * src_strides[d];
+    const std::byte* box = reinterpret_cast<const std::byte*>(src.data() + at);
+    std::vector<std::uint16_t> expect(static_cast<std::size_t>(dst_elems), 0xdead);
+    std::vector<std::uint16_t> got = expect;
+    StridedCopy(reinterpret_cast<std::byte*>(expect.data() + view.origin), view.strides, box,
+                src_strides, view.shape, kItem);
+    auto plan = PlanStridedCopies(view.shape, view.strides, src_strides, kItem);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    std::vector<std::byte> staging;
+    const std::byte* from = box;
+    if (plan->gather) {
+        std::int64_t m = 1;
+        for (std::int64_t e : view.shape) m *= e;
+        staging.resize(static_cast<std::size_t>(m) * kItem);
+        StridedCopy(staging.data(), {}, from + plan->gather_src_offset, plan->gather_strides,
+                    plan->gather_shape, kItem);
+        from = staging.data();
+    } else {
+        // Without a gather the copies read only the box's own elements.
+        for (const PitchedCopy& c : plan->copies) {
+            const std::uint64_t last = c.src_offset + (c.height - 1) * c.src_pitch + c.width;
+            EXPECT_LE(std::int64_t(at * kItem + last), n * std::int64_t(kItem));
+            EXPECT_GE(c.src_pitch, c.height > 1 ? c.width : 0);
+        }
+    }
+    RunPitchedCopiesOnHost(*plan, reinterpret_cast<std::byte*>(got.data() + view.origin), from);
+    EXPECT_EQ(got, expect);
+}
+
+TEST(PitchedCopyTest, ColumnBoxIntoContiguousIsOne2DCopy) {
+    // [:, 256:512] of a [1024, 1024] float32 anchor into a contiguous [1024, 256] shard: rows of
+    // the box are 1024 elements apart in the store, 256 in the shard.
+    const std::vector<std::int64_t> shape{1024, 256}, src{1024, 1};
+    auto plan = PlanStridedCopies(shape, {}, src, 4);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_FALSE(plan->gather);
+    ASSERT_EQ(plan->copies.size(), 1u);
+    EXPECT_EQ(plan->copies[0], (PitchedCopy{0, 0, 1024, 1024, 1024, 4096}));
+}
+
+TEST(PitchedCopyTest, BoxMergesTheTrailingDimensionsItSpansFully) {
+    // [2:6, 16:48, :] of [8, 64, 128]: the last dimension is whole, so a box row is 128 * 32
+    // contiguous elements; the outer dimension gives the rows of one 2-D copy.
+    const std::vector<std::int64_t> shape{4, 32, 128}, src{64 * 128, 128, 1};
+    auto plan = PlanStridedCopies(shape, {}, src, 2);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_FALSE(plan->gather);
+    ASSERT_EQ(plan->copies.size(), 1u);
+    EXPECT_EQ(plan->copies[0], (PitchedCopy{0, 0, 32 * 128 * 2, 4, 32 * 128 * 2, 64 * 128 * 2}));
+}
+
+TEST(PitchedCopyTest, BoxIntoAPitchedDestination) {
+    // A [16, 8] box of a [32, 64] parent into columns [8:16] of a [16, 24] destination.
+    const std::vector<std::int64_t> shape{16, 8}, dst{24, 1}, src{64, 1};
+    auto plan = PlanStridedCopies(shape, dst, src, 2);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_FALSE(plan->gather);
+    ASSERT_EQ(plan->copies.size(), 1u);
+    EXPECT_EQ(plan->copies[0], (PitchedCopy{0, 0, 16, 16, 48, 128}));
+}
+
+TEST(PitchedCopyTest, BoxIntoATransposedDestinationGathers) {
+    const std::vector<std::int64_t> shape{4, 8}, dst{1, 4}, src{64, 1};
+    auto plan = PlanStridedCopies(shape, dst, src, 2);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_TRUE(plan->gather);
+    EXPECT_EQ(plan->gather_strides, (std::vector<std::int64_t>{1, 64}));
+    ExpectBoxPlanMatchesStridedCopy({8, 64}, {2, 3}, View{shape, dst, 0}, 32);
+}
+
+TEST(PitchedCopyTest, SourceStridesOfAnotherRankAreRejected) {
+    auto plan = PlanStridedCopies(std::vector<std::int64_t>{4, 8}, {},
+                                  std::vector<std::int64_t>{64}, 2);
+    EXPECT_FALSE(plan.ok());
+    auto overflow = PlanStridedCopies(std::vector<std::int64_t>{4, 8}, {},
+                                      std::vector<std::int64_t>{std::int64_t{1} << 62, 1}, 2);
+    EXPECT_FALSE(overflow.ok());
+}
+
+TEST(PitchedCopyTest, RandomBoxesIntoRandomViewsMatchStridedCopy) {
+    std::mt19937_64 rng(20260213);
+    for (int trial = 0; trial < 400; ++trial) {
+        const std::size_t rank = 1 + rng() % 4;
+        std::vector<std::int64_t> parent(rank), origin(rank), box(rank);
+        for (std::size_t d = 0; d < rank; ++d) {
+            parent[d] = 1 + std::int64_t(rng() % 7);
+            box[d] = 1 + std::int64_t(rng() % parent[d]);
+            origin[d] = std::int64_t(rng() % (parent[d] - box[d] + 1));
+        }
+        // The destination: a box-shaped view of a larger buffer (padded rows, steps, reversed
+        // or permuted dimensions), or contiguous.
+        View v;
+        std::int64_t dst_elems = 1;
+        std::vector<std::int64_t> pad(rank);
+        for (std::size_t d = 0; d < rank; ++d) {
+            pad[d] = box[d] * (1 + std::int64_t(rng() % 2)) + std::int64_t(rng() % 2);
+            dst_elems *= pad[d];
+        }
+        if (rng() % 4 == 0) {
+            v.shape = box;
+            v.strides = {};
+        } else {
+            const std::vector<std::int64_t> pstrides = CStrides(pad);
+            std::vector<std::size_t> perm(rank);
+            std::iota(perm.begin(), perm.end(), 0);
+            if (rng() % 3 == 0) std::shuffle(perm.begin(), perm.end(), rng);
+            // Dimension d of the box lies along dimension perm[d] of the padded buffer.
+            std::vector<std::int64_t> strides(rank);
+            for (std::size_t d = 0; d < rank; ++d) {
+                const std::int64_t step = pad[perm[d]] >= 2 * box[d] && rng() % 2 ? 2 : 1;
+                if (box[d] > pad[perm[d]]) {
+                    strides.clear();
+                    break;
+                }
+                strides[d] = step * pstrides[perm[d]];
+                if (rng() % 5 == 0) {
+                    v.origin += (box[d] - 1) * strides[d];
+                    strides[d] = -strides[d];
+                }
+            }
+            if (strides.empty()) {
+                v.origin = 0;
+                v.shape = box;
+            } else {
+                v.shape = box;
+                v.strides = strides;
+            }
+        }
+        SCOPED_TRACE(::testing::Message() << "trial " << trial);
+        ExpectBoxPlanMatchesStridedCopy(parent, origin, v, dst_elems);
+    }
+}
+
 TEST(PitchedCopyTest, ViewSpanCoversLowestToHighestElement) {
     const std::vector<std::int64_t> shape{4, 3};
     auto flat = StridedViewSpan(shape, {}, 2);

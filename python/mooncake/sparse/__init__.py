@@ -152,12 +152,14 @@ def get_tensor(key: str, *, as_torch: bool | None = None) -> Any:
     return default_store().get_tensor(key, as_torch=as_torch)
 
 
-def get_tensor_into(key: str, tensor: Any) -> None:
-    default_store().get_tensor_into(key, tensor)
+def get_tensor_into(key: str, tensor: Any, *,
+                    global_offset: Sequence[int] | None = None) -> None:
+    default_store().get_tensor_into(key, tensor, global_offset=global_offset)
 
 
-def batch_get_tensor_into(keys: Sequence[str], tensors: Sequence[Any]) -> None:
-    default_store().batch_get_tensor_into(keys, tensors)
+def batch_get_tensor_into(keys: Sequence[str], tensors: Sequence[Any], *,
+                          global_offsets: Sequence[Sequence[int] | None] | None = None) -> None:
+    default_store().batch_get_tensor_into(keys, tensors, global_offsets=global_offsets)
 
 
 for _f in (put_sparse_object, read_sparse_objects, manifest, seal_generation, wait_generation,

@@ -1,4 +1,5 @@
-"""The tensor fast path of a Store (docs/design.md §5): put/get of whole tensors, CPU or CUDA.
+"""The tensor fast path of a Store (docs/design.md §5): put/get of whole tensors, CPU or CUDA,
+and dense box reads (a rank reads only its box of a stored tensor into its shard).
 
 Tensor objects use upstream Mooncake's format (a 304-byte ``TensorObjectHeader`` + layout,
 then the C-contiguous data), so a tensor written by one is readable by the other.
@@ -20,6 +21,7 @@ must not be resized until the call returns.
 
 from __future__ import annotations
 
+import operator
 import os
 import threading
 from typing import Any, Iterable, Sequence
@@ -81,6 +83,46 @@ def _keys_and_tensors(keys: Any, tensors: Any) -> tuple[list[str], list[Any]]:
     if len(keys) != len(tensors):
         raise InvalidArgument(f"{len(keys)} keys but {len(tensors)} tensors")
     return keys, tensors
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _box_origins(offsets: Any, n: int) -> list[list[int]]:
+    """`global_offsets` of a batch of `n` as the core takes them: [] for none, else one list of
+    ints per item ([] for an item given None: its whole tensor)."""
+    if offsets is None:
+        return []
+    if isinstance(offsets, (str, bytes)) or not isinstance(offsets, Iterable):
+        raise InvalidArgument(f"global_offsets must be a list of offsets, got {offsets!r}")
+    offsets = list(offsets)
+    if len(offsets) != n:
+        raise InvalidArgument(f"{n} keys but {len(offsets)} global offsets")
+    return [_box_origin(o, f"global_offsets[{i}]") for i, o in enumerate(offsets)]
+
+
+def _box_origin(offset: Any, what: str) -> list[int]:
+    if offset is None:
+        return []
+    if isinstance(offset, (str, bytes)) or not isinstance(offset, Iterable):
+        raise InvalidArgument(f"{what} must be a sequence of ints, got {offset!r}")
+    out = []
+    for c in offset:
+        if isinstance(c, bool):
+            raise InvalidArgument(f"{what} must be a sequence of ints, got {offset!r}")
+        try:
+            c = operator.index(c)
+        except TypeError:
+            raise InvalidArgument(f"{what} must be a sequence of ints, got {offset!r}") from None
+        if c < 0:
+            raise InvalidArgument(f"{what} {tuple(offset)} has a negative coordinate")
+        if c > _INT64_MAX:
+            raise InvalidArgument(f"{what} {tuple(offset)} lies outside any tensor")
+        out.append(c)
+    if not out:
+        raise InvalidArgument(f"{what} is empty (a box of a tensor of rank >= 1 has an offset "
+                              "per dimension; pass None for the whole tensor)")
+    return out
 
 
 def _is_array(x: Any) -> bool:
@@ -194,7 +236,8 @@ class TensorMixin:
         dtype, raw = self._tensors().get(_key(key))
         return _as_output(dtype, raw, as_torch)
 
-    def get_tensor_into(self, key: str, tensor: Any) -> None:
+    def get_tensor_into(self, key: str, tensor: Any, *,
+                        global_offset: Sequence[int] | None = None) -> None:
         """Copies the stored tensor into `tensor` (CPU or CUDA), whose dtype and shape must match
         the stored ones and which must be writable. A destination may be any view (sliced,
         transposed, Fortran order) whose elements do not overlap, on the host or on the GPU: it
@@ -203,15 +246,27 @@ class TensorMixin:
         host first), the rest of its parent untouched. Big-endian numpy arrays and torch tensors
         with the negation bit are refused (they would be written in the wrong representation).
 
-        Raises NotFound, InvalidArgument (mismatch; `tensor` is left untouched)."""
-        self.batch_get_tensor_into([_key(key)], [tensor])
+        With `global_offset` (one int per dimension) it is a dense box read: `tensor` receives
+        the box ``stored[offset[0]:offset[0] + tensor.shape[0], ...]`` of the stored tensor
+        (the same rank and dtype; the box must lie inside the stored shape), and only the box's
+        bytes are read — a TP rank reading its shard of a full weight, e.g. rows
+        ``global_offset=(512, 0)`` or columns ``global_offset=(0, 256)`` of an anchor.
 
-    def batch_get_tensor_into(self, keys: Sequence[str], tensors: Sequence[Any]) -> None:
+        Raises NotFound, InvalidArgument (mismatch, a negative offset or a box outside the
+        stored shape; `tensor` is left untouched)."""
+        offsets = None if global_offset is None else [global_offset]
+        self.batch_get_tensor_into([_key(key)], [tensor], global_offsets=offsets)
+
+    def batch_get_tensor_into(self, keys: Sequence[str], tensors: Sequence[Any], *,
+                              global_offsets: Sequence[Sequence[int] | None] | None = None
+                              ) -> None:
         """get_tensor_into of many tensors, read from one state of the store; every item is
-        checked before any destination is written."""
+        checked before any destination is written. `global_offsets`: one box offset per item
+        (None for an item: its whole tensor), as get_tensor_into's `global_offset`."""
         keys, tensors = _keys_and_tensors(keys, tensors)
+        origins = _box_origins(global_offsets, len(keys))
         objects, streams = _prepare_all(tensors, destination=True)
-        self._tensors().get_into(keys, objects, streams)
+        self._tensors().get_into(keys, objects, streams, origins)
 
     def tensor_info(self, key: str) -> dict[str, Any]:
         """The stored header of `key`: dtype, shape, nbytes, layout, version, ..."""
