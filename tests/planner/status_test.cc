@@ -46,6 +46,7 @@ TEST(StatusTest, FactoriesSetCodeAndMessage) {
         {Unimplemented("a"), StatusCode::kUnimplemented},
         {DataLoss("a"), StatusCode::kDataLoss},
         {PermissionDenied("a"), StatusCode::kPermissionDenied},
+        {DeadlineExceeded("a"), StatusCode::kDeadlineExceeded},
     };
     // Every code up to kLastStatusCode has a factory case above and a name.
     EXPECT_EQ(cases.size(), static_cast<std::size_t>(kLastStatusCode));
