@@ -543,7 +543,7 @@ bool Mutates(w::MessageType request) {
     using T = w::MessageType;
     return request == T::kPut || request == T::kRemove || request == T::kSparseCommit ||
            request == T::kSparseAdmit || request == T::kTensorPut || request == T::kSparseSeal ||
-           request == T::kSparseRetention;
+           request == T::kSparseRetention || request == T::kSparseAnchor;
 }
 
 /// A connection to the daemon with its client buffer registered; or, when writing the seed
@@ -1032,6 +1032,7 @@ enum Op : std::uint64_t {
     kSparseWait,
     kSparseLatest,
     kSparseRetention,
+    kSparseAnchor,
     kNumOps,
 };
 
@@ -1078,9 +1079,21 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
                 break;
             case kSparseSeal: request = SparseSealOf(c, world); break;
             case kSparseWait: request = SparseWaitOf(c); break;
-            case kSparseLatest: request = w::SparseLatestRequest{}; break;
+            case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
+            case kSparseAnchor: {
+                w::SparseAnchorRequest r;
+                r.generation = GenerationOf(c, "generation", {0, 1});
+                for (std::size_t n = c.Range("anchor ids", 0, 3), i = 0; i < n; ++i) {
+                    r.tensor_ids.push_back(StringOf(c, "tensor_id", world.tensor_ids));
+                }
+                request = r;
+                break;
+            }
             case kSparseRetention:
-                request = w::SparseRetentionRequest{c.Flag("set"), U64(c, "keep_last", 2)};
+                request = w::SparseRetentionRequest{
+                    c.Flag("set"), U64(c, "keep_last", 2),
+                    c.Flag("keep_anchors.set") ? std::optional<std::uint64_t>(U64(c, "keep_anchors", 1))
+                                               : std::nullopt};
                 break;
             case kHelloAgain: {
                 w::HelloRequest hello;
@@ -1159,7 +1172,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "put", "sparse_commit", "sparse_admit", "sparse_manifest", "sparse_current_generation",
         "sparse_read", "metrics", "clear_caches", "tensor_put", "tensor_get", "hello_again",
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
-        "sparse_latest", "sparse_retention"};
+        "sparse_latest", "sparse_retention", "sparse_anchor"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 

@@ -145,6 +145,21 @@ public:
         return NoGil([&] { return client_->Retention(); });
     }
 
+    void RecordAnchor(std::pair<std::uint64_t, std::uint64_t> generation,
+                      const std::vector<std::string>& tensor_ids) {
+        NoGil([&] {
+            return client_->RecordAnchor({generation.first, generation.second}, tensor_ids);
+        });
+    }
+
+    pyb::object LatestAnchor() {
+        return GenerationOrNone(NoGil([&] { return client_->LatestAnchor(); }));
+    }
+
+    void SetKeepAnchors(std::uint64_t keep) {
+        NoGil([&] { return client_->SetKeepAnchors(keep); });
+    }
+
     std::vector<std::shared_ptr<SparseObjectView>> Read(
         const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
         const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
@@ -300,6 +315,10 @@ void RegisterNode(pyb::module_& m) {
         .def("latest_generation", &PyNodeStore::LatestGeneration)
         .def("set_retention", &PyNodeStore::SetRetention, pyb::arg("keep_last"))
         .def("retention", &PyNodeStore::Retention)
+        .def("record_anchor", &PyNodeStore::RecordAnchor, pyb::arg("generation"),
+             pyb::arg("tensor_ids"))
+        .def("latest_anchor", &PyNodeStore::LatestAnchor)
+        .def("set_keep_anchors", &PyNodeStore::SetKeepAnchors, pyb::arg("keep_anchors"))
         .def("admit", &PyNodeStore::Admit, pyb::arg("tensor_id"), pyb::arg("generation"),
              pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
         .def("current_generation", &PyNodeStore::CurrentGeneration, pyb::arg("tensor_id"))

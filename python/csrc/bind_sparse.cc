@@ -103,6 +103,26 @@ public:
         return ValueOrThrow(store_->Retention());
     }
 
+    void RecordAnchor(std::pair<std::uint64_t, std::uint64_t> generation,
+                      const std::vector<std::string>& tensor_ids) {
+        pyb::gil_scoped_release nogil;
+        ThrowIfError(store_->RecordAnchor({generation.first, generation.second}, tensor_ids));
+    }
+
+    pyb::object LatestAnchor() {
+        Result<std::optional<Generation>> g = Internal("unset");
+        {
+            pyb::gil_scoped_release nogil;
+            g = store_->LatestAnchor();
+        }
+        return GenerationOrNone(ValueOrThrow(std::move(g)));
+    }
+
+    void SetKeepAnchors(std::uint64_t keep) {
+        pyb::gil_scoped_release nogil;
+        ThrowIfError(store_->SetKeepAnchors(keep));
+    }
+
     std::vector<std::shared_ptr<SparseObjectView>> Read(
         const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
         const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
@@ -229,6 +249,10 @@ void RegisterSparse(pyb::module_& m) {
         .def("latest_generation", &PyStore::LatestGeneration)
         .def("set_retention", &PyStore::SetRetention, pyb::arg("keep_last"))
         .def("retention", &PyStore::Retention)
+        .def("record_anchor", &PyStore::RecordAnchor, pyb::arg("generation"),
+             pyb::arg("tensor_ids"))
+        .def("latest_anchor", &PyStore::LatestAnchor)
+        .def("set_keep_anchors", &PyStore::SetKeepAnchors, pyb::arg("keep_anchors"))
         .def("admit", &PyStore::Admit, pyb::arg("tensor_id"), pyb::arg("generation"),
              pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
         .def("current_generation", &PyStore::CurrentGeneration, pyb::arg("tensor_id"))
@@ -308,6 +332,12 @@ void RegisterSparse(pyb::module_& m) {
         },
         pyb::arg("new"), pyb::arg("old"), pyb::arg("apply") = "overwrite", pyb::arg("threshold") = 0.0,
         pyb::arg("tile_shape") = pyb::none(), pyb::arg("num_threads") = 0);
+
+    m.def("anchor_key", [](const std::string& name_space,
+                           std::pair<std::uint64_t, std::uint64_t> generation,
+                           const std::string& tensor_id) {
+        return AnchorTensorKey(name_space, {generation.first, generation.second}, tensor_id);
+    }, pyb::arg("name_space"), pyb::arg("generation"), pyb::arg("tensor_id"));
 
     m.def("default_tile_shape", [](const pyb::object& shape) {
         Shape s = ShapeArg(shape, "shape");

@@ -214,6 +214,12 @@ void ParallelFor(std::size_t n, int threads, Fn&& fn) {
 
 }  // namespace
 
+std::string AnchorTensorKey(std::string_view ns, Generation step, std::string_view tensor_id) {
+    std::string key = "mcs-anchor";
+    if (!ns.empty()) key += "@" + std::string(ns);
+    return key + "/" + GenerationTag(step) + "/" + std::string(tensor_id);
+}
+
 Status ValidateNamespace(std::string_view ns) {
     if (ns.empty()) return Status::Ok();
     if (ns.size() > 64) return InvalidArgument("namespace longer than 64 characters");
@@ -463,9 +469,17 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
         if (!out.sources.empty()) return out;
         MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
         if (floor && generation.base + 1 < *floor) {
+            MCS_ASSIGN_OR_RETURN(std::optional<Generation> anchor, LatestAnchor());
+            const bool usable = anchor && anchor->delta + 1 >= *floor &&
+                                anchor->delta <= generation.delta;
             return NotFound("fold " + generation.ToString() + " reaches past retention: step " +
                             std::to_string(generation.base + 1) + " is freed (the oldest " +
-                            "step kept is " + std::to_string(*floor) + ")");
+                            "step kept is " + std::to_string(*floor) + ")" +
+                            (usable ? "; read the anchor of step " + anchor->ToString() +
+                                          " (read_anchor), then the fold (" +
+                                          std::to_string(anchor->delta) + ", " +
+                                          std::to_string(generation.delta) + ")"
+                                    : ""));
         }
         for (std::uint64_t k = generation.base + 1; k <= generation.delta; ++k) {
             const Generation step{k - 1, k};
@@ -620,6 +634,113 @@ Status SparseStore::SetRetention(std::uint64_t keep_last) {
 Result<std::uint64_t> SparseStore::Retention() {
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> keep, ReadStepRecord(keys_.RetentionKey()));
     return keep.value_or(0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Anchors.
+// ---------------------------------------------------------------------------------------------
+
+Status SparseStore::RecordAnchor(Generation step, std::span<const std::string> tensor_ids) {
+    MCS_RETURN_IF_ERROR(RequireStep(step, "anchor: generation"));
+    if (tensor_ids.empty()) return InvalidArgument("an anchor holds at least one tensor");
+    std::vector<std::string> ids(tensor_ids.begin(), tensor_ids.end());
+    for (const std::string& id : ids) {
+        MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", id));
+        if (id.find('\n') != std::string::npos) {
+            return InvalidArgument("tensor_id '" + id + "' contains a newline");
+        }
+    }
+    std::sort(ids.begin(), ids.end());
+    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+        return InvalidArgument("anchor: tensor id '" + *dup + "' is listed twice");
+    }
+    std::lock_guard lock(seal_mu_);
+    MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
+    if (!sealed) {
+        return NotFound("anchor: step " + step.ToString() + " is not sealed (anchor a sealed "
+                        "step: its weights are the trainer's after that step)");
+    }
+    const std::string ns = options_.name_space;
+    for (const std::string& id : ids) {
+        auto info = store_->Stat(AnchorTensorKey(ns, step, id));
+        if (!info.ok()) {
+            return info.status().WithContext("anchor of step " + step.ToString() + ": tensor '" +
+                                             id + "'");
+        }
+    }
+    std::string joined;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i) joined += '\n';
+        joined += ids[i];
+    }
+    const auto bytes = std::span<const std::byte>(
+        reinterpret_cast<const std::byte*>(joined.data()), joined.size());
+    const MemberData member{std::string(kTensorIdsMember), DType::kUInt8,
+                            {Index(joined.size())}, bytes, Checksum(bytes)};
+    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
+    Status put = store_->Put(keys_.Anchor() + GenerationTag(step), meta.dump(), {&member, 1},
+                             {PutMode::kCreate, true});
+    if (put.code() == StatusCode::kConflict) {
+        return FailedPrecondition("step " + step.ToString() + " has an anchor already");
+    }
+    MCS_RETURN_IF_ERROR(put);
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest,
+                         ReadStepRecord(keys_.LatestAnchorKey()));
+    if (!latest || *latest < step.delta) {
+        MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.LatestAnchorKey(), step.delta));
+    }
+    return CollectAnchors();
+}
+
+Result<std::optional<Generation>> SparseStore::LatestAnchor() {
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest,
+                         ReadStepRecord(keys_.LatestAnchorKey()));
+    if (!latest) return std::optional<Generation>();
+    return std::optional<Generation>(Generation{*latest - 1, *latest});
+}
+
+Status SparseStore::SetKeepAnchors(std::uint64_t keep_anchors) {
+    if (keep_anchors == 0) return InvalidArgument("keep_anchors must be at least 1");
+    std::lock_guard lock(seal_mu_);
+    MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.KeepAnchorsKey(), keep_anchors));
+    return CollectAnchors();
+}
+
+Status SparseStore::CollectAnchors() {
+    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> keep, ReadStepRecord(keys_.KeepAnchorsKey()));
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> records, store_->List(keys_.Anchor()));
+    std::vector<Generation> anchored;
+    for (const std::string& key : records) {
+        auto info = store_->Stat(key);
+        if (!info.ok()) continue;
+        Json j = Json::parse(info->metadata, nullptr, false);
+        if (j.is_discarded() || !j.contains("base") || !j.contains("delta")) continue;
+        anchored.push_back({j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
+    }
+    std::sort(anchored.begin(), anchored.end(),
+              [](const Generation& a, const Generation& b) { return a.delta < b.delta; });
+    const std::uint64_t kept = std::max<std::uint64_t>(1, keep.value_or(1));
+    if (anchored.size() <= kept) return Status::Ok();
+    const std::string ns = options_.name_space;
+    for (std::size_t i = 0; i + kept < anchored.size(); ++i) {
+        const Generation& step = anchored[i];
+        const std::string record = keys_.Anchor() + GenerationTag(step);
+        auto info = store_->Stat(record);
+        if (!info.ok()) continue;
+        if (const MemberInfo* m = info->FindMember(kTensorIdsMember)) {
+            std::string ids(m->size_bytes, '\0');
+            MCS_RETURN_IF_ERROR(store_->ReadMember(
+                record, kTensorIdsMember, {reinterpret_cast<std::byte*>(ids.data()), ids.size()}));
+            for (std::size_t pos = 0; pos < ids.size();) {
+                const std::size_t end = std::min(ids.find('\n', pos), ids.size());
+                MCS_RETURN_IF_ERROR(IgnoreNotFound(
+                    store_->Remove(AnchorTensorKey(ns, step, ids.substr(pos, end - pos)))));
+                pos = end + 1;
+            }
+        }
+        MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(record)));
+    }
+    return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -203,6 +203,18 @@ public:
     /// The retention in force (0: keep every step).
     Result<std::uint64_t> Retention();
 
+    /// Records an anchor: the full weights of sealed step `step` stored as tensor objects under
+    /// AnchorTensorKey(namespace, step, id) for every id in `tensor_ids` (written by the caller
+    /// through the tensor API first). Retention keeps the newest `keep_anchors` anchors (1 by
+    /// default) and frees older ones with their tensor objects.
+    /// Errors: InvalidArgument; NotFound (the step is not sealed, or a tensor object is
+    /// missing); FailedPrecondition (an anchor of that step exists).
+    Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids);
+    /// The newest anchored step, if any.
+    Result<std::optional<Generation>> LatestAnchor();
+    /// How many anchors retention keeps (>= 1).
+    Status SetKeepAnchors(std::uint64_t keep_anchors);
+
     /// ReadSparseObjects on a step manifest: targets of unchanged tensors get empty objects,
     /// and a fold's steps are merged per target. Holds a lease on the steps while it reads.
     Result<std::vector<TargetObject>> ReadSparseObjects(const StepManifest& manifest,
@@ -244,6 +256,9 @@ private:
         std::string Latest() const { return "mcs/step" + tag + "/latest"; }
         std::string Floor() const { return "mcs/step" + tag + "/floor"; }
         std::string RetentionKey() const { return "mcs/step" + tag + "/retention"; }
+        std::string Anchor() const { return "mcs/anchor" + tag + "/steps/"; }
+        std::string LatestAnchorKey() const { return "mcs/step" + tag + "/anchor"; }
+        std::string KeepAnchorsKey() const { return "mcs/step" + tag + "/keep_anchors"; }
     };
 
     // Steps (sparse_steps.cc).
@@ -259,6 +274,8 @@ private:
     /// when a leased step would go, instead of keeping it for a later pass.
     Status CollectSteps(std::uint64_t keep_last, bool strict);
     Status FreeStep(Generation step);
+    /// Frees anchors older than the newest keep_anchors ones.
+    Status CollectAnchors();
     /// A lease on steps for the life of the returned token (store objects that expire).
     class StepLease;
     Result<std::unique_ptr<StepLease>> LeaseSteps(std::span<const Generation> steps);
@@ -341,6 +358,11 @@ std::string GenerationTag(Generation generation);
 /// A namespace name: 1-64 of [A-Za-z0-9_.-] ("" is the default namespace).
 /// Errors: InvalidArgument.
 Status ValidateNamespace(std::string_view name_space);
+
+/// The tensor key of a tensor's anchor at `step` in namespace `name_space` (tensor objects:
+/// "mcs-anchor/<b-d>/<tensor_id>", "mcs-anchor@NAME/..." in a namespace).
+std::string AnchorTensorKey(std::string_view name_space, Generation step,
+                            std::string_view tensor_id);
 
 /// Key of the structured object for a logical key.
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,

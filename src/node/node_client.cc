@@ -731,22 +731,47 @@ Result<StepManifest> NodeClient::WaitOnce(Generation generation, double timeout_
 Result<std::optional<Generation>> NodeClient::LatestGeneration() {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseLatestReply>(wire::SparseLatestRequest{}));
+    MCS_ASSIGN_OR_RETURN(auto reply,
+                         Call<wire::SparseLatestReply>(wire::SparseLatestRequest{false}));
     return reply.generation;
 }
 
 Status NodeClient::SetRetention(std::uint64_t keep_last) {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
-    return Call<wire::SparseRetentionReply>(wire::SparseRetentionRequest{true, keep_last})
+    return Call<wire::SparseRetentionReply>(
+               wire::SparseRetentionRequest{true, keep_last, std::nullopt})
         .status();
+}
+
+Status NodeClient::RecordAnchor(Generation step, std::span<const std::string> tensor_ids) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseAnchorRequest request{step, {tensor_ids.begin(), tensor_ids.end()}};
+    return Call<wire::OkReply>(request).status();
+}
+
+Result<std::optional<Generation>> NodeClient::LatestAnchor() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply,
+                         Call<wire::SparseLatestReply>(wire::SparseLatestRequest{true}));
+    return reply.generation;
+}
+
+Status NodeClient::SetKeepAnchors(std::uint64_t keep_anchors) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseRetentionRequest request;
+    request.keep_anchors = keep_anchors;
+    return Call<wire::SparseRetentionReply>(request).status();
 }
 
 Result<std::uint64_t> NodeClient::Retention() {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
     MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseRetentionReply>(
-                                         wire::SparseRetentionRequest{false, 0}));
+                                         wire::SparseRetentionRequest{false, 0, std::nullopt}));
     return reply.keep_last;
 }
 

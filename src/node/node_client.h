@@ -189,6 +189,9 @@ public:
     Result<std::optional<Generation>> LatestGeneration();
     Status SetRetention(std::uint64_t keep_last);
     Result<std::uint64_t> Retention();
+    Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids);
+    Result<std::optional<Generation>> LatestAnchor();
+    Status SetKeepAnchors(std::uint64_t keep_anchors);
     // The tensor fast path (docs/design.md §5), run by the daemon.
     /// TensorPut: host tensors are copied once into the client buffer, CUDA tensors travel as
     /// IPC handles (the daemon copies them straight into its segments). The caller has

@@ -111,6 +111,7 @@ private:
     Result<Reply> SparseWait(const wire::SparseWaitRequest& req);
     Result<Reply> SparseLatest(const wire::SparseLatestRequest& req);
     Result<Reply> SparseRetention(const wire::SparseRetentionRequest& req);
+    Result<Reply> SparseAnchor(const wire::SparseAnchorRequest& req);
 
     /// The tensors of a TensorPut / TensorGet as this process sees them: host tensors in the
     /// client buffer, CUDA tensors through this connection's IPC mappings (`holders` keeps them
@@ -272,6 +273,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kSparseWait, SparseWait)
         MCS_DISPATCH_(kSparseLatest, SparseLatest)
         MCS_DISPATCH_(kSparseRetention, SparseRetention)
+        MCS_DISPATCH_(kSparseAnchor, SparseAnchor)
         default:
             return InvalidArgument(std::string(wire::MessageTypeName(type)) +
                                    " is not a request a daemon serves");
@@ -619,16 +621,24 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseWait(
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseLatest(
-    const wire::SparseLatestRequest&) {
-    MCS_ASSIGN_OR_RETURN(std::optional<Generation> g, sparse_->LatestGeneration());
+    const wire::SparseLatestRequest& req) {
+    MCS_ASSIGN_OR_RETURN(std::optional<Generation> g,
+                         req.anchor ? sparse_->LatestAnchor() : sparse_->LatestGeneration());
     return Reply{wire::SparseLatestReply{g}, {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseRetention(
     const wire::SparseRetentionRequest& req) {
     if (req.set) MCS_RETURN_IF_ERROR(sparse_->SetRetention(req.keep_last));
+    if (req.keep_anchors) MCS_RETURN_IF_ERROR(sparse_->SetKeepAnchors(*req.keep_anchors));
     MCS_ASSIGN_OR_RETURN(std::uint64_t keep, sparse_->Retention());
     return Reply{wire::SparseRetentionReply{keep}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseAnchor(
+    const wire::SparseAnchorRequest& req) {
+    MCS_RETURN_IF_ERROR(sparse_->RecordAnchor(req.generation, req.tensor_ids));
+    return Reply{wire::OkReply{}, {}};
 }
 
 Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(

@@ -185,6 +185,7 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kSparseLatestReply: return "SparseLatestReply";
         case MessageType::kSparseRetention: return "SparseRetention";
         case MessageType::kSparseRetentionReply: return "SparseRetentionReply";
+        case MessageType::kSparseAnchor: return "SparseAnchor";
     }
     return "Unknown";
 }

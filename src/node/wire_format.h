@@ -117,6 +117,7 @@ enum class MessageType : std::uint16_t {
     kSparseLatestReply = 65,
     kSparseRetention = 66,
     kSparseRetentionReply = 67,
+    kSparseAnchor = 68,
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".

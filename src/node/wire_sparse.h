@@ -18,6 +18,7 @@
 //     SparseWaitRequest              -> SparseStepManifestReply   (blocks up to its timeout)
 //     SparseLatestRequest            -> SparseLatestReply
 //     SparseRetentionRequest         -> SparseRetentionReply
+//     SparseAnchorRequest            -> OkReply
 //
 // Each message lists its fields once (wire_format.h); the list is the wire order.
 #pragma once
@@ -362,11 +363,12 @@ struct SparseWaitRequest {
 };
 inline constexpr double kMaxWaitSeconds = 3600;
 
-/// SparseStore::LatestGeneration. No payload.
+/// SparseStore::LatestGeneration, or LatestAnchor when `anchor`.
 struct SparseLatestRequest {
     static constexpr MessageType kType = MessageType::kSparseLatest;
+    bool anchor = false;
 
-    static void Fields(auto&, auto&) {}
+    static void Fields(auto& v, auto& m) { v("anchor", m.anchor); }
     friend bool operator==(const SparseLatestRequest&, const SparseLatestRequest&) = default;
 };
 
@@ -378,15 +380,18 @@ struct SparseLatestReply {
     friend bool operator==(const SparseLatestReply&, const SparseLatestReply&) = default;
 };
 
-/// SparseStore::SetRetention when `set`, else Retention.
+/// SparseStore::SetRetention when `set`, SetKeepAnchors when `keep_anchors` is given; then
+/// Retention.
 struct SparseRetentionRequest {
     static constexpr MessageType kType = MessageType::kSparseRetention;
     bool set = false;
     std::uint64_t keep_last = 0;
+    std::optional<std::uint64_t> keep_anchors;
 
     static void Fields(auto& v, auto& m) {
         v("set", m.set);
         v("keep_last", m.keep_last);
+        v("keep_anchors", m.keep_anchors);
     }
     friend bool operator==(const SparseRetentionRequest&, const SparseRetentionRequest&) = default;
 };
@@ -397,6 +402,19 @@ struct SparseRetentionReply {
 
     static void Fields(auto& v, auto& m) { v("keep_last", m.keep_last); }
     friend bool operator==(const SparseRetentionReply&, const SparseRetentionReply&) = default;
+};
+
+/// SparseStore::RecordAnchor (the tensors were put through TensorPut first).
+struct SparseAnchorRequest {
+    static constexpr MessageType kType = MessageType::kSparseAnchor;
+    Generation generation;
+    std::vector<std::string> tensor_ids;
+
+    static void Fields(auto& v, auto& m) {
+        v("generation", m.generation);
+        v("tensor_ids", m.tensor_ids, kMaxBatchItems, kMaxNameBytes);
+    }
+    friend bool operator==(const SparseAnchorRequest&, const SparseAnchorRequest&) = default;
 };
 
 }  // namespace mooncake::sparse::wire

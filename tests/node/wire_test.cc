@@ -228,7 +228,10 @@ std::vector<Message> SampleMessages() {
     out.push_back(SparseLatestRequest{});
     out.push_back(SparseLatestReply{Generation{6, 7}});
     out.push_back(SparseLatestReply{std::nullopt});
-    out.push_back(SparseRetentionRequest{true, 3});
+    out.push_back(SparseRetentionRequest{true, 3, std::nullopt});
+    out.push_back(SparseRetentionRequest{false, 0, 2});
+    out.push_back(SparseLatestRequest{true});
+    out.push_back(SparseAnchorRequest{{9, 10}, {"a", "norm.a"}});
     out.push_back(SparseRetentionReply{3});
     out.push_back(MetricsRequest{true});
     out.push_back(ClearCachesRequest{});

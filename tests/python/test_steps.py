@@ -345,3 +345,43 @@ def test_training_run_with_a_reader_restarted_mid_run(tmp_path):
         # Store bounded: at most keep_last (+1 being sealed) steps of w_up sources remain.
         (source_count,) = [m[1] for m in tmsgs if m[0] == "done"]
         assert source_count <= keep_last + 1
+
+
+def test_anchors_bring_a_reader_past_retention_back(store_factory):
+    store = store_factory()
+    store.set_retention(3, keep_anchors=1)
+    rng = np.random.default_rng(5)
+    ref = fresh()
+    history = [dict(ref)]
+    for k in range(1, 13):
+        new = update(rng, ref["a"])
+        idx, vals = mcs.encode_update(new, ref["a"])
+        store.put_sparse_object("a", SHAPES["a"], idx, vals, generation=(k - 1, k))
+        ref["a"] = new
+        store.seal_generation((k - 1, k), list(SHAPES))
+        history.append(dict(ref))
+        if k in (5, 10):  # the trainer anchors every 5 steps
+            store.put_anchor((k - 1, k), ref)
+    assert store.latest_anchor() == (9, 10)
+    # The anchor of step 5 went with retention (keep_anchors=1): its tensor objects too.
+    with pytest.raises(mcs.NotFound):
+        store.get_tensor(mcs._core.anchor_key(store.namespace, (4, 5), "a"))
+    # A reader at step 2 is past retention: told to read the anchor, then the fold.
+    with pytest.raises(mcs.NotFound, match="anchor of step"):
+        store.manifest((2, 12))
+    # Its own TP half of the anchor, read by box straight into its shard, then one fold.
+    targets = [mcs.Target("a", "r1", "node0", {}, (32, 0), (32, 32)),
+               mcs.Target("norm", "r1n", "node0", {}, (0,), (32,))]
+    shards = [np.empty((32, 32), np.float32), np.empty((32,), np.float32)]
+    store.read_anchor(store.latest_anchor(), targets, shards)
+    assert np.array_equal(shards[0], history[10]["a"][32:])
+    for t, s, o in zip(targets, shards, store.read_sparse_objects(store.manifest((10, 12)),
+                                                                  targets)):
+        mcs.apply_sparse_object(s, o)
+    assert np.array_equal(shards[0], ref["a"][32:]) and np.array_equal(shards[1], ref["norm"])
+    with pytest.raises(mcs.FailedPrecondition):
+        store.put_anchor((9, 10), ref)
+    with pytest.raises(mcs.NotFound, match="not sealed"):
+        store.put_anchor((12, 13), ref)
+    with pytest.raises(mcs.NotFound):  # nothing of the refused anchor stayed
+        store.get_tensor(mcs._core.anchor_key(store.namespace, (12, 13), "a"))

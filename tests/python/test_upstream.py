@@ -378,3 +378,11 @@ def test_training_run_across_nodes_with_retention_and_catch_up(master, node_a):
         assert node_a.upstream.client.is_exist(f"mcs/seal@{ns}/steps/{tag}") != 1
     kept = objs.list(f"mcs/manifest@{ns}/{steps - 1}-{steps}/")
     assert len(kept) == 1
+    # An anchor of the last step, read by box (a TP half), then nothing left to fold.
+    trainer.put_anchor((steps - 1, steps), ref[steps])
+    assert trainer.latest_anchor() == (steps - 1, steps)
+    half = np.empty((W.RUN_SHAPES["w"][0] // 2, W.RUN_SHAPES["w"][1]), np.float32)
+    trainer.read_anchor((steps - 1, steps),
+                        [mcs.Target("w", "a/1", "nodeA", {}, (half.shape[0], 0), half.shape)],
+                        [half])
+    assert np.array_equal(half, ref[steps]["w"][half.shape[0]:])

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from . import _core
 from ._arrays import as_core_array, values_out
-from ._errors import InvalidArgument, Unimplemented
+from ._errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
 from ._tensor import TensorMixin
 from . import _gpu
 
@@ -67,6 +67,9 @@ class _Backend(Protocol):
     def latest_generation(self) -> tuple[int, int] | None: ...
     def set_retention(self, keep_last: int) -> None: ...
     def retention(self) -> int: ...
+    def record_anchor(self, generation: tuple[int, int], tensor_ids: list[str]) -> None: ...
+    def latest_anchor(self) -> tuple[int, int] | None: ...
+    def set_keep_anchors(self, keep_anchors: int) -> None: ...
     def admit(self, tensor_id: str, generation: tuple[int, int], placement_policy: str | None,
               source_placement: dict, writer_id: str) -> bool: ...
     def current_generation(self, tensor_id: str) -> tuple[int, int] | None: ...
@@ -272,16 +275,63 @@ class Store(TensorMixin):
         """The newest sealed step, or None."""
         return self._core.latest_generation()
 
-    def set_retention(self, keep_last: int) -> None:
+    def set_retention(self, keep_last: int, *, keep_anchors: int | None = None) -> None:
         """Keeps the last `keep_last` sealed steps (0 keeps every step) and frees older ones:
         their source objects, manifests and cached ranges. A step a reader holds a lease on
         (a read in progress) is never freed: raises FailedPrecondition, changing nothing, when
-        the new retention would free one now."""
+        the new retention would free one now. keep_anchors: how many of the newest anchors
+        to keep (default 1)."""
         self._core.set_retention(_int(keep_last, "keep_last", minimum=0))
+        if keep_anchors is not None:
+            self._core.set_keep_anchors(_int(keep_anchors, "keep_anchors", minimum=1))
 
     def retention(self) -> int:
         """The retention in force (0: every step is kept)."""
         return self._core.retention()
+
+    # -- anchors: full weights of a step, read by box -----------------------------------------
+    def put_anchor(self, generation: tuple[int, int], tensors: Mapping[str, Any]) -> None:
+        """Stores the full weights of sealed step `generation` as tensor objects (upstream's
+        tensor format; CPU or CUDA tensors, as put_tensor takes them), one per tensor id, and
+        records the anchor. A reader past retention, or starting up, reads its own box of the
+        newest anchor (read_anchor) and then the fold from the anchor's step. Retention keeps
+        the newest `keep_anchors` anchors (set_retention). Raises NotFound (the step is not
+        sealed) and FailedPrecondition (the step has an anchor already)."""
+        g = _generation(generation)
+        if not isinstance(tensors, Mapping) or not tensors:
+            raise InvalidArgument("tensors must be a non-empty mapping of tensor id -> tensor")
+        ids = [_str(t, "tensor id") for t in tensors]
+        keys = [_core.anchor_key(self.namespace, g, t) for t in ids]
+        try:
+            self.batch_put_tensor(keys, list(tensors.values()))  # all or nothing
+        except Conflict:
+            raise FailedPrecondition(f"step {g} has an anchor already") from None
+        try:
+            self._core.record_anchor(g, ids)
+        except BaseException:
+            for k in keys:  # an anchor that is not recorded leaves nothing behind
+                try:
+                    self.objects.remove(k)
+                except NotFound:
+                    pass
+            raise
+
+    def latest_anchor(self) -> tuple[int, int] | None:
+        """The newest step with an anchor, or None."""
+        return self._core.latest_anchor()
+
+    def read_anchor(self, generation: tuple[int, int], targets: Iterable[Target],
+                    destinations: Sequence[Any]) -> None:
+        """Reads each target's box of the anchor of `generation` straight into its destination
+        (CPU or CUDA, any strides; shape = the target's local_shape): a dense box read, only
+        the box's bytes. Then read the fold (anchor step, newest) to catch up."""
+        g = _generation(generation)
+        ts = _targets(targets)
+        dests = list(destinations)
+        if len(dests) != len(ts):
+            raise InvalidArgument(f"{len(ts)} targets but {len(dests)} destinations")
+        keys = [_core.anchor_key(self.namespace, g, t.tensor_id) for t in ts]
+        self.batch_get_tensor_into(keys, dests, global_offsets=[t.global_offset for t in ts])
 
     # -- read side -----------------------------------------------------------------------------
     def read_sparse_objects(
