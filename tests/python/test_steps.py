@@ -385,3 +385,45 @@ def test_anchors_bring_a_reader_past_retention_back(store_factory):
         store.put_anchor((12, 13), ref)
     with pytest.raises(mcs.NotFound):  # nothing of the refused anchor stayed
         store.get_tensor(mcs._core.anchor_key(store.namespace, (12, 13), "a"))
+
+
+@pytest.mark.skipif(not HAVE_DAEMON, reason="mooncake_sparse_node is not built")
+def test_ten_thousand_steps_on_a_fixed_size_daemon(tmp_path):
+    """A 10,000-step run on a 64 MiB daemon: retention and anchors keep the store bounded; a
+    reader that catches up every 4 steps with one fold stays bit-exact, and a reader starting
+    from each anchor gets the trainer's weights."""
+    with start_node_daemon(tmp_path) as daemon:  # 4 segments of 16 MiB
+        s = mcs.connect(daemon.url)
+        s.set_retention(4, keep_anchors=1)
+        rng = np.random.default_rng(0)
+        w = np.zeros((256, 256), np.float32)
+        shard = w.copy()
+        target = [mcs.Target("w", "r0", "node0", {}, (0, 0), w.shape)]
+        keys, used = [], []
+        for k in range(1, 10001):
+            new = w.copy()
+            m = rng.random(w.shape) < 0.01
+            new[m] = rng.standard_normal(int(m.sum())).astype(np.float32)
+            idx, vals = mcs.encode_update(new, w)
+            w = new
+            s.put_sparse_object("w", w.shape, idx, vals, generation=(k - 1, k))
+            s.seal_generation((k - 1, k), ["w", "norm"])
+            if k % 4 == 0:
+                (o,) = s.read_sparse_objects(s.manifest((k - 4, k)), target)
+                mcs.apply_sparse_object(shard, o)
+                assert np.array_equal(shard, w), k
+            if k % 1000 == 0:
+                s.put_anchor((k - 1, k), {"w": w, "norm": np.ones(256, np.float32)})
+                fresh_reader = np.empty((128, 256), np.float32)  # its TP half
+                s.read_anchor(s.latest_anchor(),
+                              [mcs.Target("w", "r1", "node0", {}, (128, 0), (128, 256))],
+                              [fresh_reader])
+                assert np.array_equal(fresh_reader, w[128:])
+            if k % 250 == 0:
+                keys.append(len(s.list_keys("mcs/")) + len(s.list_keys("mcs-anchor/")))
+                used.append(s.metrics()["shm_used_bytes"])
+        assert len(set(keys[4:])) == 1  # from the first anchor on, the same objects count
+        assert max(used) < 4 << 20
+        assert s.metrics()["shm_evicted_bytes"] == 0
+        assert len(s.list_keys("mcs-anchor/")) == 2  # one anchor (w, norm) kept
+        s.close()
