@@ -1,0 +1,135 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The node daemon's per-connection state and request handlers (private to src/node): one
+// Connection and one Session per client. The handlers are defined by conversation:
+// node_server.cc (session, objects), node_session_sparse.cc (sparse objects and the steps of a
+// run), node_session_tensor.cc (the tensor fast path).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <optional>
+#include <span>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "node/node_server.h"
+#include "node/wire.h"
+#include "store/shm_segment.h"
+#include "transport/cuda_ipc.h"
+
+namespace mooncake::sparse {
+namespace node_internal {
+
+inline constexpr std::string_view kDaemonVersion = "mooncake_sparse_node 0.1.0";
+inline constexpr std::uint32_t kMaxReadThreads = 64;
+
+/// `a * b * c` without overflow, or nullopt.
+inline std::optional<std::uint64_t> Product(std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
+    std::uint64_t out = 0;
+    if (__builtin_mul_overflow(a, b, &out) || __builtin_mul_overflow(out, c, &out)) {
+        return std::nullopt;
+    }
+    return out;
+}
+
+template <typename T>
+std::span<const std::byte> AsBytes(const std::vector<T>& v) {
+    return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+}  // namespace node_internal
+
+// ---------------------------------------------------------------------------------------------
+// Connection and Session: one client's state and its request handlers.
+// ---------------------------------------------------------------------------------------------
+struct NodeServer::Connection {
+    using Clock = std::chrono::steady_clock;
+
+    std::uint64_t id = 0;
+    UnixConnection conn;
+    PeerCred peer;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+    // What the accept loop needs to pick a connection to evict at max_connections.
+    std::atomic<bool> busy{false};      ///< From a frame's first packet to its reply.
+    std::atomic<bool> stateful{false};  ///< Holds a client buffer or leases.
+    std::atomic<bool> evicted{false};
+    std::atomic<Clock::rep> idle_since{0};
+
+    void MarkIdle(bool has_state) {
+        stateful.store(has_state, std::memory_order_relaxed);
+        idle_since.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+        busy.store(false, std::memory_order_release);
+    }
+};
+
+class NodeServer::Session {
+public:
+    Session(NodeServer& server, Connection& connection)
+        : server_(server), connection_(connection) {}
+
+    /// Serves requests until the peer goes away, the framing breaks or the server stops.
+    void Run();
+
+private:
+    struct Reply {
+        wire::Message message;
+        std::vector<int> fds;  ///< Owned elsewhere (the store's segments).
+    };
+
+    Result<Reply> Dispatch(const wire::Frame& frame, std::vector<UniqueFd>& fds);
+
+    Result<Reply> Hello(const wire::HelloRequest& req);
+    Result<Reply> RegisterBuffer(const wire::RegisterBufferRequest& req,
+                                 std::vector<UniqueFd>& fds);
+    Result<Reply> Put(const wire::PutRequest& req);
+    Result<Reply> Stat(const wire::StatRequest& req);
+    Result<Reply> ReadMember(const wire::ReadMemberRequest& req);
+    Result<Reply> ReadRanges(const wire::ReadRangesRequest& req);
+    Result<Reply> Remove(const wire::RemoveRequest& req);
+    Result<Reply> List(const wire::ListRequest& req);
+    Result<Reply> Lease(const wire::LeaseRequest& req);
+    Result<Reply> Release(const wire::ReleaseRequest& req);
+    Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
+    Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);
+    Result<Reply> SparseManifest(const wire::SparseManifestRequest& req);
+    Result<Reply> SparseCurrentGeneration(const wire::SparseCurrentGenerationRequest& req);
+    Result<Reply> SparseRead(const wire::SparseReadRequest& req);
+    Result<Reply> Metrics(const wire::MetricsRequest& req);
+    Result<Reply> ClearCaches(const wire::ClearCachesRequest& req);
+    Result<Reply> TensorPut(const wire::TensorPutRequest& req);
+    Result<Reply> TensorGet(const wire::TensorGetRequest& req);
+    Result<Reply> SparseStepManifest(const wire::SparseStepManifestRequest& req);
+    Result<Reply> SparseSeal(const wire::SparseSealRequest& req);
+    Result<Reply> SparseWait(const wire::SparseWaitRequest& req);
+    Result<Reply> SparseLatest(const wire::SparseLatestRequest& req);
+    Result<Reply> SparseRetention(const wire::SparseRetentionRequest& req);
+    Result<Reply> SparseAnchor(const wire::SparseAnchorRequest& req);
+
+    /// The tensors of a TensorPut / TensorGet as this process sees them: host tensors in the
+    /// client buffer, CUDA tensors through this connection's IPC mappings (`holders` keeps them
+    /// open for the request).
+    Result<std::vector<TensorRef>> ResolveTensors(
+        const std::vector<wire::TensorItem>& items, bool destination,
+        std::vector<std::shared_ptr<const CudaIpcMapping>>& holders);
+
+    /// The bytes `ref` names in the client's buffer, bounds-checked.
+    /// Errors: FailedPrecondition (no buffer registered); OutOfRange; Unimplemented (CUDA IPC).
+    Result<std::span<std::byte>> ClientBytes(const wire::BufferRef& ref, std::string_view what);
+    Status AddLeases(std::vector<ObjectLease> leases, std::vector<std::uint64_t>& ids);
+
+    NodeServer& server_;
+    Connection& connection_;
+    bool hello_done_ = false;
+    /// The sparse store of this connection's namespace (set by Hello).
+    SparseStore* sparse_ = nullptr;
+    std::optional<ShmMapping> buffer_;
+    std::unordered_map<std::uint64_t, ObjectLease> leases_;
+    std::uint64_t next_lease_id_ = 1;
+    /// CUDA allocations of this client, opened once and closed with the connection.
+    CudaIpcCache ipc_cache_;
+};
+
+}  // namespace mooncake::sparse

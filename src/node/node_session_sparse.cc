@@ -1,0 +1,224 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The node daemon's handlers of the sparse object conversation and of the steps of a run
+// (src/node/wire_sparse.h): commits, admission, manifests, reads published into segments,
+// seals, waits, retention, anchors.
+#include <algorithm>
+#include <utility>
+
+#include "codec/codec.h"
+#include "node/node_session.h"
+#include "node/wire.h"
+
+namespace mooncake::sparse {
+
+using node_internal::AsBytes;
+using node_internal::kMaxReadThreads;
+using node_internal::Product;
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommit(
+    const wire::SparseCommitRequest& req) {
+    const SourceDescriptor& d = req.desc;
+    if (req.coordinate_space != "global") {
+        return InvalidArgument("only global-coordinate objects are committed as sources, got '" +
+                               req.coordinate_space + "'");
+    }
+    const std::uint64_t rank = d.rank();
+    const auto index_bytes = Product(d.nnz, rank, DTypeSize(d.index_dtype));
+    const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
+    const auto coord_bytes = Product(d.num_tiles, rank, sizeof(TileCoord));
+    const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
+    if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
+        req.indices.src.size != *index_bytes || req.values.src.size != *value_bytes ||
+        req.tile_coords.src.size != *coord_bytes || req.tile_ptr.src.size != *ptr_bytes) {
+        return InvalidArgument("member sizes do not match the descriptor of " + d.tensor_id +
+                               " (nnz " + std::to_string(d.nnz) + ", " +
+                               std::to_string(d.num_tiles) + " tiles, rank " +
+                               std::to_string(rank) + ")");
+    }
+    MCS_ASSIGN_OR_RETURN(auto indices, ClientBytes(req.indices.src, "indices"));
+    MCS_ASSIGN_OR_RETURN(auto values, ClientBytes(req.values.src, "values"));
+    MCS_ASSIGN_OR_RETURN(auto coords_bytes, ClientBytes(req.tile_coords.src, "tile_coords"));
+    MCS_ASSIGN_OR_RETURN(auto ptr_bytes_span, ClientBytes(req.tile_ptr.src, "tile_ptr"));
+
+    // Private copies first: the client may keep writing its buffer while we validate.
+    std::vector<TileCoord> coords(d.num_tiles * rank);
+    std::vector<std::uint64_t> ptr(d.num_tiles + 1);
+    if (!coords.empty()) std::memcpy(coords.data(), coords_bytes.data(), coords_bytes.size());
+    std::memcpy(ptr.data(), ptr_bytes_span.data(), ptr_bytes_span.size());
+    if (Status s = ValidateTileIndex({rank, coords, ptr}, d); !s.ok()) {
+        return s.WithContext("tile index of " + d.tensor_id);
+    }
+    // Rebuild from the entries: BuildSparseObject copies them out of the client buffer and
+    // validates dtypes, coordinates (inside the source box), order and duplicates.
+    SourceDescriptor desc = d;
+    EncodeOptions encode;
+    encode.tile_shape = d.tile_shape;
+    encode.num_threads = 1;
+    const HostArray index_array{d.index_dtype, {Index(d.nnz), Index(rank)}, indices};
+    const HostArray value_array{d.value_dtype, {Index(d.nnz)}, values};
+    auto built = BuildSparseObject(std::move(desc), index_array, value_array, encode);
+    if (!built.ok()) return built.status().WithContext("validating " + d.tensor_id);
+    SparseObject& object = *built;
+    if (object.desc.index_dtype != d.index_dtype || object.desc.num_tiles != d.num_tiles ||
+        object.tile_coords != coords || object.tile_ptr != ptr) {
+        return InvalidArgument("the object sent for " + d.tensor_id +
+                               " is not in canonical form (entries sorted by tile, narrowest "
+                               "index dtype, matching tile index)");
+    }
+    if (object.checksum_indices != req.indices.checksum ||
+        object.checksum_values != req.values.checksum ||
+        object.checksum_tile_coords != req.tile_coords.checksum ||
+        object.checksum_tile_ptr != req.tile_ptr.checksum) {
+        return DataLoss("checksums of " + d.tensor_id +
+                        " do not match the bytes in the client buffer");
+    }
+    MCS_ASSIGN_OR_RETURN(CommitResult c,
+                         sparse_->CommitSparseObject(std::move(object), req.hard_pin));
+    return Reply{wire::SparseCommitReply{c.source_ref, c.created, c.nnz, c.bytes}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmit(
+    const wire::SparseAdmitRequest& req) {
+    MCS_ASSIGN_OR_RETURN(bool admitted,
+                         sparse_->Admit(req.tensor_id, req.generation, req.policy,
+                                                req.source_placement, req.writer_id));
+    return Reply{wire::SparseAdmitReply{admitted}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseManifest(
+    const wire::SparseManifestRequest& req) {
+    MCS_ASSIGN_OR_RETURN(auto sources, sparse_->Manifest(req.generation));
+    return Reply{wire::SparseManifestReply{std::move(sources)}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseCurrentGeneration(
+    const wire::SparseCurrentGenerationRequest& req) {
+    MCS_ASSIGN_OR_RETURN(auto generation, sparse_->CurrentGeneration(req.tensor_id));
+    return Reply{wire::SparseCurrentGenerationReply{generation}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
+    const wire::SparseReadRequest& req) {
+    ReadOptions options;
+    options.plan = req.options.plan;
+    options.strategy = req.options.strategy == wire::ReadStrategy::kFullSourcePerTarget
+                           ? ReadStrategy::kFullSourcePerTarget
+                           : ReadStrategy::kSparseRanges;
+    options.num_threads = static_cast<int>(
+        req.options.num_threads == 0 ? server_.options_.read_threads
+                                     : std::min(req.options.num_threads, kMaxReadThreads));
+    std::vector<TargetObject> objects;
+    if (req.step) {
+        StepManifest step{*req.step, req.manifest, req.unchanged, true};
+        std::sort(step.unchanged.begin(), step.unchanged.end());
+        MCS_ASSIGN_OR_RETURN(objects, sparse_->ReadSparseObjects(step, req.targets, options));
+    } else {
+        MCS_ASSIGN_OR_RETURN(objects,
+                             sparse_->ReadSparseObjects(req.manifest, req.targets, options));
+    }
+
+    // Publish each target-local object into segment memory, leased to this connection.
+    wire::SparseReadReply reply;
+    std::vector<ObjectLease> leases;
+    leases.reserve(objects.size());
+    for (const TargetObject& t : objects) {
+        const SparseObject& o = t.object;
+        const SourceDescriptor& d = o.desc;
+        const Index nnz = Index(d.nnz), rank = Index(d.rank()), tiles = Index(d.num_tiles);
+        const MemberData members[] = {
+            {"indices", d.index_dtype, {nnz, rank}, o.indices, o.checksum_indices},
+            {"values", d.value_dtype, {nnz}, o.values, o.checksum_values},
+            {"tile_coords", DType::kUInt32, {tiles, rank}, AsBytes(o.tile_coords),
+             o.checksum_tile_coords},
+            {"tile_ptr", DType::kUInt64, {tiles + 1}, AsBytes(o.tile_ptr), o.checksum_tile_ptr},
+        };
+        MCS_ASSIGN_OR_RETURN(ObjectLease lease,
+                             server_.store_->Publish("target/" + t.target_id, {}, members));
+        auto slice = [&](std::size_t i) -> wire::SegmentMember {
+            return {{lease.segment_id(), lease.member_offset(i), lease.info().members[i].size_bytes},
+                    lease.info().members[i].checksum};
+        };
+        wire::TargetObjectLocation loc;
+        loc.target_id = t.target_id;
+        loc.node_id = t.node_id;
+        loc.target_box = t.target_box;
+        loc.desc = d;
+        loc.coordinate_space = o.coordinate_space;
+        loc.indices = slice(0);
+        loc.values = slice(1);
+        loc.tile_coords = slice(2);
+        loc.tile_ptr = slice(3);
+        reply.objects.push_back(std::move(loc));
+        leases.push_back(std::move(lease));
+    }
+    std::vector<std::uint64_t> ids;
+    MCS_RETURN_IF_ERROR(AddLeases(std::move(leases), ids));
+    for (std::size_t i = 0; i < ids.size(); ++i) reply.objects[i].lease_id = ids[i];
+    return Reply{std::move(reply), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::Metrics(const wire::MetricsRequest& req) {
+    wire::MetricsReply reply;
+    for (auto& [name, value] : server_.MetricItems()) reply.items.push_back({name, value});
+    if (req.reset) sparse_->ResetMetrics();
+    return Reply{std::move(reply), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::ClearCaches(
+    const wire::ClearCachesRequest&) {
+    sparse_->ClearCaches();
+    return Reply{wire::OkReply{}, {}};
+}
+
+namespace {
+
+wire::SparseStepManifestReply StepManifestReply(StepManifest m) {
+    return {m.generation, std::move(m.sources), std::move(m.unchanged), m.sealed};
+}
+
+}  // namespace
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseStepManifest(
+    const wire::SparseStepManifestRequest& req) {
+    MCS_ASSIGN_OR_RETURN(StepManifest m, sparse_->GetManifest(req.generation));
+    return Reply{StepManifestReply(std::move(m)), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseSeal(
+    const wire::SparseSealRequest& req) {
+    MCS_RETURN_IF_ERROR(sparse_->SealGeneration(req.generation, req.tensor_ids));
+    return Reply{wire::OkReply{}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseWait(
+    const wire::SparseWaitRequest& req) {
+    // This connection's thread blocks; others are served meanwhile. A seal through the daemon
+    // wakes it at once.
+    MCS_ASSIGN_OR_RETURN(StepManifest m,
+                         sparse_->WaitGeneration(req.generation, req.timeout_seconds));
+    return Reply{StepManifestReply(std::move(m)), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseLatest(
+    const wire::SparseLatestRequest& req) {
+    MCS_ASSIGN_OR_RETURN(std::optional<Generation> g,
+                         req.anchor ? sparse_->LatestAnchor() : sparse_->LatestGeneration());
+    return Reply{wire::SparseLatestReply{g}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseRetention(
+    const wire::SparseRetentionRequest& req) {
+    if (req.set) MCS_RETURN_IF_ERROR(sparse_->SetRetention(req.keep_last));
+    if (req.keep_anchors) MCS_RETURN_IF_ERROR(sparse_->SetKeepAnchors(*req.keep_anchors));
+    MCS_ASSIGN_OR_RETURN(std::uint64_t keep, sparse_->Retention());
+    return Reply{wire::SparseRetentionReply{keep}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseAnchor(
+    const wire::SparseAnchorRequest& req) {
+    MCS_RETURN_IF_ERROR(sparse_->RecordAnchor(req.generation, req.tensor_ids));
+    return Reply{wire::OkReply{}, {}};
+}
+
+}  // namespace mooncake::sparse
