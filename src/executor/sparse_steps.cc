@@ -35,6 +35,62 @@ using Json = nlohmann::json;
 
 constexpr std::string_view kTensorIdsMember = "tensor_ids";
 
+/// A seal's or an anchor's tensor list: validated, sorted, no id twice.
+Result<std::vector<std::string>> SortedUniqueIds(std::span<const std::string> tensor_ids,
+                                                 std::string_view what) {
+    std::vector<std::string> ids(tensor_ids.begin(), tensor_ids.end());
+    for (const std::string& id : ids) {
+        MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", id));
+        if (id.find('\n') != std::string::npos) {
+            return InvalidArgument("tensor_id '" + id + "' contains a newline");
+        }
+    }
+    std::sort(ids.begin(), ids.end());
+    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
+        return InvalidArgument(std::string(what) + ": tensor id '" + *dup + "' is listed twice");
+    }
+    return ids;
+}
+
+/// Creates the record of `step` at `key` holding `ids` (member kTensorIdsMember, one id per
+/// line). Errors: as ObjectStore::Put (Conflict when it exists).
+Status PutIdList(ObjectStore& store, const std::string& key, Generation step,
+                 std::span<const std::string> ids, bool listed) {
+    std::string joined;
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        if (i) joined += '\n';
+        joined += ids[i];
+    }
+    const auto bytes = std::span<const std::byte>(
+        reinterpret_cast<const std::byte*>(joined.data()), joined.size());
+    const MemberData member{std::string(kTensorIdsMember), DType::kUInt8,
+                            {Index(joined.size())}, bytes, Checksum(bytes)};
+    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
+    return store.Put(key, meta.dump(), {&member, 1}, {PutMode::kCreate, true, listed});
+}
+
+/// The ids of the record at `key` (`info`: its Stat), checksum-checked.
+/// Errors: DataLoss; as ObjectStore::ReadMember.
+Result<std::vector<std::string>> ReadIdList(ObjectStore& store, const std::string& key,
+                                            const ObjectInfo& info) {
+    const MemberInfo* m = info.FindMember(kTensorIdsMember);
+    if (m == nullptr) return DataLoss(key + " has no tensor list");
+    std::string bytes(m->size_bytes, '\0');
+    MCS_RETURN_IF_ERROR(store.ReadMember(
+        key, kTensorIdsMember, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
+    if (Checksum({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}) !=
+        m->checksum) {
+        return DataLoss(key + ": tensor list checksum mismatch");
+    }
+    std::vector<std::string> ids;
+    for (std::size_t pos = 0; pos < bytes.size();) {
+        const std::size_t end = std::min(bytes.find('\n', pos), bytes.size());
+        ids.emplace_back(bytes.substr(pos, end - pos));
+        pos = end + 1;
+    }
+    return ids;
+}
+
 std::int64_t NowMs() {
     return std::chrono::duration_cast<std::chrono::milliseconds>(
                std::chrono::system_clock::now().time_since_epoch())
@@ -286,21 +342,8 @@ Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTenso
         }
         return info.status();
     }
-    const MemberInfo* m = info->FindMember(kTensorIdsMember);
-    if (m == nullptr) return DataLoss("seal " + key + " has no tensor list");
-    std::string bytes(m->size_bytes, '\0');
-    MCS_RETURN_IF_ERROR(store_->ReadMember(
-        key, kTensorIdsMember, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
-    if (Checksum({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}) !=
-        m->checksum) {
-        return DataLoss("seal " + key + ": tensor list checksum mismatch");
-    }
-    auto ids = std::make_shared<std::vector<std::string>>();
-    for (std::size_t pos = 0; pos < bytes.size();) {
-        const std::size_t end = std::min(bytes.find('\n', pos), bytes.size());
-        ids->emplace_back(bytes.substr(pos, end - pos));
-        pos = end + 1;
-    }
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> list, ReadIdList(*store_, key, *info));
+    auto ids = std::make_shared<std::vector<std::string>>(std::move(list));
     std::lock_guard lock(seal_cache_mu_);
     seal_cache_[step.delta] = ids;
     if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
@@ -313,17 +356,8 @@ Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTenso
 
 Status SparseStore::SealGeneration(Generation step, std::span<const std::string> tensor_ids) {
     MCS_RETURN_IF_ERROR(RequireStep(step, "seal_generation: generation"));
-    std::vector<std::string> ids(tensor_ids.begin(), tensor_ids.end());
-    for (const std::string& id : ids) {
-        MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", id));
-        if (id.find('\n') != std::string::npos) {
-            return InvalidArgument("tensor_id '" + id + "' contains a newline");
-        }
-    }
-    std::sort(ids.begin(), ids.end());
-    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
-        return InvalidArgument("seal_generation: tensor id '" + *dup + "' is listed twice");
-    }
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> ids,
+                         SortedUniqueIds(tensor_ids, "seal_generation"));
     const std::string tag = GenerationTag(step);
     std::lock_guard lock(seal_mu_);
     // No commit through this store lands between the checks below and the seal: it is in the
@@ -337,8 +371,6 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     }
 
     // Every committed tensor is listed, and every admitted writer has committed.
-    const std::string manifest_prefix = keys_.Manifest() + tag + "/";
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> entries, store_->List(manifest_prefix));
     MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
     for (const SourceDescriptor& s : sources) {
         if (!std::binary_search(ids.begin(), ids.end(), s.tensor_id)) {
@@ -348,9 +380,11 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     }
     const std::string admit_prefix = keys_.Admit() + tag + "/";
     MCS_ASSIGN_OR_RETURN(std::vector<std::string> admits, store_->List(admit_prefix));
-    std::vector<std::string> committed;  // logical keys + "/at..." of the step's entries
-    committed.reserve(entries.size());
-    for (const std::string& e : entries) committed.push_back(e.substr(manifest_prefix.size()));
+    std::vector<std::string> committed;  // logical keys + "/at..." of the step's sources
+    committed.reserve(sources.size());
+    for (const SourceDescriptor& d : sources) {
+        committed.push_back(d.source_ref.substr(keys_.Source().size()));
+    }
     std::sort(committed.begin(), committed.end());
     for (const std::string& a : admits) {
         const std::string logical = a.substr(admit_prefix.size()) + "/at";
@@ -362,18 +396,7 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
         }
     }
 
-    std::string joined;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i) joined += '\n';
-        joined += ids[i];
-    }
-    const auto bytes = std::span<const std::byte>(
-        reinterpret_cast<const std::byte*>(joined.data()), joined.size());
-    const MemberData member{std::string(kTensorIdsMember), DType::kUInt8,
-                            {Index(joined.size())}, bytes, Checksum(bytes)};
-    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
-    Status put = store_->Put(keys_.Seal() + tag, meta.dump(), {&member, 1},
-                             {PutMode::kCreate, true, /*listed=*/false});
+    Status put = PutIdList(*store_, keys_.Seal() + tag, step, ids, /*listed=*/false);
     commits.unlock();
     if (put.code() == StatusCode::kConflict) {
         return FailedPrecondition("step " + step.ToString() + " is sealed already");
@@ -643,17 +666,7 @@ Result<std::uint64_t> SparseStore::Retention() {
 Status SparseStore::RecordAnchor(Generation step, std::span<const std::string> tensor_ids) {
     MCS_RETURN_IF_ERROR(RequireStep(step, "anchor: generation"));
     if (tensor_ids.empty()) return InvalidArgument("an anchor holds at least one tensor");
-    std::vector<std::string> ids(tensor_ids.begin(), tensor_ids.end());
-    for (const std::string& id : ids) {
-        MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", id));
-        if (id.find('\n') != std::string::npos) {
-            return InvalidArgument("tensor_id '" + id + "' contains a newline");
-        }
-    }
-    std::sort(ids.begin(), ids.end());
-    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
-        return InvalidArgument("anchor: tensor id '" + *dup + "' is listed twice");
-    }
+    MCS_ASSIGN_OR_RETURN(std::vector<std::string> ids, SortedUniqueIds(tensor_ids, "anchor"));
     std::lock_guard lock(seal_mu_);
     MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
     if (!sealed) {
@@ -668,18 +681,8 @@ Status SparseStore::RecordAnchor(Generation step, std::span<const std::string> t
                                              id + "'");
         }
     }
-    std::string joined;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i) joined += '\n';
-        joined += ids[i];
-    }
-    const auto bytes = std::span<const std::byte>(
-        reinterpret_cast<const std::byte*>(joined.data()), joined.size());
-    const MemberData member{std::string(kTensorIdsMember), DType::kUInt8,
-                            {Index(joined.size())}, bytes, Checksum(bytes)};
-    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
-    Status put = store_->Put(keys_.Anchor() + GenerationTag(step), meta.dump(), {&member, 1},
-                             {PutMode::kCreate, true});
+    Status put = PutIdList(*store_, keys_.Anchor() + GenerationTag(step), step, ids,
+                           /*listed=*/true);
     if (put.code() == StatusCode::kConflict) {
         return FailedPrecondition("step " + step.ToString() + " has an anchor already");
     }
@@ -727,16 +730,9 @@ Status SparseStore::CollectAnchors() {
         const std::string record = keys_.Anchor() + GenerationTag(step);
         auto info = store_->Stat(record);
         if (!info.ok()) continue;
-        if (const MemberInfo* m = info->FindMember(kTensorIdsMember)) {
-            std::string ids(m->size_bytes, '\0');
-            MCS_RETURN_IF_ERROR(store_->ReadMember(
-                record, kTensorIdsMember, {reinterpret_cast<std::byte*>(ids.data()), ids.size()}));
-            for (std::size_t pos = 0; pos < ids.size();) {
-                const std::size_t end = std::min(ids.find('\n', pos), ids.size());
-                MCS_RETURN_IF_ERROR(IgnoreNotFound(
-                    store_->Remove(AnchorTensorKey(ns, step, ids.substr(pos, end - pos)))));
-                pos = end + 1;
-            }
+        MCS_ASSIGN_OR_RETURN(std::vector<std::string> ids, ReadIdList(*store_, record, *info));
+        for (const std::string& id : ids) {
+            MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(AnchorTensorKey(ns, step, id))));
         }
         MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(record)));
     }
