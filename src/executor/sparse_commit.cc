@@ -194,6 +194,7 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         s = store_->Put(keys_.Head() + d.tensor_id, h.dump(), {},
                         {PutMode::kUpsert, true});
     }
+    if (s.ok()) s = CheckCommitNotMissed(d);
     if (!s.ok()) {
         // Leave the store as it was: nothing of a failed commit stays visible.
         (void)store_->Remove(manifest_key);

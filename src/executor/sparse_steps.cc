@@ -34,6 +34,8 @@ namespace {
 using Json = nlohmann::json;
 
 constexpr std::string_view kTensorIdsMember = "tensor_ids";
+/// A seal's member listing the source objects it sealed (keys below mcs/src/), sorted.
+constexpr std::string_view kSourcesMember = "sources";
 
 /// A seal's or an anchor's tensor list: validated, sorted, no id twice.
 Result<std::vector<std::string>> SortedUniqueIds(std::span<const std::string> tensor_ids,
@@ -52,43 +54,65 @@ Result<std::vector<std::string>> SortedUniqueIds(std::span<const std::string> te
     return ids;
 }
 
-/// Creates the record of `step` at `key` holding `ids` (member kTensorIdsMember, one id per
-/// line). Errors: as ObjectStore::Put (Conflict when it exists).
-Status PutIdList(ObjectStore& store, const std::string& key, Generation step,
-                 std::span<const std::string> ids, bool listed) {
-    std::string joined;
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-        if (i) joined += '\n';
-        joined += ids[i];
+/// One newline-separated list member of a record.
+struct ListMember {
+    std::string_view name;
+    std::span<const std::string> lines;
+};
+
+/// Creates the record of `step` at `key` with one member per list (one line per entry; no entry
+/// holds a newline). Errors: as ObjectStore::Put (Conflict when it exists).
+Status PutListRecord(ObjectStore& store, const std::string& key, Generation step,
+                     std::span<const ListMember> lists, std::size_t tensors, bool listed) {
+    std::vector<std::string> joined(lists.size());
+    std::vector<MemberData> members;
+    members.reserve(lists.size());
+    for (std::size_t m = 0; m < lists.size(); ++m) {
+        for (std::size_t i = 0; i < lists[m].lines.size(); ++i) {
+            if (i) joined[m] += '\n';
+            joined[m] += lists[m].lines[i];
+        }
+        const auto bytes = std::span<const std::byte>(
+            reinterpret_cast<const std::byte*>(joined[m].data()), joined[m].size());
+        members.push_back({std::string(lists[m].name), DType::kUInt8,
+                           {Index(joined[m].size())}, bytes, Checksum(bytes)});
     }
-    const auto bytes = std::span<const std::byte>(
-        reinterpret_cast<const std::byte*>(joined.data()), joined.size());
-    const MemberData member{std::string(kTensorIdsMember), DType::kUInt8,
-                            {Index(joined.size())}, bytes, Checksum(bytes)};
-    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", ids.size()}};
-    return store.Put(key, meta.dump(), {&member, 1}, {PutMode::kCreate, true, listed});
+    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", tensors}};
+    return store.Put(key, meta.dump(), members, {PutMode::kCreate, true, listed});
 }
 
-/// The ids of the record at `key` (`info`: its Stat), checksum-checked.
+/// Creates the record of `step` at `key` holding `ids` (member kTensorIdsMember).
+Status PutIdList(ObjectStore& store, const std::string& key, Generation step,
+                 std::span<const std::string> ids, bool listed) {
+    const ListMember list{kTensorIdsMember, ids};
+    return PutListRecord(store, key, step, {&list, 1}, ids.size(), listed);
+}
+
+/// The lines of member `name` of the record at `key` (`info`: its Stat), checksum-checked.
 /// Errors: DataLoss; as ObjectStore::ReadMember.
-Result<std::vector<std::string>> ReadIdList(ObjectStore& store, const std::string& key,
-                                            const ObjectInfo& info) {
-    const MemberInfo* m = info.FindMember(kTensorIdsMember);
-    if (m == nullptr) return DataLoss(key + " has no tensor list");
+Result<std::vector<std::string>> ReadListMember(ObjectStore& store, const std::string& key,
+                                                const ObjectInfo& info, std::string_view name) {
+    const MemberInfo* m = info.FindMember(name);
+    if (m == nullptr) return DataLoss(key + " has no member " + std::string(name));
     std::string bytes(m->size_bytes, '\0');
     MCS_RETURN_IF_ERROR(store.ReadMember(
-        key, kTensorIdsMember, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
+        key, name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
     if (Checksum({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}) !=
         m->checksum) {
-        return DataLoss(key + ": tensor list checksum mismatch");
+        return DataLoss(key + ": " + std::string(name) + " checksum mismatch");
     }
-    std::vector<std::string> ids;
+    std::vector<std::string> lines;
     for (std::size_t pos = 0; pos < bytes.size();) {
         const std::size_t end = std::min(bytes.find('\n', pos), bytes.size());
-        ids.emplace_back(bytes.substr(pos, end - pos));
+        lines.emplace_back(bytes.substr(pos, end - pos));
         pos = end + 1;
     }
-    return ids;
+    return lines;
+}
+
+Result<std::vector<std::string>> ReadIdList(ObjectStore& store, const std::string& key,
+                                            const ObjectInfo& info) {
+    return ReadListMember(store, key, info, kTensorIdsMember);
 }
 
 std::int64_t NowMs() {
@@ -328,8 +352,7 @@ Result<bool> SparseStore::PastRetention(Generation step) {
     return keep > 0 && latest && step.delta + keep <= *latest;
 }
 
-Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTensorIds(
-    Generation step) {
+Result<std::shared_ptr<const SparseStore::SealRecord>> SparseStore::ReadSeal(Generation step) {
     {
         std::lock_guard lock(seal_cache_mu_);
         if (auto it = seal_cache_.find(step.delta); it != seal_cache_.end()) return it->second;
@@ -342,17 +365,98 @@ Result<std::shared_ptr<const std::vector<std::string>>> SparseStore::SealedTenso
         }
         return info.status();
     }
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> list, ReadIdList(*store_, key, *info));
-    auto ids = std::make_shared<std::vector<std::string>>(std::move(list));
+    auto record = std::make_shared<SealRecord>();
+    MCS_ASSIGN_OR_RETURN(record->tensor_ids, ReadIdList(*store_, key, *info));
+    MCS_ASSIGN_OR_RETURN(record->sources, ReadListMember(*store_, key, *info, kSourcesMember));
     std::lock_guard lock(seal_cache_mu_);
-    seal_cache_[step.delta] = ids;
+    seal_cache_[step.delta] = record;
     if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
-    return std::shared_ptr<const std::vector<std::string>>(ids);
+    return std::shared_ptr<const SealRecord>(record);
+}
+
+Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation step) {
+    MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(step));
+    const std::size_t prefix = keys_.Source().size();
+    std::erase_if(sources, [&](const SourceDescriptor& s) {
+        return !std::binary_search(seal->sources.begin(), seal->sources.end(),
+                                   std::string_view(s.source_ref).substr(prefix));
+    });
+    if (sources.size() != seal->sources.size()) {
+        return DataLoss("step " + step.ToString() + ": its seal holds " +
+                        std::to_string(seal->sources.size()) + " source objects, " +
+                        std::to_string(sources.size()) + " of them are in its manifest");
+    }
+    return sources;
+}
+
+namespace {
+
+/// The expiry (ms since the epoch) of a lease or a pending seal, from its metadata; 0 when it
+/// has none (treated as expired).
+std::int64_t ExpiryOf(const ObjectInfo& info) {
+    Json j = Json::parse(info.metadata, nullptr, false);
+    if (j.is_discarded() || !j.contains("expires_ms") || !j["expires_ms"].is_number_integer()) {
+        return 0;
+    }
+    return j["expires_ms"].get<std::int64_t>();
+}
+
+}  // namespace
+
+Status SparseStore::CheckCommitNotMissed(const SourceDescriptor& d) {
+    // A seal creates its pending record before it reads the manifest, and gives up unless it
+    // writes the seal before the record expires. So a commit that, after listing itself, finds
+    // neither the seal nor a live pending record is in the manifest that any later seal reads;
+    // one that finds the seal asks it whether it holds the commit.
+    const std::string tag = GenerationTag(d.generation);
+    auto poll = std::chrono::duration<double>(0.001);
+    for (;;) {
+        auto pending = store_->Stat(keys_.Sealing() + tag);
+        if (!pending.ok() && pending.status().code() != StatusCode::kNotFound) {
+            return pending.status();
+        }
+        MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(d.generation));
+        if (sealed) {
+            MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(d.generation));
+            const std::string_view own =
+                std::string_view(d.source_ref).substr(keys_.Source().size());
+            if (std::binary_search(seal->sources.begin(), seal->sources.end(), own)) {
+                return Status::Ok();
+            }
+            return Conflict("step " + d.generation.ToString() + " was sealed by another " +
+                            "process before " + d.source_ref + " joined it");
+        }
+        if (!pending.ok() || ExpiryOf(*pending) <= NowMs()) return Status::Ok();
+        std::this_thread::sleep_for(poll);
+        poll = std::min(poll * 2, std::chrono::duration<double>(options_.wait_poll_max_seconds));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Seal, wait, latest.
 // ---------------------------------------------------------------------------------------------
+
+Result<std::int64_t> SparseStore::BeginSeal(Generation step) {
+    const std::string key = keys_.Sealing() + GenerationTag(step);
+    const std::int64_t expiry = NowMs() + static_cast<std::int64_t>(options_.seal_seconds * 1000);
+    const std::string meta = Json{{"expires_ms", expiry}}.dump();
+    for (int attempt = 0;; ++attempt) {
+        Status s = store_->Put(key, meta, {}, {PutMode::kCreate, true, false});
+        if (s.ok()) return expiry;
+        if (s.code() != StatusCode::kConflict) return s;
+        auto other = store_->Stat(key);
+        if (attempt == 0 && other.ok() && ExpiryOf(*other) <= NowMs()) {
+            (void)store_->Remove(key);  // a crashed sealer's
+            continue;
+        }
+        if (attempt == 0 && !other.ok() && other.status().code() == StatusCode::kNotFound) {
+            continue;  // it ended meanwhile
+        }
+        return FailedPrecondition("seal_generation " + step.ToString() +
+                                  ": another seal of the step is in progress");
+    }
+}
 
 Status SparseStore::SealGeneration(Generation step, std::span<const std::string> tensor_ids) {
     MCS_RETURN_IF_ERROR(RequireStep(step, "seal_generation: generation"));
@@ -369,6 +473,14 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     if (freed) {
         return FailedPrecondition("step " + step.ToString() + " is past retention (freed)");
     }
+    // Commits by other processes (a shared store) see the pending record from here on and
+    // wait for the seal, so none joins the manifest unseen after it is read below.
+    MCS_ASSIGN_OR_RETURN(const std::int64_t pending_expiry, BeginSeal(step));
+    struct EndSeal {
+        SparseStore* self;
+        std::string key;
+        ~EndSeal() { (void)self->store_->Remove(key); }
+    } end_seal{this, keys_.Sealing() + tag};
 
     // Every committed tensor is listed, and every admitted writer has committed.
     MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
@@ -396,7 +508,14 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
         }
     }
 
-    Status put = PutIdList(*store_, keys_.Seal() + tag, step, ids, /*listed=*/false);
+    if (NowMs() >= pending_expiry) {
+        return Unavailable("seal_generation " + step.ToString() + " took longer than " +
+                           std::to_string(options_.seal_seconds) + " s; nothing was sealed");
+    }
+    const std::array<ListMember, 2> lists = {ListMember{kTensorIdsMember, ids},
+                                             ListMember{kSourcesMember, committed}};
+    Status put = PutListRecord(*store_, keys_.Seal() + tag, step, lists, ids.size(),
+                               /*listed=*/false);
     commits.unlock();
     if (put.code() == StatusCode::kConflict) {
         return FailedPrecondition("step " + step.ToString() + " is sealed already");
@@ -412,7 +531,8 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     }
     {
         std::lock_guard cache(seal_cache_mu_);
-        seal_cache_[step.delta] = std::make_shared<std::vector<std::string>>(std::move(ids));
+        seal_cache_[step.delta] =
+            std::make_shared<SealRecord>(SealRecord{std::move(ids), std::move(committed)});
         if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
     }
     ++seals_;
@@ -478,8 +598,12 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
     StepManifest out;
     out.generation = generation;
     if (generation.delta == generation.base + 1) {
-        MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
         MCS_ASSIGN_OR_RETURN(out.sealed, IsSealed(generation));
+        if (out.sealed) {
+            MCS_ASSIGN_OR_RETURN(out.sources, SealedManifest(generation));
+        } else {
+            MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
+        }
         if (!out.sealed) {
             MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(generation));
             if (freed) {
@@ -511,14 +635,16 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
                 return NotFound("fold " + generation.ToString() + ": step " + step.ToString() +
                                 " is not sealed (or was freed by retention)");
             }
-            MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> step_sources, Manifest(step));
+            MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> step_sources,
+                                 SealedManifest(step));
             for (SourceDescriptor& s : step_sources) out.sources.push_back(std::move(s));
         }
         out.sealed = true;
     }
     if (out.sealed) {
         const Generation last{generation.delta - 1, generation.delta};
-        MCS_ASSIGN_OR_RETURN(auto ids, SealedTensorIds(last));
+        MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(last));
+        const std::vector<std::string>* ids = &seal->tensor_ids;
         std::vector<std::string> changed;
         changed.reserve(out.sources.size());
         for (const SourceDescriptor& s : out.sources) changed.push_back(s.tensor_id);
@@ -575,9 +701,7 @@ Result<bool> SparseStore::IsLeased(Generation step) {
     for (const std::string& key : leases) {
         auto info = store_->Stat(key);
         if (!info.ok()) continue;  // ended meanwhile
-        Json j = Json::parse(info->metadata, nullptr, false);
-        if (!j.is_discarded() && j.contains("expires_ms") && j["expires_ms"].is_number() &&
-            j["expires_ms"].get<std::int64_t>() > now) {
+        if (ExpiryOf(*info) > now) {
             leased = true;
         } else {
             (void)store_->Remove(key);  // a crashed reader's expired lease
@@ -605,6 +729,7 @@ Status SparseStore::FreeStep(Generation step) {
                          store_->List(keys_.Lease() + tag + "/"));
     for (const std::string& l : leases) MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(l)));
     MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(keys_.Seal() + tag)));
+    MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(keys_.Sealing() + tag)));
     // The step's directories are empty for good: a store's listing state of them can go.
     for (const std::string& dir : {manifest_prefix, keys_.Admit() + tag + "/",
                                    keys_.Lease() + tag + "/"}) {

@@ -140,6 +140,9 @@ struct SparseStoreOptions {
     /// Wait for a seal made by another process (not through this store): the store is checked
     /// at this interval at most, starting at 1 ms.
     double wait_poll_max_seconds = 0.05;
+    /// A seal in progress that has not ended after this long is a crashed sealer's: a commit
+    /// stops waiting for it and another seal may take its place.
+    double seal_seconds = 30;
     std::uint64_t index_cache_capacity_bytes = std::uint64_t{1} << 30;
     std::uint64_t range_cache_capacity_bytes = std::uint64_t{1} << 30;
 };
@@ -252,6 +255,8 @@ private:
         std::string Head() const { return "mcs/head" + tag + "/"; }
         std::string Admit() const { return "mcs/admit" + tag + "/"; }
         std::string Seal() const { return "mcs/seal" + tag + "/steps/"; }
+        /// A seal in progress (created before it reads the manifest, removed once it is done).
+        std::string Sealing() const { return "mcs/seal" + tag + "/pending/"; }
         std::string Lease() const { return "mcs/lease" + tag + "/"; }
         std::string Latest() const { return "mcs/step" + tag + "/latest"; }
         std::string Floor() const { return "mcs/step" + tag + "/floor"; }
@@ -263,8 +268,24 @@ private:
 
     // Steps (sparse_steps.cc).
     Result<bool> IsSealed(Generation step);
-    /// The tensor ids of a sealed step's seal (cached: a seal never changes).
-    Result<std::shared_ptr<const std::vector<std::string>>> SealedTensorIds(Generation step);
+    /// What a seal holds: the model's tensor ids and the source objects it sealed (keys below
+    /// the source prefix), both sorted.
+    struct SealRecord {
+        std::vector<std::string> tensor_ids;
+        std::vector<std::string> sources;
+    };
+    /// The record of a sealed step (cached: a seal never changes). Errors: NotFound.
+    Result<std::shared_ptr<const SealRecord>> ReadSeal(Generation step);
+    /// The entries of a sealed step's manifest that its seal holds: a commit that listed itself
+    /// after the seal read the manifest (another process's, on a shared store) is not one.
+    Result<std::vector<SourceDescriptor>> SealedManifest(Generation step);
+    /// After a commit listed itself in its step's manifest: whether a seal of the step by
+    /// another process missed it (then the commit is undone: Conflict). Waits while a seal of
+    /// the step is in progress.
+    Status CheckCommitNotMissed(const SourceDescriptor& d);
+    /// Creates the pending record of a seal of `step` (taking over a crashed sealer's) and
+    /// returns its expiry. Errors: FailedPrecondition (another seal is in progress).
+    Result<std::int64_t> BeginSeal(Generation step);
     /// Whether retention freed `step` (or would free it as soon as it were sealed): older than
     /// the oldest step kept and than the last keep_last sealed steps.
     Result<bool> PastRetention(Generation step);
@@ -338,7 +359,7 @@ private:
     std::atomic<std::uint64_t> lease_ids_{0};
     std::uint64_t lease_holder_ = 0;  ///< Random per store: lease keys of two processes differ.
     std::mutex seal_cache_mu_;
-    std::map<std::uint64_t, std::shared_ptr<const std::vector<std::string>>> seal_cache_;
+    std::map<std::uint64_t, std::shared_ptr<const SealRecord>> seal_cache_;
     std::mutex scratch_mu_;
     std::unique_ptr<PlanScratch> scratch_;
     mutable std::mutex metrics_mu_;

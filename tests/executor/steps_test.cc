@@ -12,6 +12,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -1290,6 +1291,158 @@ TEST(StepsTest, ACommitRacingTheSealOfItsStepIsInOrRefused) {
         ASSERT_TRUE(m.sealed);
     }
     EXPECT_EQ(both, 0) << commits_first << " commits first, " << seals_first << " seals first";
+}
+
+// Two SparseStores over one object store stand for two processes on a shared store
+// (mooncake://): their mutexes do not order a commit of one against a seal of the other.
+TEST(StepsTest, ACommitRacingASealByAnotherProcessIsInTheSealOrUndone) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    SparseStore late_writer(os, Options("late"));
+    int in = 0, undone = 0;
+    for (std::uint64_t k = 1; k <= 200; ++k) {
+        ASSERT_OK(CommitOne(trainer, "w", k, float(k)));
+        Status commit, seal;
+        std::atomic<int> ready{0};
+        const std::string late = "late" + std::to_string(k % 2);
+        std::thread a([&] {
+            ++ready;
+            while (ready.load() < 2) {
+            }
+            commit = CommitOne(late_writer, late, k, 1);
+        });
+        std::thread b([&] {
+            ++ready;
+            while (ready.load() < 2) {
+            }
+            // Staggered, so that the seal lands before, during and after the commit.
+            std::this_thread::sleep_for(std::chrono::microseconds(10 * (k % 16)));
+            seal = trainer.SealGeneration(Step(k), Ids({"w", "late0", "late1"}));
+        });
+        a.join();
+        b.join();
+        ASSERT_OK(seal);
+        for (SparseStore* reader : {&trainer, &late_writer}) {
+            ASSERT_OK_AND_ASSIGN(StepManifest m, reader->GetManifest(Step(k)));
+            ASSERT_TRUE(m.sealed);
+            const bool listed = std::any_of(m.sources.begin(), m.sources.end(),
+                                            [&](const SourceDescriptor& d) {
+                                                return d.tensor_id == late;
+                                            });
+            // Never a commit that succeeded and is missing from the sealed step.
+            ASSERT_EQ(listed, commit.ok()) << commit.ToString();
+        }
+        if (commit.ok()) {
+            ++in;
+        } else {
+            ++undone;
+            ASSERT_THAT(commit, StatusIs(StatusCode::kConflict));
+            // Nothing of the undone commit is left: neither its source nor its manifest entry.
+            ASSERT_OK_AND_ASSIGN(auto src, os->List("mcs/src/" + late + "/g" +
+                                                    GenerationTag(Step(k)) + "/"));
+            ASSERT_OK_AND_ASSIGN(auto entries, os->List("mcs/manifest/" +
+                                                        GenerationTag(Step(k)) + "/" + late));
+            EXPECT_THAT(src, IsEmpty());
+            EXPECT_THAT(entries, IsEmpty());
+        }
+    }
+    EXPECT_EQ(in + undone, 200);
+}
+
+/// An object store whose List of one prefix runs a hook first (once): a commit by another
+/// process that lands while a seal reads its step's manifest.
+class ListHookStore : public ObjectStore {
+public:
+    explicit ListHookStore(std::shared_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
+    Status Put(std::string_view key, std::string_view metadata,
+               std::span<const MemberData> members, const PutOptions& options) override {
+        return inner_->Put(key, metadata, members, options);
+    }
+    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+    Status ReadMember(std::string_view key, std::string_view member,
+                      std::span<std::byte> dst) override {
+        return inner_->ReadMember(key, member, dst);
+    }
+    Status ReadRanges(std::span<const RangeRead> reads) override {
+        return inner_->ReadRanges(reads);
+    }
+    Status Remove(std::string_view key) override { return inner_->Remove(key); }
+    Result<std::vector<std::string>> List(std::string_view prefix) override {
+        auto out = inner_->List(prefix);
+        if (hook_ && prefix == hook_prefix_) std::exchange(hook_, nullptr)();
+        return out;
+    }
+    StoreCounters Counters() const override { return inner_->Counters(); }
+
+    void OnList(std::string prefix, std::function<void()> hook) {
+        hook_prefix_ = std::move(prefix);
+        hook_ = std::move(hook);
+    }
+
+private:
+    std::shared_ptr<ObjectStore> inner_;
+    std::string hook_prefix_;
+    std::function<void()> hook_;
+};
+
+TEST(StepsTest, ACommitListedAfterAnotherProcessReadTheManifestIsRefused) {
+    auto shared = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    auto hooked = std::make_shared<ListHookStore>(shared);
+    SparseStore trainer(hooked, Options("trainer"));
+    SparseStore late_writer(shared, Options("late"));
+    ASSERT_OK(CommitOne(trainer, "w", 1, 1));
+    std::optional<Status> late;
+    std::thread writer;
+    // Right after the seal read the manifest, the other process commits: it lists itself in
+    // the manifest, finds the seal in progress, waits for it, and is then refused.
+    hooked->OnList("mcs/manifest/" + GenerationTag(Step(1)) + "/", [&] {
+        writer = std::thread([&] { late = CommitOne(late_writer, "v", 1, 2); });
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    });
+    ASSERT_OK(trainer.SealGeneration(Step(1), Ids({"v", "w"})));
+    writer.join();
+    ASSERT_TRUE(late.has_value());
+    EXPECT_THAT(*late, StatusIsWithMessage(StatusCode::kConflict, "sealed by another process"));
+    for (SparseStore* reader : {&trainer, &late_writer}) {
+        ASSERT_OK_AND_ASSIGN(StepManifest m, reader->GetManifest(Step(1)));
+        ASSERT_EQ(m.sources.size(), 1u);
+        EXPECT_EQ(m.sources[0].tensor_id, "w");
+        EXPECT_THAT(m.unchanged, ElementsAre("v"));
+    }
+    ASSERT_OK_AND_ASSIGN(auto left, shared->List("mcs/manifest/" + GenerationTag(Step(1)) + "/v"));
+    EXPECT_THAT(left, IsEmpty());
+    // The step's next writer of v is not fenced out by the refused commit.
+    ASSERT_OK(CommitOne(late_writer, "v", 2, 3));
+}
+
+TEST(StepsTest, ASealInProgressExcludesASecondAndACrashedOneIsTakenOver) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    SparseStore other(os, Options("other"));
+    ASSERT_OK(CommitOne(trainer, "w", 1, 1));
+    const std::string pending = "mcs/seal/pending/" + GenerationTag(Step(1));
+    // A live seal of another process: a second seal is refused, a commit waits for it.
+    ASSERT_OK(os->Put(pending, nlohmann::json{{"expires_ms", NowMs() + 60'000}}.dump(), {},
+                      {PutMode::kCreate, true, false}));
+    EXPECT_THAT(trainer.SealGeneration(Step(1), Ids({"w"})),
+                StatusIsWithMessage(StatusCode::kFailedPrecondition, "in progress"));
+    std::optional<Status> commit;
+    std::thread writer([&] { commit = CommitOne(other, "v", 1, 2); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    EXPECT_FALSE(commit.has_value());  // waiting for the seal in progress
+    ASSERT_OK(os->Remove(pending));    // that seal gave up: the commit stands
+    writer.join();
+    ASSERT_OK(*commit);
+    // A crashed sealer's expired record does not block the step.
+    ASSERT_OK(os->Put(pending, nlohmann::json{{"expires_ms", NowMs() - 1}}.dump(), {},
+                      {PutMode::kCreate, true, false}));
+    ASSERT_OK(CommitOne(other, "u", 1, 3));
+    ASSERT_OK(trainer.SealGeneration(Step(1), Ids({"u", "v", "w"})));
+    ASSERT_OK_AND_ASSIGN(StepManifest m, other.GetManifest(Step(1)));
+    EXPECT_EQ(m.sources.size(), 3u);
+    EXPECT_THAT(m.unchanged, IsEmpty());
+    ASSERT_OK_AND_ASSIGN(auto left, os->List("mcs/seal/pending/"));
+    EXPECT_THAT(left, IsEmpty());
 }
 
 
