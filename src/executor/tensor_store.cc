@@ -9,6 +9,7 @@
 #include <array>
 #include <atomic>
 #include <mutex>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -268,6 +269,42 @@ BoxSource LocateBox(const Shape& full, const Shape& box, const Shape& origin, st
     return out;
 }
 
+/// The contiguous byte runs of a box of a stored (C-contiguous) tensor, in the box's C order:
+/// (offset from the data's first byte, bytes). A box whole along every dimension after the
+/// first it cuts is one run per index of the dimensions before.
+std::vector<std::pair<std::uint64_t, std::uint64_t>> BoxRuns(const Shape& full, const Shape& box,
+                                                            const Shape& origin,
+                                                            std::size_t item) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> runs;
+    const std::size_t rank = full.size();
+    for (std::size_t d = 0; d < rank; ++d) {
+        if (box[d] == 0) return runs;
+    }
+    std::vector<std::uint64_t> strides(rank);  // bytes
+    std::uint64_t stride = item;
+    for (std::size_t d = rank; d-- > 0;) {
+        strides[d] = stride;
+        stride *= std::uint64_t(full[d]);
+    }
+    std::size_t cut = 0;  // the last dimension the box does not span whole
+    for (std::size_t d = 0; d < rank; ++d) {
+        if (box[d] != full[d]) cut = d;
+    }
+    const std::uint64_t run = rank == 0 ? item : std::uint64_t(box[cut]) * strides[cut];
+    std::vector<std::int64_t> at(cut, 0);  // index over the box's dimensions before `cut`
+    for (;;) {
+        std::uint64_t offset = 0;
+        for (std::size_t d = 0; d < rank; ++d) {
+            offset += std::uint64_t(origin[d] + (d < cut ? at[d] : 0)) * strides[d];
+        }
+        runs.emplace_back(offset, run);
+        std::size_t d = cut;
+        while (d > 0 && ++at[d - 1] == box[d - 1]) at[--d] = 0;
+        if (d == 0) break;
+    }
+    return runs;
+}
+
 /// The (device, stream) pairs a call issued copies on; synchronized before it returns.
 class StreamSet {
 public:
@@ -319,6 +356,14 @@ private:
     /// has room; `pinned` then says whether the device copies read pinned memory).
     Status CopyIntoCudaView(const TensorRef& dst, const PitchedCopyPlan& plan, const std::byte* src,
                             std::uint64_t bytes, std::vector<HostBuffer>& staging, bool& pinned);
+
+    /// Reads the boxes of items `items` (their keys, box origins and expected box headers) from
+    /// a store that would copy whole objects to view them: each box's bytes, in the box's C
+    /// order, into pool memory (`out[k]` for items[k]), by range reads of only those bytes.
+    /// Every object is checked against its header, and read from one version of it.
+    Status ReadBoxesByRange(std::span<const std::string> keys, std::span<const std::size_t> items,
+                            std::span<const Shape> origins, std::span<const TensorHeader> expected,
+                            std::vector<HostBuffer>& out);
 
     void CountCopy(bool cuda, bool pinned) {
         if (!cuda) return;
@@ -484,22 +529,52 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         total += h.data_bytes;
         expected.push_back(std::move(h));
     }
-    std::vector<std::string_view> views_of(keys.begin(), keys.end());
-    MCS_RETURN_IF_ERROR(store_->ViewObjects(views_of, [&](std::span<const ObjectView> views) -> Status {
+    // A store that would copy whole objects to view them gives the boxes by range reads of
+    // only their bytes (`ranged`, into pool memory); the rest of the items are viewed.
+    std::vector<std::size_t> ranged_items;
+    std::vector<Shape> ranged_origins;
+    std::vector<TensorHeader> ranged_expected;
+    std::vector<std::string_view> views_of;
+    std::vector<std::size_t> view_index(keys.size(), 0);  // item -> its view (not ranged)
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+        if (box_of(i) != nullptr && !store_->ViewsInPlace()) {
+            ranged_items.push_back(i);
+            ranged_origins.push_back(*box_of(i));
+            ranged_expected.push_back(expected[i]);
+        } else {
+            view_index[i] = views_of.size();
+            views_of.push_back(keys[i]);
+        }
+    }
+    std::vector<HostBuffer> ranged;
+    std::vector<std::size_t> ranged_slot(keys.size(), SIZE_MAX);
+    if (!ranged_items.empty()) {
+        MCS_RETURN_IF_ERROR(
+            ReadBoxesByRange(keys, ranged_items, ranged_origins, ranged_expected, ranged));
+        for (std::size_t k = 0; k < ranged_items.size(); ++k) ranged_slot[ranged_items[k]] = k;
+    }
+    auto copy_all = [&](std::span<const ObjectView> views) -> Status {
         // Every item is checked, planned and given its staging before any byte moves.
         struct Source {
             const std::byte* data = nullptr;    ///< The first element read (a box's origin).
             std::vector<std::int64_t> strides;  ///< Empty: the elements are contiguous.
             bool pinned = false;
         };
-        std::vector<Source> sources(views.size());
+        std::vector<Source> sources(keys.size());
         std::vector<HostBuffer> staging;  // gathered sources; alive until the streams are synced
-        for (std::size_t i = 0; i < views.size(); ++i) {
+        for (std::size_t i = 0; i < keys.size(); ++i) {
             const TensorRef& dst = destinations[i];
-            MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ReadTensorObjectHeader(views[i], keys[i]));
             Source& src = sources[i];
-            src.data = views[i].members[0].data() + h.data_offset;
-            src.pinned = views[i].pinned;
+            if (ranged_slot[i] != SIZE_MAX) {  // checked, and read in the box's order already
+                const HostBuffer& box = ranged[ranged_slot[i]];
+                src.data = box.data();
+                src.pinned = box.pinned();
+                continue;
+            }
+            const ObjectView& view = views[view_index[i]];
+            MCS_ASSIGN_OR_RETURN(TensorHeader h, internal::ReadTensorObjectHeader(view, keys[i]));
+            src.data = view.members[0].data() + h.data_offset;
+            src.pinned = view.pinned;
             const Shape* origin = box_of(i);
             if (origin == nullptr) {
                 MCS_RETURN_IF_ERROR(internal::CheckTensorMatch(h, expected[i], keys[i]));
@@ -536,7 +611,7 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         std::vector<PageableCudaCopy> pageable;  // one pipeline for the whole batch
         std::vector<std::size_t> pageable_items;
         Status status;
-        for (std::size_t i = 0; i < views.size(); ++i) {
+        for (std::size_t i = 0; i < keys.size(); ++i) {
             const TensorRef& dst = destinations[i];
             const Source& src = sources[i];
             const std::uint64_t bytes = expected[i].data_bytes;
@@ -585,10 +660,70 @@ Status LocalTensorStore::GetInto(std::span<const std::string> keys,
         // The snapshot must outlive every copy that reads it.
         Status synced = streams.SyncAll();
         return status.ok() ? synced : status;
-    }, pool_.get()));
+    };
+    if (views_of.empty()) {
+        MCS_RETURN_IF_ERROR(copy_all({}));
+    } else {
+        MCS_RETURN_IF_ERROR(store_->ViewObjects(views_of, copy_all, pool_.get()));
+    }
     tensors_read_.fetch_add(keys.size(), std::memory_order_relaxed);
     bytes_read_.fetch_add(total, std::memory_order_relaxed);
     return Status::Ok();
+}
+
+Status LocalTensorStore::ReadBoxesByRange(std::span<const std::string> keys,
+                                          std::span<const std::size_t> items,
+                                          std::span<const Shape> origins,
+                                          std::span<const TensorHeader> expected,
+                                          std::vector<HostBuffer>& out) {
+    const std::string member(kTensorMemberName);
+    std::vector<std::uint64_t> sizes(items.size());
+    for (std::size_t k = 0; k < items.size(); ++k) {
+        const std::string& key = keys[items[k]];
+        MCS_ASSIGN_OR_RETURN(ObjectInfo info, store_->Stat(key));
+        if (info.members.size() != 1 || info.members[0].name != kTensorMemberName) {
+            return InvalidArgument("object " + Quote(key) + " is not a tensor object (a tensor " +
+                                   "object has exactly one member, '" + member + "')");
+        }
+        sizes[k] = info.members[0].size_bytes;
+    }
+    // The headers, then the boxes with the headers again: a box is taken from the version whose
+    // header was checked, or the read starts over (an upsert landed in between).
+    constexpr int kAttempts = 3;
+    for (int attempt = 0; attempt < kAttempts; ++attempt) {
+        std::vector<std::array<std::byte, kTensorHeaderBytes>> heads(items.size());
+        std::vector<RangeRead> reads;
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::uint64_t n = std::min<std::uint64_t>(sizes[k], kTensorHeaderBytes);
+            reads.push_back({keys[items[k]], member, 0, n, {heads[k].data(), n}});
+        }
+        MCS_RETURN_IF_ERROR(store_->ReadRanges(reads));
+        reads.clear();
+        std::vector<std::array<std::byte, kTensorHeaderBytes>> again(items.size());
+        out.clear();
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::size_t i = items[k];
+            const std::uint64_t n = std::min<std::uint64_t>(sizes[k], kTensorHeaderBytes);
+            auto h = DecodeTensorHeader({heads[k].data(), n}, sizes[k]);
+            if (!h.ok()) return h.status().WithContext("object " + Quote(keys[i]));
+            MCS_RETURN_IF_ERROR(internal::CheckTensorBox(*h, expected[k], origins[k], keys[i]));
+            MCS_ASSIGN_OR_RETURN(HostBuffer buffer, pool_->Allocate(expected[k].data_bytes));
+            std::uint64_t at = 0;
+            for (const auto& [offset, bytes] :
+                 BoxRuns(h->local_shape, expected[k].local_shape, origins[k],
+                         DTypeSize(h->dtype))) {
+                const std::uint64_t row = h->data_offset + offset;
+                reads.push_back({keys[i], member, row, row + bytes, {buffer.data() + at, bytes}});
+                at += bytes;
+            }
+            reads.push_back({keys[i], member, 0, n, {again[k].data(), n}});
+            out.push_back(std::move(buffer));
+        }
+        MCS_RETURN_IF_ERROR(store_->ReadRanges(reads));
+        if (heads == again) return Status::Ok();
+    }
+    return Unavailable("tensors were rewritten " + std::to_string(kAttempts) +
+                       " times while their boxes were read");
 }
 
 Status LocalTensorStore::CopyIntoCudaView(const TensorRef& dst, const PitchedCopyPlan& plan,

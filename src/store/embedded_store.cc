@@ -105,6 +105,7 @@ public:
                      const FillFn& fill, PinnedHostPool* host_pool) override;
     Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
                        PinnedHostPool* host_pool = nullptr) override;
+    bool ViewsInPlace() const override { return true; }
 
 private:
     /// What Validate learns about a request.

@@ -202,6 +202,11 @@ public:
     /// Errors: NotFound (the first missing key); whatever `fn` returns.
     virtual Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
                                PinnedHostPool* host_pool = nullptr);
+
+    /// Whether ViewObjects views the stored bytes in place. False (the base implementation):
+    /// it copies whole objects, so a reader that needs part of an object (a box of a tensor)
+    /// reads that part with ReadRanges instead.
+    virtual bool ViewsInPlace() const { return false; }
 };
 
 namespace internal {

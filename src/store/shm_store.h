@@ -154,6 +154,7 @@ public:
     /// (no in-place rewrite, no eviction) while `fn` reads segment memory in place.
     Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
                        PinnedHostPool* host_pool = nullptr) override;
+    bool ViewsInPlace() const override { return true; }
 
     /// Leases the current version of `key` for zero-copy reads.
     /// Errors: NotFound.

@@ -345,6 +345,31 @@ TEST_P(TensorStoreTest, BoxReadsOfOneToFourDimensions) {
     }
 }
 
+TEST_P(TensorStoreTest, ABoxReadMovesOnlyTheBoxFromAStoreThatCopiesWholeObjects) {
+    // [512, 256] float32: 512 KiB. Rows [128, 192) are one run, columns [64, 96) 512 runs.
+    const Shape full{512, 256};
+    auto data = Pattern(512 * 256 * 4, 9);
+    MCS_ASSERT_OK(store_->Put("anchor", TensorRef::ConstHost(DType::kFloat32, full, data), {}));
+    struct Case {
+        Shape origin, box;
+    };
+    for (const Case& c : {Case{{128, 0}, {64, 256}}, Case{{0, 64}, {512, 32}}}) {
+        const StoreCounters before = objects_->Counters();
+        const auto expect = BoxOf(data, full, c.origin, c.box, 4);
+        std::vector<std::byte> out(expect.size());
+        MCS_ASSERT_OK(
+            store_->GetInto("anchor", TensorRef::Host(DType::kFloat32, c.box, out), c.origin));
+        EXPECT_EQ(out, expect);
+        const StoreCounters after = objects_->Counters();
+        if (GetParam()) {
+            // The box and its header twice (checked, then confirmed with the box): no whole read.
+            EXPECT_EQ(after.member_bytes, before.member_bytes);
+            EXPECT_EQ(after.range_bytes - before.range_bytes,
+                      expect.size() + 2 * kTensorHeaderBytes);
+        }
+    }
+}
+
 TEST_P(TensorStoreTest, BoxReadsIntoStridedDestinations) {
     // Columns [256, 512) of a [1024, 1024] tensor into columns [100, 356) of a [1024, 400]
     // buffer, the rest of which stays untouched; and into a transposed (Fortran-order) shard.
