@@ -6,11 +6,13 @@
 //
 // State lives in the object store, so that every process of a run (embedded, through the node
 // daemon, or on mooncake:// across nodes) sees the same steps:
-//   mcs/seal/steps/<b-d>        one per sealed step; member "tensor_ids" (newline-separated)
+//   mcs/seal/steps/<b-d>        one per sealed step; members "tensor_ids" (the model's) and
+//                               "sources" (the source objects sealed), newline-separated
+//   mcs/seal/pending/<b-d>      a seal in progress, with its expiry
 //   mcs/step/latest, floor      the newest sealed step; the oldest step not yet freed
 //   mcs/step/retention          keep_last
-//   mcs/lease/<b-d>/<holder>    a reader's lease on a step, with its expiry
-// (with a namespace, "mcs/seal@NAME/...", and so on).
+// (with a namespace, "mcs/seal@NAME/...", and so on). Leases, retention and anchors are in
+// sparse_retention.cc.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -27,112 +29,13 @@
 #include "codec/codec.h"
 #include "executor/node_cache.h"
 #include "executor/sparse_store.h"
+#include "executor/step_records.h"
 
 namespace mooncake::sparse {
 namespace {
 
 using Json = nlohmann::json;
-
-constexpr std::string_view kTensorIdsMember = "tensor_ids";
-/// A seal's member listing the source objects it sealed (keys below mcs/src/), sorted.
-constexpr std::string_view kSourcesMember = "sources";
-
-/// A seal's or an anchor's tensor list: validated, sorted, no id twice.
-Result<std::vector<std::string>> SortedUniqueIds(std::span<const std::string> tensor_ids,
-                                                 std::string_view what) {
-    std::vector<std::string> ids(tensor_ids.begin(), tensor_ids.end());
-    for (const std::string& id : ids) {
-        MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", id));
-        if (id.find('\n') != std::string::npos) {
-            return InvalidArgument("tensor_id '" + id + "' contains a newline");
-        }
-    }
-    std::sort(ids.begin(), ids.end());
-    if (auto dup = std::adjacent_find(ids.begin(), ids.end()); dup != ids.end()) {
-        return InvalidArgument(std::string(what) + ": tensor id '" + *dup + "' is listed twice");
-    }
-    return ids;
-}
-
-/// One newline-separated list member of a record.
-struct ListMember {
-    std::string_view name;
-    std::span<const std::string> lines;
-};
-
-/// Creates the record of `step` at `key` with one member per list (one line per entry; no entry
-/// holds a newline). Errors: as ObjectStore::Put (Conflict when it exists).
-Status PutListRecord(ObjectStore& store, const std::string& key, Generation step,
-                     std::span<const ListMember> lists, std::size_t tensors, bool listed) {
-    std::vector<std::string> joined(lists.size());
-    std::vector<MemberData> members;
-    members.reserve(lists.size());
-    for (std::size_t m = 0; m < lists.size(); ++m) {
-        for (std::size_t i = 0; i < lists[m].lines.size(); ++i) {
-            if (i) joined[m] += '\n';
-            joined[m] += lists[m].lines[i];
-        }
-        const auto bytes = std::span<const std::byte>(
-            reinterpret_cast<const std::byte*>(joined[m].data()), joined[m].size());
-        members.push_back({std::string(lists[m].name), DType::kUInt8,
-                           {Index(joined[m].size())}, bytes, Checksum(bytes)});
-    }
-    const Json meta = {{"base", step.base}, {"delta", step.delta}, {"tensors", tensors}};
-    return store.Put(key, meta.dump(), members, {PutMode::kCreate, true, listed});
-}
-
-/// Creates the record of `step` at `key` holding `ids` (member kTensorIdsMember).
-Status PutIdList(ObjectStore& store, const std::string& key, Generation step,
-                 std::span<const std::string> ids, bool listed) {
-    const ListMember list{kTensorIdsMember, ids};
-    return PutListRecord(store, key, step, {&list, 1}, ids.size(), listed);
-}
-
-/// The lines of member `name` of the record at `key` (`info`: its Stat), checksum-checked.
-/// Errors: DataLoss; as ObjectStore::ReadMember.
-Result<std::vector<std::string>> ReadListMember(ObjectStore& store, const std::string& key,
-                                                const ObjectInfo& info, std::string_view name) {
-    const MemberInfo* m = info.FindMember(name);
-    if (m == nullptr) return DataLoss(key + " has no member " + std::string(name));
-    std::string bytes(m->size_bytes, '\0');
-    MCS_RETURN_IF_ERROR(store.ReadMember(
-        key, name, {reinterpret_cast<std::byte*>(bytes.data()), bytes.size()}));
-    if (Checksum({reinterpret_cast<const std::byte*>(bytes.data()), bytes.size()}) !=
-        m->checksum) {
-        return DataLoss(key + ": " + std::string(name) + " checksum mismatch");
-    }
-    std::vector<std::string> lines;
-    for (std::size_t pos = 0; pos < bytes.size();) {
-        const std::size_t end = std::min(bytes.find('\n', pos), bytes.size());
-        lines.emplace_back(bytes.substr(pos, end - pos));
-        pos = end + 1;
-    }
-    return lines;
-}
-
-Result<std::vector<std::string>> ReadIdList(ObjectStore& store, const std::string& key,
-                                            const ObjectInfo& info) {
-    return ReadListMember(store, key, info, kTensorIdsMember);
-}
-
-std::int64_t NowMs() {
-    return std::chrono::duration_cast<std::chrono::milliseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
-        .count();
-}
-
-Status RequireStep(Generation g, std::string_view what) {
-    MCS_RETURN_IF_ERROR(Generation::Make(g.base, g.delta));
-    if (g.delta != g.base + 1) {
-        return InvalidArgument(std::string(what) + " " + g.ToString() +
-                               " is not a step: step k is the generation (k - 1, k)");
-    }
-    return Status::Ok();
-}
-
-Status IgnoreNotFound(Status s) {
-    return s.code() == StatusCode::kNotFound ? Status::Ok() : s;
-}
+using namespace internal;  // step_records.h
 
 /// An empty target-local object: a target of a tensor that a sealed step left unchanged.
 /// It has no values, so it applies to a weight of any dtype (as a no-op).
@@ -188,9 +91,13 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     const std::size_t row = isz * rank;
     std::uint64_t total = 0;
     for (const TargetObject& p : parts) total += p.object.desc.nnz;
-    std::vector<std::byte> indices, values;
-    indices.reserve(total * row);
-    values.reserve(total * vsz);
+    std::vector<std::byte> indices(total * row), values(total * vsz);
+    std::uint64_t out = 0;  // entries written
+    const auto emit = [&](const SparseObject& o, std::uint64_t r, std::uint64_t n) {
+        std::memcpy(indices.data() + out * row, o.indices.data() + r * row, n * row);
+        std::memcpy(values.data() + out * vsz, o.values.data() + r * vsz, n * vsz);
+        out += n;
+    };
 
     // Row-major linear coordinate over the target's local shape: the in-tile order.
     std::array<std::uint64_t, kMaxRank> stride{};
@@ -201,7 +108,8 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
             s *= static_cast<std::uint64_t>(d0.global_shape[d]);
         }
     }
-    const auto linear = [&](const std::byte* e) {
+    const auto linear = [&](const SparseObject& o, std::uint64_t r) {
+        const std::byte* e = o.indices.data() + r * row;
         std::uint64_t v = 0;
         for (std::size_t d = 0; d < rank; ++d) v += LoadUnsigned(e + d * isz, isz) * stride[d];
         return v;
@@ -209,13 +117,18 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     const auto tile_less = [&](const TileCoord* a, const TileCoord* b) {
         return std::lexicographical_compare(a, a + rank, b, b + rank);
     };
-    struct Entry {
+    // One part's entries of the current tile, at its next entry (sorted and unique by coord).
+    struct Run {
         std::uint64_t coord;
         std::uint32_t part;
-        std::uint64_t row;
+        std::uint64_t row, end;
+    };
+    // Min-heap on (coord, part): at one coordinate the earlier step comes out first.
+    const auto later = [](const Run& a, const Run& b) {
+        return a.coord != b.coord ? a.coord > b.coord : a.part > b.part;
     };
     std::vector<std::size_t> cursor(parts.size(), 0);  // next tile of each part
-    std::vector<Entry> tile_entries;
+    std::vector<Run> heap;
     for (;;) {
         // The smallest next tile among the parts.
         const TileCoord* next = nullptr;
@@ -227,34 +140,44 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
         }
         if (next == nullptr) break;
         const std::vector<TileCoord> tile(next, next + rank);
-        tile_entries.clear();
+        heap.clear();
         for (std::size_t p = 0; p < parts.size(); ++p) {
             const SparseObject& o = parts[p].object;
             if (cursor[p] >= o.desc.num_tiles) continue;
             const TileCoord* t = o.tile_coords.data() + cursor[p] * rank;
             if (!std::equal(t, t + rank, tile.data())) continue;
-            for (std::uint64_t r = o.tile_ptr[cursor[p]]; r < o.tile_ptr[cursor[p] + 1]; ++r) {
-                tile_entries.push_back(
-                    {linear(o.indices.data() + r * row), static_cast<std::uint32_t>(p), r});
-            }
+            const std::uint64_t r = o.tile_ptr[cursor[p]], end = o.tile_ptr[cursor[p] + 1];
+            if (r < end) heap.push_back({linear(o, r), static_cast<std::uint32_t>(p), r, end});
             ++cursor[p];
         }
-        // Each part's run is sorted and unique; the stable sort keeps step order per coordinate.
-        std::stable_sort(tile_entries.begin(), tile_entries.end(),
-                         [](const Entry& a, const Entry& b) { return a.coord < b.coord; });
-        for (std::size_t i = 0; i < tile_entries.size(); ++i) {
-            const Entry& e = tile_entries[i];
-            if (overwrite && i + 1 < tile_entries.size() &&
-                tile_entries[i + 1].coord == e.coord) {
-                continue;  // a later step wrote this coordinate
-            }
-            const SparseObject& o = parts[e.part].object;
-            indices.insert(indices.end(), o.indices.begin() + e.row * row,
-                           o.indices.begin() + (e.row + 1) * row);
-            values.insert(values.end(), o.values.begin() + e.row * vsz,
-                          o.values.begin() + (e.row + 1) * vsz);
+        if (heap.size() == 1) {  // one step wrote this tile: its entries as they are
+            emit(parts[heap[0].part].object, heap[0].row, heap[0].end - heap[0].row);
+            continue;
         }
+        std::make_heap(heap.begin(), heap.end(), later);
+        // Overwrite keeps the last step's entry of a coordinate: an entry is written once the
+        // next one out has another coordinate. Scatter_add keeps every entry (summed later).
+        bool held = false;
+        Run last{};
+        while (!heap.empty()) {
+            std::pop_heap(heap.begin(), heap.end(), later);
+            Run& e = heap.back();
+            if (held && (!overwrite || last.coord != e.coord)) {
+                emit(parts[last.part].object, last.row, 1);
+            }
+            last = e;
+            held = true;
+            if (++e.row < e.end) {
+                e.coord = linear(parts[e.part].object, e.row);
+                std::push_heap(heap.begin(), heap.end(), later);
+            } else {
+                heap.pop_back();
+            }
+        }
+        if (held) emit(parts[last.part].object, last.row, 1);
     }
+    indices.resize(out * row);
+    values.resize(out * vsz);
     const std::uint64_t nnz = values.size() / vsz;
     SourceDescriptor desc = d0;
     desc.generation = generation;
@@ -293,12 +216,6 @@ void ParallelFor(std::size_t n, int threads, Fn&& fn) {
 }
 
 }  // namespace
-
-std::string AnchorTensorKey(std::string_view ns, Generation step, std::string_view tensor_id) {
-    std::string key = "mcs-anchor";
-    if (!ns.empty()) key += "@" + std::string(ns);
-    return key + "/" + GenerationTag(step) + "/" + std::string(tensor_id);
-}
 
 Status ValidateNamespace(std::string_view ns) {
     if (ns.empty()) return Status::Ok();
@@ -389,20 +306,6 @@ Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation ste
     }
     return sources;
 }
-
-namespace {
-
-/// The expiry (ms since the epoch) of a lease or a pending seal, from its metadata; 0 when it
-/// has none (treated as expired).
-std::int64_t ExpiryOf(const ObjectInfo& info) {
-    Json j = Json::parse(info.metadata, nullptr, false);
-    if (j.is_discarded() || !j.contains("expires_ms") || !j["expires_ms"].is_number_integer()) {
-        return 0;
-    }
-    return j["expires_ms"].get<std::int64_t>();
-}
-
-}  // namespace
 
 Status SparseStore::CheckCommitNotMissed(const SourceDescriptor& d) {
     // A seal creates its pending record before it reads the manifest, and gives up unless it
@@ -656,10 +559,8 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
     return out;
 }
 
-// ---------------------------------------------------------------------------------------------
-// Leases and retention.
-// ---------------------------------------------------------------------------------------------
-
+// A reader's lease on the steps it reads: its keys go when the read ends (retention checks
+// them, sparse_retention.cc).
 class SparseStore::StepLease {
 public:
     StepLease(ObjectStore& store, std::vector<std::string> keys)
@@ -691,177 +592,6 @@ Result<std::unique_ptr<SparseStore::StepLease>> SparseStore::LeaseSteps(
         keys.push_back(std::move(key));
     }
     return std::make_unique<StepLease>(*store_, std::move(keys));
-}
-
-Result<bool> SparseStore::IsLeased(Generation step) {
-    const std::string prefix = keys_.Lease() + GenerationTag(step) + "/";
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> leases, store_->List(prefix));
-    const std::int64_t now = NowMs();
-    bool leased = false;
-    for (const std::string& key : leases) {
-        auto info = store_->Stat(key);
-        if (!info.ok()) continue;  // ended meanwhile
-        if (ExpiryOf(*info) > now) {
-            leased = true;
-        } else {
-            (void)store_->Remove(key);  // a crashed reader's expired lease
-        }
-    }
-    return leased;
-}
-
-Status SparseStore::FreeStep(Generation step) {
-    const std::string tag = GenerationTag(step);
-    const std::string manifest_prefix = keys_.Manifest() + tag + "/";
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> entries, store_->List(manifest_prefix));
-    std::vector<std::string> refs;
-    refs.reserve(entries.size());
-    for (const std::string& e : entries) {
-        refs.push_back(keys_.Source() + e.substr(manifest_prefix.size()));
-        MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(refs.back())));
-        MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(e)));
-    }
-    cache_->Forget(refs);
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> admits,
-                         store_->List(keys_.Admit() + tag + "/"));
-    for (const std::string& a : admits) MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(a)));
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> leases,
-                         store_->List(keys_.Lease() + tag + "/"));
-    for (const std::string& l : leases) MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(l)));
-    MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(keys_.Seal() + tag)));
-    MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(keys_.Sealing() + tag)));
-    // The step's directories are empty for good: a store's listing state of them can go.
-    for (const std::string& dir : {manifest_prefix, keys_.Admit() + tag + "/",
-                                   keys_.Lease() + tag + "/"}) {
-        MCS_RETURN_IF_ERROR(store_->ForgetDirectory(dir));
-    }
-    std::lock_guard lock(seal_cache_mu_);
-    seal_cache_.erase(step.delta);
-    return Status::Ok();
-}
-
-Status SparseStore::CollectSteps(std::uint64_t keep_last, bool strict) {
-    if (keep_last == 0) return Status::Ok();
-    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
-    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
-    if (!latest || !floor || *latest < keep_last + *floor) return Status::Ok();
-    const std::uint64_t last_freed = *latest - keep_last;  // steps floor..last_freed go
-    if (strict) {
-        for (std::uint64_t k = *floor; k <= last_freed; ++k) {
-            MCS_ASSIGN_OR_RETURN(const bool leased, IsLeased({k - 1, k}));
-            if (leased) {
-                return FailedPrecondition("retention keep_last=" + std::to_string(keep_last) +
-                                          " would free step " + std::to_string(k) +
-                                          ", which a reader holds a lease on");
-            }
-        }
-    }
-    std::uint64_t next = *floor;
-    Status status;
-    for (; next <= last_freed; ++next) {
-        const Generation step{next - 1, next};
-        auto leased = IsLeased(step);
-        if (!leased.ok()) {
-            status = leased.status();
-            break;
-        }
-        if (*leased) break;  // kept until its reader is done; a later pass frees it
-        status = FreeStep(step);
-        if (!status.ok()) break;
-    }
-    if (next != *floor) MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), next));
-    return status;
-}
-
-Status SparseStore::SetRetention(std::uint64_t keep_last) {
-    std::lock_guard lock(seal_mu_);
-    MCS_RETURN_IF_ERROR(CollectSteps(keep_last, /*strict=*/true));
-    return WriteStepRecord(keys_.RetentionKey(), keep_last);
-}
-
-Result<std::uint64_t> SparseStore::Retention() {
-    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> keep, ReadStepRecord(keys_.RetentionKey()));
-    return keep.value_or(0);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Anchors.
-// ---------------------------------------------------------------------------------------------
-
-Status SparseStore::RecordAnchor(Generation step, std::span<const std::string> tensor_ids) {
-    MCS_RETURN_IF_ERROR(RequireStep(step, "anchor: generation"));
-    if (tensor_ids.empty()) return InvalidArgument("an anchor holds at least one tensor");
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> ids, SortedUniqueIds(tensor_ids, "anchor"));
-    std::lock_guard lock(seal_mu_);
-    MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
-    if (!sealed) {
-        return NotFound("anchor: step " + step.ToString() + " is not sealed (anchor a sealed "
-                        "step: its weights are the trainer's after that step)");
-    }
-    const std::string ns = options_.name_space;
-    for (const std::string& id : ids) {
-        auto info = store_->Stat(AnchorTensorKey(ns, step, id));
-        if (!info.ok()) {
-            return info.status().WithContext("anchor of step " + step.ToString() + ": tensor '" +
-                                             id + "'");
-        }
-    }
-    Status put = PutIdList(*store_, keys_.Anchor() + GenerationTag(step), step, ids,
-                           /*listed=*/true);
-    if (put.code() == StatusCode::kConflict) {
-        return FailedPrecondition("step " + step.ToString() + " has an anchor already");
-    }
-    MCS_RETURN_IF_ERROR(put);
-    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest,
-                         ReadStepRecord(keys_.LatestAnchorKey()));
-    if (!latest || *latest < step.delta) {
-        MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.LatestAnchorKey(), step.delta));
-    }
-    return CollectAnchors();
-}
-
-Result<std::optional<Generation>> SparseStore::LatestAnchor() {
-    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest,
-                         ReadStepRecord(keys_.LatestAnchorKey()));
-    if (!latest) return std::optional<Generation>();
-    return std::optional<Generation>(Generation{*latest - 1, *latest});
-}
-
-Status SparseStore::SetKeepAnchors(std::uint64_t keep_anchors) {
-    if (keep_anchors == 0) return InvalidArgument("keep_anchors must be at least 1");
-    std::lock_guard lock(seal_mu_);
-    MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.KeepAnchorsKey(), keep_anchors));
-    return CollectAnchors();
-}
-
-Status SparseStore::CollectAnchors() {
-    MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> keep, ReadStepRecord(keys_.KeepAnchorsKey()));
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> records, store_->List(keys_.Anchor()));
-    std::vector<Generation> anchored;
-    for (const std::string& key : records) {
-        auto info = store_->Stat(key);
-        if (!info.ok()) continue;
-        Json j = Json::parse(info->metadata, nullptr, false);
-        if (j.is_discarded() || !j.contains("base") || !j.contains("delta")) continue;
-        anchored.push_back({j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
-    }
-    std::sort(anchored.begin(), anchored.end(),
-              [](const Generation& a, const Generation& b) { return a.delta < b.delta; });
-    const std::uint64_t kept = std::max<std::uint64_t>(1, keep.value_or(1));
-    if (anchored.size() <= kept) return Status::Ok();
-    const std::string ns = options_.name_space;
-    for (std::size_t i = 0; i + kept < anchored.size(); ++i) {
-        const Generation& step = anchored[i];
-        const std::string record = keys_.Anchor() + GenerationTag(step);
-        auto info = store_->Stat(record);
-        if (!info.ok()) continue;
-        MCS_ASSIGN_OR_RETURN(std::vector<std::string> ids, ReadIdList(*store_, record, *info));
-        for (const std::string& id : ids) {
-            MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(AnchorTensorKey(ns, step, id))));
-        }
-        MCS_RETURN_IF_ERROR(IgnoreNotFound(store_->Remove(record)));
-    }
-    return Status::Ok();
 }
 
 // ---------------------------------------------------------------------------------------------
