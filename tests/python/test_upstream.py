@@ -233,10 +233,16 @@ def test_tensor_box_reads(node_a):
     w = torch.randn(1024, 1024)
     node_a.put_tensor(ours, w)
     rows, cols = torch.empty(512, 1024), torch.empty(1024, 256)
+    before = node_a.store_counters()
     node_a.batch_get_tensor_into([ours, ours], [rows, cols],
                                  global_offsets=[(512, 0), (0, 256)])
     assert rows.numpy().tobytes() == w[512:].numpy().tobytes()
     assert cols.numpy().tobytes() == w[:, 256:512].contiguous().numpy().tobytes()
+    # Only the boxes cross the network (and each header twice), never the whole 4 MiB object.
+    after = node_a.store_counters()
+    assert after["member_bytes"] == before["member_bytes"]
+    assert after["range_bytes"] - before["range_bytes"] == (rows.nbytes + cols.nbytes
+                                                            + 2 * 2 * 304)
     theirs = unique_key("tensor.box.theirs.")
     u = torch.randn(8, 64, 32).to(torch.bfloat16)
     assert client.put_tensor(theirs, u) == 0
