@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "executor/node_cache.h"

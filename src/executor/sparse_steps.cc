@@ -117,18 +117,21 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     const auto tile_less = [&](const TileCoord* a, const TileCoord* b) {
         return std::lexicographical_compare(a, a + rank, b, b + rank);
     };
-    // One part's entries of the current tile, at its next entry (sorted and unique by coord).
+    // One part's entries of the current tile: rows [row, end) of parts[part].
     struct Run {
-        std::uint64_t coord;
         std::uint32_t part;
         std::uint64_t row, end;
     };
-    // Min-heap on (coord, part): at one coordinate the earlier step comes out first.
-    const auto later = [](const Run& a, const Run& b) {
-        return a.coord != b.coord ? a.coord > b.coord : a.part > b.part;
+    struct Entry {
+        std::uint64_t coord;
+        std::uint32_t part;
+        std::uint64_t row;
     };
+    const Shape& tile_shape = d0.tile_shape;
     std::vector<std::size_t> cursor(parts.size(), 0);  // next tile of each part
-    std::vector<Run> heap;
+    std::vector<Run> runs;
+    std::vector<Entry> entries;
+    std::vector<std::uint64_t> marks;  // dense tiles: per in-tile element, 1 + part << 40 | row
     for (;;) {
         // The smallest next tile among the parts.
         const TileCoord* next = nullptr;
@@ -140,41 +143,71 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
         }
         if (next == nullptr) break;
         const std::vector<TileCoord> tile(next, next + rank);
-        heap.clear();
+        runs.clear();
+        std::uint64_t in_tile = 0;
         for (std::size_t p = 0; p < parts.size(); ++p) {
             const SparseObject& o = parts[p].object;
             if (cursor[p] >= o.desc.num_tiles) continue;
             const TileCoord* t = o.tile_coords.data() + cursor[p] * rank;
             if (!std::equal(t, t + rank, tile.data())) continue;
             const std::uint64_t r = o.tile_ptr[cursor[p]], end = o.tile_ptr[cursor[p] + 1];
-            if (r < end) heap.push_back({linear(o, r), static_cast<std::uint32_t>(p), r, end});
+            if (r < end) runs.push_back({static_cast<std::uint32_t>(p), r, end});
+            in_tile += end - r;
             ++cursor[p];
         }
-        if (heap.size() == 1) {  // one step wrote this tile: its entries as they are
-            emit(parts[heap[0].part].object, heap[0].row, heap[0].end - heap[0].row);
+        if (runs.size() == 1) {  // one step wrote this tile: its entries as they are
+            emit(parts[runs[0].part].object, runs[0].row, runs[0].end - runs[0].row);
             continue;
         }
-        std::make_heap(heap.begin(), heap.end(), later);
-        // Overwrite keeps the last step's entry of a coordinate: an entry is written once the
-        // next one out has another coordinate. Scatter_add keeps every entry (summed later).
-        bool held = false;
-        Run last{};
-        while (!heap.empty()) {
-            std::pop_heap(heap.begin(), heap.end(), later);
-            Run& e = heap.back();
-            if (held && (!overwrite || last.coord != e.coord)) {
-                emit(parts[last.part].object, last.row, 1);
+        // The tile's extent (clipped at the shape's end) and row-major strides within it.
+        std::array<std::uint64_t, kMaxRank> origin{}, tstride{};
+        std::uint64_t tile_elems = 1;
+        for (std::size_t d = rank; d-- > 0;) {
+            origin[d] = std::uint64_t(tile[d]) * std::uint64_t(tile_shape[d]);
+            const std::uint64_t extent = std::min<std::uint64_t>(
+                std::uint64_t(tile_shape[d]), std::uint64_t(d0.global_shape[d]) - origin[d]);
+            tstride[d] = tile_elems;
+            tile_elems *= extent;
+        }
+        if (overwrite && tile_elems <= 16 * in_tile) {
+            // Dense enough: mark each element with its last writer (steps in order), then
+            // take the marks in the tile's row-major order, which is the entries' order.
+            marks.assign(tile_elems, 0);
+            for (const Run& run : runs) {
+                const SparseObject& o = parts[run.part].object;
+                for (std::uint64_t r = run.row; r < run.end; ++r) {
+                    const std::byte* e = o.indices.data() + r * row;
+                    std::uint64_t at = 0;
+                    for (std::size_t d = 0; d < rank; ++d) {
+                        at += (LoadUnsigned(e + d * isz, isz) - origin[d]) * tstride[d];
+                    }
+                    marks[at] = 1 + (std::uint64_t(run.part) << 40 | r);
+                }
             }
-            last = e;
-            held = true;
-            if (++e.row < e.end) {
-                e.coord = linear(parts[e.part].object, e.row);
-                std::push_heap(heap.begin(), heap.end(), later);
-            } else {
-                heap.pop_back();
+            for (const std::uint64_t m : marks) {
+                if (m == 0) continue;
+                const std::uint64_t v = m - 1;
+                emit(parts[v >> 40].object, v & ((std::uint64_t{1} << 40) - 1), 1);
+            }
+            continue;
+        }
+        // Sparse: sort the tile's entries by (coordinate, step). Overwrite keeps a
+        // coordinate's last step's entry; scatter_add keeps every entry (summed later).
+        entries.clear();
+        for (const Run& run : runs) {
+            const SparseObject& o = parts[run.part].object;
+            for (std::uint64_t r = run.row; r < run.end; ++r) {
+                entries.push_back({linear(o, r), run.part, r});
             }
         }
-        if (held) emit(parts[last.part].object, last.row, 1);
+        std::sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) {
+            return x.coord != y.coord ? x.coord < y.coord : x.part < y.part;
+        });
+        for (std::size_t i = 0; i < entries.size(); ++i) {
+            const Entry& e = entries[i];
+            if (overwrite && i + 1 < entries.size() && entries[i + 1].coord == e.coord) continue;
+            emit(parts[e.part].object, e.row, 1);
+        }
     }
     indices.resize(out * row);
     values.resize(out * vsz);

@@ -803,6 +803,38 @@ TEST(StepsTest, FoldMergesRepeatedCoordinates) {
     EXPECT_EQ(Entries(two[0]), (E{{{2, 3}, 5.0f}}));
 }
 
+TEST(StepsTest, FoldOfDenseAndSparseTilesKeepsTheLastValue) {
+    // Steps from 0.1 % to 40 % of a [300, 200] tensor (tiles clipped at its edges), so a fold
+    // merges tiles both ways (by marks where the steps are dense, by sorting where sparse).
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(7);
+    const Shape shape{300, 200};
+    std::map<std::vector<std::int64_t>, float> expect;  // of the target box rows [50, 300)
+    const std::vector<double> density = {0.001, 0.4, 0.02, 0.3, 0.001, 0.1, 0.4, 0.005};
+    for (std::uint64_t k = 1; k <= density.size(); ++k) {
+        Update u;
+        std::set<std::int64_t> flat;
+        while (flat.size() < std::size_t(density[k - 1] * 300 * 200)) flat.insert(rng() % 60000);
+        for (std::int64_t f : flat) {
+            const float v = float(k * 100000 + f);
+            u.idx.push_back(f / 200);
+            u.idx.push_back(f % 200);
+            u.val.resize(u.val.size() + 4);
+            std::memcpy(u.val.data() + u.val.size() - 4, &v, 4);
+            if (f / 200 >= 50) expect[{f / 200 - 50, f % 200}] = v;
+        }
+        u.nnz = flat.size();
+        PutSparseRequest req = Req("w", shape, u, DType::kFloat32, Step(k));
+        req.encode.tile_shape = Shape{64, 48};
+        ASSERT_OK(store.PutSparseObject(req).status());
+        ASSERT_OK(store.SealGeneration(Step(k), Ids({"w"})));
+    }
+    const std::vector<TargetDescriptor> targets = {Target("t", "w", "n", {50, 0}, {250, 200})};
+    ASSERT_OK_AND_ASSIGN(StepManifest fold, store.GetManifest({0, density.size()}));
+    ASSERT_OK_AND_ASSIGN(auto objs, store.ReadSparseObjects(fold, targets));
+    EXPECT_EQ(Entries(objs[0]), expect);
+}
+
 TEST(StepsTest, FoldNeedsEverySealedStep) {
     SparseStore store(MakeEmbeddedStore());
     CommitAndSeal(store, Ids({"w"}), 1);
