@@ -132,7 +132,17 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     std::vector<Run> runs;
     std::vector<Entry> entries;
     std::vector<std::uint64_t> marks;  // dense tiles: per in-tile element, 1 + part << 40 | row
+    // The merged object's tile index, built as its tiles are written (in order).
+    std::vector<TileCoord> tile_coords;
+    std::vector<std::uint64_t> tile_ptr{0};
+    std::vector<TileCoord> written;  // the tile being written
+    const auto close_tile = [&] {
+        if (out == tile_ptr.back()) return;
+        tile_coords.insert(tile_coords.end(), written.begin(), written.end());
+        tile_ptr.push_back(out);
+    };
     for (;;) {
+        close_tile();
         // The smallest next tile among the parts.
         const TileCoord* next = nullptr;
         for (std::size_t p = 0; p < parts.size(); ++p) {
@@ -143,6 +153,7 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
         }
         if (next == nullptr) break;
         const std::vector<TileCoord> tile(next, next + rank);
+        written = tile;
         runs.clear();
         std::uint64_t in_tile = 0;
         for (std::size_t p = 0; p < parts.size(); ++p) {
@@ -209,17 +220,32 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
             emit(parts[e.part].object, e.row, 1);
         }
     }
+    close_tile();
     indices.resize(out * row);
     values.resize(out * vsz);
     const std::uint64_t nnz = values.size() / vsz;
     SourceDescriptor desc = d0;
     desc.generation = generation;
+    if (overwrite) {
+        // One entry per coordinate, in (tile, element) order, with its tile index: the object
+        // as it is, with only its checksums to compute.
+        SparseObject obj;
+        desc.nnz = nnz;
+        desc.num_tiles = tile_ptr.size() - 1;
+        obj.desc = std::move(desc);
+        obj.coordinate_space = "local";
+        obj.indices = std::move(indices);
+        obj.values = std::move(values);
+        obj.tile_coords = std::move(tile_coords);
+        obj.tile_ptr = std::move(tile_ptr);
+        UpdateChecksums(obj);
+        return TargetObject{first.target_id, first.node_id, first.target_box, std::move(obj)};
+    }
     EncodeOptions enc;
     enc.tile_shape = d0.tile_shape;
     enc.num_threads = 1;  // targets merge in parallel
-    // Overwrite: already one entry per coordinate. Scatter_add: repeated coordinates, in step
-    // order, are summed.
-    enc.duplicates = overwrite ? DuplicatePolicy::kError : DuplicatePolicy::kSum;
+    // Scatter_add: repeated coordinates, in step order, are summed.
+    enc.duplicates = DuplicatePolicy::kSum;
     const HostArray idx{d0.index_dtype, {Index(nnz), Index(rank)}, indices};
     const HostArray val{d0.value_dtype, {Index(nnz)}, values};
     MCS_ASSIGN_OR_RETURN(SparseObject obj, BuildSparseObject(std::move(desc), idx, val, enc));

@@ -833,6 +833,15 @@ TEST(StepsTest, FoldOfDenseAndSparseTilesKeepsTheLastValue) {
     ASSERT_OK_AND_ASSIGN(StepManifest fold, store.GetManifest({0, density.size()}));
     ASSERT_OK_AND_ASSIGN(auto objs, store.ReadSparseObjects(fold, targets));
     EXPECT_EQ(Entries(objs[0]), expect);
+    // Its tile index and checksums are those the codec builds for its entries.
+    SparseObject rebuilt = objs[0].object;
+    ASSERT_OK(BuildTileIndex(rebuilt));
+    UpdateChecksums(rebuilt);
+    EXPECT_EQ(rebuilt.tile_coords, objs[0].object.tile_coords);
+    EXPECT_EQ(rebuilt.tile_ptr, objs[0].object.tile_ptr);
+    EXPECT_EQ(rebuilt.desc.num_tiles, objs[0].object.desc.num_tiles);
+    EXPECT_EQ(rebuilt.checksum_tile_ptr, objs[0].object.checksum_tile_ptr);
+    EXPECT_EQ(rebuilt.checksum_values, objs[0].object.checksum_values);
 }
 
 TEST(StepsTest, FoldNeedsEverySealedStep) {
