@@ -99,21 +99,6 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
         out += n;
     };
 
-    // Row-major linear coordinate over the target's local shape: the in-tile order.
-    std::array<std::uint64_t, kMaxRank> stride{};
-    {
-        std::uint64_t s = 1;
-        for (std::size_t d = rank; d-- > 0;) {
-            stride[d] = s;
-            s *= static_cast<std::uint64_t>(d0.global_shape[d]);
-        }
-    }
-    const auto linear = [&](const SparseObject& o, std::uint64_t r) {
-        const std::byte* e = o.indices.data() + r * row;
-        std::uint64_t v = 0;
-        for (std::size_t d = 0; d < rank; ++d) v += LoadUnsigned(e + d * isz, isz) * stride[d];
-        return v;
-    };
     const auto tile_less = [&](const TileCoord* a, const TileCoord* b) {
         return std::lexicographical_compare(a, a + rank, b, b + rank);
     };
@@ -123,7 +108,7 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
         std::uint64_t row, end;
     };
     struct Entry {
-        std::uint64_t coord;
+        std::uint64_t coord;  ///< Position within the tile (row-major).
         std::uint32_t part;
         std::uint64_t row;
     };
@@ -131,7 +116,7 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     std::vector<std::size_t> cursor(parts.size(), 0);  // next tile of each part
     std::vector<Run> runs;
     std::vector<Entry> entries;
-    std::vector<std::uint64_t> marks;  // dense tiles: per in-tile element, 1 + part << 40 | row
+    std::vector<std::uint64_t> marks, chain, stack, keys;  // per tile, reused
     // The merged object's tile index, built as its tiles are written (in order).
     std::vector<TileCoord> tile_coords;
     std::vector<std::uint64_t> tile_ptr{0};
@@ -180,40 +165,61 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
             tstride[d] = tile_elems;
             tile_elems *= extent;
         }
-        if (overwrite && tile_elems <= 16 * in_tile) {
-            // Dense enough: mark each element with its last writer (steps in order), then
-            // take the marks in the tile's row-major order, which is the entries' order.
-            marks.assign(tile_elems, 0);
-            for (const Run& run : runs) {
-                const SparseObject& o = parts[run.part].object;
-                for (std::uint64_t r = run.row; r < run.end; ++r) {
-                    const std::byte* e = o.indices.data() + r * row;
-                    std::uint64_t at = 0;
-                    for (std::size_t d = 0; d < rank; ++d) {
-                        at += (LoadUnsigned(e + d * isz, isz) - origin[d]) * tstride[d];
-                    }
-                    marks[at] = 1 + (std::uint64_t(run.part) << 40 | r);
-                }
+        // Each entry of the tile by its position within it (the in-tile row-major order is the
+        // entries' order), numbered in step order.
+        const auto in_tile_at = [&](const SparseObject& o, std::uint64_t r) {
+            const std::byte* e = o.indices.data() + r * row;
+            std::uint64_t at = 0;
+            for (std::size_t d = 0; d < rank; ++d) {
+                at += (LoadUnsigned(e + d * isz, isz) - origin[d]) * tstride[d];
             }
-            for (const std::uint64_t m : marks) {
-                if (m == 0) continue;
-                const std::uint64_t v = m - 1;
-                emit(parts[v >> 40].object, v & ((std::uint64_t{1} << 40) - 1), 1);
-            }
-            continue;
-        }
-        // Sparse: sort the tile's entries by (coordinate, step). Overwrite keeps a
-        // coordinate's last step's entry; scatter_add keeps every entry (summed later).
+            return at;
+        };
         entries.clear();
         for (const Run& run : runs) {
             const SparseObject& o = parts[run.part].object;
             for (std::uint64_t r = run.row; r < run.end; ++r) {
-                entries.push_back({linear(o, r), run.part, r});
+                entries.push_back({in_tile_at(o, r), run.part, r});
             }
         }
-        std::sort(entries.begin(), entries.end(), [](const Entry& x, const Entry& y) {
-            return x.coord != y.coord ? x.coord < y.coord : x.part < y.part;
-        });
+        const auto emit_entry = [&](std::uint64_t i) {
+            emit(parts[entries[i].part].object, entries[i].row, 1);
+        };
+        if (tile_elems <= 64 * in_tile) {
+            // Dense enough: per element the chain of its entries (`marks`: 1 + the newest,
+            // `chain`: 1 + the one before), taken in the tile's order. Overwrite writes the
+            // newest; scatter_add every one, oldest first (summed later, in step order).
+            marks.assign(tile_elems, 0);
+            chain.resize(entries.size());
+            for (std::uint64_t i = 0; i < entries.size(); ++i) {
+                chain[i] = marks[entries[i].coord];
+                marks[entries[i].coord] = i + 1;
+            }
+            for (const std::uint64_t m : marks) {
+                if (m == 0) continue;
+                if (overwrite) {
+                    emit_entry(m - 1);
+                    continue;
+                }
+                stack.clear();
+                for (std::uint64_t i = m; i != 0; i = chain[i - 1]) stack.push_back(i - 1);
+                for (auto it = stack.rbegin(); it != stack.rend(); ++it) emit_entry(*it);
+            }
+            continue;
+        }
+        // Sparse: sort by (position, step order), packed in one word when they fit.
+        if (tile_elems <= 0xffffffffu && entries.size() <= 0xffffffffu) {
+            keys.resize(entries.size());
+            for (std::uint64_t i = 0; i < entries.size(); ++i) keys[i] = entries[i].coord << 32 | i;
+            std::sort(keys.begin(), keys.end());
+            for (std::size_t k = 0; k < keys.size(); ++k) {
+                if (overwrite && k + 1 < keys.size() && keys[k + 1] >> 32 == keys[k] >> 32) continue;
+                emit_entry(keys[k] & 0xffffffffu);
+            }
+            continue;
+        }
+        std::stable_sort(entries.begin(), entries.end(),
+                         [](const Entry& x, const Entry& y) { return x.coord < y.coord; });
         for (std::size_t i = 0; i < entries.size(); ++i) {
             const Entry& e = entries[i];
             if (overwrite && i + 1 < entries.size() && entries[i + 1].coord == e.coord) continue;

@@ -810,7 +810,8 @@ TEST(StepsTest, FoldOfDenseAndSparseTilesKeepsTheLastValue) {
     std::mt19937_64 rng(7);
     const Shape shape{300, 200};
     std::map<std::vector<std::int64_t>, float> expect;  // of the target box rows [50, 300)
-    const std::vector<double> density = {0.001, 0.4, 0.02, 0.3, 0.001, 0.1, 0.4, 0.005};
+    const std::vector<double> density = {0.001, 0.002, 0.4, 0.3, 0.001, 0.1, 0.4, 0.005};
+    std::map<std::vector<std::int64_t>, float> after_two;  // the fold (0, 2): sparse tiles
     for (std::uint64_t k = 1; k <= density.size(); ++k) {
         Update u;
         std::set<std::int64_t> flat;
@@ -828,8 +829,12 @@ TEST(StepsTest, FoldOfDenseAndSparseTilesKeepsTheLastValue) {
         req.encode.tile_shape = Shape{64, 48};
         ASSERT_OK(store.PutSparseObject(req).status());
         ASSERT_OK(store.SealGeneration(Step(k), Ids({"w"})));
+        if (k == 2) after_two = expect;
     }
     const std::vector<TargetDescriptor> targets = {Target("t", "w", "n", {50, 0}, {250, 200})};
+    ASSERT_OK_AND_ASSIGN(StepManifest first_two, store.GetManifest({0, 2}));
+    ASSERT_OK_AND_ASSIGN(auto sparse, store.ReadSparseObjects(first_two, targets));
+    EXPECT_EQ(Entries(sparse[0]), after_two);
     ASSERT_OK_AND_ASSIGN(StepManifest fold, store.GetManifest({0, density.size()}));
     ASSERT_OK_AND_ASSIGN(auto objs, store.ReadSparseObjects(fold, targets));
     EXPECT_EQ(Entries(objs[0]), expect);
