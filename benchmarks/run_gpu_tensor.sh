@@ -5,8 +5,8 @@
 #   benchmarks/run_gpu_tensor.sh OUTDIR
 #
 # Needs: python3 with torch (CUDA), numpy, pybind11, pytest; cmake, ninja, a C++20 compiler.
-# Header-only dependencies the machine may lack (nlohmann/json, xxhash.h, dlpack) are taken from
-# .devdeps/ when present (DEVDEPS=DIR overrides). The node daemon needs gflags, glog and
+# Header-only dependencies the machine may lack (nlohmann/json, rapidjson, xxhash.h, dlpack) are
+# taken from .devdeps/ when present (DEVDEPS=DIR overrides). The node daemon needs gflags, glog and
 # yaml-cpp: when the machine lacks them they are taken from Debian packages in .devdeps/debs/
 # (unpacked into the build tree; fetch them on a Debian/Ubuntu box with
 #   cd .devdeps/debs && apt-get download libgflags-dev libgflags2.2 libgoogle-glog-dev \
@@ -64,7 +64,7 @@ if(PACKAGE_FIND_VERSION VERSION_GREATER PACKAGE_VERSION)
     set(PACKAGE_VERSION_COMPATIBLE FALSE)
 endif()
 EOF
-    extra_inc="-DMOONCAKE_SPARSE_XXHASH_INCLUDE_DIR=${devdeps} -DMOONCAKE_SPARSE_DLPACK_INCLUDE_DIR=${devdeps}"
+    extra_inc="-DMOONCAKE_SPARSE_XXHASH_INCLUDE_DIR=${devdeps} -DMOONCAKE_SPARSE_DLPACK_INCLUDE_DIR=${devdeps} -DMOONCAKE_SPARSE_RAPIDJSON_INCLUDE_DIR=${devdeps}"
     note "deps: header shims from ${devdeps}"
 else
     rm -f "${shim}/share/cmake/nlohmann_json/"*.cmake

@@ -8,7 +8,8 @@ APT_PACKAGES=(
     build-essential ninja-build ccache pkg-config
     clang libclang-rt-14-dev
     libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
-    libgoogle-glog-dev libgflags-dev libyaml-cpp-dev libxxhash-dev nlohmann-json3-dev libdlpack-dev
+    libgoogle-glog-dev libgflags-dev libyaml-cpp-dev libxxhash-dev nlohmann-json3-dev rapidjson-dev
+    libdlpack-dev
     python3 python3-dev python3-pip
     libibverbs1 libnuma1 libcurl4
 )
