@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,48 @@ TEST(ObjectMetadataTest, RejectsWhatIsNotASparseObjectV1) {
     const auto decoded = DecodeObjectMetadata("x", json);
     EXPECT_THAT(decoded, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(decoded.status().message(), HasSubstr("not a mooncake.sparse_object v1"));
+}
+
+TEST(ObjectMetadataTest, EveryFieldIsCheckedAndStringsRoundTrip) {
+    SourceDescriptor d = MakeDesc({16, 16});
+    d.tensor_id = "layers.0/\"quoted\"\\back\u00e9";
+    ASSERT_OK_AND_ASSIGN(
+        SparseObject obj,
+        BuildSparseObject(d, View(std::vector<std::int64_t>{1, 2}, {1, 2}),
+                          View(std::vector<float>{1.0f}, {1})));
+    obj.desc.source_ref = "mcs/src/w";
+    const std::string json = EncodeObjectMetadata(obj);
+    ASSERT_OK_AND_ASSIGN(SourceDescriptor back, DecodeObjectMetadata("mcs/src/w", json));
+    EXPECT_EQ(back, obj.desc);
+    // Any JSON reader sees the same fields (written in sorted order).
+    const nlohmann::json j = nlohmann::json::parse(json);
+    EXPECT_EQ(j["tensor_id"].get<std::string>(), d.tensor_id);
+    EXPECT_EQ(j["members"]["values"]["checksum"].get<std::uint64_t>(), obj.checksum_values);
+    EXPECT_EQ(j.dump(), json);
+
+    EXPECT_THAT(DecodeObjectMetadata("x", json + " x"), StatusIs(StatusCode::kInvalidArgument));
+    for (const char* field : {"schema", "version", "tensor_id", "global_shape", "global_offset",
+                              "local_shape", "base_generation", "delta_generation",
+                              "source_placement", "placement_policy", "tile_shape", "nnz",
+                              "num_tiles", "apply", "index_dtype", "value_dtype"}) {
+        SCOPED_TRACE(field);
+        nlohmann::json missing = j;
+        missing.erase(field);
+        const auto r = DecodeObjectMetadata("x", missing.dump());
+        EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+        EXPECT_THAT(r.status().message(), HasSubstr(field));
+        nlohmann::json mistyped = j;
+        mistyped[field] = nlohmann::json::array({"?"});
+        EXPECT_THAT(DecodeObjectMetadata("x", mistyped.dump()),
+                    StatusIs(StatusCode::kInvalidArgument));
+    }
+    nlohmann::json negative = j;
+    negative["nnz"] = -1;
+    EXPECT_THAT(DecodeObjectMetadata("x", negative.dump()), StatusIs(StatusCode::kInvalidArgument));
+    nlohmann::json fractional = j;
+    fractional["global_shape"] = {16.5, 16};
+    EXPECT_THAT(DecodeObjectMetadata("x", fractional.dump()),
+                StatusIs(StatusCode::kInvalidArgument));
 }
 
 }  // namespace
