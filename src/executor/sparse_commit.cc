@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "codec/object_metadata.h"
+#include "executor/parallel.h"
 #include "executor/sparse_store.h"
 #include "executor/tensor_store.h"  // kReservedKeyPrefix
 
@@ -136,7 +137,7 @@ Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_vie
         Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
 }
 
-Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
+Status SparseStore::PrepareCommit(SparseObject& object, std::string& metadata) {
     SourceDescriptor& d = object.desc;
     if (object.coordinate_space != "global") {
         return InvalidArgument("only global-coordinate objects are committed as sources");
@@ -144,34 +145,49 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
     d.source_ref = keys_.Source() +
                    SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box)
                        .substr(kSourcePrefix.size());
-    MCS_ASSIGN_OR_RETURN(SourceDescriptor checked, SourceDescriptor::Make(d));
-    const std::string metadata = EncodeObjectMetadata(object);
-    CommitResult result{d.source_ref, false, d.nnz, object.PayloadBytes()};
+    MCS_RETURN_IF_ERROR(SourceDescriptor::Make(d).status());
+    metadata = EncodeObjectMetadata(object);
+    return Status::Ok();
+}
 
-    std::lock_guard lock(commit_mu_);
+Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
+                                               const std::string& metadata, bool hard_pin,
+                                               CommitBatch& batch) {
+    const SourceDescriptor& d = object.desc;
+    CommitResult result{d.source_ref, false, d.nnz, object.PayloadBytes()};
     // Idempotence first: a retry of a committed step must succeed even after the tensor moved on.
     if (auto existing = store_->Stat(d.source_ref); existing.ok()) {
         if (!IsSameCommit(*existing, object)) {
             return Conflict("a different payload is already committed for " + d.source_ref);
         }
-        std::lock_guard mlock(metrics_mu_);
-        ++metrics_.idempotent_commits;
+        ++batch.idempotent;
         return result;
     } else if (existing.status().code() != StatusCode::kNotFound) {
         return existing.status();
     }
 
-    MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(d.generation));
-    if (sealed) {
-        return Conflict("step " + d.generation.ToString() + " is sealed: " + d.source_ref +
-                        " cannot join it");
+    // Whether the step takes commits: checked once per step of a batch.
+    auto [step, fresh] = batch.steps.try_emplace(d.generation);
+    if (fresh) {
+        step->second = [&]() -> Status {
+            MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(d.generation));
+            if (sealed) return Conflict("step " + d.generation.ToString() + " is sealed");
+            MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(d.generation));
+            if (freed) {
+                return Conflict("step " + d.generation.ToString() + " is past retention (freed)");
+            }
+            return Status::Ok();
+        }();
     }
-    MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(d.generation));
-    if (freed) {
-        return Conflict("step " + d.generation.ToString() + " is past retention (freed): " +
-                        d.source_ref + " cannot join it");
+    if (!step->second.ok()) {
+        return Status(step->second.code(),
+                      step->second.message() + ": " + d.source_ref + " cannot join it");
     }
-    MCS_ASSIGN_OR_RETURN(std::optional<Generation> head, CurrentGeneration(d.tensor_id));
+    auto [head_it, unread] = batch.heads.try_emplace(d.tensor_id);
+    if (unread) {
+        MCS_ASSIGN_OR_RETURN(head_it->second, CurrentGeneration(d.tensor_id));
+    }
+    const std::optional<Generation> head = head_it->second;
     // Fencing: the first writer of a step moves the head to (base, delta); the other writers
     // of the same step (other experts, other boxes) find it at exactly (base, delta). A tensor
     // left unchanged for steps commits a later step directly (base past its head); a base
@@ -186,15 +202,14 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
     // Sources are found through manifests, never listed.
     MCS_RETURN_IF_ERROR(
         store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin, false}));
-    const std::string manifest_key = keys_.Manifest() + GenerationTag(d.generation) + "/" +
-                                     d.source_ref.substr(keys_.Source().size());
+    const std::string manifest_key = ManifestKeyOf(d);
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
     if (s.ok() && (!head || *head != d.generation)) {
         Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
         s = store_->Put(keys_.Head() + d.tensor_id, h.dump(), {},
                         {PutMode::kUpsert, true});
+        if (s.ok()) head_it->second = d.generation;
     }
-    if (s.ok()) s = CheckCommitNotMissed(d);
     if (!s.ok()) {
         // Leave the store as it was: nothing of a failed commit stays visible.
         (void)store_->Remove(manifest_key);
@@ -202,10 +217,106 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         return s;
     }
     result.created = true;
-    std::lock_guard mlock(metrics_mu_);
-    ++metrics_.source_objects_put;
-    metrics_.source_bytes_put += result.bytes;
+    ++batch.created;
+    batch.created_bytes += result.bytes;
     return result;
+}
+
+std::string SparseStore::ManifestKeyOf(const SourceDescriptor& d) const {
+    return keys_.Manifest() + GenerationTag(d.generation) + "/" +
+           d.source_ref.substr(keys_.Source().size());
+}
+
+void SparseStore::UndoMissedCommits(std::span<const SparseObject* const> objects,
+                                    std::span<Result<CommitResult>> results, CommitBatch& batch) {
+    // Per step, the commits of the batch that created objects: a seal by another process
+    // that missed them undoes them (docs/design.md §9 "As built").
+    std::map<Generation, std::vector<std::size_t>> created;
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+        if (objects[i] != nullptr && results[i].ok() && results[i]->created) {
+            created[objects[i]->desc.generation].push_back(i);
+        }
+    }
+    for (const auto& [step, items] : created) {
+        std::vector<std::string_view> refs;
+        refs.reserve(items.size());
+        for (std::size_t i : items) refs.push_back(objects[i]->desc.source_ref);
+        std::vector<bool> missed;
+        Status s = CheckCommitsNotMissed(step, refs, missed);
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            if (s.ok() && !missed[k]) continue;
+            const SourceDescriptor& d = objects[items[k]]->desc;
+            (void)store_->Remove(ManifestKeyOf(d));
+            (void)store_->Remove(d.source_ref);
+            --batch.created;
+            batch.created_bytes -= results[items[k]]->bytes;
+            results[items[k]] = s.ok() ? Status(Conflict("step " + step.ToString() +
+                                                         " was sealed by another process before " +
+                                                         d.source_ref + " joined it"))
+                                       : s;
+        }
+    }
+}
+
+void SparseStore::CountCommits(const CommitBatch& batch) {
+    std::lock_guard mlock(metrics_mu_);
+    metrics_.idempotent_commits += batch.idempotent;
+    metrics_.source_objects_put += batch.created;
+    metrics_.source_bytes_put += batch.created_bytes;
+}
+
+Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
+    std::string metadata;
+    MCS_RETURN_IF_ERROR(PrepareCommit(object, metadata));
+    CommitBatch batch;
+    Result<CommitResult> result = Internal("unset");
+    {
+        std::lock_guard lock(commit_mu_);
+        result = CommitLocked(object, metadata, hard_pin, batch);
+        const SparseObject* one = &object;
+        UndoMissedCommits({&one, 1}, {&result, 1}, batch);
+    }
+    CountCommits(batch);
+    return result;
+}
+
+std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
+    std::span<const PutSparseRequest> requests, int num_threads) {
+    std::vector<Result<CommitResult>> results(requests.size(), Internal("unset"));
+    std::vector<std::optional<SparseObject>> objects(requests.size());
+    std::vector<std::string> metadata(requests.size());
+    // Validation and encoding, in parallel: a bad request fails alone, before any write.
+    internal::ParallelFor(requests.size(), num_threads, [&](std::size_t i) {
+        Result<SparseObject> built = BuildSourceObject(requests[i]);
+        if (!built.ok()) {
+            results[i] = built.status().WithContext("update " + std::to_string(i) + " ('" +
+                                                   requests[i].tensor_id + "')");
+            return;
+        }
+        Status prepared = PrepareCommit(*built, metadata[i]);
+        if (!prepared.ok()) {
+            results[i] = prepared.WithContext("update " + std::to_string(i));
+            return;
+        }
+        objects[i] = std::move(built).value();
+    });
+    std::vector<const SparseObject*> committed(requests.size(), nullptr);
+    CommitBatch batch;
+    {
+        std::lock_guard lock(commit_mu_);
+        for (std::size_t i = 0; i < requests.size(); ++i) {
+            if (!objects[i]) continue;
+            results[i] = CommitLocked(*objects[i], metadata[i], requests[i].hard_pin, batch);
+            if (!results[i].ok()) {
+                results[i] = results[i].status().WithContext(
+                    "update " + std::to_string(i) + " ('" + requests[i].tensor_id + "')");
+            }
+            committed[i] = &*objects[i];
+        }
+        UndoMissedCommits(committed, results, batch);
+    }
+    CountCommits(batch);
+    return results;
 }
 
 Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generation,

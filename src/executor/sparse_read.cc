@@ -11,6 +11,7 @@
 
 #include "codec/object_metadata.h"
 #include "executor/node_cache.h"
+#include "executor/parallel.h"
 #include "executor/sparse_store.h"
 
 namespace mooncake::sparse {
@@ -22,27 +23,6 @@ double Seconds(Clock::time_point since) {
     return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-/// Runs fn(i) for i in [0, n) on up to `threads` threads (contiguous chunks).
-template <typename Fn>
-void ParallelFor(std::size_t n, int threads, Fn&& fn) {
-    std::size_t t = threads > 0 ? std::size_t(threads)
-                                : std::max(1u, std::thread::hardware_concurrency());
-    t = std::min(t, n);
-    if (t <= 1) {
-        for (std::size_t i = 0; i < n; ++i) fn(i);
-        return;
-    }
-    std::vector<std::thread> pool;
-    const std::size_t chunk = (n + t - 1) / t;
-    for (std::size_t k = 0; k < t; ++k) {
-        const std::size_t lo = k * chunk, hi = std::min(n, lo + chunk);
-        if (lo >= hi) break;
-        pool.emplace_back([&, lo, hi] {
-            for (std::size_t i = lo; i < hi; ++i) fn(i);
-        });
-    }
-    for (auto& th : pool) th.join();
-}
 
 /// The first descriptor field in which a requester's manifest entry differs from the stored
 /// object's metadata, or nullptr when they agree.
@@ -384,7 +364,7 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
     }
     constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
     const int threads = entries < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
-    ParallelFor(call.targets.size(), threads, [&](std::size_t t) {
+    internal::ParallelFor(call.targets.size(), threads, [&](std::size_t t) {
         call.results[t] = MaterializeTarget(call.manifest, call.targets[t],
                                             call.selection.matches_of(t), call.pieces[t],
                                             call.fanout[t]);

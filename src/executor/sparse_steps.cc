@@ -28,6 +28,7 @@
 
 #include "codec/codec.h"
 #include "executor/node_cache.h"
+#include "executor/parallel.h"
 #include "executor/sparse_store.h"
 #include "executor/step_records.h"
 
@@ -259,26 +260,6 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     return TargetObject{first.target_id, first.node_id, first.target_box, std::move(obj)};
 }
 
-/// Runs fn(i) for i in [0, n) on up to `threads` threads (0: the hardware's), in chunks.
-template <typename Fn>
-void ParallelFor(std::size_t n, int threads, Fn&& fn) {
-    std::size_t t = threads > 0 ? std::size_t(threads)
-                                : std::max(1u, std::thread::hardware_concurrency());
-    t = std::min(t, n);
-    if (t <= 1) {
-        for (std::size_t i = 0; i < n; ++i) fn(i);
-        return;
-    }
-    std::atomic<std::size_t> next{0};
-    std::vector<std::thread> pool;
-    for (std::size_t k = 1; k < t; ++k) {
-        pool.emplace_back([&] {
-            for (std::size_t i = next++; i < n; i = next++) fn(i);
-        });
-    }
-    for (std::size_t i = next++; i < n; i = next++) fn(i);
-    for (auto& th : pool) th.join();
-}
 
 }  // namespace
 
@@ -372,28 +353,29 @@ Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation ste
     return sources;
 }
 
-Status SparseStore::CheckCommitNotMissed(const SourceDescriptor& d) {
+Status SparseStore::CheckCommitsNotMissed(Generation step, std::span<const std::string_view> refs,
+                                          std::vector<bool>& missed) {
     // A seal creates its pending record before it reads the manifest, and gives up unless it
-    // writes the seal before the record expires. So a commit that, after listing itself, finds
-    // neither the seal nor a live pending record is in the manifest that any later seal reads;
-    // one that finds the seal asks it whether it holds the commit.
-    const std::string tag = GenerationTag(d.generation);
+    // writes the seal before the record expires. So commits that, after listing themselves,
+    // find neither the seal nor a live pending record are in the manifest that any later seal
+    // reads; commits that find the seal ask it whether it holds them.
+    missed.assign(refs.size(), false);
+    const std::string tag = GenerationTag(step);
     auto poll = std::chrono::duration<double>(0.001);
     for (;;) {
         auto pending = store_->Stat(keys_.Sealing() + tag);
         if (!pending.ok() && pending.status().code() != StatusCode::kNotFound) {
             return pending.status();
         }
-        MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(d.generation));
+        MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(step));
         if (sealed) {
-            MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(d.generation));
-            const std::string_view own =
-                std::string_view(d.source_ref).substr(keys_.Source().size());
-            if (std::binary_search(seal->sources.begin(), seal->sources.end(), own)) {
-                return Status::Ok();
+            MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(step));
+            const std::size_t prefix = keys_.Source().size();
+            for (std::size_t i = 0; i < refs.size(); ++i) {
+                missed[i] = !std::binary_search(seal->sources.begin(), seal->sources.end(),
+                                                refs[i].substr(prefix));
             }
-            return Conflict("step " + d.generation.ToString() + " was sealed by another " +
-                            "process before " + d.source_ref + " joined it");
+            return Status::Ok();
         }
         if (!pending.ok() || ExpiryOf(*pending) <= NowMs()) return Status::Ok();
         std::this_thread::sleep_for(poll);
@@ -711,7 +693,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
         }
     }
     std::vector<Result<TargetObject>> results(targets.size(), Internal("unset"));
-    ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
+    internal::ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
         if (parts[t].empty()) {
             results[t] = EmptyTarget(targets[t], manifest.generation);
         } else if (parts[t].size() == 1) {

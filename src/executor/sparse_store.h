@@ -165,6 +165,14 @@ public:
     /// Commits an object built by BuildSparseObject (same semantics as PutSparseObject).
     Result<CommitResult> CommitSparseObject(SparseObject object, bool hard_pin = true);
 
+    /// Validates, encodes and commits a batch of source objects (a step's updates): one result
+    /// per request, in order, each as PutSparseObject would return it. A bad request fails
+    /// alone and leaves nothing of itself behind; the others commit. Requests are validated and
+    /// encoded on up to `num_threads` threads (0: the hardware's), then committed under one
+    /// lock, with the step checks made once per step of the batch.
+    std::vector<Result<CommitResult>> PutSparseObjects(std::span<const PutSparseRequest> requests,
+                                                       int num_threads = 0);
+
     /// Store-side single-owner admission: among writers racing for one logical key, exactly one
     /// gets true (a retry by the winner gets true again).
     /// Errors: InvalidArgument.
@@ -279,10 +287,31 @@ private:
     /// The entries of a sealed step's manifest that its seal holds: a commit that listed itself
     /// after the seal read the manifest (another process's, on a shared store) is not one.
     Result<std::vector<SourceDescriptor>> SealedManifest(Generation step);
-    /// After a commit listed itself in its step's manifest: whether a seal of the step by
-    /// another process missed it (then the commit is undone: Conflict). Waits while a seal of
-    /// the step is in progress.
-    Status CheckCommitNotMissed(const SourceDescriptor& d);
+    /// After commits of `step` (their source refs) listed themselves in its manifest: which of
+    /// them a seal of the step by another process missed (`missed`; those are undone:
+    /// Conflict). Waits while a seal of the step is in progress.
+    Status CheckCommitsNotMissed(Generation step, std::span<const std::string_view> refs,
+                                 std::vector<bool>& missed);
+
+    // Commits (sparse_commit.cc).
+    /// What one commit call (one object or a batch) learns and counts under commit_mu_.
+    struct CommitBatch {
+        std::map<Generation, Status> steps;  ///< Whether each step takes commits.
+        std::map<std::string, std::optional<Generation>, std::less<>> heads;  ///< As moved.
+        std::uint64_t created = 0, created_bytes = 0, idempotent = 0;
+    };
+    /// Names the object under this store's namespace, checks its descriptor, and encodes its
+    /// metadata.
+    Status PrepareCommit(SparseObject& object, std::string& metadata);
+    /// One commit with commit_mu_ held: idempotence, step and fencing checks, then the writes.
+    Result<CommitResult> CommitLocked(const SparseObject& object, const std::string& metadata,
+                                      bool hard_pin, CommitBatch& batch);
+    /// Undoes the created commits of `objects` (null: not committed) that a seal by another
+    /// process missed, setting their results to Conflict.
+    void UndoMissedCommits(std::span<const SparseObject* const> objects,
+                           std::span<Result<CommitResult>> results, CommitBatch& batch);
+    void CountCommits(const CommitBatch& batch);
+    std::string ManifestKeyOf(const SourceDescriptor& d) const;
     /// Creates the pending record of a seal of `step` (taking over a crashed sealer's) and
     /// returns its expiry. Errors: FailedPrecondition (another seal is in progress).
     Result<std::int64_t> BeginSeal(Generation step);

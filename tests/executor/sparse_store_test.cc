@@ -10,8 +10,14 @@
 #include <random>
 #include <set>
 
+#include "../status_matchers.h"
+
 namespace mooncake::sparse {
 namespace {
+
+using ::mooncake::sparse::testing::StatusIs;
+using ::mooncake::sparse::testing::StatusIsWithMessage;
+using ::testing::IsEmpty;
 
 /// Wraps the real embedded store and records every member read, so tests can assert which
 /// bytes the executor asked for (the real store still serves them).
@@ -254,6 +260,94 @@ TEST(SparseStoreTest, StaleAndConflictingCommits) {
     other.val[0] += 1;
     EXPECT_EQ(store.PutSparseObject(Request("w", shape, other, "none", {1, 2})).status().code(),
               StatusCode::kConflict);
+}
+
+TEST(SparseStoreTest, ABatchCommitsLikeSingleCommitsAndABadUpdateFailsAlone) {
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore batch_store(os);
+    SparseStore single_store(MakeEmbeddedStore());
+    std::mt19937_64 rng(31);
+    const Shape shape{48, 40};
+    std::vector<Coo> coos;
+    std::vector<PutSparseRequest> reqs;
+    for (int i = 0; i < 1200; ++i) coos.push_back(RandomCoo(rng, shape, 1 + rng() % 30));
+    for (int i = 0; i < 1200; ++i) {
+        reqs.push_back(Request("t" + std::to_string(i), shape, coos[i], "none", {0, 1}));
+    }
+    // Two boxes of one tensor in the same batch, and a stale, a conflicting and a bad update.
+    ASSERT_OK(single_store.PutSparseObject(Request("stale", shape, coos[0], "none", {0, 1})));
+    ASSERT_OK(batch_store.PutSparseObject(Request("stale", shape, coos[0], "none", {0, 1})));
+    ASSERT_OK(batch_store.PutSparseObject(Request("stale", shape, coos[0], "none", {1, 2})));
+    reqs[10] = Request("stale", shape, coos[10], "none", {0, 1});  // a different payload: Conflict
+    reqs[11] = Request("fresh", shape, coos[11], "none", {0, 1});
+    const std::vector<std::int64_t> out_of_range = {48, 0};
+    const std::vector<float> one = {1.0f};
+    reqs[11].indices = Arr(out_of_range, 2);
+    reqs[11].values = Arr(one);
+    ASSERT_OK(batch_store.PutSparseObject(Request("ahead", shape, coos[12], "none", {0, 1})));
+    ASSERT_OK(batch_store.PutSparseObject(Request("ahead", shape, coos[12], "none", {1, 2})));
+    reqs[12] = Request("ahead", shape, coos[12], "none", {0, 3});  // base 0 < head 2: stale
+    Coo top, bottom;
+    for (std::size_t e = 0; e < coos[13].val.size(); ++e) {
+        Coo& half = coos[13].idx[2 * e] < 24 ? top : bottom;
+        half.idx.insert(half.idx.end(), {coos[13].idx[2 * e], coos[13].idx[2 * e + 1]});
+        half.val.push_back(coos[13].val[e]);
+    }
+    // Indices are global: each half is its box's entries as they are.
+    reqs[13] = Request("boxes", shape, top, "none", {0, 1});
+    reqs[13].global_offset = Shape{0, 0};
+    reqs[13].local_shape = Shape{24, 40};
+    reqs.push_back(Request("boxes", shape, bottom, "none", {0, 1}));
+    reqs.back().global_offset = Shape{24, 0};
+    reqs.back().local_shape = Shape{24, 40};
+
+    const StoreCounters before = os->Counters();
+    std::vector<Result<CommitResult>> results = batch_store.PutSparseObjects(reqs);
+    ASSERT_EQ(results.size(), reqs.size());
+    EXPECT_THAT(results[10].status(), StatusIs(StatusCode::kConflict));
+    EXPECT_THAT(results[11].status(), StatusIsWithMessage(StatusCode::kInvalidArgument, "update 11"));
+    EXPECT_THAT(results[12].status(), StatusIs(StatusCode::kStaleGeneration));
+    std::size_t created = 0;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+        if (i >= 10 && i <= 12) continue;
+        ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status().ToString();
+        EXPECT_TRUE(results[i]->created);
+        ++created;
+        if (i < 10 || i > 13) {
+            if (i == reqs.size() - 1) continue;
+            // The same source object a single commit makes.
+            ASSERT_OK_AND_ASSIGN(CommitResult one, single_store.PutSparseObject(reqs[i]));
+            EXPECT_EQ(one.source_ref, results[i]->source_ref);
+            EXPECT_EQ(os->Stat(results[i]->source_ref)->metadata,
+                      single_store.object_store().Stat(one.source_ref)->metadata);
+        }
+    }
+    // The failed updates left nothing behind; the manifest holds every other one.
+    EXPECT_THAT(*os->List("mcs/manifest/0-1/fresh"), IsEmpty());
+    EXPECT_THAT(*os->List("mcs/head/fresh"), IsEmpty());
+    ASSERT_OK_AND_ASSIGN(auto manifest, batch_store.Manifest({0, 1}));
+    EXPECT_EQ(manifest.size(), created + 2);  // + "stale" and "ahead" at (0, 1), before
+    EXPECT_EQ(batch_store.Metrics().source_objects_put, created + 4);
+    EXPECT_GT(os->Counters().puts, before.puts);
+    // A retry of the whole batch is idempotent; into a sealed step, every update is refused.
+    std::vector<Result<CommitResult>> again = batch_store.PutSparseObjects(reqs);
+    for (std::size_t i = 0; i < again.size(); ++i) {
+        if (i >= 10 && i <= 12) continue;
+        ASSERT_TRUE(again[i].ok()) << i;
+        EXPECT_FALSE(again[i]->created);
+    }
+    std::vector<std::string> ids;
+    for (const auto& d : manifest) ids.push_back(d.tensor_id);
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    ids.push_back("late");
+    ASSERT_OK(batch_store.SealGeneration({0, 1}, ids));
+    std::vector<PutSparseRequest> late = {Request("late", shape, coos[1], "none", {0, 1}),
+                                          Request("late", shape, coos[2], "none", {0, 1})};
+    late[1].global_offset = Shape{0, 0};
+    for (const auto& r : batch_store.PutSparseObjects(late)) {
+        EXPECT_THAT(r.status(), StatusIs(StatusCode::kConflict));
+    }
 }
 
 TEST(SparseStoreTest, AdmissionRaceHasOneWinner) {
