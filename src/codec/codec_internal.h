@@ -21,6 +21,7 @@
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/geometry.h"
 #include "mooncake/sparse/status.h"
+#include "transport/parallel_for.h"
 
 namespace mooncake::sparse::codec_internal {
 
@@ -28,40 +29,8 @@ namespace mooncake::sparse::codec_internal {
 // Threads
 // ---------------------------------------------------------------------------------------------
 
-/// 0 (or less) -> all hardware threads; never less than 1.
-inline int ResolveThreads(int requested) {
-    if (requested > 0) return requested;
-    const unsigned hw = std::thread::hardware_concurrency();
-    return hw == 0 ? 1 : static_cast<int>(hw);
-}
-
-/// Runs fn(task) for every task in [0, num_tasks) on up to `num_threads` threads (the caller's
-/// thread included), handing tasks out dynamically. If a thread cannot be started the remaining
-/// work runs on the threads that did start, so this never fails.
-template <typename Fn>
-void ParallelFor(int num_threads, std::size_t num_tasks, Fn&& fn) {
-    const std::size_t workers =
-        std::min<std::size_t>(static_cast<std::size_t>(std::max(num_threads, 1)), num_tasks);
-    if (workers <= 1) {
-        for (std::size_t i = 0; i < num_tasks; ++i) fn(i);
-        return;
-    }
-    std::atomic<std::size_t> next{0};
-    auto worker = [&] {
-        for (std::size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < num_tasks;) fn(i);
-    };
-    std::vector<std::thread> threads;
-    threads.reserve(workers - 1);
-    for (std::size_t t = 1; t < workers; ++t) {
-        try {
-            threads.emplace_back(worker);
-        } catch (const std::system_error&) {
-            break;  // Out of threads: the ones we have finish the work.
-        }
-    }
-    worker();
-    for (std::thread& th : threads) th.join();
-}
+using internal::ParallelFor;     // transport/parallel_for.h
+using internal::ResolveThreads;
 
 __extension__ typedef unsigned __int128 UInt128;
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "codec/object_metadata.h"
-#include "executor/parallel.h"
+#include "transport/parallel_for.h"
 #include "executor/sparse_store.h"
 #include "executor/tensor_store.h"  // kReservedKeyPrefix
 
@@ -286,7 +286,7 @@ std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
     std::vector<std::optional<SparseObject>> objects(requests.size());
     std::vector<std::string> metadata(requests.size());
     // Validation and encoding, in parallel: a bad request fails alone, before any write.
-    internal::ParallelFor(requests.size(), num_threads, [&](std::size_t i) {
+    internal::ParallelFor(num_threads, requests.size(), [&](std::size_t i) {
         Result<SparseObject> built = BuildSourceObject(requests[i]);
         if (!built.ok()) {
             results[i] = built.status().WithContext("update " + std::to_string(i) + " ('" +

@@ -11,7 +11,7 @@
 
 #include "codec/object_metadata.h"
 #include "executor/node_cache.h"
-#include "executor/parallel.h"
+#include "transport/parallel_for.h"
 #include "executor/sparse_store.h"
 
 namespace mooncake::sparse {
@@ -364,7 +364,7 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
     }
     constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
     const int threads = entries < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
-    internal::ParallelFor(call.targets.size(), threads, [&](std::size_t t) {
+    internal::ParallelFor(threads, call.targets.size(), [&](std::size_t t) {
         call.results[t] = MaterializeTarget(call.manifest, call.targets[t],
                                             call.selection.matches_of(t), call.pieces[t],
                                             call.fanout[t]);

@@ -28,7 +28,7 @@
 
 #include "codec/codec.h"
 #include "executor/node_cache.h"
-#include "executor/parallel.h"
+#include "transport/parallel_for.h"
 #include "executor/sparse_store.h"
 #include "executor/step_records.h"
 
@@ -693,7 +693,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
         }
     }
     std::vector<Result<TargetObject>> results(targets.size(), Internal("unset"));
-    internal::ParallelFor(targets.size(), options.num_threads, [&](std::size_t t) {
+    internal::ParallelFor(options.num_threads, targets.size(), [&](std::size_t t) {
         if (parts[t].empty()) {
             results[t] = EmptyTarget(targets[t], manifest.generation);
         } else if (parts[t].size() == 1) {
