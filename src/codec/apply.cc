@@ -309,4 +309,46 @@ Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
     return Status::Ok();
 }
 
+std::vector<Status> ApplySparseBatch(std::span<const ApplyItem> items, int num_threads) {
+    std::vector<Status> out(items.size());
+    if (num_threads < 0) {
+        out.assign(items.size(), InvalidArgument("num_threads " + std::to_string(num_threads) +
+                                                 " is negative (0 means all hardware threads)"));
+        return out;
+    }
+    // Items whose weight spans overlap another's go one after another, in batch order.
+    std::vector<std::size_t> by_address(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) by_address[i] = i;
+    const auto lo = [&](std::size_t i) { return items[i].weight.data.data(); };
+    const auto hi = [&](std::size_t i) { return lo(i) + items[i].weight.data.size(); };
+    std::sort(by_address.begin(), by_address.end(),
+              [&](std::size_t a, std::size_t b) { return lo(a) < lo(b); });
+    std::vector<bool> shared(items.size(), false);
+    const std::byte* reach = nullptr;  // the highest end so far
+    std::size_t reach_item = 0;
+    for (std::size_t k = 0; k < by_address.size(); ++k) {
+        const std::size_t i = by_address[k];
+        if (items[i].weight.data.empty()) continue;
+        if (reach != nullptr && lo(i) < reach) shared[i] = shared[reach_item] = true;
+        if (reach == nullptr || hi(i) > reach) {
+            reach = hi(i);
+            reach_item = i;
+        }
+    }
+    std::vector<std::size_t> small, one_by_one;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const std::uint64_t nnz = items[i].values.shape.empty() ? 0 : items[i].values.shape[0];
+        (shared[i] || nnz >= kMinParallelEntries ? one_by_one : small).push_back(i);
+    }
+    ParallelFor(num_threads, small.size(), [&](std::size_t k) {
+        const ApplyItem& it = items[small[k]];
+        out[small[k]] = ApplySparse(it.weight, it.indices, it.values, it.apply, 1);
+    }, 0);
+    for (std::size_t i : one_by_one) {
+        const ApplyItem& it = items[i];
+        out[i] = ApplySparse(it.weight, it.indices, it.values, it.apply, num_threads);
+    }
+    return out;
+}
+
 }  // namespace mooncake::sparse

@@ -138,6 +138,21 @@ Result<EncodedUpdate> EncodeUpdate(const HostArray& new_values, const HostArray&
 Status ApplySparse(const MutableHostArray& weight, const HostArray& indices,
                    const HostArray& values, ApplyMode apply, int num_threads = 0);
 
+/// One weight and the COO to apply to it (ApplySparseBatch).
+struct ApplyItem {
+    MutableHostArray weight;
+    HostArray indices;
+    HostArray values;
+    ApplyMode apply = ApplyMode::kOverwrite;
+};
+
+/// ApplySparse for a batch (a step's target objects into their weights): one Status per item,
+/// each as ApplySparse returns it (a bad item leaves its weight unchanged; the others apply).
+/// Small items run side by side on up to `num_threads` threads (0: the hardware's), large ones
+/// one after another, each on all of them. Items whose weights share memory (views of one
+/// tensor) apply one after another, in batch order, so the result is that of a sequential loop.
+std::vector<Status> ApplySparseBatch(std::span<const ApplyItem> items, int num_threads = 0);
+
 /// Appends to `out_indices`/`out_values` the entries `[0, count)` of a range read (indices of
 /// `in_index_dtype`, rank `rank`, values of `value_bytes` each) that lie in `overlap` (only
 /// tested when `filter`), rebased by `origin`, with indices written as `out_index_dtype`.

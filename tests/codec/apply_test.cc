@@ -293,5 +293,87 @@ TEST(ApplySparseTest, StridedWeightErrorsLeaveItUntouched) {
     EXPECT_EQ(buffer[15], 6.0f);
 }
 
+TEST(ApplySparseBatchTest, EqualsApplyingEachInTurn) {
+    // 3,000 small items of 600 weights, one large item, items into overlapping views of one
+    // weight (the later write wins), and a bad item that fails alone.
+    std::mt19937_64 rng(5);
+    constexpr std::size_t kWeights = 600, kSmall = 3000;
+    const Shape shape{32, 48};
+    std::vector<std::vector<float>> batch_w(kWeights, std::vector<float>(32 * 48, 0.0f));
+    std::vector<std::vector<float>> loop_w = batch_w;
+    std::vector<std::vector<std::uint32_t>> idx;
+    std::vector<std::vector<float>> val;
+    std::vector<std::size_t> which;  // the weight of each item
+    std::vector<ApplyMode> modes;
+    for (std::size_t i = 0; i < kSmall; ++i) {
+        std::vector<std::uint32_t> ix;
+        std::vector<float> vx;
+        const std::size_t n = rng() % 40;
+        for (std::size_t e = 0; e < n; ++e) {
+            ix.push_back(std::uint32_t(rng() % 32));
+            ix.push_back(std::uint32_t(rng() % 48));
+            vx.push_back(float(rng() % 1000));
+        }
+        idx.push_back(std::move(ix));
+        val.push_back(std::move(vx));
+        which.push_back(rng() % kWeights);  // several items per weight: applied in order
+        modes.push_back(i % 3 == 0 ? ApplyMode::kScatterAdd : ApplyMode::kOverwrite);
+    }
+    // A large one (past the parallel threshold) into weight 0.
+    std::vector<float> big_w(512 * 512, 1.0f), big_loop = big_w;
+    std::vector<std::uint32_t> big_idx;
+    std::vector<float> big_val;
+    for (std::uint32_t e = 0; e < 200'000; ++e) {
+        big_idx.push_back(std::uint32_t(rng() % 512));
+        big_idx.push_back(std::uint32_t(rng() % 512));
+        big_val.push_back(float(e));
+    }
+    std::vector<ApplyItem> items;
+    for (std::size_t i = 0; i < kSmall; ++i) {
+        items.push_back({MutableView(batch_w[which[i]], shape),
+                         View(idx[i], {Index(val[i].size()), 2}), View(val[i], {Index(val[i].size())}),
+                         modes[i]});
+    }
+    items.push_back({MutableView(big_w, {512, 512}), View(big_idx, {200'000, 2}),
+                     View(big_val, {200'000}), ApplyMode::kOverwrite});
+    const std::vector<double> wrong = {1.0};
+    const std::vector<std::uint32_t> one = {0, 0};
+    items.push_back({MutableView(batch_w[1], shape), View(one, {1, 2}), View(wrong, {1}),
+                     ApplyMode::kOverwrite});  // float64 values into a float32 weight
+    for (int threads : {0, 1, 3}) {
+        for (auto& w : batch_w) std::fill(w.begin(), w.end(), 0.0f);
+        std::fill(big_w.begin(), big_w.end(), 1.0f);
+        const std::vector<Status> got = ApplySparseBatch(items, threads);
+        ASSERT_EQ(got.size(), items.size());
+        for (std::size_t i = 0; i + 1 < items.size(); ++i) ASSERT_OK(got[i]) << i;
+        EXPECT_THAT(got.back(), StatusIs(StatusCode::kInvalidArgument));
+        if (threads == 0) {
+            for (std::size_t i = 0; i < kSmall; ++i) {
+                ASSERT_OK(ApplySparse(MutableView(loop_w[which[i]], shape),
+                                      View(idx[i], {Index(val[i].size()), 2}),
+                                      View(val[i], {Index(val[i].size())}), modes[i], 1));
+            }
+            ASSERT_OK(ApplySparse(MutableView(big_loop, {512, 512}), View(big_idx, {200'000, 2}),
+                                  View(big_val, {200'000}), ApplyMode::kOverwrite, 1));
+        }
+        EXPECT_EQ(batch_w, loop_w) << threads << " threads";
+        EXPECT_EQ(big_w, big_loop);
+    }
+    // Items into overlapping views of one weight (rows 0-31 and rows 16-47 of [48, 48]) keep
+    // batch order: the second item's write of row 20 wins, as in a loop.
+    std::vector<float> tall(48 * 48, 0.0f);
+    const std::vector<std::uint32_t> at_a = {20, 3}, at_b = {4, 3};  // the same element
+    const std::vector<float> va = {1.0f}, vb = {2.0f};
+    MutableHostArray top{DType::kFloat32, {32, 48},
+                         std::as_writable_bytes(std::span(tall)).first(32 * 48 * 4)};
+    MutableHostArray low{DType::kFloat32, {32, 48},
+                         std::as_writable_bytes(std::span(tall)).subspan(16 * 48 * 4)};
+    const std::vector<ApplyItem> overlapping = {
+        {top, View(at_a, {1, 2}), View(va, {1}), ApplyMode::kOverwrite},
+        {low, View(at_b, {1, 2}), View(vb, {1}), ApplyMode::kOverwrite}};
+    for (const Status& s : ApplySparseBatch(overlapping, 4)) ASSERT_OK(s);
+    EXPECT_EQ(tall[20 * 48 + 3], 2.0f);
+}
+
 }  // namespace
 }  // namespace mooncake::sparse
