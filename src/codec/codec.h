@@ -124,6 +124,18 @@ struct EncodeUpdateOptions {
 Result<EncodedUpdate> EncodeUpdate(const HostArray& new_values, const HostArray& old_values,
                                    const EncodeUpdateOptions& options = {});
 
+/// One (new, old) pair of EncodeUpdates.
+struct EncodePair {
+    HostArray new_values;
+    HostArray old_values;
+};
+
+/// EncodeUpdate for a batch (a step's tensors): one result per pair, each as EncodeUpdate
+/// returns it. Small tensors encode side by side on up to options.num_threads threads, large
+/// ones one after another, each on all of them.
+std::vector<Result<EncodedUpdate>> EncodeUpdates(std::span<const EncodePair> pairs,
+                                                 const EncodeUpdateOptions& options = {});
+
 /// Applies a COO in local coordinates to a weight in place: W[idx] = v (overwrite, bit-exact)
 /// or W[idx] += v (scatter_add; 16-bit floats accumulate in float32 and round to nearest even;
 /// integers wrap). `indices` is [nnz, rank] of an unsigned dtype ([nnz] for rank 1), `values`

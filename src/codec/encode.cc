@@ -451,4 +451,32 @@ Result<EncodedUpdate> EncodeUpdate(const HostArray& new_values, const HostArray&
     return result;
 }
 
+std::vector<Result<EncodedUpdate>> EncodeUpdates(std::span<const EncodePair> pairs,
+                                                 const EncodeUpdateOptions& options) {
+    std::vector<Result<EncodedUpdate>> out(pairs.size(), Internal("unset"));
+    if (options.num_threads < 0) {
+        for (auto& r : out) {
+            r = InvalidArgument("num_threads " + std::to_string(options.num_threads) +
+                                " is negative (0 means all hardware threads)");
+        }
+        return out;
+    }
+    // Past this many elements a tensor's tile rows keep every thread busy on their own.
+    constexpr std::uint64_t kLargeElements = std::uint64_t{1} << 20;
+    std::vector<std::size_t> small, large;
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+        std::uint64_t n = 1;
+        for (Index e : pairs[i].new_values.shape) n *= e > 0 ? std::uint64_t(e) : 0;
+        (n >= kLargeElements ? large : small).push_back(i);
+    }
+    EncodeUpdateOptions one = options;
+    one.num_threads = 1;
+    ParallelFor(options.num_threads, small.size(), [&](std::size_t k) {
+        const EncodePair& p = pairs[small[k]];
+        out[small[k]] = EncodeUpdate(p.new_values, p.old_values, one);
+    }, 0);
+    for (std::size_t i : large) out[i] = EncodeUpdate(pairs[i].new_values, pairs[i].old_values, options);
+    return out;
+}
+
 }  // namespace mooncake::sparse

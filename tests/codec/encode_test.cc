@@ -384,5 +384,43 @@ TEST(EncodeUpdateTest, BadInputGetsInvalidArgument) {
     }
 }
 
+TEST(EncodeUpdatesTest, EqualsEncodingEachAndABadPairFailsAlone) {
+    std::mt19937_64 rng(9);
+    std::vector<std::vector<float>> news, olds;
+    std::vector<Shape> shapes;
+    for (int i = 0; i < 400; ++i) {
+        // Mostly small tensors and one past the large threshold (2^20 elements).
+        const Shape shape = i == 7 ? Shape{1024, 1100} : Shape{Index(1 + rng() % 64), Index(1 + rng() % 96)};
+        const std::size_t n = std::size_t(shape[0] * shape[1]);
+        std::vector<float> old(n), nw(n);
+        for (std::size_t e = 0; e < n; ++e) old[e] = nw[e] = float(rng() % 100);
+        for (std::size_t e = 0; e < n / 50 + 1; ++e) nw[rng() % n] += 1.0f;
+        shapes.push_back(shape);
+        news.push_back(std::move(nw));
+        olds.push_back(std::move(old));
+    }
+    std::vector<EncodePair> pairs;
+    for (std::size_t i = 0; i < news.size(); ++i) {
+        pairs.push_back({View(news[i], shapes[i]), View(olds[i], shapes[i])});
+    }
+    pairs[3].old_values.shape = {1, Index(olds[3].size())};  // shapes differ
+    for (const ApplyMode mode : {ApplyMode::kOverwrite, ApplyMode::kScatterAdd}) {
+        EncodeUpdateOptions opts;
+        opts.apply = mode;
+        const auto got = EncodeUpdates(pairs, opts);
+        ASSERT_EQ(got.size(), pairs.size());
+        EXPECT_THAT(got[3].status(), StatusIs(StatusCode::kInvalidArgument));
+        for (std::size_t i = 0; i < pairs.size(); ++i) {
+            if (i == 3) continue;
+            ASSERT_OK_AND_ASSIGN(EncodedUpdate one,
+                                 EncodeUpdate(pairs[i].new_values, pairs[i].old_values, opts));
+            ASSERT_TRUE(got[i].ok()) << i;
+            EXPECT_EQ(got[i]->nnz, one.nnz) << i;
+            EXPECT_EQ(got[i]->indices, one.indices) << i;
+            EXPECT_EQ(got[i]->values, one.values) << i;
+        }
+    }
+}
+
 }  // namespace
 }  // namespace mooncake::sparse
