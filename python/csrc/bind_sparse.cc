@@ -259,7 +259,7 @@ void RegisterSparse(pyb::module_& m) {
         .def("metrics", &PyStore::Metrics)
         .def("reset_metrics", [](PyStore& s) { s.store().ResetMetrics(); },
              pyb::call_guard<pyb::gil_scoped_release>())
-        .def("clear_caches", [](PyStore& s) { s.store().ClearCaches(); },
+        .def("clear_caches", [](PyStore& s) { ThrowIfError(s.store().ClearCaches()); },
              pyb::call_guard<pyb::gil_scoped_release>())
         .def("store_counters", &PyStore::StoreCounters)
         .def("list_keys", &PyStore::ListKeys, pyb::arg("prefix") = "")
