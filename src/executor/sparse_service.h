@@ -1,7 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // SparseService: the operations of the sparse object layer (docs/design.md §2-4, §9) as one
-// interface, in executor types. Two implement it: SparseStore (sparse_store.h), which runs them
+// interface, in the executor types defined here (requests, results, read options, step
+// manifests, read views). Two implement it: SparseStore (sparse_store.h), which runs them
 // in this process over any ObjectStore, and the node daemon's client (node/node_client.h), which
 // runs them in the daemon, where the node-local caches serve every process of the node.
 //
@@ -24,20 +25,77 @@
 #include <utility>
 #include <vector>
 
+#include "codec/codec.h"
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/placement.h"
+#include "mooncake/sparse/planner.h"
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
 
 namespace mooncake::sparse {
 
-struct CommitResult;
-struct PutSparseRequest;
-struct ReadOptions;
-struct StepManifest;
-struct TargetObject;
-class TensorStore;
-struct LocalTensorStoreOptions;
+class TensorStore;               // executor/tensor_store.h
+struct LocalTensorStoreOptions;  // executor/tensor_store.h
+
+/// One put_sparse_object call.
+struct PutSparseRequest {
+    std::string tensor_id;
+    Shape global_shape;
+    std::optional<Shape> global_offset;  ///< Source box origin; default zeros.
+    std::optional<Shape> local_shape;    ///< Source box extents; default global_shape.
+    HostArray indices;                   ///< [nnz, rank] global coordinates, any integer dtype.
+    HostArray values;                    ///< [nnz].
+    NamedAxes source_placement;
+    PlacementPolicy placement_policy;
+    Generation generation;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    EncodeOptions encode;
+    bool hard_pin = true;  ///< Source objects are never evicted while referenced.
+};
+
+struct CommitResult {
+    std::string source_ref;
+    bool created = false;  ///< False when an identical commit already existed (idempotent).
+    std::uint64_t nnz = 0;
+    std::uint64_t bytes = 0;
+};
+
+/// A target-local object: entries in the target's local coordinates (its own tile index over
+/// [0, local_shape)), same apply mode as its sources.
+struct TargetObject {
+    std::string target_id;
+    std::string node_id;
+    Box target_box;  ///< Global box of the target (origin = what was subtracted).
+    SparseObject object;  ///< coordinate_space == "local"; desc.global_shape == local shape.
+};
+
+enum class ReadStrategy : std::uint8_t {
+    kSparseRanges = 0,   ///< The sparse path: planned range reads, deduped per node.
+    kFullSourcePerTarget = 1,  ///< Baseline: every target GETs its complete sources (full_gets).
+};
+
+struct ReadOptions {
+    PlanOptions plan;
+    ReadStrategy strategy = ReadStrategy::kSparseRanges;
+    int num_threads = 0;
+    /// The manifest's index (ManifestIndex::Make(manifest)), when the caller keeps one: a
+    /// manifest is fixed for a generation, so every read call of that generation can share it.
+    /// nullptr builds one per call. It must have been built from the manifest passed.
+    const ManifestIndex* manifest_index = nullptr;
+};
+
+/// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the
+/// generation (k - 1, k). `generation` (j, k) with k > j + 1 is the fold of steps j+1..k: its
+/// sources are those of every step in the range, step by step, and reading it gives, per target,
+/// one object with the latest value per coordinate (overwrite) or the sum (scatter_add).
+struct StepManifest {
+    Generation generation;
+    std::vector<SourceDescriptor> sources;
+    /// Tensor ids the step's seal lists that have no source in the range (unchanged): their
+    /// targets read as empty objects. Sorted.
+    std::vector<std::string> unchanged;
+    bool sealed = false;
+};
 
 /// (name, value) pairs in a stable order: the §4 counters (SparseMetrics::Items), and from the
 /// node daemon its gauges too.
