@@ -1,7 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Argument conversions shared by the store bindings of both backends (bind_sparse.cc: the
-// embedded store, bind_node.cc: the node daemon), so that both parse and answer alike.
+// Argument conversions of the store bindings (bind_store.cc: `_Store`, bind_sparse.cc: the
+// functions beside it).
 #pragma once
 
 #include <pybind11/pybind11.h>

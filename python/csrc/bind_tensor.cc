@@ -1,9 +1,9 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The tensor fast path (docs/design.md §5): `_TensorStore` over a backend's ObjectStore — the
-// embedded store (executor LocalTensorStore) or the node daemon (NodeTensorStore: CUDA tensors
-// by IPC handle, host tensors through the client buffer / leased segments) — plus the header
-// codec for interop tests.
+// The tensor fast path (docs/design.md §5): `_TensorStore`, the TensorStore a backend's
+// SparseService makes — over an in-process ObjectStore (executor LocalTensorStore) or in the node
+// daemon (NodeTensorStore: CUDA tensors by IPC handle, host tensors through the client buffer /
+// leased segments) — plus the header codec for interop tests.
 //
 // Tensors are taken without importing torch: CUDA tensors through DLPack (`__dlpack__(stream=)`,
 // device type kDLCUDA) or `__cuda_array_interface__`, host tensors through arrays.h's Borrow
@@ -22,9 +22,7 @@
 #include "arrays.h"
 #include "bind_common.h"
 #include "executor/tensor_store.h"
-#include "object_store_handle.h"
-#include "node/node_client.h"
-#include "node/node_tensor_store.h"
+#include "store.h"
 #include "store/tensor_object.h"
 #include "tensor_args.h"
 
@@ -293,18 +291,11 @@ PutMode ParseMode(const std::string& mode) {
 
 class PyTensorStore {
 public:
-    /// Over the ObjectStore of `backend` (`_Store` or `_NodeStore`), kept alive by `owner`.
-    PyTensorStore(ObjectStoreHandle& objects, pyb::object owner, std::uint64_t pinned_quota_bytes)
-        : owner_(std::move(owner)) {
-        // Non-owning: owner_ keeps the backend (and so its ObjectStore) alive.
-        if (auto* node = dynamic_cast<NodeClient*>(objects.store); node != nullptr) {
-            store_ = MakeNodeTensorStore(node->shared_from_this());
-        } else {
-            LocalTensorStoreOptions options;
-            options.pinned_quota_bytes = pinned_quota_bytes;
-            store_ = MakeLocalTensorStore(
-                std::shared_ptr<ObjectStore>(objects.store, [](ObjectStore*) {}), options);
-        }
+    /// The tensor store of `backend`'s service; it shares what it works on with the backend.
+    PyTensorStore(PyStore& backend, std::uint64_t pinned_quota_bytes) {
+        LocalTensorStoreOptions options;
+        options.pinned_quota_bytes = pinned_quota_bytes;
+        store_ = backend.service().MakeTensorStore(options);
     }
 
     void Put(const std::vector<std::string>& keys, const pyb::sequence& tensors,
@@ -391,7 +382,6 @@ public:
     }
 
 private:
-    pyb::object owner_;
     std::unique_ptr<TensorStore> store_;
 };
 
@@ -405,12 +395,8 @@ ParsedTensor ParseTensorArg(const pyb::handle& obj, const std::string& what, boo
 void RegisterTensor(pyb::module_& m) {
     pyb::class_<PyTensorStore>(m, "_TensorStore",
                                "The tensor fast path over a backend's object store.")
-        .def(pyb::init([](const pyb::object& backend, std::uint64_t pinned_quota_bytes) {
-                 pyb::object handle = backend.attr("_object_store")();
-                 auto& objects = handle.cast<ObjectStoreHandle&>();
-                 return std::make_unique<PyTensorStore>(objects, backend, pinned_quota_bytes);
-             }),
-             pyb::arg("backend"), pyb::arg("pinned_quota_bytes") = 0)
+        .def(pyb::init<PyStore&, std::uint64_t>(), pyb::arg("backend"),
+             pyb::arg("pinned_quota_bytes") = 0)
         .def("put", &PyTensorStore::Put, pyb::arg("keys"), pyb::arg("tensors"),
              pyb::arg("streams"), pyb::arg("mode") = "create", pyb::arg("hard_pin") = true)
         .def("get_into", &PyTensorStore::GetInto, pyb::arg("keys"), pyb::arg("tensors"),

@@ -4,12 +4,12 @@
 #include "arrays.h"
 
 namespace mooncake::sparse::py {
-void RegisterObjectStore(pyb::module_& m);
-void RegisterSparse(pyb::module_& m);
-void RegisterNode(pyb::module_& m);
-void RegisterTensor(pyb::module_& m);  // bind_tensor.cc
-void RegisterNodeServer(pyb::module_& m);  // bind_node_server.cc
-void RegisterGpu(pyb::module_& m);         // bind_gpu.cc
+void RegisterObjectStore(pyb::module_& m);  // bind_object_store.cc
+void RegisterSparse(pyb::module_& m);       // bind_sparse.cc
+void RegisterStore(pyb::module_& m);        // bind_store.cc
+void RegisterTensor(pyb::module_& m);       // bind_tensor.cc
+void RegisterNodeServer(pyb::module_& m);   // bind_node_server.cc
+void RegisterGpu(pyb::module_& m);          // bind_gpu.cc
 }  // namespace mooncake::sparse::py
 
 PYBIND11_MODULE(_core, m) {
@@ -17,7 +17,7 @@ PYBIND11_MODULE(_core, m) {
     mooncake::sparse::py::RegisterErrors(m);
     mooncake::sparse::py::RegisterObjectStore(m);
     mooncake::sparse::py::RegisterSparse(m);
-    mooncake::sparse::py::RegisterNode(m);
+    mooncake::sparse::py::RegisterStore(m);
     mooncake::sparse::py::RegisterTensor(m);
     mooncake::sparse::py::RegisterNodeServer(m);
     mooncake::sparse::py::RegisterGpu(m);

@@ -8,11 +8,6 @@
 namespace mooncake::sparse::py {
 namespace {
 
-template <typename T>
-std::span<const std::byte> AsBytes(const std::vector<T>& v) {
-    return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
-}
-
 pyb::array Member(const std::shared_ptr<SparseObjectView>& o, std::span<const std::byte> bytes,
                   DType dtype, Shape shape) {
     // The array keeps the whole view alive: its keepalive owns (or leases) the bytes.
@@ -20,22 +15,6 @@ pyb::array Member(const std::shared_ptr<SparseObjectView>& o, std::span<const st
 }
 
 }  // namespace
-
-std::shared_ptr<SparseObjectView> ViewOf(TargetObject&& object) {
-    auto owned = std::make_shared<TargetObject>(std::move(object));
-    auto view = std::make_shared<SparseObjectView>();
-    view->target_id = owned->target_id;
-    view->node_id = owned->node_id;
-    view->target_box = owned->target_box;
-    view->desc = owned->object.desc;
-    view->coordinate_space = owned->object.coordinate_space;
-    view->indices = owned->object.indices;
-    view->values = owned->object.values;
-    view->tile_coords = AsBytes(owned->object.tile_coords);
-    view->tile_ptr = AsBytes(owned->object.tile_ptr);
-    view->keepalive = std::move(owned);
-    return view;
-}
 
 void RegisterSparseObject(pyb::module_& m) {
     using View = SparseObjectView;

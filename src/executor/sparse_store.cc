@@ -1,7 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // SparseStore's construction, metrics and node caches. The commit side is in sparse_commit.cc,
-// the read path in sparse_read.cc, the caches in node_cache.cc.
+// the read path in sparse_read.cc, the caches in node_cache.cc, the rest of its SparseService
+// side in sparse_service.cc.
 #include "executor/sparse_store.h"
 
 #include "executor/node_cache.h"
@@ -60,6 +61,16 @@ void SparseStore::ResetMetrics() {
     metrics_ = {};
 }
 
-void SparseStore::ClearCaches() { cache_->Clear(); }
+Result<MetricItems> SparseStore::Metrics(bool reset) {
+    std::lock_guard lock(metrics_mu_);
+    MetricItems items = metrics_.Items();
+    if (reset) metrics_ = {};
+    return items;
+}
+
+Status SparseStore::ClearCaches() {
+    cache_->Clear();
+    return Status::Ok();
+}
 
 }  // namespace mooncake::sparse

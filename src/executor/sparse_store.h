@@ -4,7 +4,9 @@
 // (validation, encoding, generation fencing, idempotent commit by logical key, single-owner
 // admission, manifest entries) and the read side (read_sparse_objects: batch plan -> index-only
 // GETs cached per node -> dedup -> range reads, each unique range once per node -> boundary
-// filter + rebase -> target-local objects), with the §4 metrics.
+// filter + rebase -> target-local objects), with the §4 metrics. It is the in-process
+// SparseService (sparse_service.h, which defines the requests, results, read options and step
+// manifests of its operations); the node daemon runs one for its clients.
 #pragma once
 
 #include <atomic>
@@ -22,6 +24,7 @@
 
 #include "codec/codec.h"
 #include "codec/object_metadata.h"  // EncodeObjectMetadata / DecodeObjectMetadata
+#include "executor/sparse_service.h"
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/placement.h"
 #include "mooncake/sparse/planner.h"
@@ -69,66 +72,6 @@ struct SparseMetrics {
     std::vector<std::pair<std::string, double>> Items() const;
 };
 
-/// One put_sparse_object call.
-struct PutSparseRequest {
-    std::string tensor_id;
-    Shape global_shape;
-    std::optional<Shape> global_offset;  ///< Source box origin; default zeros.
-    std::optional<Shape> local_shape;    ///< Source box extents; default global_shape.
-    HostArray indices;                   ///< [nnz, rank] global coordinates, any integer dtype.
-    HostArray values;                    ///< [nnz].
-    NamedAxes source_placement;
-    PlacementPolicy placement_policy;
-    Generation generation;
-    ApplyMode apply = ApplyMode::kOverwrite;
-    EncodeOptions encode;
-    bool hard_pin = true;  ///< Source objects are never evicted while referenced.
-};
-
-struct CommitResult {
-    std::string source_ref;
-    bool created = false;  ///< False when an identical commit already existed (idempotent).
-    std::uint64_t nnz = 0;
-    std::uint64_t bytes = 0;
-};
-
-/// A target-local object: entries in the target's local coordinates (its own tile index over
-/// [0, local_shape)), same apply mode as its sources.
-struct TargetObject {
-    std::string target_id;
-    std::string node_id;
-    Box target_box;  ///< Global box of the target (origin = what was subtracted).
-    SparseObject object;  ///< coordinate_space == "local"; desc.global_shape == local shape.
-};
-
-enum class ReadStrategy : std::uint8_t {
-    kSparseRanges = 0,   ///< The sparse path: planned range reads, deduped per node.
-    kFullSourcePerTarget = 1,  ///< Baseline: every target GETs its complete sources (full_gets).
-};
-
-struct ReadOptions {
-    PlanOptions plan;
-    ReadStrategy strategy = ReadStrategy::kSparseRanges;
-    int num_threads = 0;
-    /// The manifest's index (ManifestIndex::Make(manifest)), when the caller keeps one: a
-    /// manifest is fixed for a generation, so every read call of that generation can share it.
-    /// nullptr builds one per call. It must have been built from the manifest passed.
-    const ManifestIndex* manifest_index = nullptr;
-};
-
-/// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the
-/// generation (k - 1, k). `generation` (j, k) with k > j + 1 is the fold of steps j+1..k: its
-/// sources are those of every step in the range, step by step, and reading it gives, per target,
-/// one object with the latest value per coordinate (overwrite) or the sum (scatter_add).
-struct StepManifest {
-    Generation generation;
-    std::vector<SourceDescriptor> sources;
-    /// Tensor ids the step's seal lists that have no source in the range (unchanged): their
-    /// targets read as empty objects. Sorted.
-    std::vector<std::string> unchanged;
-    bool sealed = false;
-};
-
 struct SparseStoreOptions {
     std::string node_id = "node0";
     /// Keeps the tensor ids, steps, seals and retention of runs that share one store apart
@@ -147,10 +90,10 @@ struct SparseStoreOptions {
     std::uint64_t range_cache_capacity_bytes = std::uint64_t{1} << 30;
 };
 
-class SparseStore {
+class SparseStore final : public SparseService {
 public:
     SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions options = {});
-    ~SparseStore();
+    ~SparseStore() override;
     SparseStore(const SparseStore&) = delete;
     SparseStore& operator=(const SparseStore&) = delete;
 
@@ -160,7 +103,7 @@ public:
     /// Errors: InvalidArgument (any bad input); StaleGeneration (base is not the tensor's current
     /// generation); Conflict (a different payload under the same logical key);
     /// ResourceExhausted. On error the store is unchanged.
-    Result<CommitResult> PutSparseObject(const PutSparseRequest& request);
+    Result<CommitResult> PutSparseObject(const PutSparseRequest& request) override;
 
     /// Commits an object built by BuildSparseObject (same semantics as PutSparseObject).
     Result<CommitResult> CommitSparseObject(SparseObject object, bool hard_pin = true);
@@ -178,41 +121,41 @@ public:
     /// Errors: InvalidArgument.
     Result<bool> Admit(std::string_view tensor_id, Generation generation,
                        const PlacementPolicy& policy, const NamedAxes& source_placement,
-                       std::string_view writer_id);
+                       std::string_view writer_id) override;
 
     /// Every source object committed for `generation`, in a stable order.
     /// Errors: InvalidArgument (corrupt manifest entry).
-    Result<std::vector<SourceDescriptor>> Manifest(Generation generation);
+    Result<std::vector<SourceDescriptor>> Manifest(Generation generation) override;
 
     /// The manifest of a step (sealed or not; an unsealed one lists what is committed so far),
     /// or the fold of the sealed steps j+1..k for (j, k) with k > j + 1.
     /// Errors: InvalidArgument; NotFound (a step of a fold is not sealed, or past retention).
-    Result<StepManifest> GetManifest(Generation generation);
+    Result<StepManifest> GetManifest(Generation generation) override;
 
     /// Seals a step: `tensor_ids` is the model's complete list of tensors at that step; those
     /// without a source in the step are unchanged. Then frees what retention no longer keeps.
     /// Errors: InvalidArgument (bad id, a committed tensor missing from the list);
     /// FailedPrecondition (sealed already, or an admitted writer of the step has not
     /// committed).
-    Status SealGeneration(Generation generation, std::span<const std::string> tensor_ids);
+    Status SealGeneration(Generation generation, std::span<const std::string> tensor_ids) override;
 
     /// Blocks until `generation` (a step, or a fold whose last step is) is sealed, then returns
     /// its manifest. A negative timeout waits for ever.
     /// Errors: DeadlineExceeded; as GetManifest.
-    Result<StepManifest> WaitGeneration(Generation generation, double timeout_seconds);
+    Result<StepManifest> WaitGeneration(Generation generation, double timeout_seconds) override;
 
     /// The newest sealed step, if any.
-    Result<std::optional<Generation>> LatestGeneration();
+    Result<std::optional<Generation>> LatestGeneration() override;
 
     /// Keeps the last `keep_last` sealed steps (0: keep every step) and frees the older ones:
     /// their source objects, manifest entries, admissions, seals and cached ranges. A step a
     /// reader holds a lease on is never freed.
     /// Errors: InvalidArgument; FailedPrecondition (it would free a leased step: nothing is
     /// changed).
-    Status SetRetention(std::uint64_t keep_last);
+    Status SetRetention(std::uint64_t keep_last) override;
 
     /// The retention in force (0: keep every step).
-    Result<std::uint64_t> Retention();
+    Result<std::uint64_t> Retention() override;
 
     /// Records an anchor: the full weights of sealed step `step` stored as tensor objects under
     /// AnchorTensorKey(namespace, step, id) for every id in `tensor_ids` (written by the caller
@@ -220,11 +163,11 @@ public:
     /// default) and frees older ones with their tensor objects.
     /// Errors: InvalidArgument; NotFound (the step is not sealed, or a tensor object is
     /// missing); FailedPrecondition (an anchor of that step exists).
-    Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids);
+    Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids) override;
     /// The newest anchored step, if any.
-    Result<std::optional<Generation>> LatestAnchor();
+    Result<std::optional<Generation>> LatestAnchor() override;
     /// How many anchors retention keeps (>= 1).
-    Status SetKeepAnchors(std::uint64_t keep_anchors);
+    Status SetKeepAnchors(std::uint64_t keep_anchors) override;
 
     /// ReadSparseObjects on a step manifest: targets of unchanged tensors get empty objects,
     /// and a fold's steps are merged per target. Holds a lease on the steps while it reads.
@@ -233,7 +176,7 @@ public:
                                                         const ReadOptions& options = {});
 
     /// The tensor's current generation (the last committed delta), if any.
-    Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id);
+    Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id) override;
 
     /// docs/design.md §4 steps 1-8: one target-local object per target, same order.
     /// Errors: as SelectSources/PlanBatch; NotFound (a source vanished); DataLoss (checksum).
@@ -241,12 +184,26 @@ public:
                                                         std::span<const TargetDescriptor> targets,
                                                         const ReadOptions& options = {});
 
+    /// ReadSparseObjects, each result a view that owns its object (SparseService).
+    Result<std::vector<TargetObjectView>> ReadViews(std::span<const SourceDescriptor> manifest,
+                                                    std::span<const TargetDescriptor> targets,
+                                                    const ReadOptions& options) override;
+    Result<std::vector<TargetObjectView>> ReadViews(const StepManifest& manifest,
+                                                    std::span<const TargetDescriptor> targets,
+                                                    const ReadOptions& options) override;
+
     SparseMetrics Metrics() const;
     void ResetMetrics();
-    /// Drops the node-local index and range caches.
-    void ClearCaches();
+    /// Metrics().Items(), then ResetMetrics() when `reset`, in one step (SparseService).
+    Result<MetricItems> Metrics(bool reset) override;
+    /// Drops the node-local index and range caches. Never fails.
+    Status ClearCaches() override;
+    Result<StoreCounters> ObjectCounters() override;
+    Result<std::vector<std::string>> ListKeys(std::string_view prefix) override;
+    /// A LocalTensorStore over this store's ObjectStore.
+    std::unique_ptr<TensorStore> MakeTensorStore(const LocalTensorStoreOptions& options) override;
 
-    ObjectStore& object_store() { return *store_; }
+    ObjectStore& object_store() override { return *store_; }
     const SparseStoreOptions& options() const { return options_; }
 
 private:

@@ -1,6 +1,7 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The DummyClient of the node daemon (see node_client.h for the design).
+// The DummyClient of the node daemon (see node_client.h for the design): connection, lease
+// releases, the ObjectStore and the tensor fast path. The sparse layer is node_client_sparse.cc.
 #include "node/node_client.h"
 
 #include <poll.h>
@@ -29,15 +30,6 @@ bool ConnectionIsStale(int fd) {
     const int n = ::poll(&p, 1, 0);
     if (n < 0) return errno != EINTR;
     return n > 0 && (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-/// `a * b * c` without overflow, or nullopt.
-std::optional<std::uint64_t> Product(std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
-    std::uint64_t out = 0;
-    if (__builtin_mul_overflow(a, b, &out) || __builtin_mul_overflow(out, c, &out)) {
-        return std::nullopt;
-    }
-    return out;
 }
 
 }  // namespace
@@ -221,14 +213,6 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
     return frame;
 }
 
-template <typename Reply>
-Result<Reply> NodeClient::Call(const wire::Message& request, std::uint64_t spin_bytes) {
-    MCS_RETURN_IF_ERROR(FlushReleasesLocked());
-    std::vector<std::byte> storage;
-    MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, storage, spin_bytes));
-    return wire::DecodeReplyAs<Reply>(frame);
-}
-
 Status NodeClient::EnsureBuffer(std::uint64_t bytes) {
     if (!session_) return Unavailable("no connection to the node daemon");
     Session& s = *session_;
@@ -258,6 +242,23 @@ Status NodeClient::EnsureBuffer(std::uint64_t bytes) {
     std::lock_guard lock(stats_mu_);
     stats_.buffer_bytes = size;
     return Status::Ok();
+}
+
+Result<std::vector<std::uint64_t>> NodeClient::StageInBuffer(
+    std::span<const std::span<const std::byte>> parts, std::uint64_t& total) {
+    std::vector<std::uint64_t> offsets;
+    offsets.reserve(parts.size());
+    total = 0;
+    for (std::span<const std::byte> part : parts) {
+        offsets.push_back(total);
+        total = AlignUp(total + part.size(), kAlignment);
+    }
+    MCS_RETURN_IF_ERROR(EnsureBuffer(total));
+    std::byte* base = session_->buffer->data();
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+        if (!parts[i].empty()) std::memcpy(base + offsets[i], parts[i].data(), parts[i].size());
+    }
+    return offsets;
 }
 
 void NodeClient::QueueRelease(std::uint64_t session_epoch, std::uint64_t lease_id) {
@@ -354,23 +355,19 @@ Status NodeClient::Put(std::string_view key, std::string_view metadata,
                        std::span<const MemberData> members, const PutOptions& options) {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
+    std::vector<std::span<const std::byte>> parts;
+    parts.reserve(members.size());
+    for (const MemberData& m : members) parts.push_back(m.bytes);
     std::uint64_t total = 0;
-    std::vector<std::uint64_t> offsets;
-    for (const MemberData& m : members) {
-        offsets.push_back(total);
-        total = AlignUp(total + m.bytes.size(), kAlignment);
-    }
-    MCS_RETURN_IF_ERROR(EnsureBuffer(total));
+    MCS_ASSIGN_OR_RETURN(std::vector<std::uint64_t> offsets, StageInBuffer(parts, total));
     wire::PutRequest request;
     request.key.assign(key);
     request.metadata.assign(metadata);
     request.mode = options.mode;
     request.hard_pin = options.hard_pin;
-    std::byte* base = session_->buffer->data();
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < members.size(); ++i) {
         const MemberData& m = members[i];
-        if (!m.bytes.empty()) std::memcpy(base + offsets[i], m.bytes.data(), m.bytes.size());
         request.members.push_back({m.name, m.dtype, m.shape, m.checksum,
                                    wire::BufferRef::Client(offsets[i], m.bytes.size())});
         bytes += m.bytes.size();
@@ -574,268 +571,6 @@ Status NodeClient::GetTensorsInto(std::span<const NodeTensor> tensors) {
     counters_.member_gets += tensors.size();
     counters_.member_bytes += bytes;
     return Status::Ok();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Sparse layer
-// ---------------------------------------------------------------------------------------------
-Result<wire::SparseCommitReply> NodeClient::CommitSparseObject(const SourceDescriptor& desc,
-                                                               std::string_view coordinate_space,
-                                                               const EncodedMembers& members,
-                                                               bool hard_pin) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    const std::span<const std::byte> parts[] = {members.indices, members.values,
-                                                members.tile_coords, members.tile_ptr};
-    std::uint64_t offsets[4];
-    std::uint64_t total = 0;
-    for (int i = 0; i < 4; ++i) {
-        offsets[i] = total;
-        total = AlignUp(total + parts[i].size(), kAlignment);
-    }
-    MCS_RETURN_IF_ERROR(EnsureBuffer(total));
-    for (int i = 0; i < 4; ++i) {
-        if (!parts[i].empty()) {
-            std::memcpy(session_->buffer->data() + offsets[i], parts[i].data(), parts[i].size());
-        }
-    }
-    wire::SparseCommitRequest request;
-    request.desc = desc;
-    request.coordinate_space.assign(coordinate_space);
-    request.indices = {wire::BufferRef::Client(offsets[0], parts[0].size()), members.checksum_indices};
-    request.values = {wire::BufferRef::Client(offsets[1], parts[1].size()), members.checksum_values};
-    request.tile_coords = {wire::BufferRef::Client(offsets[2], parts[2].size()),
-                           members.checksum_tile_coords};
-    request.tile_ptr = {wire::BufferRef::Client(offsets[3], parts[3].size()),
-                        members.checksum_tile_ptr};
-    request.hard_pin = hard_pin;
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCommitReply>(request));
-    std::lock_guard slock(stats_mu_);
-    ++counters_.puts;
-    counters_.bytes_put += total;
-    return reply;
-}
-
-Result<bool> NodeClient::Admit(std::string_view tensor_id, Generation generation,
-                               const PlacementPolicy& policy, const NamedAxes& source_placement,
-                               std::string_view writer_id) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    wire::SparseAdmitRequest request{std::string(tensor_id), generation, policy,
-                                     source_placement, std::string(writer_id)};
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseAdmitReply>(request));
-    return reply.admitted;
-}
-
-Result<std::vector<SourceDescriptor>> NodeClient::Manifest(Generation generation) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply,
-                         Call<wire::SparseManifestReply>(wire::SparseManifestRequest{generation}));
-    return std::move(reply.sources);
-}
-
-Result<std::optional<Generation>> NodeClient::CurrentGeneration(std::string_view tensor_id) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCurrentGenerationReply>(
-                                         wire::SparseCurrentGenerationRequest{std::string(tensor_id)}));
-    return reply.generation;
-}
-
-Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
-    std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
-    const wire::SparseReadOptions& options) {
-    wire::SparseReadRequest request;
-    request.manifest.assign(manifest.begin(), manifest.end());
-    request.targets.assign(targets.begin(), targets.end());
-    request.options = options;
-    return Read(std::move(request), targets.size());
-}
-
-Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
-    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
-    const wire::SparseReadOptions& options) {
-    wire::SparseReadRequest request;
-    request.manifest = manifest.sources;
-    request.targets.assign(targets.begin(), targets.end());
-    request.options = options;
-    request.step = manifest.generation;
-    request.unchanged = manifest.unchanged;
-    return Read(std::move(request), targets.size());
-}
-
-namespace {
-
-StepManifest StepManifestOf(wire::SparseStepManifestReply r) {
-    return {r.generation, std::move(r.sources), std::move(r.unchanged), r.sealed};
-}
-
-}  // namespace
-
-Result<StepManifest> NodeClient::GetManifest(Generation generation) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseStepManifestReply>(
-                                         wire::SparseStepManifestRequest{generation}));
-    return StepManifestOf(std::move(reply));
-}
-
-Status NodeClient::SealGeneration(Generation generation, std::span<const std::string> tensor_ids) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    wire::SparseSealRequest request{generation, {tensor_ids.begin(), tensor_ids.end()}};
-    return Call<wire::OkReply>(request).status();
-}
-
-Result<StepManifest> NodeClient::WaitGeneration(Generation generation, double timeout_seconds) {
-    using Clock = std::chrono::steady_clock;
-    const bool forever = timeout_seconds < 0;
-    const auto start = Clock::now();
-    // Each wait is bounded well inside the call timeout.
-    const double chunk = std::min(
-        10.0, std::chrono::duration<double>(options_.call_timeout).count() / 2);
-    for (;;) {
-        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-        const double left = forever ? chunk : std::max(0.0, timeout_seconds - elapsed);
-        const double wait = std::min(left, chunk);
-        std::shared_ptr<NodeClient> waiter;
-        {
-            std::lock_guard lock(waiter_mu_);
-            if (!waiter_) {
-                NodeClientOptions o = options_;
-                o.client_name += " (waits)";
-                MCS_ASSIGN_OR_RETURN(waiter_, Connect(o));
-            }
-            waiter = waiter_;
-        }
-        Result<StepManifest> reply = waiter->WaitOnce(generation, wait);
-        if (reply.ok()) return reply;
-        if (reply.status().code() != StatusCode::kDeadlineExceeded) return reply.status();
-        if (!forever && wait >= left) {
-            return DeadlineExceeded("wait_generation: step " +
-                                    std::to_string(generation.delta) + " is not sealed after " +
-                                    std::to_string(timeout_seconds) + " s");
-        }
-    }
-}
-
-Result<StepManifest> NodeClient::WaitOnce(Generation generation, double timeout_seconds) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseStepManifestReply>(
-                                         wire::SparseWaitRequest{generation, timeout_seconds}));
-    return StepManifestOf(std::move(reply));
-}
-
-Result<std::optional<Generation>> NodeClient::LatestGeneration() {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply,
-                         Call<wire::SparseLatestReply>(wire::SparseLatestRequest{false}));
-    return reply.generation;
-}
-
-Status NodeClient::SetRetention(std::uint64_t keep_last) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    return Call<wire::SparseRetentionReply>(
-               wire::SparseRetentionRequest{true, keep_last, std::nullopt})
-        .status();
-}
-
-Status NodeClient::RecordAnchor(Generation step, std::span<const std::string> tensor_ids) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    wire::SparseAnchorRequest request{step, {tensor_ids.begin(), tensor_ids.end()}};
-    return Call<wire::OkReply>(request).status();
-}
-
-Result<std::optional<Generation>> NodeClient::LatestAnchor() {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply,
-                         Call<wire::SparseLatestReply>(wire::SparseLatestRequest{true}));
-    return reply.generation;
-}
-
-Status NodeClient::SetKeepAnchors(std::uint64_t keep_anchors) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    wire::SparseRetentionRequest request;
-    request.keep_anchors = keep_anchors;
-    return Call<wire::SparseRetentionReply>(request).status();
-}
-
-Result<std::uint64_t> NodeClient::Retention() {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseRetentionReply>(
-                                         wire::SparseRetentionRequest{false, 0, std::nullopt}));
-    return reply.keep_last;
-}
-
-Result<std::vector<LeasedTargetObject>> NodeClient::Read(wire::SparseReadRequest request,
-                                                         std::size_t num_targets) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseReadReply>(request));
-    std::vector<LeasedTargetObject> out;
-    out.reserve(reply.objects.size());
-    // Keepalives first, so that every lease is released whatever fails below.
-    std::vector<LeaseKeepalive> keepalives;
-    for (const auto& o : reply.objects) keepalives.push_back(MakeKeepalive(o.lease_id, 0));
-    if (reply.objects.size() != num_targets) {
-        return DataLoss("the node daemon returned " + std::to_string(reply.objects.size()) +
-                        " objects for " + std::to_string(num_targets) + " targets");
-    }
-    for (std::size_t i = 0; i < reply.objects.size(); ++i) {
-        wire::TargetObjectLocation& o = reply.objects[i];
-        const SourceDescriptor& d = o.desc;
-        const auto index_bytes = Product(d.nnz, d.rank(), DTypeSize(d.index_dtype));
-        const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
-        const auto coord_bytes = Product(d.num_tiles, d.rank(), sizeof(TileCoord));
-        const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
-        if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
-            o.indices.slice.size != *index_bytes || o.values.slice.size != *value_bytes ||
-            o.tile_coords.slice.size != *coord_bytes || o.tile_ptr.slice.size != *ptr_bytes) {
-            return DataLoss("the node daemon returned members of " + o.target_id +
-                            " whose sizes do not match its descriptor");
-        }
-        LeasedTargetObject t;
-        MCS_ASSIGN_OR_RETURN(t.indices, View(o.indices.slice));
-        MCS_ASSIGN_OR_RETURN(t.values, View(o.values.slice));
-        MCS_ASSIGN_OR_RETURN(t.tile_coords, View(o.tile_coords.slice));
-        MCS_ASSIGN_OR_RETURN(t.tile_ptr, View(o.tile_ptr.slice));
-        t.target_id = std::move(o.target_id);
-        t.node_id = std::move(o.node_id);
-        t.target_box = std::move(o.target_box);
-        t.desc = std::move(o.desc);
-        t.coordinate_space = std::move(o.coordinate_space);
-        t.checksum_indices = o.indices.checksum;
-        t.checksum_values = o.values.checksum;
-        t.checksum_tile_coords = o.tile_coords.checksum;
-        t.checksum_tile_ptr = o.tile_ptr.checksum;
-        t.keepalive = std::move(keepalives[i]);
-        out.push_back(std::move(t));
-    }
-    return out;
-}
-
-Status NodeClient::ClearCaches() {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    return Call<wire::OkReply>(wire::ClearCachesRequest{}).status();
-}
-
-Result<std::vector<std::pair<std::string, double>>> NodeClient::Metrics(bool reset) {
-    std::lock_guard lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::MetricsReply>(wire::MetricsRequest{reset}));
-    std::vector<std::pair<std::string, double>> out;
-    out.reserve(reply.items.size());
-    for (auto& item : reply.items) out.emplace_back(std::move(item.name), item.value);
-    return out;
 }
 
 }  // namespace mooncake::sparse

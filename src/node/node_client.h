@@ -3,8 +3,9 @@
 // NodeClient: a DummyClient of the node daemon (docs/design.md §5-6). It owns no segment: it maps the
 // daemon's segments read-only, owns one memfd "client buffer" that it registers with the daemon,
 // and speaks store/wire.h over the daemon's Unix socket. It is an ObjectStore (every call is an
-// RPC) plus the sparse-layer RPCs that run inside the daemon, where the node-local caches serve
-// every process of the node.
+// RPC) and a SparseService (executor/sparse_service.h) whose operations run inside the daemon,
+// where the node-local caches serve every process of the node. The sparse side is
+// node_client_sparse.cc: the wire conversions of the service, each made there once.
 //
 // Why it is built this way:
 // - Payload never crosses the socket. A Put copies the members into the client buffer and the
@@ -34,6 +35,7 @@
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
+#include "executor/sparse_service.h"
 #include "executor/sparse_store.h"
 #include "node/wire.h"
 
@@ -72,23 +74,9 @@ struct LeasedObject {
     LeaseKeepalive keepalive;
 };
 
-/// One target-local object of read_sparse_objects, viewed in place in a daemon segment.
-struct LeasedTargetObject {
-    std::string target_id;
-    std::string node_id;
-    Box target_box;
-    SourceDescriptor desc;  ///< desc.global_shape is the target's local shape.
-    std::string coordinate_space;
-    std::span<const std::byte> indices;      ///< [nnz, rank] of desc.index_dtype
-    std::span<const std::byte> values;       ///< [nnz] of desc.value_dtype
-    std::span<const std::byte> tile_coords;  ///< [num_tiles, rank] uint32
-    std::span<const std::byte> tile_ptr;     ///< [num_tiles + 1] uint64
-    std::uint64_t checksum_indices = 0;
-    std::uint64_t checksum_values = 0;
-    std::uint64_t checksum_tile_coords = 0;
-    std::uint64_t checksum_tile_ptr = 0;
-    LeaseKeepalive keepalive;
-};
+/// One target-local object of read_sparse_objects, viewed in place in a daemon segment: its
+/// keepalive is a LeaseKeepalive.
+using LeasedTargetObject = TargetObjectView;
 
 /// The four members of an encoded sparse object (codec SparseObject), as bytes plus checksums.
 struct EncodedMembers {
@@ -134,6 +122,7 @@ struct NodeClientStats {
 };
 
 class NodeClient final : public ObjectStore,
+                         public SparseService,
                          public std::enable_shared_from_this<NodeClient> {
 public:
     /// Dials the daemon once (Hello, segment mappings, client buffer).
@@ -161,16 +150,54 @@ public:
     /// Errors: NotFound; Unavailable; DataLoss (a location outside the mapped segment).
     Result<LeasedObject> Lease(std::string_view key);
 
-    // The sparse layer, run by the daemon (executor SparseStore semantics and errors).
+    // ---- SparseService: run by the daemon (SparseStore semantics and errors, plus
+    // Unavailable), in node_client_sparse.cc. -------------------------------------------------
+    /// Encodes the source object here (BuildSourceObject) and commits it in the daemon, which
+    /// validates it again.
+    Result<CommitResult> PutSparseObject(const PutSparseRequest& request) override;
+    Result<bool> Admit(std::string_view tensor_id, Generation generation,
+                       const PlacementPolicy& policy, const NamedAxes& source_placement,
+                       std::string_view writer_id) override;
+    Result<std::vector<SourceDescriptor>> Manifest(Generation generation) override;
+    Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id) override;
+    // The steps of a training run (docs/design.md §9).
+    Result<StepManifest> GetManifest(Generation generation) override;
+    Status SealGeneration(Generation generation, std::span<const std::string> tensor_ids) override;
+    /// Waits in the daemon (woken by the seal); a long or endless wait is a sequence of bounded
+    /// waits on a second connection of this client, so that the connection of its other calls
+    /// stays free.
+    Result<StepManifest> WaitGeneration(Generation generation, double timeout_seconds) override;
+    Result<std::optional<Generation>> LatestGeneration() override;
+    Status SetRetention(std::uint64_t keep_last) override;
+    Result<std::uint64_t> Retention() override;
+    Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids) override;
+    Result<std::optional<Generation>> LatestAnchor() override;
+    Status SetKeepAnchors(std::uint64_t keep_anchors) override;
+    /// ReadSparseObjects with the options in executor terms; each view holds its lease.
+    Result<std::vector<TargetObjectView>> ReadViews(std::span<const SourceDescriptor> manifest,
+                                                    std::span<const TargetDescriptor> targets,
+                                                    const ReadOptions& options) override;
+    Result<std::vector<TargetObjectView>> ReadViews(const StepManifest& manifest,
+                                                    std::span<const TargetDescriptor> targets,
+                                                    const ReadOptions& options) override;
+    /// The daemon's metrics (the §4 counters and its gauges); `reset` zeroes the §4 counters.
+    Result<MetricItems> Metrics(bool reset = false) override;
+    /// Drops the daemon's node-local caches (tile indexes, range reads) for every process.
+    Status ClearCaches() override;
+    /// The counters of the daemon's store (Counters() has this client's traffic).
+    Result<StoreCounters> ObjectCounters() override;
+    Result<std::vector<std::string>> ListKeys(std::string_view prefix) override;
+    ObjectStore& object_store() override { return *this; }
+    /// The NodeTensorStore of this client (node/node_tensor_store.h); `options` are the
+    /// daemon's to choose.
+    std::unique_ptr<TensorStore> MakeTensorStore(const LocalTensorStoreOptions& options) override;
+
+    // ---- The sparse layer at the level of the protocol. -----------------------------------
+    /// Commits an object encoded by the caller (codec BuildSparseObject).
     Result<wire::SparseCommitReply> CommitSparseObject(const SourceDescriptor& desc,
                                                        std::string_view coordinate_space,
                                                        const EncodedMembers& members,
                                                        bool hard_pin);
-    Result<bool> Admit(std::string_view tensor_id, Generation generation,
-                       const PlacementPolicy& policy, const NamedAxes& source_placement,
-                       std::string_view writer_id);
-    Result<std::vector<SourceDescriptor>> Manifest(Generation generation);
-    Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id);
     Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
         std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
         const wire::SparseReadOptions& options);
@@ -178,21 +205,10 @@ public:
     Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
         const StepManifest& manifest, std::span<const TargetDescriptor> targets,
         const wire::SparseReadOptions& options);
-    // The steps of a training run (docs/design.md §9), as SparseStore has them.
-    Result<StepManifest> GetManifest(Generation generation);
-    Status SealGeneration(Generation generation, std::span<const std::string> tensor_ids);
-    /// Waits in the daemon (woken by the seal); a long or endless wait is a sequence of bounded
-    /// waits. The connection serves this client's other calls only between them.
-    Result<StepManifest> WaitGeneration(Generation generation, double timeout_seconds);
     /// One bounded wait on this client's own connection.
     Result<StepManifest> WaitOnce(Generation generation, double timeout_seconds);
-    Result<std::optional<Generation>> LatestGeneration();
-    Status SetRetention(std::uint64_t keep_last);
-    Result<std::uint64_t> Retention();
-    Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids);
-    Result<std::optional<Generation>> LatestAnchor();
-    Status SetKeepAnchors(std::uint64_t keep_anchors);
-    // The tensor fast path (docs/design.md §5), run by the daemon.
+
+    // ---- The tensor fast path (docs/design.md §5), run by the daemon. ----------------------
     /// TensorPut: host tensors are copied once into the client buffer, CUDA tensors travel as
     /// IPC handles (the daemon copies them straight into its segments). The caller has
     /// synchronized the tensors' streams.
@@ -204,12 +220,6 @@ public:
     /// here after the reply).
     /// Errors: as TensorStore::GetInto; ResourceExhausted; Unavailable.
     Status GetTensorsInto(std::span<const NodeTensor> tensors);
-
-    /// The daemon's metrics (the §4 counters and its gauges); `reset` zeroes the §4 counters.
-    Result<std::vector<std::pair<std::string, double>>> Metrics(bool reset = false);
-    /// Drops the daemon's node-local caches (tile indexes, range reads) for every process.
-    /// Errors: Unavailable.
-    Status ClearCaches();
 
     /// Sends the queued lease releases now.
     /// Errors: Unavailable.
@@ -238,13 +248,17 @@ private:
                                   std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
     template <typename Reply>
     Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
-    Result<std::vector<LeasedTargetObject>> Read(wire::SparseReadRequest request,
-                                                 std::size_t num_targets);
+    Result<std::vector<LeasedTargetObject>> CallRead(wire::SparseReadRequest request,
+                                                     std::size_t num_targets);
     /// Polls the connection until a reply is readable or the spin budget of a call moving
     /// `bytes` runs out. True when the reply came while polling.
     bool SpinForReply(int fd, std::uint64_t bytes) const;
     /// Grows the client buffer to at least `bytes`. Needs mu_.
     Status EnsureBuffer(std::uint64_t bytes);
+    /// Copies `parts` into the client buffer (grown as needed), each at a 64-byte aligned
+    /// offset, and returns the offsets; `total` is the bytes they span. Needs mu_.
+    Result<std::vector<std::uint64_t>> StageInBuffer(
+        std::span<const std::span<const std::byte>> parts, std::uint64_t& total);
     Status FlushReleasesLocked();
     /// A view's keepalive for lease `lease_id` of the current session.
     LeaseKeepalive MakeKeepalive(std::uint64_t lease_id, std::uint32_t segment_id);
@@ -271,5 +285,13 @@ private:
     NodeClientStats stats_;      // Guarded by stats_mu_.
     StoreCounters counters_;     // Guarded by stats_mu_.
 };
+
+template <typename Reply>
+Result<Reply> NodeClient::Call(const wire::Message& request, std::uint64_t spin_bytes) {
+    MCS_RETURN_IF_ERROR(FlushReleasesLocked());
+    std::vector<std::byte> storage;
+    MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, storage, spin_bytes));
+    return wire::DecodeReplyAs<Reply>(frame);
+}
 
 }  // namespace mooncake::sparse

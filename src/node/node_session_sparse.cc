@@ -167,7 +167,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Metrics(const wire::Metr
 
 Result<NodeServer::Session::Reply> NodeServer::Session::ClearCaches(
     const wire::ClearCachesRequest&) {
-    sparse_->ClearCaches();
+    MCS_RETURN_IF_ERROR(sparse_->ClearCaches());
     return Reply{wire::OkReply{}, {}};
 }
 

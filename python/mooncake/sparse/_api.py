@@ -50,9 +50,13 @@ class Target:
 
 
 class _Backend(Protocol):
-    """What a Store needs from a backend. Two implement it in the native core: `_core._Store`
-    (embedded: everything in this process) and `_core._NodeStore` (a DummyClient of the node
-    daemon, whose caches serve every process of the node). Arguments arrive normalized by Store."""
+    """What a Store needs from a backend: `_core._Store`, one class whichever side does the
+    work — `_core._Store(...)` in this process (embedded, or over a Python object store such as
+    the upstream adapter), `_core._Store.connect(PATH, ...)` a DummyClient of the node daemon,
+    whose caches serve every process of the node (`remote` tells them apart). Arguments arrive
+    normalized by Store."""
+
+    remote: bool
 
     def put_sparse_object(self, *args: Any) -> dict: ...
     def manifest(self, generation: tuple[int, int]) -> list: ...
@@ -78,6 +82,7 @@ class _Backend(Protocol):
     def clear_caches(self) -> None: ...
     def store_counters(self) -> dict: ...
     def list_keys(self, prefix: str) -> list[str]: ...
+    def disconnect(self) -> None: ...
     def _object_store(self) -> Any: ...
 
 
@@ -128,7 +133,7 @@ class Store(TensorMixin):
 
     @property
     def backend(self) -> _Backend:
-        """The native backend (`_core._Store` or `_core._NodeStore`)."""
+        """The native backend (a `_core._Store`)."""
         return self._core
 
     @property
@@ -138,7 +143,7 @@ class Store(TensorMixin):
 
     def capabilities(self) -> dict[str, Any]:
         """What this store can do here: backend, CUDA availability, pinned quota and use."""
-        if isinstance(self._core, _core._Store):
+        if not self._core.remote:
             kind = "embedded" if self._upstream is None else "mooncake"
             return {"backend": kind, **self._tensor_capabilities()}
         m = self._core.metrics()
@@ -161,9 +166,7 @@ class Store(TensorMixin):
     def close(self) -> None:
         """Drops the connection of a node-daemon store (its leases are released once no
         returned object uses them any more); a later call reconnects. No-op when embedded."""
-        disconnect = getattr(self._core, "disconnect", None)
-        if disconnect is not None:
-            disconnect()
+        self._core.disconnect()
 
     @property
     def upstream(self) -> Any:
@@ -525,8 +528,8 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
             kwargs["initial_buffer_bytes"] = _int(kwargs["initial_buffer_bytes"],
                                                   "initial_buffer_bytes", minimum=0)
         kwargs["client_name"] = _str(kwargs["client_name"], "client_name")
-        return Store(backend=_core._NodeStore(path, name_space=namespace, **kwargs), url=url,
-                     namespace=namespace)
+        return Store(backend=_core._Store.connect(path, name_space=namespace, **kwargs),
+                     url=url, namespace=namespace)
     if url.startswith("mooncake://"):
         from ._upstream import UpstreamObjectStore, parse_mooncake_url
         config = parse_mooncake_url(url, **kwargs)

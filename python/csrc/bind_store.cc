@@ -1,0 +1,337 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// Binding of `_Store` (store.h): `_Store(...)` is an in-process store, `_Store.connect(PATH, ...)`
+// a client of the node daemon (the backend of mcs.connect("unix:///PATH")); every method is
+// written once against SparseService, with the GIL released while the backend works. The
+// daemon's client encodes a put_sparse_object here and the daemon validates it again before
+// committing; its read_sparse_objects returns SparseObjects that view the daemon's read-only
+// segment memory in place and hold its lease until they are collected, where the in-process
+// store's own their bytes. `_NodeStore` is the old name of `_Store.connect`.
+#include "store.h"
+
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <type_traits>
+
+#include "arrays.h"
+#include "bind_common.h"
+#include "executor/sparse_store.h"
+#include "node/node_client.h"
+#include "object_store_handle.h"
+#include "python_object_store.h"
+#include "sparse_object.h"
+
+namespace mooncake::sparse::py {
+
+std::unique_ptr<PyStore> PyStore::Embedded(std::string node_id, std::uint64_t capacity_bytes,
+                                           const pyb::object& object_store,
+                                           const std::string& name_space) {
+    ThrowIfError(ValidateNamespace(name_space));
+    SparseStoreOptions options;
+    options.node_id = std::move(node_id);
+    options.name_space = name_space;
+    std::shared_ptr<ObjectStore> objects =
+        object_store.is_none() ? std::shared_ptr<ObjectStore>(MakeEmbeddedStore({capacity_bytes}))
+                               : MakePythonObjectStore(object_store);
+    return std::unique_ptr<PyStore>(
+        new PyStore(std::make_shared<SparseStore>(std::move(objects), options), nullptr));
+}
+
+namespace {
+
+using GenerationArg = std::pair<std::uint64_t, std::uint64_t>;
+
+Generation GenerationOf(GenerationArg g) { return {g.first, g.second}; }
+
+/// Runs `fn` without the GIL and returns its value or throws its error.
+template <typename Fn>
+auto NoGil(Fn&& fn) {
+    using R = decltype(fn());
+    std::optional<R> r;
+    {
+        pyb::gil_scoped_release nogil;
+        r.emplace(fn());
+    }
+    if constexpr (std::is_same_v<R, Status>) {
+        ThrowIfError(*r);
+    } else {
+        return ValueOrThrow(std::move(*r));
+    }
+}
+
+/// Longest duration taken (about 31 years): its microseconds still fit int64.
+constexpr double kMaxSeconds = 1e9;
+
+void CheckSeconds(double seconds, const char* what, bool allow_zero) {
+    const bool ok = std::isfinite(seconds) && (allow_zero ? seconds >= 0 : seconds > 0) &&
+                    seconds <= kMaxSeconds;
+    if (!ok) {
+        throw StatusError(InvalidArgument(std::string(what) +
+                                          " must be a finite number of seconds " +
+                                          (allow_zero ? ">= 0" : "> 0") + " (at most 1e9), got " +
+                                          std::to_string(seconds)));
+    }
+}
+
+/// The daemon's client of `store`, for what only a connection has.
+NodeClient& NodeOf(PyStore& store, const char* what) {
+    if (store.node() == nullptr) {
+        throw StatusError(FailedPrecondition(std::string(what) +
+                                             ": this store is not a client of a node daemon"));
+    }
+    return *store.node();
+}
+
+pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
+                          const pyb::object& global_shape, const pyb::object& indices,
+                          const pyb::object& values, const pyb::object& source_placement,
+                          const std::optional<std::string>& placement_policy,
+                          GenerationArg generation, const std::string& apply,
+                          const pyb::object& tile_shape, const std::string& duplicates,
+                          const pyb::object& global_offset, const pyb::object& local_shape,
+                          bool hard_pin, int num_threads) {
+    ParsedPut put = ParsePut(tensor_id, global_shape, indices, values, source_placement,
+                             placement_policy, generation, apply, tile_shape, duplicates,
+                             global_offset, local_shape, hard_pin, num_threads);
+    CommitResult c = NoGil([&] { return s.service().PutSparseObject(put.request); });
+    return CommitDict(c.source_ref, c.created, c.nnz, c.bytes);
+}
+
+std::vector<std::shared_ptr<SparseObjectView>> Read(
+    PyStore& s, const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
+    const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
+    const std::optional<GenerationArg>& generation, const std::vector<std::string>& unchanged) {
+    std::vector<TargetDescriptor> tds = TargetsFrom(targets);
+    ReadOptions options = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
+    std::optional<StepManifest> step;
+    if (generation) step = StepManifestFrom(manifest, *generation, unchanged);
+    std::vector<TargetObjectView> views = NoGil([&] {
+        return step ? s.service().ReadViews(*step, tds, options)
+                    : s.service().ReadViews(manifest, tds, options);
+    });
+    std::vector<std::shared_ptr<SparseObjectView>> out;
+    out.reserve(views.size());
+    for (TargetObjectView& v : views) {
+        out.push_back(std::make_shared<SparseObjectView>(std::move(v)));
+    }
+    return out;
+}
+
+bool Admit(PyStore& s, const std::string& tensor_id, GenerationArg generation,
+           const std::optional<std::string>& policy, const pyb::object& placement,
+           const std::string& writer_id) {
+    auto p = ValueOrThrow(PlacementPolicy::Parse(policy.value_or("")));
+    auto axes = AxesFromDict(placement, "source_placement");
+    return NoGil([&] {
+        return s.service().Admit(tensor_id, GenerationOf(generation), p, axes, writer_id);
+    });
+}
+
+pyb::dict StoreCountersDict(PyStore& s) {
+    const StoreCounters c = NoGil([&] { return s.service().ObjectCounters(); });
+    pyb::dict d;
+    d["puts"] = c.puts;
+    d["bytes_put"] = c.bytes_put;
+    d["member_gets"] = c.member_gets;
+    d["member_bytes"] = c.member_bytes;
+    d["range_reads"] = c.range_reads;
+    d["range_bytes"] = c.range_bytes;
+    d["removes"] = c.removes;
+    return d;
+}
+
+pyb::dict Hello(PyStore& s) {
+    NodeClient& node = NodeOf(s, "hello");
+    wire::HelloReply h = NoGil([&] { return node.Hello(); });
+    pyb::dict d;
+    d["node_id"] = h.node_id;
+    d["daemon_version"] = h.daemon_version;
+    d["protocol_version"] = h.protocol_version;
+    d["client_buffer_max"] = h.client_buffer_max;
+    pyb::list segments;
+    for (const auto& seg : h.segments) {
+        pyb::dict sd;
+        sd["segment_id"] = seg.segment_id;
+        sd["size"] = seg.size;
+        sd["read_only"] = seg.read_only;
+        segments.append(sd);
+    }
+    d["segments"] = segments;
+    return d;
+}
+
+pyb::dict ClientStats(PyStore& s) {
+    NodeClient& node = NodeOf(s, "client_stats");
+    const NodeClientStats st = node.Stats();
+    pyb::dict d;
+    d["calls"] = st.calls;
+    d["connects"] = st.connects;
+    d["disconnects"] = st.disconnects;
+    d["replies_spun"] = st.replies_spun;
+    d["replies_slept"] = st.replies_slept;
+    d["leases_released"] = st.leases_released;
+    d["buffer_bytes"] = st.buffer_bytes;
+    d["connected"] = node.connected();
+    return d;
+}
+
+/// Zero-copy views of the members of a leased object (read-only numpy, holding the lease).
+pyb::tuple LeaseObject(PyStore& s, const std::string& key) {
+    NodeClient& node = NodeOf(s, "lease_object");
+    auto holder = std::make_shared<LeasedObject>(NoGil([&] { return node.Lease(key); }));
+    pyb::dict members;
+    for (std::size_t i = 0; i < holder->members.size(); ++i) {
+        const MemberInfo& m = holder->info.members[i];
+        members[pyb::str(m.name)] =
+            ViewNumpy(holder->members[i], m.dtype, m.shape, std::shared_ptr<const void>(holder));
+    }
+    return pyb::make_tuple(pyb::bytes(holder->info.metadata), members);
+}
+
+}  // namespace
+
+std::unique_ptr<PyStore> PyStore::Connect(const std::string& socket_path,
+                                          double connect_timeout_s, double call_timeout_s,
+                                          const std::string& client_name,
+                                          std::uint64_t initial_buffer_bytes,
+                                          std::optional<double> reply_spin_max_s,
+                                          const std::string& name_space) {
+    ThrowIfError(ValidateNamespace(name_space));
+    NodeClientOptions options;
+    options.socket_path = socket_path;
+    options.client_name = client_name;
+    options.name_space = name_space;
+    // A float -> int cast of inf, NaN or a value past int64 is undefined: check first.
+    CheckSeconds(connect_timeout_s, "connect_timeout", /*allow_zero=*/false);
+    CheckSeconds(call_timeout_s, "call_timeout", /*allow_zero=*/false);
+    options.connect_timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(connect_timeout_s * 1000));
+    options.call_timeout =
+        std::chrono::milliseconds(static_cast<std::int64_t>(call_timeout_s * 1000));
+    if (initial_buffer_bytes > 0) options.initial_buffer_bytes = initial_buffer_bytes;
+    if (reply_spin_max_s) {
+        CheckSeconds(*reply_spin_max_s, "reply_spin_max", /*allow_zero=*/true);
+        options.reply_spin_max =
+            std::chrono::microseconds(static_cast<std::int64_t>(*reply_spin_max_s * 1e6));
+    }
+    std::shared_ptr<NodeClient> client = NoGil([&] { return NodeClient::Connect(options); });
+    return std::unique_ptr<PyStore>(new PyStore(client, client));
+}
+
+void RegisterStore(pyb::module_& m) {
+    using Store = PyStore;
+    auto cls = pyb::class_<Store>(
+        m, "_Store",
+        "A store backend: _Store(...) in this process, _Store.connect(PATH, ...) a node daemon.");
+    cls.def(pyb::init(&Store::Embedded), pyb::arg("node_id") = "node0",
+            pyb::arg("capacity_bytes") = 0, pyb::arg("object_store") = pyb::none(),
+            pyb::arg("name_space") = "")
+        .def_static("connect", &Store::Connect, pyb::arg("socket_path"),
+                    pyb::arg("connect_timeout") = 5.0, pyb::arg("call_timeout") = 120.0,
+                    pyb::arg("client_name") = "", pyb::arg("initial_buffer_bytes") = 0,
+                    pyb::arg("reply_spin_max") = pyb::none(), pyb::arg("name_space") = "")
+        .def_property_readonly("remote", [](Store& s) { return s.node() != nullptr; },
+                               "Whether the work runs in a node daemon.")
+        .def("put_sparse_object", &PutSparseObject, pyb::arg("tensor_id"),
+             pyb::arg("global_shape"), pyb::arg("indices"), pyb::arg("values"),
+             pyb::arg("source_placement") = pyb::none(), pyb::arg("placement_policy") = pyb::none(),
+             pyb::arg("generation"), pyb::arg("apply") = "overwrite",
+             pyb::arg("tile_shape") = pyb::none(), pyb::arg("duplicates") = "error",
+             pyb::arg("global_offset") = pyb::none(), pyb::arg("local_shape") = pyb::none(),
+             pyb::arg("hard_pin") = true, pyb::arg("num_threads") = 0)
+        .def("manifest",
+             [](Store& s, GenerationArg g) {
+                 return NoGil([&] { return s.service().Manifest(GenerationOf(g)); });
+             },
+             pyb::arg("generation"))
+        .def("read_sparse_objects", &Read, pyb::arg("manifest"), pyb::arg("targets"),
+             pyb::arg("strategy") = "sparse", pyb::arg("read_coalesce_gap") = -1,
+             pyb::arg("num_threads") = 0, pyb::arg("generation") = pyb::none(),
+             pyb::arg("unchanged") = std::vector<std::string>{})
+        .def("step_manifest",
+             [](Store& s, GenerationArg g) {
+                 return StepManifestTuple(
+                     NoGil([&] { return s.service().GetManifest(GenerationOf(g)); }));
+             },
+             pyb::arg("generation"))
+        .def("wait_generation",
+             [](Store& s, GenerationArg g, double timeout) {
+                 return StepManifestTuple(NoGil(
+                     [&] { return s.service().WaitGeneration(GenerationOf(g), timeout); }));
+             },
+             pyb::arg("generation"), pyb::arg("timeout"))
+        .def("seal_generation",
+             [](Store& s, GenerationArg g, const std::vector<std::string>& tensor_ids) {
+                 NoGil([&] { return s.service().SealGeneration(GenerationOf(g), tensor_ids); });
+             },
+             pyb::arg("generation"), pyb::arg("tensor_ids"))
+        .def("latest_generation",
+             [](Store& s) {
+                 return GenerationOrNone(NoGil([&] { return s.service().LatestGeneration(); }));
+             })
+        .def("set_retention",
+             [](Store& s, std::uint64_t keep_last) {
+                 NoGil([&] { return s.service().SetRetention(keep_last); });
+             },
+             pyb::arg("keep_last"))
+        .def("retention", [](Store& s) { return NoGil([&] { return s.service().Retention(); }); })
+        .def("record_anchor",
+             [](Store& s, GenerationArg g, const std::vector<std::string>& tensor_ids) {
+                 NoGil([&] { return s.service().RecordAnchor(GenerationOf(g), tensor_ids); });
+             },
+             pyb::arg("generation"), pyb::arg("tensor_ids"))
+        .def("latest_anchor",
+             [](Store& s) {
+                 return GenerationOrNone(NoGil([&] { return s.service().LatestAnchor(); }));
+             })
+        .def("set_keep_anchors",
+             [](Store& s, std::uint64_t keep) {
+                 NoGil([&] { return s.service().SetKeepAnchors(keep); });
+             },
+             pyb::arg("keep_anchors"))
+        .def("admit", &Admit, pyb::arg("tensor_id"), pyb::arg("generation"),
+             pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
+        .def("current_generation",
+             [](Store& s, const std::string& tensor_id) {
+                 return GenerationOrNone(
+                     NoGil([&] { return s.service().CurrentGeneration(tensor_id); }));
+             },
+             pyb::arg("tensor_id"))
+        .def("metrics",
+             [](Store& s) {
+                 return MetricsDict(NoGil([&] { return s.service().Metrics(/*reset=*/false); }));
+             })
+        .def("reset_metrics",
+             [](Store& s) { NoGil([&] { return s.service().Metrics(/*reset=*/true); }); })
+        .def("clear_caches", [](Store& s) { NoGil([&] { return s.service().ClearCaches(); }); })
+        .def("store_counters", &StoreCountersDict)
+        .def("list_keys",
+             [](Store& s, const std::string& prefix) {
+                 return NoGil([&] { return s.service().ListKeys(prefix); });
+             },
+             pyb::arg("prefix") = "")
+        .def("_object_store",
+             [](Store& s) { return ObjectStoreHandle(s.service().object_store()); },
+             pyb::keep_alive<0, 1>())
+        // What only a node daemon's client has (FailedPrecondition in this process, but
+        // disconnect, which has nothing to drop).
+        .def("hello", &Hello)
+        .def("client_stats", &ClientStats)
+        .def("lease_object", &LeaseObject, pyb::arg("key"))
+        .def("flush_releases",
+             [](Store& s) {
+                 NodeClient& node = NodeOf(s, "flush_releases");
+                 NoGil([&] { return node.FlushReleases(); });
+             })
+        .def("disconnect", [](Store& s) {
+            if (s.node() == nullptr) return;
+            pyb::gil_scoped_release nogil;
+            s.node()->Disconnect();
+        });
+    m.attr("_NodeStore") = cls.attr("connect");
+}
+
+}  // namespace mooncake::sparse::py

@@ -1,0 +1,76 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The views of SparseService, and SparseStore's side of it beyond the operations SparseStore
+// had already (sparse_store.h).
+#include "executor/sparse_service.h"
+
+#include "executor/sparse_store.h"
+#include "executor/tensor_store.h"
+
+namespace mooncake::sparse {
+namespace {
+
+template <typename T>
+std::span<const std::byte> AsBytes(const std::vector<T>& v) {
+    return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+std::vector<TargetObjectView> OwningViews(std::vector<TargetObject>&& objects) {
+    std::vector<TargetObjectView> out;
+    out.reserve(objects.size());
+    for (TargetObject& o : objects) out.push_back(TargetObjectView::Owning(std::move(o)));
+    return out;
+}
+
+}  // namespace
+
+TargetObjectView TargetObjectView::Owning(TargetObject&& object) {
+    // The members move with the vectors that hold them, so the spans are taken from the copy
+    // the keepalive owns.
+    auto owned = std::make_shared<const TargetObject>(std::move(object));
+    const SparseObject& o = owned->object;
+    TargetObjectView view;
+    view.target_id = owned->target_id;
+    view.node_id = owned->node_id;
+    view.target_box = owned->target_box;
+    view.desc = o.desc;
+    view.coordinate_space = o.coordinate_space;
+    view.indices = o.indices;
+    view.values = o.values;
+    view.tile_coords = AsBytes(o.tile_coords);
+    view.tile_ptr = AsBytes(o.tile_ptr);
+    view.checksum_indices = o.checksum_indices;
+    view.checksum_values = o.checksum_values;
+    view.checksum_tile_coords = o.checksum_tile_coords;
+    view.checksum_tile_ptr = o.checksum_tile_ptr;
+    view.keepalive = std::move(owned);
+    return view;
+}
+
+Result<std::vector<TargetObjectView>> SparseStore::ReadViews(
+    std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
+                         ReadSparseObjects(manifest, targets, options));
+    return OwningViews(std::move(objects));
+}
+
+Result<std::vector<TargetObjectView>> SparseStore::ReadViews(
+    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
+                         ReadSparseObjects(manifest, targets, options));
+    return OwningViews(std::move(objects));
+}
+
+Result<StoreCounters> SparseStore::ObjectCounters() { return store_->Counters(); }
+
+Result<std::vector<std::string>> SparseStore::ListKeys(std::string_view prefix) {
+    return store_->List(prefix);
+}
+
+std::unique_ptr<TensorStore> SparseStore::MakeTensorStore(const LocalTensorStoreOptions& options) {
+    return MakeLocalTensorStore(store_, options);
+}
+
+}  // namespace mooncake::sparse

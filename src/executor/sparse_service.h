@@ -1,0 +1,192 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// SparseService: the operations of the sparse object layer (docs/design.md §2-4, §9) as one
+// interface, in the executor types defined here (requests, results, read options, step
+// manifests, read views). Two implement it: SparseStore (sparse_store.h), which runs them
+// in this process over any ObjectStore, and the node daemon's client (node/node_client.h), which
+// runs them in the daemon, where the node-local caches serve every process of the node.
+//
+// Why it is built this way:
+// - One set of argument and result types whichever side does the work, so that a caller (the
+//   Python binding, a tool) is written once and picks a backend at construction only.
+// - Where the two differ in representation, the interface hides it: a read returns views
+//   (TargetObjectView) whose bytes are owned by the view's keepalive — the SparseStore's own
+//   TargetObject, or a lease on the daemon's read-only segment memory — never a type to cast to.
+// - The tensor fast path over the same backend (TensorStore) is made by the service itself, so
+//   no caller needs to know which kind of ObjectStore lies underneath.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "codec/codec.h"
+#include "mooncake/sparse/contracts.h"
+#include "mooncake/sparse/placement.h"
+#include "mooncake/sparse/planner.h"
+#include "mooncake/sparse/status.h"
+#include "store/object_store.h"
+
+namespace mooncake::sparse {
+
+class TensorStore;               // executor/tensor_store.h
+struct LocalTensorStoreOptions;  // executor/tensor_store.h
+
+/// One put_sparse_object call.
+struct PutSparseRequest {
+    std::string tensor_id;
+    Shape global_shape;
+    std::optional<Shape> global_offset;  ///< Source box origin; default zeros.
+    std::optional<Shape> local_shape;    ///< Source box extents; default global_shape.
+    HostArray indices;                   ///< [nnz, rank] global coordinates, any integer dtype.
+    HostArray values;                    ///< [nnz].
+    NamedAxes source_placement;
+    PlacementPolicy placement_policy;
+    Generation generation;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    EncodeOptions encode;
+    bool hard_pin = true;  ///< Source objects are never evicted while referenced.
+};
+
+struct CommitResult {
+    std::string source_ref;
+    bool created = false;  ///< False when an identical commit already existed (idempotent).
+    std::uint64_t nnz = 0;
+    std::uint64_t bytes = 0;
+};
+
+/// A target-local object: entries in the target's local coordinates (its own tile index over
+/// [0, local_shape)), same apply mode as its sources.
+struct TargetObject {
+    std::string target_id;
+    std::string node_id;
+    Box target_box;  ///< Global box of the target (origin = what was subtracted).
+    SparseObject object;  ///< coordinate_space == "local"; desc.global_shape == local shape.
+};
+
+enum class ReadStrategy : std::uint8_t {
+    kSparseRanges = 0,   ///< The sparse path: planned range reads, deduped per node.
+    kFullSourcePerTarget = 1,  ///< Baseline: every target GETs its complete sources (full_gets).
+};
+
+struct ReadOptions {
+    PlanOptions plan;
+    ReadStrategy strategy = ReadStrategy::kSparseRanges;
+    int num_threads = 0;
+    /// The manifest's index (ManifestIndex::Make(manifest)), when the caller keeps one: a
+    /// manifest is fixed for a generation, so every read call of that generation can share it.
+    /// nullptr builds one per call. It must have been built from the manifest passed.
+    const ManifestIndex* manifest_index = nullptr;
+};
+
+/// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the
+/// generation (k - 1, k). `generation` (j, k) with k > j + 1 is the fold of steps j+1..k: its
+/// sources are those of every step in the range, step by step, and reading it gives, per target,
+/// one object with the latest value per coordinate (overwrite) or the sum (scatter_add).
+struct StepManifest {
+    Generation generation;
+    std::vector<SourceDescriptor> sources;
+    /// Tensor ids the step's seal lists that have no source in the range (unchanged): their
+    /// targets read as empty objects. Sorted.
+    std::vector<std::string> unchanged;
+    bool sealed = false;
+};
+
+/// (name, value) pairs in a stable order: the §4 counters (SparseMetrics::Items), and from the
+/// node daemon its gauges too.
+using MetricItems = std::vector<std::pair<std::string, double>>;
+
+/// One target-local object of a read, viewed in place: the members stay valid, unchanged, for
+/// as long as `keepalive` (shared by every copy of the view) lives.
+struct TargetObjectView {
+    std::string target_id;
+    std::string node_id;
+    Box target_box;         ///< Global box of the target (origin = what was subtracted).
+    SourceDescriptor desc;  ///< desc.global_shape is the target's local shape.
+    std::string coordinate_space;
+    std::span<const std::byte> indices;      ///< [nnz, rank] of desc.index_dtype
+    std::span<const std::byte> values;       ///< [nnz] of desc.value_dtype
+    std::span<const std::byte> tile_coords;  ///< [num_tiles, rank] uint32
+    std::span<const std::byte> tile_ptr;     ///< [num_tiles + 1] uint64
+    std::uint64_t checksum_indices = 0;
+    std::uint64_t checksum_values = 0;
+    std::uint64_t checksum_tile_coords = 0;
+    std::uint64_t checksum_tile_ptr = 0;
+    /// Owns (or leases) the bytes the members view.
+    std::shared_ptr<const void> keepalive;
+
+    std::uint64_t nbytes() const {
+        return indices.size() + values.size() + tile_coords.size() + tile_ptr.size();
+    }
+
+    /// A view that owns `object` (a SparseStore read result).
+    static TargetObjectView Owning(TargetObject&& object);
+};
+
+class SparseService {
+public:
+    virtual ~SparseService() = default;
+
+    // ---- Commit side (SparseStore documents the semantics and errors of each). -------------
+    /// Validates, encodes and commits one source object (idempotent by logical key).
+    virtual Result<CommitResult> PutSparseObject(const PutSparseRequest& request) = 0;
+    /// Single-owner admission among writers racing for one logical key.
+    virtual Result<bool> Admit(std::string_view tensor_id, Generation generation,
+                               const PlacementPolicy& policy, const NamedAxes& source_placement,
+                               std::string_view writer_id) = 0;
+    /// The tensor's current generation (the last committed delta), if any.
+    virtual Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id) = 0;
+
+    // ---- Manifests and the steps of a run (docs/design.md §9). -----------------------------
+    virtual Result<std::vector<SourceDescriptor>> Manifest(Generation generation) = 0;
+    /// The manifest of a step, or the fold of the sealed steps j+1..k.
+    virtual Result<StepManifest> GetManifest(Generation generation) = 0;
+    virtual Status SealGeneration(Generation generation,
+                                  std::span<const std::string> tensor_ids) = 0;
+    /// Blocks until `generation` is sealed (a negative timeout waits for ever).
+    virtual Result<StepManifest> WaitGeneration(Generation generation,
+                                                double timeout_seconds) = 0;
+    virtual Result<std::optional<Generation>> LatestGeneration() = 0;
+    virtual Status SetRetention(std::uint64_t keep_last) = 0;
+    virtual Result<std::uint64_t> Retention() = 0;
+    virtual Status RecordAnchor(Generation step, std::span<const std::string> tensor_ids) = 0;
+    virtual Result<std::optional<Generation>> LatestAnchor() = 0;
+    virtual Status SetKeepAnchors(std::uint64_t keep_anchors) = 0;
+
+    // ---- Read side: SparseStore::ReadSparseObjects, its results as views. --------------------
+    /// One target-local object per target, same order. `options.manifest_index` is a hint only
+    /// an in-process store uses.
+    virtual Result<std::vector<TargetObjectView>> ReadViews(
+        std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+        const ReadOptions& options) = 0;
+    /// The same on a step manifest (unchanged tensors read as empty objects; folds merged).
+    virtual Result<std::vector<TargetObjectView>> ReadViews(
+        const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+        const ReadOptions& options) = 0;
+
+    // ---- Observability and upkeep. --------------------------------------------------------
+    /// The metrics of the layer; `reset` zeroes the §4 counters once they are taken.
+    virtual Result<MetricItems> Metrics(bool reset) = 0;
+    /// Drops the node-local index and range caches.
+    virtual Status ClearCaches() = 0;
+    /// The counters of the ObjectStore the layer works on (the daemon's own store, for its
+    /// client: not the RPCs this process sent).
+    virtual Result<StoreCounters> ObjectCounters() = 0;
+    /// The keys of the ObjectStore under `prefix`, sorted.
+    virtual Result<std::vector<std::string>> ListKeys(std::string_view prefix) = 0;
+    /// The ObjectStore this process reaches the layer's objects through (for a daemon's client,
+    /// the client itself: every call an RPC).
+    virtual ObjectStore& object_store() = 0;
+
+    /// The tensor fast path (docs/design.md §5) over the same backend. `options` apply to an
+    /// in-process store; the node daemon's own configuration decides for its clients.
+    virtual std::unique_ptr<TensorStore> MakeTensorStore(
+        const LocalTensorStoreOptions& options) = 0;
+};
+
+}  // namespace mooncake::sparse

@@ -1,0 +1,358 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The sparse layer of the node daemon's client (node_client.h): the RPCs of the sparse
+// messages (node/wire_sparse.h), and the SparseService on top of them, whose conversions
+// between executor and wire types are made here, once.
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "executor/tensor_store.h"
+#include "node/node_client.h"
+#include "node/node_tensor_store.h"
+
+namespace mooncake::sparse {
+namespace {
+
+/// `a * b * c` without overflow, or nullopt.
+std::optional<std::uint64_t> Product(std::uint64_t a, std::uint64_t b, std::uint64_t c = 1) {
+    std::uint64_t out = 0;
+    if (__builtin_mul_overflow(a, b, &out) || __builtin_mul_overflow(out, c, &out)) {
+        return std::nullopt;
+    }
+    return out;
+}
+
+/// A read's options as the daemon takes them (the manifest index is the caller's own).
+wire::SparseReadOptions WireReadOptions(const ReadOptions& options) {
+    wire::SparseReadOptions out;
+    out.plan = options.plan;
+    out.strategy = options.strategy == ReadStrategy::kFullSourcePerTarget
+                       ? wire::ReadStrategy::kFullSourcePerTarget
+                       : wire::ReadStrategy::kSparseRanges;
+    out.num_threads = static_cast<std::uint32_t>(options.num_threads);
+    return out;
+}
+
+template <typename T>
+std::span<const std::byte> AsBytes(const std::vector<T>& v) {
+    return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// The sparse layer at the level of the protocol
+// ---------------------------------------------------------------------------------------------
+Result<wire::SparseCommitReply> NodeClient::CommitSparseObject(const SourceDescriptor& desc,
+                                                               std::string_view coordinate_space,
+                                                               const EncodedMembers& members,
+                                                               bool hard_pin) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    const std::span<const std::byte> parts[] = {members.indices, members.values,
+                                                members.tile_coords, members.tile_ptr};
+    std::uint64_t total = 0;
+    MCS_ASSIGN_OR_RETURN(std::vector<std::uint64_t> offsets, StageInBuffer(parts, total));
+    wire::SparseCommitRequest request;
+    request.desc = desc;
+    request.coordinate_space.assign(coordinate_space);
+    request.indices = {wire::BufferRef::Client(offsets[0], parts[0].size()),
+                       members.checksum_indices};
+    request.values = {wire::BufferRef::Client(offsets[1], parts[1].size()),
+                      members.checksum_values};
+    request.tile_coords = {wire::BufferRef::Client(offsets[2], parts[2].size()),
+                           members.checksum_tile_coords};
+    request.tile_ptr = {wire::BufferRef::Client(offsets[3], parts[3].size()),
+                        members.checksum_tile_ptr};
+    request.hard_pin = hard_pin;
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCommitReply>(request));
+    std::lock_guard slock(stats_mu_);
+    ++counters_.puts;
+    counters_.bytes_put += total;
+    return reply;
+}
+
+Result<bool> NodeClient::Admit(std::string_view tensor_id, Generation generation,
+                               const PlacementPolicy& policy, const NamedAxes& source_placement,
+                               std::string_view writer_id) {
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseAdmitRequest request{std::string(tensor_id), generation, policy,
+                                     source_placement, std::string(writer_id)};
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseAdmitReply>(request));
+    return reply.admitted;
+}
+
+Result<std::vector<SourceDescriptor>> NodeClient::Manifest(Generation generation) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply,
+                         Call<wire::SparseManifestReply>(wire::SparseManifestRequest{generation}));
+    return std::move(reply.sources);
+}
+
+Result<std::optional<Generation>> NodeClient::CurrentGeneration(std::string_view tensor_id) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseCurrentGenerationRequest request{std::string(tensor_id)};
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCurrentGenerationReply>(request));
+    return reply.generation;
+}
+
+Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
+    std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+    const wire::SparseReadOptions& options) {
+    wire::SparseReadRequest request;
+    request.manifest.assign(manifest.begin(), manifest.end());
+    request.targets.assign(targets.begin(), targets.end());
+    request.options = options;
+    return CallRead(std::move(request), targets.size());
+}
+
+Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
+    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const wire::SparseReadOptions& options) {
+    wire::SparseReadRequest request;
+    request.manifest = manifest.sources;
+    request.targets.assign(targets.begin(), targets.end());
+    request.options = options;
+    request.step = manifest.generation;
+    request.unchanged = manifest.unchanged;
+    return CallRead(std::move(request), targets.size());
+}
+
+namespace {
+
+StepManifest StepManifestOf(wire::SparseStepManifestReply r) {
+    return {r.generation, std::move(r.sources), std::move(r.unchanged), r.sealed};
+}
+
+}  // namespace
+
+Result<StepManifest> NodeClient::GetManifest(Generation generation) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseStepManifestReply>(
+                                         wire::SparseStepManifestRequest{generation}));
+    return StepManifestOf(std::move(reply));
+}
+
+Status NodeClient::SealGeneration(Generation generation, std::span<const std::string> tensor_ids) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseSealRequest request{generation, {tensor_ids.begin(), tensor_ids.end()}};
+    return Call<wire::OkReply>(request).status();
+}
+
+Result<StepManifest> NodeClient::WaitGeneration(Generation generation, double timeout_seconds) {
+    using Clock = std::chrono::steady_clock;
+    const bool forever = timeout_seconds < 0;
+    const auto start = Clock::now();
+    // Each wait is bounded well inside the call timeout.
+    const double chunk = std::min(
+        10.0, std::chrono::duration<double>(options_.call_timeout).count() / 2);
+    for (;;) {
+        const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        const double left = forever ? chunk : std::max(0.0, timeout_seconds - elapsed);
+        const double wait = std::min(left, chunk);
+        std::shared_ptr<NodeClient> waiter;
+        {
+            std::lock_guard lock(waiter_mu_);
+            if (!waiter_) {
+                NodeClientOptions o = options_;
+                o.client_name += " (waits)";
+                MCS_ASSIGN_OR_RETURN(waiter_, Connect(o));
+            }
+            waiter = waiter_;
+        }
+        Result<StepManifest> reply = waiter->WaitOnce(generation, wait);
+        if (reply.ok()) return reply;
+        if (reply.status().code() != StatusCode::kDeadlineExceeded) return reply.status();
+        if (!forever && wait >= left) {
+            return DeadlineExceeded("wait_generation: step " +
+                                    std::to_string(generation.delta) + " is not sealed after " +
+                                    std::to_string(timeout_seconds) + " s");
+        }
+    }
+}
+
+Result<StepManifest> NodeClient::WaitOnce(Generation generation, double timeout_seconds) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseStepManifestReply>(
+                                         wire::SparseWaitRequest{generation, timeout_seconds}));
+    return StepManifestOf(std::move(reply));
+}
+
+Result<std::optional<Generation>> NodeClient::LatestGeneration() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply,
+                         Call<wire::SparseLatestReply>(wire::SparseLatestRequest{false}));
+    return reply.generation;
+}
+
+Status NodeClient::SetRetention(std::uint64_t keep_last) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    return Call<wire::SparseRetentionReply>(
+               wire::SparseRetentionRequest{true, keep_last, std::nullopt})
+        .status();
+}
+
+Status NodeClient::RecordAnchor(Generation step, std::span<const std::string> tensor_ids) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseAnchorRequest request{step, {tensor_ids.begin(), tensor_ids.end()}};
+    return Call<wire::OkReply>(request).status();
+}
+
+Result<std::optional<Generation>> NodeClient::LatestAnchor() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply,
+                         Call<wire::SparseLatestReply>(wire::SparseLatestRequest{true}));
+    return reply.generation;
+}
+
+Status NodeClient::SetKeepAnchors(std::uint64_t keep_anchors) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    wire::SparseRetentionRequest request;
+    request.keep_anchors = keep_anchors;
+    return Call<wire::SparseRetentionReply>(request).status();
+}
+
+Result<std::uint64_t> NodeClient::Retention() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseRetentionReply>(
+                                         wire::SparseRetentionRequest{false, 0, std::nullopt}));
+    return reply.keep_last;
+}
+
+Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(wire::SparseReadRequest request,
+                                                             std::size_t num_targets) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseReadReply>(request));
+    std::vector<LeasedTargetObject> out;
+    out.reserve(reply.objects.size());
+    // Keepalives first, so that every lease is released whatever fails below.
+    std::vector<LeaseKeepalive> keepalives;
+    for (const auto& o : reply.objects) keepalives.push_back(MakeKeepalive(o.lease_id, 0));
+    if (reply.objects.size() != num_targets) {
+        return DataLoss("the node daemon returned " + std::to_string(reply.objects.size()) +
+                        " objects for " + std::to_string(num_targets) + " targets");
+    }
+    for (std::size_t i = 0; i < reply.objects.size(); ++i) {
+        wire::TargetObjectLocation& o = reply.objects[i];
+        const SourceDescriptor& d = o.desc;
+        const auto index_bytes = Product(d.nnz, d.rank(), DTypeSize(d.index_dtype));
+        const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
+        const auto coord_bytes = Product(d.num_tiles, d.rank(), sizeof(TileCoord));
+        const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
+        if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
+            o.indices.slice.size != *index_bytes || o.values.slice.size != *value_bytes ||
+            o.tile_coords.slice.size != *coord_bytes || o.tile_ptr.slice.size != *ptr_bytes) {
+            return DataLoss("the node daemon returned members of " + o.target_id +
+                            " whose sizes do not match its descriptor");
+        }
+        LeasedTargetObject t;
+        MCS_ASSIGN_OR_RETURN(t.indices, View(o.indices.slice));
+        MCS_ASSIGN_OR_RETURN(t.values, View(o.values.slice));
+        MCS_ASSIGN_OR_RETURN(t.tile_coords, View(o.tile_coords.slice));
+        MCS_ASSIGN_OR_RETURN(t.tile_ptr, View(o.tile_ptr.slice));
+        t.target_id = std::move(o.target_id);
+        t.node_id = std::move(o.node_id);
+        t.target_box = std::move(o.target_box);
+        t.desc = std::move(o.desc);
+        t.coordinate_space = std::move(o.coordinate_space);
+        t.checksum_indices = o.indices.checksum;
+        t.checksum_values = o.values.checksum;
+        t.checksum_tile_coords = o.tile_coords.checksum;
+        t.checksum_tile_ptr = o.tile_ptr.checksum;
+        t.keepalive = std::move(keepalives[i]);
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+Status NodeClient::ClearCaches() {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    return Call<wire::OkReply>(wire::ClearCachesRequest{}).status();
+}
+
+Result<MetricItems> NodeClient::Metrics(bool reset) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::MetricsReply>(wire::MetricsRequest{reset}));
+    MetricItems out;
+    out.reserve(reply.items.size());
+    for (auto& item : reply.items) out.emplace_back(std::move(item.name), item.value);
+    return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SparseService
+// ---------------------------------------------------------------------------------------------
+Result<CommitResult> NodeClient::PutSparseObject(const PutSparseRequest& request) {
+    // Encoded once, here; the daemon validates the object again and commits it.
+    MCS_ASSIGN_OR_RETURN(SparseObject o, BuildSourceObject(request));
+    const EncodedMembers members{o.indices,
+                                 o.values,
+                                 AsBytes(o.tile_coords),
+                                 AsBytes(o.tile_ptr),
+                                 o.checksum_indices,
+                                 o.checksum_values,
+                                 o.checksum_tile_coords,
+                                 o.checksum_tile_ptr};
+    MCS_ASSIGN_OR_RETURN(wire::SparseCommitReply reply,
+                         CommitSparseObject(o.desc, o.coordinate_space, members, request.hard_pin));
+    return CommitResult{std::move(reply.source_ref), reply.created, reply.nnz, reply.bytes};
+}
+
+Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
+    std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    return ReadSparseObjects(manifest, targets, WireReadOptions(options));
+}
+
+Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
+    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options) {
+    return ReadSparseObjects(manifest, targets, WireReadOptions(options));
+}
+
+Result<StoreCounters> NodeClient::ObjectCounters() {
+    MCS_ASSIGN_OR_RETURN(MetricItems items, Metrics(/*reset=*/false));
+    StoreCounters c;
+    std::pair<std::string_view, std::uint64_t*> fields[] = {
+        {"store_puts", &c.puts},
+        {"store_bytes_put", &c.bytes_put},
+        {"store_member_gets", &c.member_gets},
+        {"store_member_bytes", &c.member_bytes},
+        {"store_range_reads", &c.range_reads},
+        {"store_range_bytes", &c.range_bytes},
+        {"store_removes", &c.removes},
+    };
+    for (const auto& [name, value] : items) {
+        for (auto& [field, out] : fields) {
+            if (name == field) *out = static_cast<std::uint64_t>(value);
+        }
+    }
+    return c;
+}
+
+Result<std::vector<std::string>> NodeClient::ListKeys(std::string_view prefix) {
+    return List(prefix);
+}
+
+std::unique_ptr<TensorStore> NodeClient::MakeTensorStore(const LocalTensorStoreOptions&) {
+    return MakeNodeTensorStore(shared_from_this());
+}
+
+}  // namespace mooncake::sparse

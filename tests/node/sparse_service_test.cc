@@ -1,0 +1,294 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// SparseService (executor/sparse_service.h) from both sides: the same run — commit, admission,
+// seal, wait, retention, reads of a manifest and of a step, anchors written through the
+// service's tensor store, metrics, caches, counters, keys — through a SparseStore in this process
+// and through the node daemon's client, with the same answers.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "executor/sparse_service.h"
+#include "executor/sparse_store.h"
+#include "executor/tensor_store.h"
+#include "node/node_client.h"
+#include "node/node_server.h"
+#include "node_test_util.h"
+
+namespace mooncake::sparse {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Coo {
+    std::vector<std::byte> indices;  // int64 [nnz, 2]
+    std::vector<std::byte> values;   // float32 [nnz]
+    std::uint64_t nnz = 0;
+};
+
+Coo RandomCoo(Index rows, Index cols, std::uint64_t nnz, unsigned seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::int64_t> flat(static_cast<std::size_t>(rows * cols));
+    for (std::size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<std::int64_t>(i);
+    std::shuffle(flat.begin(), flat.end(), rng);
+    flat.resize(nnz);
+    Coo c;
+    c.nnz = nnz;
+    c.indices.resize(nnz * 16);
+    c.values.resize(nnz * 4);
+    for (std::uint64_t i = 0; i < nnz; ++i) {
+        const std::int64_t r = flat[i] / cols, col = flat[i] % cols;
+        std::memcpy(c.indices.data() + i * 16, &r, 8);
+        std::memcpy(c.indices.data() + i * 16 + 8, &col, 8);
+        const float v = static_cast<float>(i) - 7.25f;
+        std::memcpy(c.values.data() + i * 4, &v, 4);
+    }
+    return c;
+}
+
+constexpr Index kRows = 128;
+constexpr Index kCols = 96;
+
+PutSparseRequest Request(const Coo& coo) {
+    PutSparseRequest r;
+    r.tensor_id = "w";
+    r.global_shape = {kRows, kCols};
+    r.indices = {DType::kInt64, {Index(coo.nnz), 2}, coo.indices};
+    r.values = {DType::kFloat32, {Index(coo.nnz)}, coo.values};
+    r.placement_policy = *PlacementPolicy::Parse("replicate(ep)");
+    r.generation = {0, 1};
+    r.encode.num_threads = 1;
+    return r;
+}
+
+TargetDescriptor Target(const std::string& tensor, int tp) {
+    auto axes = NamedAxes::Make({{"ep", 0}, {"tp", tp}});
+    return *TargetDescriptor::Make(tensor + "/rank" + std::to_string(tp), "node0", tensor, *axes,
+                                   {Index(tp) * (kRows / 2), 0}, {kRows / 2, kCols});
+}
+
+/// What a read gave, per target, in plain values.
+struct ReadAnswer {
+    std::string target_id;
+    std::string coordinate_space;
+    std::uint64_t nnz = 0;
+    std::vector<std::byte> indices;
+    std::vector<std::byte> values;
+    std::vector<std::byte> tile_ptr;
+    std::uint64_t checksum_values = 0;
+    bool operator==(const ReadAnswer&) const = default;
+};
+
+std::vector<ReadAnswer> Answers(const std::vector<TargetObjectView>& views) {
+    std::vector<ReadAnswer> out;
+    for (const TargetObjectView& v : views) {
+        EXPECT_NE(v.keepalive, nullptr);
+        EXPECT_EQ(v.nbytes(),
+                  v.indices.size() + v.values.size() + v.tile_coords.size() + v.tile_ptr.size());
+        out.push_back({v.target_id,
+                       v.coordinate_space,
+                       v.desc.nnz,
+                       {v.indices.begin(), v.indices.end()},
+                       {v.values.begin(), v.values.end()},
+                       {v.tile_ptr.begin(), v.tile_ptr.end()},
+                       v.checksum_values});
+    }
+    return out;
+}
+
+/// The value of `r`, or `fallback` (after a failure) when it failed.
+template <typename T>
+T Or(Result<T> r, T fallback) {
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return r.ok() ? *r : fallback;
+}
+
+double Metric(const MetricItems& items, const std::string& name) {
+    for (const auto& [n, v] : items) {
+        if (n == name) return v;
+    }
+    ADD_FAILURE() << "no metric " << name;
+    return -1;
+}
+
+/// Everything the run answered that both backends must agree on.
+struct RunAnswers {
+    std::string source_ref;
+    std::vector<ReadAnswer> manifest_read;
+    std::vector<ReadAnswer> step_read;
+    std::vector<std::string> source_keys;
+};
+
+/// The run, through the interface only.
+RunAnswers RunThrough(SparseService& s) {
+    RunAnswers out;
+    const Coo coo = RandomCoo(kRows, kCols, 700, 11);
+    auto commit = s.PutSparseObject(Request(coo));
+    EXPECT_TRUE(commit.ok()) << commit.status().ToString();
+    if (!commit.ok()) return out;
+    EXPECT_TRUE(commit->created);
+    EXPECT_EQ(commit->nnz, 700u);
+    out.source_ref = commit->source_ref;
+    auto again = s.PutSparseObject(Request(coo));
+    EXPECT_TRUE(again.ok() && !again->created && again->source_ref == commit->source_ref);
+
+    // Admission of the next step: one writer wins, a retry of the winner wins again.
+    const auto owner = *PlacementPolicy::Parse("owner(ep)");
+    const auto ep0 = *NamedAxes::Make({{"ep", 0}});
+    EXPECT_TRUE(Or(s.Admit("w", {1, 2}, owner, ep0, "writer-a"), false));
+    EXPECT_FALSE(Or(s.Admit("w", {1, 2}, owner, ep0, "writer-b"), true));
+    EXPECT_TRUE(Or(s.Admit("w", {1, 2}, owner, ep0, "writer-a"), false));
+    EXPECT_EQ(s.Admit("w", {2, 1}, owner, ep0, "writer-a").status().code(),
+              StatusCode::kInvalidArgument);
+
+    auto head = s.CurrentGeneration("w");
+    EXPECT_TRUE(head.ok() && *head == std::optional<Generation>(Generation{0, 1}));
+    auto none = s.CurrentGeneration("u");
+    EXPECT_TRUE(none.ok() && !none->has_value());
+
+    auto manifest = s.Manifest({0, 1});
+    EXPECT_TRUE(manifest.ok() && manifest->size() == 1);
+    if (!manifest.ok()) return out;
+
+    // The steps of a run.
+    EXPECT_TRUE(s.LatestGeneration().ok() && !s.LatestGeneration()->has_value());
+    const std::vector<std::string> ids = {"u", "w"};
+    EXPECT_TRUE(s.SealGeneration({0, 1}, ids).ok());
+    EXPECT_EQ(s.SealGeneration({0, 1}, ids).code(), StatusCode::kFailedPrecondition);
+    auto step = s.GetManifest({0, 1});
+    EXPECT_TRUE(step.ok() && step->sealed && step->sources.size() == 1 &&
+                step->unchanged == std::vector<std::string>{"u"});
+    auto waited = s.WaitGeneration({0, 1}, 1.0);
+    EXPECT_TRUE(waited.ok() && waited->sealed);
+    EXPECT_EQ(s.WaitGeneration({1, 2}, 0.05).status().code(), StatusCode::kDeadlineExceeded);
+    auto latest = s.LatestGeneration();
+    EXPECT_TRUE(latest.ok() && *latest == std::optional<Generation>(Generation{0, 1}));
+    EXPECT_TRUE(s.SetRetention(3).ok());
+    EXPECT_EQ(Or(s.Retention(), std::uint64_t{0}), 3u);
+
+    // Reads, of the manifest and of the step (whose unchanged tensor reads as empty objects).
+    EXPECT_TRUE(s.Metrics(/*reset=*/true).ok());
+    const std::vector<TargetDescriptor> targets = {Target("w", 0), Target("w", 1)};
+    auto views = s.ReadViews(*manifest, targets, ReadOptions{});
+    EXPECT_TRUE(views.ok()) << views.status().ToString();
+    if (views.ok()) out.manifest_read = Answers(*views);
+    const std::vector<TargetDescriptor> step_targets = {Target("w", 1), Target("u", 0)};
+    auto step_views = s.ReadViews(*step, step_targets, ReadOptions{});
+    EXPECT_TRUE(step_views.ok()) << step_views.status().ToString();
+    if (step_views.ok()) {
+        out.step_read = Answers(*step_views);
+        EXPECT_EQ(out.step_read.size(), 2u);
+        if (out.step_read.size() == 2) {
+            EXPECT_EQ(out.step_read[1].nnz, 0u);
+        }
+    }
+
+    // Metrics: taken and reset in one call; caches dropped.
+    auto metrics = s.Metrics(/*reset=*/true);
+    EXPECT_TRUE(metrics.ok());
+    if (metrics.ok()) {
+        // Two of the manifest, one of the step's changed tensor (the unchanged one reads as
+        // an empty object without the read path).
+        EXPECT_EQ(Metric(*metrics, "target_objects_published"), 3);
+        EXPECT_EQ(Metric(*metrics, "full_gets"), 0);
+    }
+    auto after = s.Metrics(/*reset=*/false);
+    EXPECT_TRUE(after.ok() && Metric(*after, "target_objects_published") == 0);
+    EXPECT_TRUE(s.ClearCaches().ok());
+
+    auto counters = s.ObjectCounters();
+    EXPECT_TRUE(counters.ok() && counters->puts > 0 && counters->bytes_put > 0);
+    auto keys = s.ListKeys("mcs/src/");
+    EXPECT_TRUE(keys.ok() && keys->size() == 1);
+    if (keys.ok()) out.source_keys = *keys;
+
+    // Anchors: full weights written through the service's tensor store, then recorded.
+    std::unique_ptr<TensorStore> tensors = s.MakeTensorStore({});
+    EXPECT_NE(tensors, nullptr);
+    if (tensors == nullptr) return out;
+    std::vector<float> full(static_cast<std::size_t>(kRows * kCols), 0.5f);
+    const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(full.data()),
+                                           full.size() * sizeof(float));
+    for (const std::string& id : ids) {
+        const TensorRef ref = TensorRef::ConstHost(DType::kFloat32, {kRows, kCols}, bytes);
+        EXPECT_TRUE(tensors->Put(AnchorTensorKey("", {0, 1}, id), ref, {}).ok());
+    }
+    auto stat = tensors->Stat(AnchorTensorKey("", {0, 1}, "w"));
+    EXPECT_TRUE(stat.ok() && stat->header.local_shape == (Shape{kRows, kCols}));
+    EXPECT_TRUE(s.LatestAnchor().ok() && !s.LatestAnchor()->has_value());
+    EXPECT_TRUE(s.RecordAnchor({0, 1}, ids).ok());
+    auto anchor = s.LatestAnchor();
+    EXPECT_TRUE(anchor.ok() && *anchor == std::optional<Generation>(Generation{0, 1}));
+    EXPECT_TRUE(s.SetKeepAnchors(2).ok());
+    EXPECT_EQ(s.SetKeepAnchors(0).code(), StatusCode::kInvalidArgument);
+
+    EXPECT_EQ(&s.object_store(), &s.object_store());
+    return out;
+}
+
+TEST(SparseServiceTest, ARunGivesTheSameAnswersInProcessAndThroughTheDaemon) {
+    auto local = std::make_shared<SparseStore>(MakeEmbeddedStore());
+    const RunAnswers in_process = RunThrough(*local);
+
+    testing::TempDir dir;
+    const std::string socket = dir.Path("node.sock");
+    auto server = NodeServer::Start(testing::SmallServer(socket, "sparse_service_test", 16 << 20));
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    NodeClientOptions o;
+    o.socket_path = socket;
+    o.client_name = "sparse_service_test";
+    o.call_timeout = 10s;
+    o.connect_timeout = 2s;
+    auto client = NodeClient::Connect(o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    std::shared_ptr<SparseService> remote = *client;
+    const RunAnswers daemon = RunThrough(*remote);
+
+    EXPECT_FALSE(in_process.source_ref.empty());
+    EXPECT_EQ(daemon.source_ref, in_process.source_ref);
+    EXPECT_EQ(daemon.source_keys, in_process.source_keys);
+    ASSERT_EQ(in_process.manifest_read.size(), 2u);
+    EXPECT_EQ(daemon.manifest_read, in_process.manifest_read);
+    EXPECT_EQ(daemon.step_read, in_process.step_read);
+    // The client's object store is the client (every call an RPC).
+    EXPECT_EQ(&remote->object_store(), static_cast<ObjectStore*>(client->get()));
+    remote.reset();
+    client->reset();
+    (*server)->Stop();
+}
+
+TEST(SparseServiceTest, AnOwningViewKeepsItsObjectAfterTheStoreIsGone) {
+    std::vector<TargetObjectView> views;
+    {
+        SparseStore store(MakeEmbeddedStore());
+        const Coo coo = RandomCoo(kRows, kCols, 300, 5);
+        ASSERT_TRUE(store.PutSparseObject(Request(coo)).ok());
+        auto manifest = store.Manifest({0, 1});
+        ASSERT_TRUE(manifest.ok());
+        const std::vector<TargetDescriptor> targets = {Target("w", 0)};
+        auto read = store.ReadViews(*manifest, targets, ReadOptions{});
+        ASSERT_TRUE(read.ok()) << read.status().ToString();
+        views = std::move(read).value();
+        auto owned = store.ReadSparseObjects(*manifest, targets);
+        ASSERT_TRUE(owned.ok());
+        ASSERT_EQ(views.size(), 1u);
+        EXPECT_EQ(views[0].desc.nnz, (*owned)[0].object.desc.nnz);
+        EXPECT_EQ(views[0].checksum_indices, (*owned)[0].object.checksum_indices);
+    }
+    // The store is gone; the view's keepalive still owns the bytes.
+    ASSERT_EQ(views.size(), 1u);
+    const TargetObjectView copy = views[0];
+    views.clear();
+    EXPECT_EQ(copy.indices.size(), copy.desc.nnz * 2 * DTypeSize(copy.desc.index_dtype));
+    EXPECT_EQ(Checksum(copy.indices), copy.checksum_indices);
+    EXPECT_EQ(Checksum(copy.values), copy.checksum_values);
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
