@@ -11,6 +11,7 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -98,6 +99,101 @@ pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
                              global_offset, local_shape, hard_pin, num_threads);
     CommitResult c = NoGil([&] { return s.service().PutSparseObject(put.request); });
     return CommitDict(c.source_ref, c.created, c.nnz, c.bytes);
+}
+
+/// put_sparse_objects: each update a dict of put_sparse_object's keyword arguments. Returns,
+/// per update in order, its commit dict or (status code, message) for its error. An update
+/// that does not parse fails alone, like one the store rejects.
+pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads) {
+    static const char* const kKnown[] = {
+        "tensor_id", "global_shape", "indices", "values", "source_placement",
+        "placement_policy", "generation", "apply", "tile_shape", "duplicates",
+        "global_offset", "local_shape", "hard_pin", "num_threads"};
+    const std::size_t n = updates.size();
+    std::vector<std::optional<ParsedPut>> parsed(n);
+    std::vector<Status> errors(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::string what = "update " + std::to_string(i);
+        try {
+            if (!pyb::isinstance<pyb::dict>(updates[i])) {
+                throw StatusError(InvalidArgument(what + " is not a dict of put_sparse_object's "
+                                                         "keyword arguments"));
+            }
+            const auto u = updates[i].cast<pyb::dict>();
+            for (const auto& [k, v] : u) {
+                const std::string key = pyb::str(k);
+                if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
+                    throw StatusError(InvalidArgument(what + " has an unknown field '" + key + "'"));
+                }
+            }
+            const auto get = [&](const char* k) -> pyb::object {
+                return u.contains(k) ? pyb::reinterpret_borrow<pyb::object>(u[k]) : pyb::none();
+            };
+            const auto str = [&](const char* k, const char* fallback) {
+                pyb::object v = get(k);
+                if (v.is_none()) {
+                    if (fallback != nullptr) return std::string(fallback);
+                    throw StatusError(InvalidArgument(what + " lacks '" + k + "'"));
+                }
+                if (!pyb::isinstance<pyb::str>(v)) {
+                    throw StatusError(InvalidArgument(what + ": " + k + " must be a str"));
+                }
+                return v.cast<std::string>();
+            };
+            for (const char* required : {"global_shape", "indices", "values"}) {
+                if (get(required).is_none()) {
+                    throw StatusError(InvalidArgument(what + " lacks '" + required + "'"));
+                }
+            }
+            std::optional<std::string> policy;
+            if (!get("placement_policy").is_none()) policy = str("placement_policy", nullptr);
+            const pyb::object g = get("generation");
+            const GenerationArg generation =
+                g.is_none() ? GenerationArg{0, 1} : g.cast<GenerationArg>();
+            const pyb::object pin = get("hard_pin");
+            const pyb::object threads = get("num_threads");
+            parsed[i] = ParsePut(str("tensor_id", nullptr), get("global_shape"), get("indices"),
+                                 get("values"), get("source_placement"), policy, generation,
+                                 str("apply", "overwrite"), get("tile_shape"),
+                                 str("duplicates", "error"), get("global_offset"),
+                                 get("local_shape"), pin.is_none() || pin.cast<bool>(),
+                                 threads.is_none() ? 0 : threads.cast<int>());
+        } catch (const StatusError& e) {
+            errors[i] = e.status.WithContext(what);
+        } catch (const pyb::cast_error& e) {
+            errors[i] = InvalidArgument(what + ": a field has the wrong type (" + e.what() + ")");
+        } catch (pyb::error_already_set& e) {
+            errors[i] = InvalidArgument(what + ": " + e.what());
+        }
+    }
+    std::vector<PutSparseRequest> requests;
+    std::vector<std::size_t> of;  // request -> update
+    requests.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!parsed[i]) continue;
+        requests.push_back(parsed[i]->request);
+        of.push_back(i);
+    }
+    std::vector<Result<CommitResult>> results;
+    {
+        pyb::gil_scoped_release nogil;
+        results = s.service().PutSparseObjects(requests, num_threads);
+    }
+    std::vector<std::optional<Result<CommitResult>>> by_update(n);
+    for (std::size_t k = 0; k < results.size(); ++k) by_update[of[k]] = std::move(results[k]);
+    pyb::list out;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!by_update[i]) {
+            out.append(pyb::make_tuple(static_cast<int>(errors[i].code()), errors[i].message()));
+        } else if (!by_update[i]->ok()) {
+            const Status& e = by_update[i]->status();
+            out.append(pyb::make_tuple(static_cast<int>(e.code()), e.message()));
+        } else {
+            const CommitResult& c = **by_update[i];
+            out.append(CommitDict(c.source_ref, c.created, c.nnz, c.bytes));
+        }
+    }
+    return out;
 }
 
 std::vector<std::shared_ptr<SparseObjectView>> Read(
@@ -242,6 +338,8 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("tile_shape") = pyb::none(), pyb::arg("duplicates") = "error",
              pyb::arg("global_offset") = pyb::none(), pyb::arg("local_shape") = pyb::none(),
              pyb::arg("hard_pin") = true, pyb::arg("num_threads") = 0)
+        .def("put_sparse_objects", &PutSparseObjects, pyb::arg("updates"),
+             pyb::arg("num_threads") = 0)
         .def("manifest",
              [](Store& s, GenerationArg g) {
                  return NoGil([&] { return s.service().Manifest(GenerationOf(g)); });

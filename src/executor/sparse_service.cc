@@ -24,6 +24,21 @@ std::vector<TargetObjectView> OwningViews(std::vector<TargetObject>&& objects) {
 
 }  // namespace
 
+std::vector<Result<CommitResult>> SparseService::PutSparseObjects(
+    std::span<const PutSparseRequest> requests, int /*num_threads*/) {
+    std::vector<Result<CommitResult>> out;
+    out.reserve(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        Result<CommitResult> r = PutSparseObject(requests[i]);
+        if (!r.ok()) {
+            r = r.status().WithContext("update " + std::to_string(i) + " ('" +
+                                       requests[i].tensor_id + "')");
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
 TargetObjectView TargetObjectView::Owning(TargetObject&& object) {
     // The members move with the vectors that hold them, so the spans are taken from the copy
     // the keepalive owns.

@@ -135,6 +135,10 @@ public:
     // ---- Commit side (SparseStore documents the semantics and errors of each). -------------
     /// Validates, encodes and commits one source object (idempotent by logical key).
     virtual Result<CommitResult> PutSparseObject(const PutSparseRequest& request) = 0;
+    /// A batch of commits (a step's updates): one result per request, in order; a bad request
+    /// fails alone and leaves nothing of itself behind. The default commits them one by one.
+    virtual std::vector<Result<CommitResult>> PutSparseObjects(
+        std::span<const PutSparseRequest> requests, int num_threads = 0);
     /// Single-owner admission among writers racing for one logical key.
     virtual Result<bool> Admit(std::string_view tensor_id, Generation generation,
                                const PlacementPolicy& policy, const NamedAxes& source_placement,

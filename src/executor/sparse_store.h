@@ -114,7 +114,7 @@ public:
     /// encoded on up to `num_threads` threads (0: the hardware's), then committed under one
     /// lock, with the step checks made once per step of the batch.
     std::vector<Result<CommitResult>> PutSparseObjects(std::span<const PutSparseRequest> requests,
-                                                       int num_threads = 0);
+                                                       int num_threads = 0) override;
 
     /// Store-side single-owner admission: among writers racing for one logical key, exactly one
     /// gets true (a retry by the winner gets true again).

@@ -38,10 +38,12 @@ from ._api import (
     Store,
     Target,
     apply_sparse_object,
+    apply_sparse_objects,
     connect,
     default_store,
     default_tile_shape,
     encode_update,
+    encode_updates,
 )
 from ._tensor import TENSOR_HEADER_BYTES, decode_tensor_header, encode_tensor_header
 from ._gpu import DeviceSparseObject, gpu_available
@@ -90,6 +92,11 @@ def put_sparse_object(
         generation, apply, tile_shape=tile_shape, duplicates=duplicates,
         global_offset=global_offset, local_shape=local_shape, hard_pin=hard_pin,
         num_threads=num_threads, return_info=return_info)
+
+
+def put_sparse_objects(updates: Iterable[Mapping[str, Any]], *,
+                       num_threads: int = 0) -> list[dict[str, Any] | Error]:
+    return default_store().put_sparse_objects(updates, num_threads=num_threads)
 
 
 def read_sparse_objects(
@@ -192,6 +199,7 @@ __all__ = [
     "Unimplemented",
     "TENSOR_HEADER_BYTES",
     "apply_sparse_object",
+    "apply_sparse_objects",
     "batch_get_tensor_into",
     "batch_put_tensor",
     "batch_upsert_tensor",
@@ -206,9 +214,11 @@ __all__ = [
     "default_store",
     "default_tile_shape",
     "encode_update",
+    "encode_updates",
     "manifest",
     "metrics",
     "put_sparse_object",
+    "put_sparse_objects",
     "read_sparse_objects",
     "seal_generation",
     "wait_generation",

@@ -13,7 +13,8 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from . import _core
 from ._arrays import as_core_array, values_out
-from ._errors import Conflict, FailedPrecondition, InvalidArgument, NotFound, Unimplemented
+from ._errors import (Conflict, Error, FailedPrecondition, InvalidArgument, NotFound,
+                      Unimplemented, error_class)
 from ._tensor import TensorMixin
 from . import _gpu
 
@@ -59,6 +60,7 @@ class _Backend(Protocol):
     remote: bool
 
     def put_sparse_object(self, *args: Any) -> dict: ...
+    def put_sparse_objects(self, updates: list, num_threads: int) -> list: ...
     def manifest(self, generation: tuple[int, int]) -> list: ...
     def read_sparse_objects(self, manifest: list, targets: list, strategy: str,
                             read_coalesce_gap: int, num_threads: int, *,
@@ -224,6 +226,27 @@ class Store(TensorMixin):
             _int(num_threads, "num_threads", minimum=0),
         )
         return result if return_info else result["source_ref"]
+
+    def put_sparse_objects(self, updates: Iterable[Mapping[str, Any]], *,
+                           num_threads: int = 0) -> list[dict[str, Any] | Error]:
+        """Commits a batch of source objects (a step's updates) in one call: each update is a
+        dict of put_sparse_object's keyword arguments (tensor_id, global_shape, indices,
+        values required). Returns one entry per update, same order: the dict that
+        put_sparse_object(..., return_info=True) returns, or the typed error (an Error instance,
+        not raised) of an update that failed. A bad update fails alone and leaves nothing of
+        itself behind; the others commit. Updates are validated and encoded in parallel
+        (`num_threads`, 0: every hardware thread) and committed together."""
+        batch: list[Any] = []
+        for u in updates:
+            if isinstance(u, Mapping):
+                u = dict(u)
+                for k in ("indices", "values"):
+                    if k in u:
+                        v = _gpu.to_host(u[k]) if _gpu.is_cuda(u[k]) else u[k]
+                        u[k] = as_core_array(v)
+            batch.append(u)
+        raw = self._core.put_sparse_objects(batch, _int(num_threads, "num_threads", minimum=0))
+        return [r if isinstance(r, dict) else error_class(r[0])(r[1]) for r in raw]
 
     def admit(
         self,
@@ -583,7 +606,8 @@ def encode_update(
         _shape(tile_shape, "tile_shape", optional=True),
         _int(num_threads, "num_threads", minimum=0),
     )
-    return _offset_indices(idx, offset, shape), values_out(vals, dtype_name)
+    idx, vals = _host_coo_out(idx, values_out(vals, dtype_name), new)
+    return _offset_indices(idx, offset, shape), vals
 
 
 def _offset_indices(idx: Any, offset: tuple[int, ...] | None, shape: Sequence[int]) -> Any:
@@ -599,6 +623,78 @@ def _offset_indices(idx: Any, offset: tuple[int, ...] | None, shape: Sequence[in
 
     dtype = next(t for t in (np.uint16, np.uint32, np.uint64) if bound <= np.iinfo(t).max + 1)
     return np.asarray(idx).astype(dtype) + np.asarray(offset, dtype=dtype)
+
+
+def apply_sparse_objects(weights: Sequence[Any], objs: Sequence[SparseObject], *,
+                         num_threads: int = 0) -> None:
+    """Applies a step's target objects to their weights in one call: objs[i] to weights[i]
+    (each as apply_sparse_object; weights may be strided views of larger tensors). Host weights
+    apply side by side on up to `num_threads` threads (0: every hardware thread); weights that
+    share memory apply in list order. CUDA weights apply on the GPU. Shapes are checked for
+    every host pair before any host weight is written; a pair that fails in its apply (say, a
+    dtype mismatch) leaves its weight unchanged, and its error is raised once the others are
+    applied."""
+    weights, objs = list(weights), list(objs)
+    if len(weights) != len(objs):
+        raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
+    cuda = [i for i, w in enumerate(weights) if _gpu.is_cuda(w)]
+    for i in cuda:
+        apply_sparse_object(weights[i], objs[i], num_threads=num_threads)
+    if len(cuda) == len(weights):
+        return
+    on_gpu = set(cuda)
+    host = [i for i in range(len(weights)) if i not in on_gpu]
+    host_objs = [objs[i]._host if isinstance(objs[i], _gpu.DeviceSparseObject) else objs[i]
+                 for i in host]
+    _core.apply_sparse_objects([as_core_array(weights[i]) for i in host], host_objs,
+                               _int(num_threads, "num_threads", minimum=0))
+
+
+def encode_updates(
+    pairs: Iterable[tuple[Any, Any]],
+    *,
+    apply: str = "overwrite",
+    threshold: float = 0.0,
+    tile_shape: Sequence[int] | None = None,
+    num_threads: int = 0,
+) -> list[tuple[Any, Any]]:
+    """encode_update for a step's tensors in one call: one (indices, values) per (new, old)
+    pair, same order. Host pairs encode side by side on up to `num_threads` threads (0: every
+    hardware thread); CUDA pairs encode on the GPU. With torch inputs, indices and values come
+    back as torch tensors."""
+    pairs = [tuple(p) for p in pairs]
+    for i, p in enumerate(pairs):
+        if len(p) != 2:
+            raise InvalidArgument(f"pairs[{i}] is not a (new, old) pair")
+    out: list[Any] = [None] * len(pairs)
+    host = []
+    for i, (new, old) in enumerate(pairs):
+        if _gpu.is_cuda(new):
+            out[i] = encode_update(new, old, apply=apply, threshold=threshold,
+                                   tile_shape=tile_shape, num_threads=num_threads)
+        else:
+            host.append(i)
+    if host:
+        raw = _core.encode_updates([as_core_array(pairs[i][0]) for i in host],
+                                   [as_core_array(pairs[i][1]) for i in host],
+                                   _str(apply, "apply"), _real(threshold, "threshold"),
+                                   _shape(tile_shape, "tile_shape", optional=True),
+                                   _int(num_threads, "num_threads", minimum=0))
+        for i, (idx, vals, dtype_name) in zip(host, raw):
+            out[i] = _host_coo_out(idx, values_out(vals, dtype_name), pairs[i][0])
+    return out
+
+
+def _host_coo_out(idx: Any, vals: Any, like: Any) -> tuple[Any, Any]:
+    """A host COO as the caller's arrays are: torch tensors for torch inputs (no copy), else
+    numpy arrays."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(like, torch.Tensor):
+        if not isinstance(idx, torch.Tensor):
+            idx = torch.from_numpy(idx)
+        if not isinstance(vals, torch.Tensor):
+            vals = torch.from_numpy(vals)
+    return idx, vals
 
 
 def apply_sparse_object(weight: Any, obj: SparseObject, *, num_threads: int = 0) -> None:

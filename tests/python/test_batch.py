@@ -1,0 +1,153 @@
+"""The batch calls of a step (docs/design.md §9): encode_updates, put_sparse_objects and
+apply_sparse_objects, on the embedded store and through the node daemon: each equals its
+single-object call item by item, and a bad item fails alone with its typed error."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import mooncake.sparse as mcs
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+
+try:
+    find_node_daemon()
+    HAVE_DAEMON = True
+except FileNotFoundError:
+    HAVE_DAEMON = False
+
+
+@pytest.fixture(params=["embedded", "node"])
+def store(request, tmp_path):
+    if request.param == "embedded":
+        yield mcs.connect()
+        return
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=2) as daemon:
+        s = mcs.connect(daemon.url)
+        yield s
+        s.close()
+
+
+def changed(rng, w, frac):
+    new = w.copy()
+    m = rng.random(w.shape) < frac
+    new[m] = rng.standard_normal(int(m.sum())).astype(w.dtype)
+    return new
+
+
+def test_a_step_through_the_batch_calls_is_bit_exact(store):
+    rng = np.random.default_rng(3)
+    shapes = {f"w{i}": (int(rng.integers(1, 48)), int(rng.integers(1, 40))) for i in range(1200)}
+    old = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    new = {n: changed(rng, w, 0.05) for n, w in old.items()}
+    names = list(shapes)
+    coos = mcs.encode_updates([(new[n], old[n]) for n in names])
+    for n, (idx, vals) in zip(names, coos):
+        one_idx, one_vals = mcs.encode_update(new[n], old[n])
+        assert np.array_equal(idx, one_idx) and np.array_equal(vals, one_vals)
+    results = store.put_sparse_objects(
+        [{"tensor_id": n, "global_shape": shapes[n], "indices": idx, "values": vals,
+          "generation": (0, 1)} for n, (idx, vals) in zip(names, coos)])
+    assert all(isinstance(r, dict) and r["created"] for r in results)
+    assert [r["nnz"] for r in results] == [len(v) for _, v in coos]
+    store.seal_generation((0, 1), names)
+    man = store.wait_generation((0, 1), timeout=10)
+    # Two TP halves of every tensor, as views into the rows of one weight each.
+    weights = {n: old[n].copy() for n in names}
+    targets, views = [], []
+    for n in names:
+        rows = shapes[n][0]
+        for r, (lo, hi) in enumerate(((0, rows // 2), (rows // 2, rows))):
+            if hi > lo:
+                targets.append(mcs.Target(n, f"{n}/tp{r}", "node0", {}, (lo, 0),
+                                          (hi - lo, shapes[n][1])))
+                views.append(weights[n][lo:hi])
+    objs = store.read_sparse_objects(man, targets)
+    mcs.apply_sparse_objects(views, objs)
+    for n in names:
+        assert weights[n].tobytes() == new[n].tobytes(), n
+    # A retry of the whole batch is idempotent.
+    again = store.put_sparse_objects(
+        [{"tensor_id": n, "global_shape": shapes[n], "indices": idx, "values": vals,
+          "generation": (0, 1)} for n, (idx, vals) in zip(names, coos)])
+    assert all(isinstance(r, dict) and not r["created"] for r in again)
+
+
+def test_a_bad_update_fails_alone_with_its_typed_error(store):
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    idx, vals = mcs.encode_update(changed(rng, w, 0.2), w)
+    good = {"tensor_id": "ok", "global_shape": (16, 8), "indices": idx, "values": vals}
+    store.put_sparse_object("ahead", (16, 8), idx, vals, generation=(0, 1))
+    store.put_sparse_object("ahead", (16, 8), idx, vals, generation=(1, 2))
+    updates = [
+        good,
+        {**good, "tensor_id": "out", "indices": np.array([[16, 0]], np.int64),
+         "values": np.ones(1, np.float32)},                    # outside the tensor
+        {**good, "tensor_id": "typo", "generaton": (0, 1)},     # unknown field
+        {"tensor_id": "short", "global_shape": (16, 8)},        # no indices / values
+        {**good, "tensor_id": 7},                               # not a str
+        "not a dict",
+        {**good, "tensor_id": "ahead", "generation": (0, 3)},   # stale: base 0 < head 2
+        {**good, "tensor_id": "ok2", "apply": "scatter_add"},
+    ]
+    results = store.put_sparse_objects(updates)
+    assert isinstance(results[0], dict) and results[0]["created"]
+    assert isinstance(results[7], dict) and results[7]["created"]
+    for i in (1, 2, 3, 4, 5):
+        assert isinstance(results[i], mcs.InvalidArgument), (i, results[i])
+        assert f"update {i}" in str(results[i])
+    assert "generaton" in str(results[2])
+    assert isinstance(results[6], mcs.StaleGeneration)
+    # Nothing of the failed updates is in the store; the step lists the two that committed.
+    assert {s.tensor_id for s in store.manifest((0, 1))} == {"ok", "ok2", "ahead"}
+    assert not [k for k in store.list_keys("mcs/") if "/out/" in k or k.endswith("/out")]
+
+
+def test_batch_calls_take_torch_and_return_torch():
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(5)
+    olds = [torch.randn(32, 24, generator=g).to(torch.bfloat16) for _ in range(20)]
+    news = [o.clone() for o in olds]
+    for n in news:
+        n.view(-1)[torch.randint(0, n.numel(), (40,), generator=g)] += 1
+    coos = mcs.encode_updates(list(zip(news, olds)))
+    for (idx, vals), n, o in zip(coos, news, olds):
+        assert isinstance(idx, torch.Tensor) and isinstance(vals, torch.Tensor)
+        assert vals.dtype == torch.bfloat16
+        one_idx, one_vals = mcs.encode_update(n, o)
+        assert isinstance(one_idx, torch.Tensor)
+        assert torch.equal(idx, one_idx) and torch.equal(vals, one_vals)
+    s = mcs.connect()
+    res = s.put_sparse_objects([{"tensor_id": f"t{i}", "global_shape": (32, 24), "indices": idx,
+                                 "values": vals} for i, (idx, vals) in enumerate(coos)])
+    assert all(isinstance(r, dict) for r in res)
+    s.seal_generation((0, 1), [f"t{i}" for i in range(20)])
+    # Columns 8..24 of each weight: strided views of a larger tensor, written in place.
+    big = torch.stack(olds)  # [20, 32, 24]
+    targets = [mcs.Target(f"t{i}", f"c{i}", "node0", {}, (0, 8), (32, 16)) for i in range(20)]
+    objs = s.read_sparse_objects(s.manifest((0, 1)), targets)
+    mcs.apply_sparse_objects([big[i, :, 8:] for i in range(20)], objs)
+    for i in range(20):
+        assert torch.equal(big[i, :, 8:], news[i][:, 8:])
+        assert torch.equal(big[i, :, :8], olds[i][:, :8])
+
+
+def test_apply_sparse_objects_checks_before_writing():
+    s = mcs.connect()
+    w = np.zeros((8, 8), np.float32)
+    s.put_sparse_object("w", (8, 8), np.array([[1, 1]], np.int64), np.ones(1, np.float32))
+    s.seal_generation((0, 1), ["w"])
+    objs = s.read_sparse_objects(s.manifest((0, 1)),
+                                 [mcs.Target("w", "a", "node0", {}, (0, 0), (8, 8))] * 2)
+    a, b = np.zeros((8, 8), np.float32), np.zeros((4, 8), np.float32)
+    with pytest.raises(mcs.InvalidArgument, match=r"weights\[1\] shape"):
+        mcs.apply_sparse_objects([a, b], objs)
+    assert not a.any()  # nothing was written
+    with pytest.raises(mcs.InvalidArgument, match="2 weights but 1"):
+        mcs.apply_sparse_objects([a, w], objs[:1])
+    f64 = np.zeros((8, 8), np.float64)
+    with pytest.raises(mcs.InvalidArgument, match=r"weights\[1\]"):
+        mcs.apply_sparse_objects([a, f64], objs)
+    assert a[1, 1] == 1.0 and not f64.any()  # the good one applied, the bad one untouched
