@@ -229,10 +229,10 @@ def _commit(store: _api.Store, step: EncodedStep, *, apply: str, skip_unchanged:
             after_commit: Callable[[_EncodedBox], None] | None) -> StepStats:
     generation, rank = step.generation, step.rank
     commit = _tensors_to_commit(step, skip_unchanged, changed_anywhere)
-    out: list[TensorStats] = []
-    commit_s = 0.0
+    out: list[TensorStats | None] = []
+    pending: list[_EncodedBox] = []
     for box in step.boxes:
-        spec, nnz = box.spec, box.nnz
+        spec = box.spec
         if spec.tensor_id not in commit:
             logger.debug("step %s rank %d: %s at %s unchanged, not committed", generation, rank,
                          spec.tensor_id, spec.global_offset)
@@ -249,20 +249,35 @@ def _commit(store: _api.Store, step: EncodedStep, *, apply: str, skip_unchanged:
             raise Conflict(f"tensor {spec.tensor_id!r} box {spec.global_offset} of step "
                            f"{generation}: another writer than {writer_id!r} is admitted for it "
                            "(two trainers with the same rank?)")
-        t0 = time.perf_counter()
-        info = store.put_sparse_object(spec.tensor_id, spec.global_shape, box.indices,
-                                       box.values, generation=generation, apply=apply,
-                                       return_info=True,
-                                       **spec.put_kwargs())  # type: ignore[arg-type]
-        commit_s += time.perf_counter() - t0
+        pending.append(box)
+        out.append(None)  # filled in below, in box order
+    # Every box of the step in one batch commit.
+    t0 = time.perf_counter()
+    results = store.put_sparse_objects(
+        [{"tensor_id": b.spec.tensor_id, "global_shape": b.spec.global_shape,
+          "indices": b.indices, "values": b.values, "generation": generation, "apply": apply,
+          **b.spec.put_kwargs()} for b in pending]) if pending else []
+    commit_s = time.perf_counter() - t0
+    first_error: Exception | None = None
+    slots = iter(i for i, o in enumerate(out) if o is None)
+    for box, info, slot in zip(pending, results, slots):
+        spec = box.spec
+        if not isinstance(info, dict):
+            first_error = first_error or info
+            out[slot] = TensorStats(spec.tensor_id, spec.global_offset, spec.local_shape,
+                                    box.nnz, 0, False, None)
+            continue
         if after_commit is not None:  # only once committed: a failed commit keeps the base
             after_commit(box)
         logger.debug("step %s rank %d: committed %s at %s, nnz=%d, %d bytes (%s)", generation,
-                     rank, spec.tensor_id, spec.global_offset, nnz, info["bytes"],
+                     rank, spec.tensor_id, spec.global_offset, box.nnz, info["bytes"],
                      spec.placement_policy)
-        out.append(TensorStats(spec.tensor_id, spec.global_offset, spec.local_shape, nnz,
-                               int(info["bytes"]), True, str(info["source_ref"])))
-    stats = StepStats(generation, rank, out, step.encode_seconds, commit_s)
+        out[slot] = TensorStats(spec.tensor_id, spec.global_offset, spec.local_shape, box.nnz,
+                                int(info["bytes"]), True, str(info["source_ref"]))
+    if first_error is not None:
+        raise first_error
+    stats = StepStats(generation, rank, [o for o in out if o is not None], step.encode_seconds,
+                      commit_s)
     logger.debug("step %s rank %d: %d boxes, %d committed, %d unchanged skipped, nnz=%d, "
                  "%d bytes", generation, rank, len(out), stats.committed,
                  stats.skipped_unchanged, stats.nnz, stats.bytes)
@@ -302,8 +317,10 @@ def sync_step(store: _api.Store, plan: SyncPlan, rank: int, new_state: Mapping[s
     unchanged; else every box is committed, unchanged ones as empty objects (no-ops). Sealing
     the step is the caller's: once every rank has committed, one of them seals it.
 
-    Raises Conflict when another writer is admitted for a box, and what put_sparse_object
-    raises (StaleGeneration, InvalidArgument, Conflict for a sealed step, ...)."""
+    The boxes are committed in one put_sparse_objects batch. Raises Conflict when another
+    writer is admitted for a box, and the first error of the batch (StaleGeneration,
+    InvalidArgument, Conflict for a sealed step, ...) once the other boxes are committed (each a
+    valid commit of the step: a retry of the step is idempotent for them)."""
     specs = plan.sources(rank)
     gen = _api._generation(generation)
     step = _encode(specs, lambda s: _box_view(new_state, s, "new_state"),
@@ -495,10 +512,8 @@ def _apply(store: _api.Store, targets: list[_api.Target], rank: int,
                            "(apply_step(..., wait=True)) or commit every tensor")
     objs = store.read_sparse_objects(manifest, targets, strategy=strategy, device=device)
     t1 = time.perf_counter()
-    applied = []
-    for t, obj in zip(targets, objs):
-        _api.apply_sparse_object(dests[t.tensor_id], obj)
-        applied.append(AppliedTensor(t.tensor_id, int(obj.nnz)))
+    _api.apply_sparse_objects([dests[t.tensor_id] for t in targets], objs)
+    applied = [AppliedTensor(t.tensor_id, int(obj.nnz)) for t, obj in zip(targets, objs)]
     t2 = time.perf_counter()
     stats = ApplyStats(gen, rank, applied, t1 - t0, t2 - t1)
     logger.debug("step %s inference rank %d: %d targets, nnz=%d, read %.3f s, apply %.3f s", gen,

@@ -1,0 +1,177 @@
+#!/usr/bin/env python3
+"""Fixed cost per object of a step's calls, single-object vs batch (docs/design.md §9).
+
+For N small tensors (one step of a model with many tensors: the cost per object dominates, not
+the bytes), on the embedded store and through the node daemon, it times:
+
+- encode: N x encode_update vs one encode_updates;
+- commit: N x put_sparse_object vs one put_sparse_objects;
+- read: one read_sparse_objects of N targets (already a batch);
+- apply: N x apply_sparse_object vs one apply_sparse_objects;
+
+and, as the floor of the same run, a memcpy of the bytes each phase moves (numpy copy of the
+COO and of the dense weights). Every result is checked: the batch's weights equal the single
+calls' weights bit for bit. Prints one JSON line per (backend, N); --json also writes them.
+
+    python benchmarks/batch_bench.py --counts 1000,10000 --json batch.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import mooncake.sparse as mcs
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def best(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def run(store, backend: str, n: int, args, rng) -> dict:
+    shape = tuple(int(s) for s in args.shape.split("x"))
+    olds = [rng.standard_normal(shape).astype(np.float32) for _ in range(n)]
+    news = []
+    for o in olds:
+        w = o.copy()
+        m = rng.random(shape) < args.density
+        w[m] += 1.0
+        news.append(w)
+    names = [f"{backend}.t{i}" for i in range(n)]
+    r = {"what": "batch", "backend": backend, "objects": n, "shape": list(shape),
+         "density": args.density, "repeats": args.repeats}
+
+    # encode
+    r["encode_single_s"] = best(lambda: [mcs.encode_update(a, b) for a, b in zip(news, olds)],
+                                args.repeats)
+    coos = []
+    r["encode_batch_s"] = best(lambda: coos.__setitem__(slice(None), mcs.encode_updates(
+        list(zip(news, olds)))), args.repeats)
+    nnz = sum(len(v) for _, v in coos)
+    coo_bytes = sum(i.nbytes + v.nbytes for i, v in coos)
+    dense_bytes = sum(o.nbytes for o in olds)
+    r.update(nnz=nnz, coo_bytes=coo_bytes, dense_bytes=dense_bytes)
+
+    # commit: single calls into step 1, one batch into step 2 (the same updates)
+    t = time.perf_counter()
+    for name, (idx, vals) in zip(names, coos):
+        store.put_sparse_object(name, shape, idx, vals, generation=(0, 1))
+    r["commit_single_s"] = time.perf_counter() - t
+    store.seal_generation((0, 1), names)
+    ups = [{"tensor_id": name, "global_shape": shape, "indices": idx, "values": vals,
+            "generation": (1, 2)} for name, (idx, vals) in zip(names, coos)]
+    t = time.perf_counter()
+    results = store.put_sparse_objects(ups)
+    r["commit_batch_s"] = time.perf_counter() - t
+    assert all(isinstance(x, dict) and x["created"] for x in results), results[:3]
+    store.seal_generation((1, 2), names)
+
+    # read (a batch already), of step 2's manifest
+    targets = [mcs.Target(name, f"r/{name}", "node0", {}, (0, 0), shape) for name in names]
+    man = store.manifest((1, 2))
+    objs = []
+
+    def read():
+        store.clear_caches()
+        objs[:] = store.read_sparse_objects(man, targets)
+    r["read_s"] = best(read, args.repeats)
+
+    # apply: single calls vs one batch, from the same objects; results bit-identical
+    w_single = [o.copy() for o in olds]
+    w_batch = [o.copy() for o in olds]
+    r["apply_single_s"] = best(lambda: [mcs.apply_sparse_object(w, o)
+                                        for w, o in zip(w_single, objs)], args.repeats)
+    r["apply_batch_s"] = best(lambda: mcs.apply_sparse_objects(w_batch, objs), args.repeats)
+    r["bit_exact"] = all(a.tobytes() == b.tobytes() == c.tobytes()
+                         for a, b, c in zip(w_single, w_batch, news))
+
+    # floors of the same run: a memcpy of the COO bytes (what commit and read move) and of the
+    # dense weights (what a dense sync moves)
+    flat_coo = np.concatenate([np.concatenate([i.view(np.uint8).ravel(), v.view(np.uint8)])
+                               for i, v in coos]) if coos else np.zeros(0, np.uint8)
+    dst = np.empty_like(flat_coo)
+    r["memcpy_coo_s"] = best(lambda: np.copyto(dst, flat_coo), args.repeats)
+    flat_dense = np.concatenate([o.ravel() for o in olds])
+    dst_dense = np.empty_like(flat_dense)
+    r["memcpy_dense_s"] = best(lambda: np.copyto(dst_dense, flat_dense), args.repeats)
+    for k in ("encode_single", "encode_batch", "commit_single", "commit_batch", "read",
+              "apply_single", "apply_batch"):
+        r[f"{k}_us_per_object"] = r[f"{k}_s"] / n * 1e6
+    r["commit_batch_over_single"] = r["commit_batch_s"] / r["commit_single_s"]
+    r["apply_batch_over_single"] = r["apply_batch_s"] / r["apply_single_s"]
+    r["encode_batch_over_single"] = r["encode_batch_s"] / r["encode_single_s"]
+    return r
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--counts", default="1000,10000")
+    ap.add_argument("--shape", default="64x64", help="every tensor's shape (float32)")
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--backends", default="embedded,node")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", help="also write the JSON lines here")
+    args = ap.parse_args(argv)
+    out = open(args.json, "w") if args.json else None
+
+    def emit(rec: dict) -> None:
+        line = json.dumps(rec)
+        print(line, flush=True)
+        if out:
+            out.write(line + "\n")
+            out.flush()
+
+    argv_rec = [os.path.basename(a) if i and argv[i - 1] == "--json" else a
+                for i, a in enumerate(argv)]
+    emit({"what": "batch_machine", "python": platform.python_version(),
+          "cpus": os.cpu_count(), "machine": platform.machine(), "loadavg": os.getloadavg(),
+          "argv": argv_rec})
+    rng = np.random.default_rng(0)
+    for backend in args.backends.split(","):
+        for n in (int(c) for c in args.counts.split(",")):
+            if backend == "embedded":
+                rec = run(mcs.connect(), backend, n, args, rng)
+            else:
+                try:
+                    find_node_daemon()
+                except FileNotFoundError:
+                    log("node: mooncake_sparse_node not found, skipped")
+                    continue
+                with tempfile.TemporaryDirectory() as d, \
+                        start_node_daemon(pathlib.Path(d), segment_size="512MiB",
+                                          num_segments=2) as daemon:
+                    s = mcs.connect(daemon.url)
+                    rec = run(s, backend, n, args, rng)
+                    s.close()
+            emit(rec)
+            log(f"[{backend} n={n}] per object: commit {rec['commit_single_us_per_object']:.1f}"
+                f" -> {rec['commit_batch_us_per_object']:.1f} us, read "
+                f"{rec['read_us_per_object']:.1f} us, apply "
+                f"{rec['apply_single_us_per_object']:.1f} -> "
+                f"{rec['apply_batch_us_per_object']:.1f} us, encode "
+                f"{rec['encode_single_us_per_object']:.1f} -> "
+                f"{rec['encode_batch_us_per_object']:.1f} us; memcpy of the COO "
+                f"{rec['memcpy_coo_s'] * 1e3:.2f} ms; exact {rec['bit_exact']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
