@@ -525,6 +525,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
         case T::kList: return T::kListReply;
         case T::kLease: return T::kLeaseReply;
         case T::kSparseCommit: return T::kSparseCommitReply;
+        case T::kSparseCommitBatch: return T::kSparseCommitBatchReply;
         case T::kSparseAdmit: return T::kSparseAdmitReply;
         case T::kSparseManifest: return T::kSparseManifestReply;
         case T::kSparseCurrentGeneration: return T::kSparseCurrentGenerationReply;
@@ -542,6 +543,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
 bool Mutates(w::MessageType request) {
     using T = w::MessageType;
     return request == T::kPut || request == T::kRemove || request == T::kSparseCommit ||
+           request == T::kSparseCommitBatch ||
            request == T::kSparseAdmit || request == T::kTensorPut || request == T::kSparseSeal ||
            request == T::kSparseRetention || request == T::kSparseAnchor;
 }
@@ -901,6 +903,15 @@ w::Message SparseCommitOf(Choices& c, const World& world) {
     return r;
 }
 
+/// A batch of up to three commits, each drawn as a single SparseCommit is.
+w::Message SparseCommitBatchOf(Choices& c, const World& world) {
+    w::SparseCommitBatchRequest r;
+    for (std::size_t n = c.Range("batch items", 0, 3), i = 0; i < n; ++i) {
+        r.items.push_back(std::get<w::SparseCommitRequest>(SparseCommitOf(c, world)));
+    }
+    return r;
+}
+
 w::Message SparseAdmitOf(Choices& c, const World& world) {
     const SourceDescriptor& s = world.sources[c.Pick("source", world.sources.size())];
     w::SparseAdmitRequest r;
@@ -1033,6 +1044,7 @@ enum Op : std::uint64_t {
     kSparseLatest,
     kSparseRetention,
     kSparseAnchor,
+    kSparseCommitBatch,
     kNumOps,
 };
 
@@ -1078,6 +1090,7 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
                 request = w::SparseStepManifestRequest{GenerationOf(c, "generation", {0, 1})};
                 break;
             case kSparseSeal: request = SparseSealOf(c, world); break;
+            case kSparseCommitBatch: request = SparseCommitBatchOf(c, world); break;
             case kSparseWait: request = SparseWaitOf(c); break;
             case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
             case kSparseAnchor: {
@@ -1172,7 +1185,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "put", "sparse_commit", "sparse_admit", "sparse_manifest", "sparse_current_generation",
         "sparse_read", "metrics", "clear_caches", "tensor_put", "tensor_get", "hello_again",
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
-        "sparse_latest", "sparse_retention", "sparse_anchor"};
+        "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 

@@ -284,39 +284,61 @@ std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
     std::span<const PutSparseRequest> requests, int num_threads) {
     std::vector<Result<CommitResult>> results(requests.size(), Internal("unset"));
     std::vector<std::optional<SparseObject>> objects(requests.size());
-    std::vector<std::string> metadata(requests.size());
     // Validation and encoding, in parallel: a bad request fails alone, before any write.
     internal::ParallelFor(num_threads, requests.size(), [&](std::size_t i) {
         Result<SparseObject> built = BuildSourceObject(requests[i]);
         if (!built.ok()) {
-            results[i] = built.status().WithContext("update " + std::to_string(i) + " ('" +
-                                                   requests[i].tensor_id + "')");
-            return;
-        }
-        Status prepared = PrepareCommit(*built, metadata[i]);
-        if (!prepared.ok()) {
-            results[i] = prepared.WithContext("update " + std::to_string(i));
+            results[i] = built.status();
             return;
         }
         objects[i] = std::move(built).value();
     });
-    std::vector<const SparseObject*> committed(requests.size(), nullptr);
+    std::vector<bool> hard_pin(requests.size());
+    for (std::size_t i = 0; i < requests.size(); ++i) hard_pin[i] = requests[i].hard_pin;
+    CommitBuilt(objects, hard_pin, results, num_threads);
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        if (!results[i].ok()) {
+            results[i] = results[i].status().WithContext("update " + std::to_string(i) + " ('" +
+                                                         requests[i].tensor_id + "')");
+        }
+    }
+    return results;
+}
+
+std::vector<Result<CommitResult>> SparseStore::CommitSparseObjects(
+    std::vector<SparseObject> objects, const std::vector<bool>& hard_pin, int num_threads) {
+    std::vector<Result<CommitResult>> results(objects.size(), Internal("unset"));
+    std::vector<std::optional<SparseObject>> held(objects.size());
+    for (std::size_t i = 0; i < objects.size(); ++i) held[i] = std::move(objects[i]);
+    std::vector<bool> pins = hard_pin;
+    pins.resize(held.size(), true);
+    CommitBuilt(held, pins, results, num_threads);
+    return results;
+}
+
+void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
+                              const std::vector<bool>& hard_pin,
+                              std::vector<Result<CommitResult>>& results, int num_threads) {
+    std::vector<std::string> metadata(objects.size());
+    internal::ParallelFor(num_threads, objects.size(), [&](std::size_t i) {
+        if (!objects[i]) return;
+        if (Status s = PrepareCommit(*objects[i], metadata[i]); !s.ok()) {
+            results[i] = s;
+            objects[i].reset();
+        }
+    });
+    std::vector<const SparseObject*> committed(objects.size(), nullptr);
     CommitBatch batch;
     {
         std::lock_guard lock(commit_mu_);
-        for (std::size_t i = 0; i < requests.size(); ++i) {
+        for (std::size_t i = 0; i < objects.size(); ++i) {
             if (!objects[i]) continue;
-            results[i] = CommitLocked(*objects[i], metadata[i], requests[i].hard_pin, batch);
-            if (!results[i].ok()) {
-                results[i] = results[i].status().WithContext(
-                    "update " + std::to_string(i) + " ('" + requests[i].tensor_id + "')");
-            }
+            results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch);
             committed[i] = &*objects[i];
         }
         UndoMissedCommits(committed, results, batch);
     }
     CountCommits(batch);
-    return results;
 }
 
 Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generation,

@@ -116,6 +116,12 @@ public:
     std::vector<Result<CommitResult>> PutSparseObjects(std::span<const PutSparseRequest> requests,
                                                        int num_threads = 0) override;
 
+    /// Commits a batch of objects built by BuildSparseObject (PutSparseObjects after the
+    /// encode): one result per object, in order; `hard_pin[i]` for object i (default true).
+    std::vector<Result<CommitResult>> CommitSparseObjects(std::vector<SparseObject> objects,
+                                                          const std::vector<bool>& hard_pin,
+                                                          int num_threads = 0);
+
     /// Store-side single-owner admission: among writers racing for one logical key, exactly one
     /// gets true (a retry by the winner gets true again).
     /// Errors: InvalidArgument.
@@ -268,6 +274,12 @@ private:
     void UndoMissedCommits(std::span<const SparseObject* const> objects,
                            std::span<Result<CommitResult>> results, CommitBatch& batch);
     void CountCommits(const CommitBatch& batch);
+    /// Names, checks and encodes the metadata of `objects` (null: failed already; `results`
+    /// holds why) in parallel, then commits them under one lock, with the step checks once per
+    /// step, and undoes what a seal by another process missed.
+    void CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
+                     const std::vector<bool>& hard_pin, std::vector<Result<CommitResult>>& results,
+                     int num_threads);
     std::string ManifestKeyOf(const SourceDescriptor& d) const;
     /// Creates the pending record of a seal of `step` (taking over a crashed sealer's) and
     /// returns its expiry. Errors: FailedPrecondition (another seal is in progress).

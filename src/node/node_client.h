@@ -155,6 +155,9 @@ public:
     /// Encodes the source object here (BuildSourceObject) and commits it in the daemon, which
     /// validates it again.
     Result<CommitResult> PutSparseObject(const PutSparseRequest& request) override;
+    /// Encodes the batch here, then commits it in few requests (SparseCommitBatch).
+    std::vector<Result<CommitResult>> PutSparseObjects(std::span<const PutSparseRequest> requests,
+                                                       int num_threads = 0) override;
     Result<bool> Admit(std::string_view tensor_id, Generation generation,
                        const PlacementPolicy& policy, const NamedAxes& source_placement,
                        std::string_view writer_id) override;
@@ -194,6 +197,11 @@ public:
 
     // ---- The sparse layer at the level of the protocol. -----------------------------------
     /// Commits an object encoded by the caller (codec BuildSparseObject).
+    /// One SparseCommitBatch request of objects[chunk[k]]; their outcomes into out[chunk[k]].
+    /// Errors (then for every item of the chunk): the call's.
+    Status CommitChunk(std::span<const PutSparseRequest> requests,
+                       const std::vector<std::optional<SparseObject>>& objects,
+                       std::span<const std::size_t> chunk, std::vector<Result<CommitResult>>& out);
     Result<wire::SparseCommitReply> CommitSparseObject(const SourceDescriptor& desc,
                                                        std::string_view coordinate_space,
                                                        const EncodedMembers& members,

@@ -9,6 +9,7 @@
 
 #include "executor/tensor_store.h"
 #include "node/node_client.h"
+#include "transport/parallel_for.h"
 #include "node/node_tensor_store.h"
 
 namespace mooncake::sparse {
@@ -313,6 +314,104 @@ Result<CommitResult> NodeClient::PutSparseObject(const PutSparseRequest& request
     MCS_ASSIGN_OR_RETURN(wire::SparseCommitReply reply,
                          CommitSparseObject(o.desc, o.coordinate_space, members, request.hard_pin));
     return CommitResult{std::move(reply.source_ref), reply.created, reply.nnz, reply.bytes};
+}
+
+std::vector<Result<CommitResult>> NodeClient::PutSparseObjects(
+    std::span<const PutSparseRequest> requests, int num_threads) {
+    const std::size_t n = requests.size();
+    std::vector<Result<CommitResult>> out(n, Internal("unset"));
+    // Encoded here, in parallel (the daemon validates every object again), then sent in
+    // requests of at most kBatchItems objects and kBatchBytes of members each.
+    std::vector<std::optional<SparseObject>> objects(n);
+    internal::ParallelFor(num_threads, n, [&](std::size_t i) {
+        Result<SparseObject> built = BuildSourceObject(requests[i]);
+        if (built.ok()) {
+            objects[i] = std::move(built).value();
+        } else {
+            out[i] = built.status();
+        }
+    });
+    constexpr std::size_t kBatchItems = 8192;
+    constexpr std::uint64_t kBatchBytes = std::uint64_t{256} << 20;
+    std::vector<std::size_t> chunk;
+    std::uint64_t chunk_bytes = 0;
+    const auto send = [&]() {
+        if (chunk.empty()) return;
+        Status s = CommitChunk(requests, objects, chunk, out);
+        if (!s.ok()) {
+            for (std::size_t i : chunk) out[i] = s;
+        }
+        chunk.clear();
+        chunk_bytes = 0;
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!objects[i]) continue;
+        const std::uint64_t bytes = objects[i]->PayloadBytes();
+        if (!chunk.empty() && (chunk.size() == kBatchItems || chunk_bytes + bytes > kBatchBytes)) {
+            send();
+        }
+        chunk.push_back(i);
+        chunk_bytes += bytes;
+    }
+    send();
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!out[i].ok()) {
+            out[i] = out[i].status().WithContext("update " + std::to_string(i) + " ('" +
+                                                 requests[i].tensor_id + "')");
+        }
+    }
+    return out;
+}
+
+Status NodeClient::CommitChunk(std::span<const PutSparseRequest> requests,
+                               const std::vector<std::optional<SparseObject>>& objects,
+                               std::span<const std::size_t> chunk,
+                               std::vector<Result<CommitResult>>& out) {
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    std::vector<std::span<const std::byte>> parts;
+    parts.reserve(4 * chunk.size());
+    for (std::size_t i : chunk) {
+        const SparseObject& o = *objects[i];
+        parts.insert(parts.end(), {o.indices, o.values, AsBytes(o.tile_coords), AsBytes(o.tile_ptr)});
+    }
+    std::uint64_t total = 0;
+    MCS_ASSIGN_OR_RETURN(std::vector<std::uint64_t> offsets, StageInBuffer(parts, total));
+    wire::SparseCommitBatchRequest request;
+    request.items.resize(chunk.size());
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+        const SparseObject& o = *objects[chunk[k]];
+        wire::SparseCommitRequest& item = request.items[k];
+        const auto member = [&](std::size_t m, std::uint64_t checksum) {
+            return wire::ClientMember{wire::BufferRef::Client(offsets[4 * k + m], parts[4 * k + m].size()),
+                                      checksum};
+        };
+        item.desc = o.desc;
+        item.coordinate_space = o.coordinate_space;
+        item.indices = member(0, o.checksum_indices);
+        item.values = member(1, o.checksum_values);
+        item.tile_coords = member(2, o.checksum_tile_coords);
+        item.tile_ptr = member(3, o.checksum_tile_ptr);
+        item.hard_pin = requests[chunk[k]].hard_pin;
+    }
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCommitBatchReply>(request));
+    if (reply.items.size() != chunk.size()) {
+        return DataLoss("the daemon answered " + std::to_string(reply.items.size()) +
+                        " items of a batch of " + std::to_string(chunk.size()));
+    }
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+        wire::SparseCommitOutcome& r = reply.items[k];
+        if (r.code != 0) {
+            out[chunk[k]] = Status(static_cast<StatusCode>(r.code), std::move(r.message));
+        } else {
+            out[chunk[k]] = CommitResult{std::move(r.result.source_ref), r.result.created,
+                                         r.result.nnz, r.result.bytes};
+        }
+    }
+    std::lock_guard slock(stats_mu_);
+    counters_.puts += chunk.size();
+    counters_.bytes_put += total;
+    return Status::Ok();
 }
 
 Result<std::vector<TargetObjectView>> NodeClient::ReadViews(

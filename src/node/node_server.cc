@@ -153,6 +153,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kLease, Lease)
         MCS_DISPATCH_(kRelease, Release)
         MCS_DISPATCH_(kSparseCommit, SparseCommit)
+        MCS_DISPATCH_(kSparseCommitBatch, SparseCommitBatch)
         MCS_DISPATCH_(kSparseAdmit, SparseAdmit)
         MCS_DISPATCH_(kSparseManifest, SparseManifest)
         MCS_DISPATCH_(kSparseCurrentGeneration, SparseCurrentGeneration)

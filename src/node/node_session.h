@@ -93,6 +93,9 @@ private:
     Result<Reply> Lease(const wire::LeaseRequest& req);
     Result<Reply> Release(const wire::ReleaseRequest& req);
     Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
+    Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);
+    /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
+    Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
     Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);
     Result<Reply> SparseManifest(const wire::SparseManifestRequest& req);
     Result<Reply> SparseCurrentGeneration(const wire::SparseCurrentGenerationRequest& req);

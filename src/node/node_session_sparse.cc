@@ -8,6 +8,7 @@
 
 #include "codec/codec.h"
 #include "node/node_session.h"
+#include "transport/parallel_for.h"
 #include "node/wire.h"
 
 namespace mooncake::sparse {
@@ -16,7 +17,7 @@ using node_internal::AsBytes;
 using node_internal::kMaxReadThreads;
 using node_internal::Product;
 
-Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommit(
+Result<SparseObject> NodeServer::Session::CheckedCommitObject(
     const wire::SparseCommitRequest& req) {
     const SourceDescriptor& d = req.desc;
     if (req.coordinate_space != "global") {
@@ -73,9 +74,55 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommit(
         return DataLoss("checksums of " + d.tensor_id +
                         " do not match the bytes in the client buffer");
     }
+    return std::move(object);
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommit(
+    const wire::SparseCommitRequest& req) {
+    MCS_ASSIGN_OR_RETURN(SparseObject object, CheckedCommitObject(req));
     MCS_ASSIGN_OR_RETURN(CommitResult c,
                          sparse_->CommitSparseObject(std::move(object), req.hard_pin));
     return Reply{wire::SparseCommitReply{c.source_ref, c.created, c.nnz, c.bytes}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitBatch(
+    const wire::SparseCommitBatchRequest& req) {
+    // Each item checked as a single commit is (a bad one fails alone), then the batch commits
+    // under one lock of the store.
+    const std::size_t n = req.items.size();
+    std::vector<Result<SparseObject>> checked(n, Internal("unset"));
+    internal::ParallelFor(0, n, [&](std::size_t i) { checked[i] = CheckedCommitObject(req.items[i]); });
+    std::vector<SparseObject> objects;
+    std::vector<bool> hard_pin;
+    std::vector<std::size_t> of;
+    objects.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!checked[i].ok()) continue;
+        objects.push_back(std::move(checked[i]).value());
+        hard_pin.push_back(req.items[i].hard_pin);
+        of.push_back(i);
+    }
+    std::vector<Result<CommitResult>> results =
+        sparse_->CommitSparseObjects(std::move(objects), hard_pin);
+    wire::SparseCommitBatchReply reply;
+    reply.items.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!checked[i].ok()) {
+            reply.items[i].code = static_cast<std::int32_t>(checked[i].status().code());
+            reply.items[i].message = checked[i].status().message();
+        }
+    }
+    for (std::size_t k = 0; k < results.size(); ++k) {
+        wire::SparseCommitOutcome& out = reply.items[of[k]];
+        if (!results[k].ok()) {
+            out.code = static_cast<std::int32_t>(results[k].status().code());
+            out.message = results[k].status().message();
+            continue;
+        }
+        const CommitResult& c = *results[k];
+        out.result = {c.source_ref, c.created, c.nnz, c.bytes};
+    }
+    return Reply{std::move(reply), {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmit(

@@ -107,7 +107,7 @@ using Message = std::variant<
     SparseReadReply, MetricsRequest, MetricsReply, TensorPutRequest, TensorGetRequest,
     ClearCachesRequest, SparseStepManifestRequest, SparseStepManifestReply, SparseSealRequest,
     SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
-    SparseRetentionReply, SparseAnchorRequest>;
+    SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply>;
 
 MessageType TypeOf(const Message& message);
 

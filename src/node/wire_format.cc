@@ -164,6 +164,8 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kRelease: return "Release";
         case MessageType::kSparseCommit: return "SparseCommit";
         case MessageType::kSparseCommitReply: return "SparseCommitReply";
+        case MessageType::kSparseCommitBatch: return "SparseCommitBatch";
+        case MessageType::kSparseCommitBatchReply: return "SparseCommitBatchReply";
         case MessageType::kSparseAdmit: return "SparseAdmit";
         case MessageType::kSparseAdmitReply: return "SparseAdmitReply";
         case MessageType::kSparseManifest: return "SparseManifest";
@@ -203,6 +205,7 @@ bool IsReplyType(MessageType type) {
         case MessageType::kListReply:
         case MessageType::kLeaseReply:
         case MessageType::kSparseCommitReply:
+        case MessageType::kSparseCommitBatchReply:
         case MessageType::kSparseAdmitReply:
         case MessageType::kSparseManifestReply:
         case MessageType::kSparseCurrentGenerationReply:

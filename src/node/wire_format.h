@@ -55,7 +55,7 @@ namespace mooncake::sparse::wire {
 inline constexpr std::uint32_t kWireMagic = 0x5053434Du;  ///< "MCSP" read as little-endian.
 inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout version.
 /// Message set version (Hello). 2: TensorItem carries the strides of a CUDA view.
-inline constexpr std::uint32_t kProtocolVersion = 3;
+inline constexpr std::uint32_t kProtocolVersion = 4;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -118,6 +118,8 @@ enum class MessageType : std::uint16_t {
     kSparseRetention = 66,
     kSparseRetentionReply = 67,
     kSparseAnchor = 68,
+    kSparseCommitBatch = 70,
+    kSparseCommitBatchReply = 71,
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".

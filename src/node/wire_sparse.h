@@ -88,6 +88,45 @@ struct SparseCommitReply {
     friend bool operator==(const SparseCommitReply&, const SparseCommitReply&) = default;
 };
 
+/// SparseStore::CommitSparseObjects of a batch the client encoded: each item as one
+/// SparseCommitRequest (their members in the client's buffer), committed together.
+struct SparseCommitBatchRequest {
+    static constexpr MessageType kType = MessageType::kSparseCommitBatch;
+    std::vector<SparseCommitRequest> items;
+
+    static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
+    Status Validate() const {
+        for (const SparseCommitRequest& item : items) MCS_RETURN_IF_ERROR(item.Validate());
+        return Status::Ok();
+    }
+    friend bool operator==(const SparseCommitBatchRequest&,
+                           const SparseCommitBatchRequest&) = default;
+};
+
+/// One item's outcome: its CommitResult, or its error (code != 0, `message`).
+struct SparseCommitOutcome {
+    std::int32_t code = 0;
+    std::string message;
+    SparseCommitReply result;
+
+    static void Fields(auto& v, auto& m) {
+        v("code", m.code);
+        v("message", m.message, kMaxMessageBytes);
+        v("result", m.result);
+    }
+    friend bool operator==(const SparseCommitOutcome&, const SparseCommitOutcome&) = default;
+};
+
+/// Per item of a SparseCommitBatchRequest, in order.
+struct SparseCommitBatchReply {
+    static constexpr MessageType kType = MessageType::kSparseCommitBatchReply;
+    std::vector<SparseCommitOutcome> items;
+
+    static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
+    friend bool operator==(const SparseCommitBatchReply&,
+                           const SparseCommitBatchReply&) = default;
+};
+
 /// SparseStore::Admit.
 struct SparseAdmitRequest {
     static constexpr MessageType kType = MessageType::kSparseAdmit;

@@ -263,6 +263,67 @@ TEST(SparseServiceTest, ARunGivesTheSameAnswersInProcessAndThroughTheDaemon) {
     (*server)->Stop();
 }
 
+/// A batch of commits with bad items among good ones, as each service answers it.
+std::vector<std::string> CommitBatchThrough(SparseService& service) {
+    std::vector<Coo> coos;
+    for (unsigned i = 0; i < 300; ++i) coos.push_back(RandomCoo(kRows, kCols, 1 + i % 50, 100 + i));
+    std::vector<PutSparseRequest> reqs;
+    for (unsigned i = 0; i < 300; ++i) {
+        reqs.push_back(Request(coos[i]));
+        reqs.back().tensor_id = "t" + std::to_string(i);
+    }
+    const std::vector<std::byte> outside = [] {
+        std::vector<std::byte> b(16);
+        const std::int64_t rc[2] = {kRows, 0};
+        std::memcpy(b.data(), rc, 16);
+        return b;
+    }();
+    reqs[7].indices = {DType::kInt64, {1, 2}, outside};  // row kRows: outside the tensor
+    reqs[7].values = {DType::kFloat32, {1}, std::span(coos[7].values).first(4)};
+    reqs[9].generation = {3, 2};                          // not a generation
+    std::vector<std::string> out;
+    for (const Result<CommitResult>& r : service.PutSparseObjects(reqs)) {
+        out.push_back(r.ok() ? r->source_ref + (r->created ? " created " : " again ") +
+                                   std::to_string(r->nnz) + " " + std::to_string(r->bytes)
+                             : std::string(StatusCodeName(r.status().code())));
+    }
+    // The same batch again: idempotent for the good items.
+    for (const Result<CommitResult>& r : service.PutSparseObjects(reqs)) {
+        out.push_back(r.ok() ? (r->created ? "created" : "again")
+                             : std::string(StatusCodeName(r.status().code())));
+    }
+    auto manifest = service.Manifest({0, 1});
+    out.push_back(manifest.ok() ? std::to_string(manifest->size()) : manifest.status().ToString());
+    return out;
+}
+
+TEST(SparseServiceTest, ABatchCommitGivesTheSameAnswersInProcessAndThroughTheDaemon) {
+    SparseStore local(MakeEmbeddedStore());
+    const std::vector<std::string> in_process = CommitBatchThrough(local);
+    testing::TempDir dir;
+    const std::string socket = dir.Path("node.sock");
+    auto server = NodeServer::Start(testing::SmallServer(socket, "sparse_service_test", 16 << 20));
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    NodeClientOptions o;
+    o.socket_path = socket;
+    o.client_name = "sparse_service_test";
+    o.call_timeout = 10s;
+    o.connect_timeout = 2s;
+    auto client = NodeClient::Connect(o);
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    const std::vector<std::string> daemon = CommitBatchThrough(**client);
+    ASSERT_EQ(in_process.size(), 601u);
+    EXPECT_EQ(in_process[7], "InvalidArgument");
+    EXPECT_EQ(in_process[9], "InvalidArgument");
+    EXPECT_EQ(in_process[300 + 8], "again");
+    EXPECT_EQ(in_process.back(), "298");
+    EXPECT_EQ(daemon, in_process);
+    // One request per batch, not one per update.
+    EXPECT_LE((*client)->Stats().calls, 8u);
+    client->reset();
+    (*server)->Stop();
+}
+
 TEST(SparseServiceTest, AnOwningViewKeepsItsObjectAfterTheStoreIsGone) {
     std::vector<TargetObjectView> views;
     {

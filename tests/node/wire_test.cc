@@ -186,8 +186,16 @@ std::vector<Message> SampleMessages() {
         c.tile_ptr = {CudaRef(64, 43 * 8), 4};
         c.hard_pin = false;
         out.push_back(c);
+        SparseCommitRequest d = c;
+        d.desc = SampleSource3D();
+        d.hard_pin = true;
+        out.push_back(SparseCommitBatchRequest{{c, d}});
+        out.push_back(SparseCommitBatchRequest{});
     }
     out.push_back(SparseCommitReply{"sparse/layers.3.w1/g3-4/e3", true, 123456, 999999});
+    out.push_back(SparseCommitBatchReply{
+        {{0, "", {"mcs/src/a/g0-1/none/at0_0", true, 10, 400}},
+         {int(StatusCode::kStaleGeneration), "tensor 'b' is at generation (1, 2)", {}}}});
     out.push_back(SparseAdmitRequest{"layers.3.w1", {3, 4}, PlacementPolicy::Owner("expert").value(),
                                      Axes({{"expert", 3}}), "trainer/7"});
     out.push_back(SparseAdmitRequest{"shared.w", {0, 1}, PlacementPolicy::None(), {}, "w"});
