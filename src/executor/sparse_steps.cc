@@ -117,7 +117,8 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     std::vector<std::size_t> cursor(parts.size(), 0);  // next tile of each part
     std::vector<Run> runs;
     std::vector<Entry> entries;
-    std::vector<std::uint64_t> marks, chain, stack, keys;  // per tile, reused
+    std::vector<std::uint32_t> marks, chain;  // per tile, reused
+    std::vector<std::uint64_t> stack, keys;
     // The merged object's tile index, built as its tiles are written (in order).
     std::vector<TileCoord> tile_coords;
     std::vector<std::uint64_t> tile_ptr{0};
@@ -186,7 +187,9 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
         const auto emit_entry = [&](std::uint64_t i) {
             emit(parts[entries[i].part].object, entries[i].row, 1);
         };
-        if (tile_elems <= 64 * in_tile) {
+        // Marks cost about a nanosecond per element of the tile, a sort about 25 per entry.
+        if (tile_elems <= 24 * in_tile && tile_elems <= (std::uint64_t{1} << 26) &&
+            entries.size() < 0xffffffffu) {
             // Dense enough: per element the chain of its entries (`marks`: 1 + the newest,
             // `chain`: 1 + the one before), taken in the tile's order. Overwrite writes the
             // newest; scatter_add every one, oldest first (summed later, in step order).
@@ -194,9 +197,9 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
             chain.resize(entries.size());
             for (std::uint64_t i = 0; i < entries.size(); ++i) {
                 chain[i] = marks[entries[i].coord];
-                marks[entries[i].coord] = i + 1;
+                marks[entries[i].coord] = static_cast<std::uint32_t>(i + 1);
             }
-            for (const std::uint64_t m : marks) {
+            for (const std::uint32_t m : marks) {
                 if (m == 0) continue;
                 if (overwrite) {
                     emit_entry(m - 1);

@@ -236,8 +236,16 @@ class Store(TensorMixin):
         not raised) of an update that failed. A bad update fails alone and leaves nothing of
         itself behind; the others commit. Updates are validated and encoded in parallel
         (`num_threads`, 0: every hardware thread) and committed together."""
+        import numpy as np
+
         batch: list[Any] = []
         for u in updates:
+            # numpy arrays go as they are; anything else (torch, CUDA) through as_core_array,
+            # in a copy of the update (the caller's dict is never changed).
+            if type(u) is dict and type(u.get("indices")) is np.ndarray \
+                    and type(u.get("values")) is np.ndarray:
+                batch.append(u)
+                continue
             if isinstance(u, Mapping):
                 u = dict(u)
                 for k in ("indices", "values"):
