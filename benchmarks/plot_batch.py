@@ -1,0 +1,62 @@
+#!/usr/bin/env python3
+"""Plots batch_bench.py results: fixed cost per object, single calls vs batch calls, per backend.
+
+    python benchmarks/plot_batch.py benchmarks/results/DIR   # reads DIR/batch.jsonl, writes DIR/batch.png
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_dir = pathlib.Path(argv[0])
+    recs = [json.loads(line) for line in (out_dir / "batch.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if r["what"] == "batch"]
+    counts = sorted({r["objects"] for r in recs})
+    backends = sorted({r["backend"] for r in recs})
+    phases = [("encode", "encode_single", "encode_batch"), ("commit", "commit_single", "commit_batch"),
+              ("apply", "apply_single", "apply_batch")]
+    fig, axes = plt.subplots(1, len(backends), figsize=(5.5 * len(backends), 4), squeeze=False)
+    for ax, backend in zip(axes[0], backends):
+        n = max(c for c in counts if any(r["objects"] == c and r["backend"] == backend
+                                         for r in recs))
+        r = next(x for x in recs if x["backend"] == backend and x["objects"] == n)
+        labels, single, batch = [], [], []
+        for name, s_key, b_key in phases:
+            labels.append(name)
+            single.append(r[f"{s_key}_us_per_object"])
+            batch.append(r[f"{b_key}_us_per_object"])
+        labels.append("read")
+        single.append(float("nan"))
+        batch.append(r["read_us_per_object"])
+        xs = range(len(labels))
+        ax.bar([x - 0.2 for x in xs], single, 0.4, label="one call per object")
+        ax.bar([x + 0.2 for x in xs], batch, 0.4, label="one call per step (batch)")
+        for x, v in zip(xs, batch):
+            ax.annotate(f"{v:.1f}", (x + 0.2, v), ha="center", va="bottom", fontsize=8)
+        ax.axhline(20, color="gray", ls="--", lw=0.8)
+        ax.text(len(labels) - 0.5, 20.5, "20 µs", color="gray", fontsize=8, ha="right")
+        ax.set_xticks(list(xs))
+        ax.set_xticklabels(labels)
+        ax.set_ylabel("µs per object")
+        ax.set_title(f"{backend}: {n} objects of {'x'.join(map(str, r['shape']))} float32, "
+                     f"{r['density']:.0%} changed", fontsize=9)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "batch.png", dpi=120)
+    print(out_dir / "batch.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
