@@ -119,6 +119,7 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     std::vector<Entry> entries;
     std::vector<std::uint32_t> marks, chain;  // per tile, reused
     std::vector<std::uint64_t> stack, keys;
+    std::vector<std::size_t> bounds;  // the runs' ends within `keys`
     // The merged object's tile index, built as its tiles are written (in order).
     std::vector<TileCoord> tile_coords;
     std::vector<std::uint64_t> tile_ptr{0};
@@ -211,11 +212,24 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
             }
             continue;
         }
-        // Sparse: sort by (position, step order), packed in one word when they fit.
+        // Sparse: order by (position, step order), packed in one word when they fit. Each
+        // step's run is sorted by position already, so the runs merge pairwise (log2(runs)
+        // linear passes), not a sort of all of them.
         if (tile_elems <= 0xffffffffu && entries.size() <= 0xffffffffu) {
             keys.resize(entries.size());
             for (std::uint64_t i = 0; i < entries.size(); ++i) keys[i] = entries[i].coord << 32 | i;
-            std::sort(keys.begin(), keys.end());
+            bounds.assign(1, 0);
+            for (const Run& run : runs) bounds.push_back(bounds.back() + (run.end - run.row));
+            while (bounds.size() > 2) {
+                std::size_t kept = 1;
+                for (std::size_t b = 0; b + 2 < bounds.size(); b += 2) {
+                    std::inplace_merge(keys.begin() + bounds[b], keys.begin() + bounds[b + 1],
+                                       keys.begin() + bounds[b + 2]);
+                    bounds[kept++] = bounds[b + 2];
+                }
+                if (bounds.size() % 2 == 0) bounds[kept++] = bounds.back();  // an odd run out
+                bounds.resize(kept);
+            }
             for (std::size_t k = 0; k < keys.size(); ++k) {
                 if (overwrite && k + 1 < keys.size() && keys[k + 1] >> 32 == keys[k] >> 32) continue;
                 emit_entry(keys[k] & 0xffffffffu);
