@@ -234,10 +234,8 @@ ParsedTensor ParseTensor(const pyb::handle& obj, const std::string& what, bool d
 std::vector<ParsedTensor> ParseTensors(const std::vector<std::string>& keys,
                                        const pyb::sequence& tensors, const pyb::sequence& streams,
                                        bool destination) {
-    if (pyb::len(tensors) != keys.size() || pyb::len(streams) != keys.size()) {
-        ThrowIfError(InvalidArgument(std::to_string(keys.size()) + " keys but " +
-                                     std::to_string(pyb::len(tensors)) + " tensors"));
-    }
+    ThrowIfError(internal::CheckPerKey(keys.size(), pyb::len(tensors), "tensors"));
+    ThrowIfError(internal::CheckPerKey(keys.size(), pyb::len(streams), "streams"));
     std::vector<ParsedTensor> out;
     out.reserve(keys.size());
     for (std::size_t i = 0; i < keys.size(); ++i) {

@@ -86,6 +86,12 @@ Status ValidateTensorKey(std::string_view key, std::string_view what) {
     return Status::Ok();
 }
 
+Status CheckPerKey(std::size_t keys, std::size_t items, std::string_view what, bool optional) {
+    if (items == keys || (optional && items == 0)) return Status::Ok();
+    return InvalidArgument(std::to_string(keys) + " keys but " + std::to_string(items) + " " +
+                           std::string(what));
+}
+
 namespace {
 
 std::string Quote(std::string_view s) {
@@ -394,10 +400,7 @@ std::string ItemName(std::size_t i, std::size_t n, std::string_view key) {
 
 Status LocalTensorStore::Put(std::span<const std::string> keys, std::span<const TensorRef> tensors,
                              const TensorPutOptions& options) {
-    if (keys.size() != tensors.size()) {
-        return InvalidArgument(std::to_string(keys.size()) + " keys but " +
-                               std::to_string(tensors.size()) + " tensors");
-    }
+    MCS_RETURN_IF_ERROR(internal::CheckPerKey(keys.size(), tensors.size(), "tensors"));
     if (keys.empty()) return Status::Ok();
     std::vector<TensorHeader> headers;
     headers.reserve(keys.size());
@@ -493,14 +496,10 @@ Result<HostTensor> LocalTensorStore::Get(std::string_view key) {
 Status LocalTensorStore::GetInto(std::span<const std::string> keys,
                                  std::span<const TensorRef> destinations,
                                  std::span<const Shape> box_origins) {
-    if (keys.size() != destinations.size()) {
-        return InvalidArgument(std::to_string(keys.size()) + " keys but " +
-                               std::to_string(destinations.size()) + " destination tensors");
-    }
-    if (!box_origins.empty() && box_origins.size() != keys.size()) {
-        return InvalidArgument(std::to_string(keys.size()) + " keys but " +
-                               std::to_string(box_origins.size()) + " box origins");
-    }
+    MCS_RETURN_IF_ERROR(
+        internal::CheckPerKey(keys.size(), destinations.size(), "destination tensors"));
+    MCS_RETURN_IF_ERROR(internal::CheckPerKey(keys.size(), box_origins.size(), "box origins",
+                                              /*optional=*/true));
     if (keys.empty()) return Status::Ok();
     auto box_of = [&](std::size_t i) -> const Shape* {
         return box_origins.empty() || box_origins[i].empty() ? nullptr : &box_origins[i];

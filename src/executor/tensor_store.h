@@ -185,6 +185,12 @@ namespace internal {
 /// Errors: InvalidArgument.
 Status ValidateTensorKey(std::string_view key, std::string_view what);
 
+/// A batch's per-key list (`what`: "tensors", "box origins", ...) has one entry per key; an
+/// empty optional list (`optional`) stands for none.
+/// Errors: InvalidArgument ("N keys but M <what>").
+Status CheckPerKey(std::size_t keys, std::size_t items, std::string_view what,
+                   bool optional = false);
+
 /// Checks a caller tensor and returns the FULL header it is stored (or expected) with:
 /// dtype, rank <= 8, extents >= 1, byte size, C-contiguity of a CUDA source, non-overlapping
 /// strides of a destination, memory kind, writability of a destination, CUDA presence. `what`

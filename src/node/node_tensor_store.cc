@@ -36,10 +36,8 @@ public:
     using TensorStore::GetInto;
     Status GetInto(std::span<const std::string> keys, std::span<const TensorRef> destinations,
                    std::span<const Shape> box_origins) override {
-        if (!box_origins.empty() && box_origins.size() != keys.size()) {
-            return InvalidArgument(std::to_string(keys.size()) + " keys but " +
-                                   std::to_string(box_origins.size()) + " box origins");
-        }
+        MCS_RETURN_IF_ERROR(internal::CheckPerKey(keys.size(), box_origins.size(),
+                                                  "box origins", /*optional=*/true));
         std::vector<NodeTensor> items;
         MCS_RETURN_IF_ERROR(Prepare(keys, destinations, /*destination=*/true, items));
         for (std::size_t i = 0; i < box_origins.size(); ++i) {
@@ -124,10 +122,7 @@ private:
     /// Validates every tensor, exports CUDA ones and synchronizes their streams.
     Status Prepare(std::span<const std::string> keys, std::span<const TensorRef> tensors,
                    bool destination, std::vector<NodeTensor>& items) {
-        if (keys.size() != tensors.size()) {
-            return InvalidArgument(std::to_string(keys.size()) + " keys but " +
-                                   std::to_string(tensors.size()) + " tensors");
-        }
+        MCS_RETURN_IF_ERROR(internal::CheckPerKey(keys.size(), tensors.size(), "tensors"));
         items.clear();
         items.reserve(keys.size());
         std::vector<std::pair<int, CudaStream>> streams;
