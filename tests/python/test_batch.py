@@ -151,3 +151,35 @@ def test_apply_sparse_objects_checks_before_writing():
     with pytest.raises(mcs.InvalidArgument, match=r"weights\[1\]"):
         mcs.apply_sparse_objects([a, f64], objs)
     assert a[1, 1] == 1.0 and not f64.any()  # the good one applied, the bad one untouched
+
+
+def test_apply_sparse_objects_on_cuda_weights_of_one_and_two_dims():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    s = mcs.connect()
+    g = torch.Generator().manual_seed(8)
+    vec_old, mat_old = torch.randn(300, generator=g), torch.randn(40, 30, generator=g)
+    vec_new, mat_new = vec_old.clone(), mat_old.clone()
+    vec_new[::7] += 1
+    mat_new[::3, 1::4] -= 1
+    for name, new, old in (("vec", vec_new, vec_old), ("mat", mat_new, mat_old)):
+        idx, vals = mcs.encode_update(new, old)
+        s.put_sparse_object(name, tuple(new.shape), idx, vals)
+    s.seal_generation((0, 1), ["vec", "mat"])
+    # Every other element of a longer CUDA vector (a strided 1-D view), and columns of a matrix.
+    big_vec = torch.zeros(600, device="cuda")
+    big_vec[::2] = vec_old.cuda()
+    big_mat = torch.zeros(40, 50, device="cuda")
+    big_mat[:, 10:40] = mat_old.cuda()
+    targets = [mcs.Target("vec", "v", "node0", {}, (0,), (300,)),
+               mcs.Target("mat", "m", "node0", {}, (0, 0), (40, 30))]
+    for device in (None, "cuda"):
+        big_vec[::2] = vec_old.cuda()
+        big_mat[:, 10:40] = mat_old.cuda()
+        objs = s.read_sparse_objects(s.manifest((0, 1)), targets, device=device)
+        mcs.apply_sparse_objects([big_vec[::2], big_mat[:, 10:40]], objs)
+        torch.cuda.synchronize()
+        assert torch.equal(big_vec[::2].cpu(), vec_new) and not big_vec[1::2].any()
+        assert torch.equal(big_mat[:, 10:40].cpu(), mat_new)
+        assert not big_mat[:, :10].any() and not big_mat[:, 40:].any()

@@ -250,3 +250,36 @@ def test_non_contiguous_views_are_written_in_place():
     assert torch.equal(big[1, :, 1:6], new["a.w"][3:])
     assert torch.equal(big[1, :, 6:], new["b.w"][3:])
     assert big[0].eq(-1).all() and big[1, :, 0].eq(-1).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_updates_land_in_fused_engine_parameters_on_the_gpu(name):
+    """The same as on the host, into CUDA engine parameters: objects uploaded to the GPU
+    (device="cuda") and applied through strided views of the fused parameters, in place."""
+    inference = LAYOUTS[name]
+    plan = mcs.SyncPlan(mcs.ParallelLayout(ep=2, rules=L.expert_rules(), name="trainer"),
+                        inference, qwen_shapes())
+    old, new = random_state(0), random_state(0)
+    g = torch.Generator().manual_seed(6)
+    for n, w in new.items():
+        mask = torch.rand(w.shape, generator=g) < 0.1
+        new[n] = torch.where(mask, -w, w)
+    store = mcs.connect()
+    for r in range(2):
+        sync = mcs.TrainerSync(store, plan, r)
+        sync.snapshot(old)
+        sync.step(new)
+    sync.seal()
+    for rank in range(inference.world_size):
+        params = {k: v.cuda() for k, v in vllm_params(old, inference, rank).items()}
+        ptrs = {k: v.data_ptr() for k, v in params.items()}
+        views = mcs.engine_views(params, plan, rank, EN.qwen3_moe_names())
+        stats = mcs.apply_step(store, plan, rank, views, (0, 1), device="cuda")
+        assert stats.nnz > 0
+        torch.cuda.synchronize()
+        want = vllm_params(new, inference, rank)
+        for k in params:
+            assert params[k].data_ptr() == ptrs[k]  # written in place
+            assert torch.equal(params[k].cpu().view(torch.int16), want[k].view(torch.int16)), (rank, k)
+

@@ -170,4 +170,17 @@ def apply_gpu(weight: Any, obj: Any) -> None:
     else:
         index = _device_index(getattr(weight, "device", 0))
         idx, vals = _core._gpu_upload(obj, index, _stream_of(weight) or 0)
+    if len(shape) == 1:
+        # The kernel takes 2-D weights: a vector is row 0 of a [1, n] view of itself, and its
+        # indices gain a zero row coordinate.
+        torch = torch_module()
+        if torch is None or not isinstance(weight, torch.Tensor):
+            raise InvalidArgument("GPU apply of a 1-D weight takes a torch tensor")
+        flat = torch.from_dlpack(idx) if not isinstance(idx, torch.Tensor) else idx
+        rows = torch.zeros((flat.shape[0], 2), dtype=flat.dtype, device=flat.device)
+        rows[:, 1].copy_(flat.reshape(-1))
+        weight, idx = weight.unsqueeze(0), rows
+    elif len(shape) != 2:
+        raise InvalidArgument(f"GPU apply takes 1-D or 2-D weights, got shape {shape}; apply a "
+                              "3-D parameter through 2-D views of it (one per leading index)")
     _core._gpu_apply(weight, idx, vals, obj.apply, _stream_of(weight))
