@@ -165,22 +165,27 @@ def apply_gpu(weight: Any, obj: Any) -> None:
     shape = tuple(int(e) for e in weight.shape)
     if shape != tuple(obj.local_shape):
         raise InvalidArgument(f"weight shape {shape} != object local shape {tuple(obj.local_shape)}")
-    if isinstance(obj, DeviceSparseObject):
+    if len(shape) == 1:
+        # The kernel takes 2-D weights: a vector is row 0 of a [1, n] view of itself, and its
+        # indices gain a zero row coordinate (built on the host; the call uploads them).
+        import numpy as np
+
+        torch = torch_module()
+        if torch is None or not isinstance(weight, torch.Tensor):
+            raise InvalidArgument("GPU apply of a 1-D weight takes a torch tensor")
+        if isinstance(obj, DeviceSparseObject):
+            flat, vals = np.asarray(obj._indices_dev.to_host()).reshape(-1), obj._values_dev
+        else:
+            flat, vals = np.asarray(obj.indices).reshape(-1), obj.values
+        idx = np.zeros((flat.shape[0], 2), dtype=flat.dtype)
+        idx[:, 1] = flat
+        weight = weight.unsqueeze(0)
+    elif len(shape) != 2:
+        raise InvalidArgument(f"GPU apply takes 1-D or 2-D weights, got shape {shape}; apply a "
+                              "3-D parameter through 2-D views of it (one per leading index)")
+    elif isinstance(obj, DeviceSparseObject):
         idx, vals = obj._indices_dev, obj._values_dev
     else:
         index = _device_index(getattr(weight, "device", 0))
         idx, vals = _core._gpu_upload(obj, index, _stream_of(weight) or 0)
-    if len(shape) == 1:
-        # The kernel takes 2-D weights: a vector is row 0 of a [1, n] view of itself, and its
-        # indices gain a zero row coordinate.
-        torch = torch_module()
-        if torch is None or not isinstance(weight, torch.Tensor):
-            raise InvalidArgument("GPU apply of a 1-D weight takes a torch tensor")
-        flat = torch.from_dlpack(idx) if not isinstance(idx, torch.Tensor) else idx
-        rows = torch.zeros((flat.shape[0], 2), dtype=flat.dtype, device=flat.device)
-        rows[:, 1].copy_(flat.reshape(-1))
-        weight, idx = weight.unsqueeze(0), rows
-    elif len(shape) != 2:
-        raise InvalidArgument(f"GPU apply takes 1-D or 2-D weights, got shape {shape}; apply a "
-                              "3-D parameter through 2-D views of it (one per leading index)")
     _core._gpu_apply(weight, idx, vals, obj.apply, _stream_of(weight))
