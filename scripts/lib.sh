@@ -19,6 +19,15 @@ PY
         export PIP_BREAK_SYSTEM_PACKAGES=1
     fi
     PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore python3 -m pip "$@"
+    # Outside a venv a user who cannot write the system's site-packages gets a user install:
+    # its scripts (mooncake_sparse_node) land in the user base's bin/, which a non-login shell
+    # may not have on PATH.
+    local user_bin
+    user_bin="$(python3 -m site --user-base)/bin"
+    case ":${PATH}:" in
+        *":${user_bin}:"*) ;;
+        *) export PATH="${user_bin}:${PATH}" ;;
+    esac
 }
 
 # The Release tree shared by test.sh and plan_demo.sh (same cache values, so neither re-triggers
