@@ -550,6 +550,7 @@ def test_idle_sockets_do_not_lock_out_clients_at_max_connections(tmp_path):
             s.send(frame(1, hello_payload()))
             s.recvmsg(1 << 16, socket.CMSG_SPACE(64 * 4))
             idle.append(s)
+            time.sleep(0.05)  # distinct idle ages: idle[0] is the longest idle, not a tie
         store = mcs.connect(daemon.url)
         store.objects.put("in", {"a": np.arange(4)})
         assert store.list_keys("") == ["in"]
