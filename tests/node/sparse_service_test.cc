@@ -232,6 +232,16 @@ RunAnswers RunThrough(SparseService& s) {
     return out;
 }
 
+/// The options of this suite's daemon clients.
+NodeClientOptions ClientOptions(const std::string& socket) {
+    NodeClientOptions o;
+    o.socket_path = socket;
+    o.client_name = "sparse_service_test";
+    o.call_timeout = 10s;
+    o.connect_timeout = 2s;
+    return o;
+}
+
 TEST(SparseServiceTest, ARunGivesTheSameAnswersInProcessAndThroughTheDaemon) {
     auto local = std::make_shared<SparseStore>(MakeEmbeddedStore());
     const RunAnswers in_process = RunThrough(*local);
@@ -240,12 +250,7 @@ TEST(SparseServiceTest, ARunGivesTheSameAnswersInProcessAndThroughTheDaemon) {
     const std::string socket = dir.Path("node.sock");
     auto server = NodeServer::Start(testing::SmallServer(socket, "sparse_service_test", 16 << 20));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
-    NodeClientOptions o;
-    o.socket_path = socket;
-    o.client_name = "sparse_service_test";
-    o.call_timeout = 10s;
-    o.connect_timeout = 2s;
-    auto client = NodeClient::Connect(o);
+    auto client = NodeClient::Connect(ClientOptions(socket));
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     std::shared_ptr<SparseService> remote = *client;
     const RunAnswers daemon = RunThrough(*remote);
@@ -304,12 +309,7 @@ TEST(SparseServiceTest, ABatchCommitGivesTheSameAnswersInProcessAndThroughTheDae
     const std::string socket = dir.Path("node.sock");
     auto server = NodeServer::Start(testing::SmallServer(socket, "sparse_service_test", 16 << 20));
     ASSERT_TRUE(server.ok()) << server.status().ToString();
-    NodeClientOptions o;
-    o.socket_path = socket;
-    o.client_name = "sparse_service_test";
-    o.call_timeout = 10s;
-    o.connect_timeout = 2s;
-    auto client = NodeClient::Connect(o);
+    auto client = NodeClient::Connect(ClientOptions(socket));
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     const std::vector<std::string> daemon = CommitBatchThrough(**client);
     ASSERT_EQ(in_process.size(), 601u);
