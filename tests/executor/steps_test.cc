@@ -27,6 +27,7 @@
 #include "codec/codec.h"
 #include "executor/sparse_store.h"
 #include "../status_matchers.h"
+#include "../store/store_test_util.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -1397,28 +1398,14 @@ TEST(StepsTest, ACommitRacingASealByAnotherProcessIsInTheSealOrUndone) {
 
 /// An object store whose List of one prefix runs a hook first (once): a commit by another
 /// process that lands while a seal reads its step's manifest.
-class ListHookStore : public ObjectStore {
+class ListHookStore : public testing::ForwardingStore {
 public:
-    explicit ListHookStore(std::shared_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
-    Status Put(std::string_view key, std::string_view metadata,
-               std::span<const MemberData> members, const PutOptions& options) override {
-        return inner_->Put(key, metadata, members, options);
-    }
-    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
-    Status ReadMember(std::string_view key, std::string_view member,
-                      std::span<std::byte> dst) override {
-        return inner_->ReadMember(key, member, dst);
-    }
-    Status ReadRanges(std::span<const RangeRead> reads) override {
-        return inner_->ReadRanges(reads);
-    }
-    Status Remove(std::string_view key) override { return inner_->Remove(key); }
+    explicit ListHookStore(std::shared_ptr<ObjectStore> inner) : ForwardingStore(std::move(inner)) {}
     Result<std::vector<std::string>> List(std::string_view prefix) override {
-        auto out = inner_->List(prefix);
+        auto out = ForwardingStore::List(prefix);
         if (hook_ && prefix == hook_prefix_) std::exchange(hook_, nullptr)();
         return out;
     }
-    StoreCounters Counters() const override { return inner_->Counters(); }
 
     void OnList(std::string prefix, std::function<void()> hook) {
         hook_prefix_ = std::move(prefix);
@@ -1426,7 +1413,6 @@ public:
     }
 
 private:
-    std::shared_ptr<ObjectStore> inner_;
     std::string hook_prefix_;
     std::function<void()> hook_;
 };

@@ -37,32 +37,7 @@ std::vector<std::byte> Pattern(std::size_t n, int seed) {
     return v;
 }
 
-/// Forwards the pure ObjectStore calls only, so PutFilled / ViewObjects take the base class's
-/// staged implementations.
-class ForwardingStore final : public ObjectStore {
-public:
-    explicit ForwardingStore(std::unique_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
-    Status Put(std::string_view key, std::string_view metadata,
-               std::span<const MemberData> members, const PutOptions& options) override {
-        return inner_->Put(key, metadata, members, options);
-    }
-    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
-    Status ReadMember(std::string_view key, std::string_view member,
-                      std::span<std::byte> dst) override {
-        return inner_->ReadMember(key, member, dst);
-    }
-    Status ReadRanges(std::span<const RangeRead> reads) override {
-        return inner_->ReadRanges(reads);
-    }
-    Status Remove(std::string_view key) override { return inner_->Remove(key); }
-    Result<std::vector<std::string>> List(std::string_view prefix) override {
-        return inner_->List(prefix);
-    }
-    StoreCounters Counters() const override { return inner_->Counters(); }
-
-private:
-    std::unique_ptr<ObjectStore> inner_;
-};
+using ::mooncake::sparse::testing::ForwardingStore;
 
 class TensorStoreTest : public ::testing::TestWithParam<bool> {
 protected:

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -58,5 +59,32 @@ inline std::vector<MemberData> Views(const std::vector<OwnedMember>& members) {
 
 inline PutOptions Create() { return {PutMode::kCreate, false}; }
 inline PutOptions Upsert() { return {PutMode::kUpsert, false}; }
+
+/// Forwards the pure ObjectStore calls to `inner` only, so PutFilled / ViewObjects take the base
+/// class's staged implementations; tests override a call to watch or hook it.
+class ForwardingStore : public ObjectStore {
+public:
+    explicit ForwardingStore(std::shared_ptr<ObjectStore> inner) : inner_(std::move(inner)) {}
+    Status Put(std::string_view key, std::string_view metadata,
+               std::span<const MemberData> members, const PutOptions& options) override {
+        return inner_->Put(key, metadata, members, options);
+    }
+    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
+    Status ReadMember(std::string_view key, std::string_view member,
+                      std::span<std::byte> dst) override {
+        return inner_->ReadMember(key, member, dst);
+    }
+    Status ReadRanges(std::span<const RangeRead> reads) override {
+        return inner_->ReadRanges(reads);
+    }
+    Status Remove(std::string_view key) override { return inner_->Remove(key); }
+    Result<std::vector<std::string>> List(std::string_view prefix) override {
+        return inner_->List(prefix);
+    }
+    StoreCounters Counters() const override { return inner_->Counters(); }
+
+private:
+    std::shared_ptr<ObjectStore> inner_;
+};
 
 }  // namespace mooncake::sparse::testing
