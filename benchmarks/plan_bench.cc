@@ -50,6 +50,8 @@
 #include "mooncake/sparse/planner.h"
 #include "mooncake/sparse/status.h"
 
+#include "kimi_k2_model.h"
+
 namespace mcs = mooncake::sparse;
 using mcs::Box;
 using mcs::Index;
@@ -617,54 +619,12 @@ Options ParseArgs(int argc, char** argv) {
 // The Kimi-K2-shaped model and its node layouts.
 // ---------------------------------------------------------------------------------------------
 
-constexpr int kExperts = 384;
-constexpr int kTrainingEp = 8;
-constexpr int kRanksPerNode = 8;
-constexpr std::uint64_t kEntryBytesBf16Uint16 = 6;  // 2 x uint16 coordinates + bf16 value.
-
-/// How a tensor is split across tensor parallel ranks.
-enum class TpSplit {
-    kWhole,  ///< Small replicated tensors (q_a, kv_a): every TP rank takes the whole tensor.
-    kDim0,   ///< Column parallel (w1, w3, q_b, kv_b): halves of dim 0.
-    kDim1,   ///< Row parallel (w2, o): halves of dim 1.
-};
-
-struct TensorSpec {
-    std::string id;
-    Shape shape;
-    int expert = -1;  ///< >= 0: a routed expert (owner(expert)); else replicate(ep).
-    TpSplit split = TpSplit::kWhole;
-};
-
-std::vector<TensorSpec> KimiK2Tensors(int layers) {
-    std::vector<TensorSpec> t;
-    t.reserve(static_cast<std::size_t>(layers) * (kExperts * 3 + 8));
-    for (int l = 0; l < layers; ++l) {
-        const std::string p = "layers." + std::to_string(l) + ".";
-        // MLA attention, replicated over EP.
-        t.push_back({p + "attn.q_a", {1536, 7168}, -1, TpSplit::kWhole});
-        t.push_back({p + "attn.q_b", {24576, 1536}, -1, TpSplit::kDim0});
-        t.push_back({p + "attn.kv_a", {576, 7168}, -1, TpSplit::kWhole});
-        t.push_back({p + "attn.kv_b", {32768, 512}, -1, TpSplit::kDim0});
-        t.push_back({p + "attn.o", {7168, 16384}, -1, TpSplit::kDim1});
-        if (l == 0) {
-            t.push_back({p + "mlp.w1", {18432, 7168}, -1, TpSplit::kDim0});
-            t.push_back({p + "mlp.w3", {18432, 7168}, -1, TpSplit::kDim0});
-            t.push_back({p + "mlp.w2", {7168, 18432}, -1, TpSplit::kDim1});
-            continue;
-        }
-        t.push_back({p + "mlp.shared_experts.w1", {2048, 7168}, -1, TpSplit::kDim0});
-        t.push_back({p + "mlp.shared_experts.w3", {2048, 7168}, -1, TpSplit::kDim0});
-        t.push_back({p + "mlp.shared_experts.w2", {7168, 2048}, -1, TpSplit::kDim1});
-        for (int e = 0; e < kExperts; ++e) {
-            const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
-            t.push_back({q + "w1", {2048, 7168}, e, TpSplit::kDim0});
-            t.push_back({q + "w3", {2048, 7168}, e, TpSplit::kDim0});
-            t.push_back({q + "w2", {7168, 2048}, e, TpSplit::kDim1});
-        }
-    }
-    return t;
-}
+using mcs::kimi_k2::kEntryBytesBf16Uint16;
+using mcs::kimi_k2::kExperts;
+using mcs::kimi_k2::kRanksPerNode;
+using mcs::kimi_k2::KimiK2Tensors;
+using mcs::kimi_k2::TensorSpec;
+using mcs::kimi_k2::TpSplit;
 
 /// The tile shape of one model tensor under --tile_policy.
 Shape ModelTileShape(const TensorSpec& spec, const std::string& policy) {
@@ -688,12 +648,7 @@ Model BuildModel(const Options& opt) {
     m.manifest.resize(n);
     m.raw.resize(n);
     const auto gen = OrDie(mcs::Generation::Make(0, 1), "generation");
-    const auto owner_expert = OrDie(mcs::PlacementPolicy::Owner("expert"), "policy");
-    const auto replicate_ep = OrDie(mcs::PlacementPolicy::Replicate("ep"), "policy");
-    std::vector<mcs::NamedAxes> training_ranks;
-    for (int r = 0; r < kTrainingEp; ++r) {
-        training_ranks.push_back(OrDie(mcs::NamedAxes::Make({{"ep", r}}), "axes"));
-    }
+    const std::vector<mcs::NamedAxes> training_ranks = mcs::kimi_k2::TrainingRanks();
 
     const auto t0 = Clock::now();
     std::atomic<std::size_t> next{0};
@@ -718,15 +673,10 @@ Model BuildModel(const Options& opt) {
         d.global_shape = spec.shape;
         d.box = OrDie(Box::Whole(spec.shape), "box");
         d.generation = gen;
-        if (spec.expert >= 0) {
-            // The owner ordinal is the expert id (training EP8: rank expert / 48 wrote it).
-            d.placement = OrDie(mcs::NamedAxes::Make({{"expert", spec.expert}}), "axes");
-            d.policy = owner_expert;
-        } else {
-            const std::size_t owner = OrDie(mcs::CanonicalOwner(spec.id, training_ranks), "owner");
-            d.placement = training_ranks[owner];
-            d.policy = replicate_ep;
-        }
+        // The owner ordinal is the expert id (training EP8: rank expert / 48 wrote it).
+        auto [placement, policy] = mcs::kimi_k2::TrainerPlacement(spec, training_ranks);
+        d.placement = std::move(placement);
+        d.policy = std::move(policy);
         d.tile_shape = ModelTileShape(spec, opt.tile_policy);
         d.nnz = m.raw[i].nnz();
         d.num_tiles = m.raw[i].num_tiles();
@@ -744,43 +694,7 @@ Model BuildModel(const Options& opt) {
 
 /// The targets of one node (8 ranks) that together hold the whole model.
 std::vector<mcs::TargetDescriptor> BuildNodeTargets(const Model& m, std::string_view layout) {
-    const bool tp2 = layout == "ep4tp2";
-    const int ep_size = tp2 ? 4 : 8;
-    const int tp_size = tp2 ? 2 : 1;
-    const int experts_per_group = kExperts / ep_size;
-    const std::string node = "node0";
-    std::vector<mcs::TargetDescriptor> targets;
-    for (int rank = 0; rank < kRanksPerNode; ++rank) {
-        const int ep = rank / tp_size, tp = rank % tp_size;
-        const std::string target_id = node + "/rank" + std::to_string(rank);
-        std::vector<mcs::NamedAxes::Entry> base{{"ep", ep}};
-        if (tp2) base.push_back({"tp", tp});
-        const auto replica_axes = OrDie(mcs::NamedAxes::Make(base), "axes");
-        for (const TensorSpec& spec : m.tensors) {
-            mcs::NamedAxes axes = replica_axes;
-            if (spec.expert >= 0) {
-                if (spec.expert / experts_per_group != ep) continue;
-                auto entries = base;
-                entries.push_back({"expert", spec.expert});
-                axes = OrDie(mcs::NamedAxes::Make(std::move(entries)), "axes");
-            }
-            Shape offset(spec.shape.size(), 0), local = spec.shape;
-            const int split_dim = spec.split == TpSplit::kDim0   ? 0
-                                  : spec.split == TpSplit::kDim1 ? 1
-                                                                 : -1;
-            if (tp_size > 1 && split_dim >= 0) {
-                const Index part = spec.shape[split_dim] / tp_size;
-                offset[split_dim] = part * tp;
-                local[split_dim] =
-                    tp + 1 == tp_size ? spec.shape[split_dim] - offset[split_dim] : part;
-            }
-            targets.push_back(
-                OrDie(mcs::TargetDescriptor::Make(target_id, node, spec.id, axes, std::move(offset),
-                                                  std::move(local)),
-                      "target"));
-        }
-    }
-    return targets;
+    return mcs::kimi_k2::NodeTargets(m.tensors, layout);
 }
 
 // ---------------------------------------------------------------------------------------------
