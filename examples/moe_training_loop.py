@@ -118,12 +118,59 @@ def bf16_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().to(torch.bfloat16) for n, p in model.named_parameters()}
 
 
-def engine_params(plan: mcs.SyncPlan, rank: int, names: engines.EngineNameMap) -> dict:
-    """What the engine would allocate on `rank` (vocabulary rows padded, as vLLM pads them)."""
-    shapes = dict(mcs.engine_param_shapes(plan, rank, names))
-    for n in ("model.embed_tokens.weight", "lm_head.weight"):
-        shapes[n] = (-(-VOCAB // 64) * 64 // plan.inference.dense_size, HIDDEN)
-    return {n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}
+def engine_params(plan: mcs.SyncPlan, rank: int,
+                  names: engines.EngineNameMap) -> dict[str, torch.Tensor]:
+    """What the engine allocates on `rank`: its fused parameters, vocabulary rows padded to a
+    multiple of 64 and split evenly (zeros past the real rows), as vLLM allocates them."""
+    return {n: torch.zeros(s, dtype=torch.bfloat16)
+            for n, s in mcs.engine_param_shapes(plan, rank, names).items()}
+
+
+def vllm_reference(state: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
+    """Rank `rank`'s parameters of vLLM's Qwen3-MoE at --tensor-parallel-size `tp` (no EP), laid
+    out by hand as its loaders lay them out, independently of the library: qkv_proj is this
+    rank's q heads, then its k heads, then its v heads; w13_weight [E, 2 I/tp, H] is each
+    expert's gate rows, then its up rows; w2_weight [E, H, I/tp] and o_proj split their input
+    dim; embed_tokens / lm_head hold rows [r * per, (r + 1) * per) of the vocabulary padded to
+    a multiple of 64 (per = padded / tp), zeros past the real rows."""
+    def part(x: torch.Tensor, dim: int, parts: int, i: int) -> torch.Tensor:
+        return x.chunk(parts, dim)[i]
+
+    kv_parts = min(tp, KV_HEADS)  # fewer KV heads than ranks: each is replicated
+    kv_i = rank * kv_parts // tp
+    out = {}
+    for n, w in state.items():
+        pre, _, leaf = n.rpartition(".")
+        if n.endswith(("q_proj.weight", "k_proj.weight", "v_proj.weight")):
+            if n.endswith("q_proj.weight"):
+                a = pre.rpartition(".")[0]
+                out[f"{a}.qkv_proj.weight"] = torch.cat([
+                    part(w, 0, tp, rank), part(state[f"{a}.k_proj.weight"], 0, kv_parts, kv_i),
+                    part(state[f"{a}.v_proj.weight"], 0, kv_parts, kv_i)])
+        elif ".experts." in n:
+            if n.endswith(".0.gate_proj.weight"):
+                m = n[:-len(".0.gate_proj.weight")]
+                ids = range(EXPERTS)
+                out[f"{m}.w13_weight"] = torch.stack([torch.cat([
+                    part(state[f"{m}.{e}.gate_proj.weight"], 0, tp, rank),
+                    part(state[f"{m}.{e}.up_proj.weight"], 0, tp, rank)]) for e in ids])
+                out[f"{m}.w2_weight"] = torch.stack([
+                    part(state[f"{m}.{e}.down_proj.weight"], 1, tp, rank) for e in ids])
+        elif n.endswith("o_proj.weight"):
+            out[n] = part(w, 1, tp, rank)
+        elif n in ("model.embed_tokens.weight", "lm_head.weight"):
+            per = -(-VOCAB // 64) * 64 // tp
+            rows = w[rank * per:(rank + 1) * per]
+            out[n] = torch.cat([rows, torch.zeros(per - len(rows), HIDDEN, dtype=w.dtype)])
+        else:  # norms, the router: replicated
+            out[n] = w
+    return out
+
+
+def same_bits(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(
+        a[k].shape == b[k].shape and torch.equal(a[k].view(torch.int16), b[k].view(torch.int16))
+        for k in a)
 
 
 def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
@@ -151,6 +198,9 @@ def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
     for r in range(inference.world_size):
         for t in plan.targets(r):
             views[r][t.tensor_id].copy_(box(state[t.tensor_id], t))
+        if not same_bits(params[r], vllm_reference(state, inference.tp, r)):
+            raise RuntimeError(f"inference rank {r}: the views do not lay the weights out as "
+                               "vLLM does")
     # Each inference rank tracks the step its weights are at (0: the initial weights).
     readers = [mcs.InferenceSync(store, plan, r, views[r]) for r in range(inference.world_size)]
 
@@ -174,10 +224,9 @@ def run(steps: int = 4, store_url: str | None = None, lr: float = 1e-5,
         # Inference: wait for the seal, then one read (of every step since the last one).
         read = step % read_every == 0 or step == steps
         applied = [reader.update(step, timeout=60) for reader in readers] if read else []
-        exact = all(torch.equal(views[r][t.tensor_id].view(torch.int16),
-                                box(state[t.tensor_id], t).view(torch.int16))
-                    for r in range(inference.world_size) for t in plan.targets(r)) if read \
-            else None
+        # Every engine parameter, padding rows included, bit for bit what vLLM would hold.
+        exact = all(same_bits(params[r], vllm_reference(state, inference.tp, r))
+                    for r in range(inference.world_size)) if read else None
         dense = sum(w.numel() * 2 for w in state.values())
         results.append({"step": step, "generation": generation, "loss": loss.item(),
                         "changed": sum(s.nnz for s in stats), "entries": dense // 2,

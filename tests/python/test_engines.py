@@ -101,11 +101,103 @@ def test_engine_param_shapes_are_the_engines(name):
     for rank in range(inference.world_size):
         params = vllm_params(state, inference, rank)
         need = mcs.engine_param_shapes(plan, rank, EN.qwen3_moe_names())
-        assert set(need) == set(params)
-        for k, shape in need.items():
-            have = tuple(params[k].shape)
-            assert have == shape or (k.endswith(("embed_tokens.weight", "lm_head.weight"))
-                                     and have[0] >= shape[0]), (k, have, shape)
+        assert need == {k: tuple(v.shape) for k, v in params.items()}
+        boxes = mcs.engine_param_shapes(plan, rank, EN.qwen3_moe_names(), padded=False)
+        per, r = need["lm_head.weight"][0], rank % inference.dense_size
+        assert boxes["lm_head.weight"] == (min((r + 1) * per, V) - min(r * per, V), H)
+
+
+# The parameters vLLM allocates for the small Qwen3-MoE config above (H=16, 4 heads of 8, 2 KV
+# heads, experts of I=12, a dense layer of 2I, V=100), per layout, every rank alike; read off
+# vLLM's qwen3_moe.py, fused_moe/layer.py, linear.py and vocab_parallel_embedding.py:
+#   embed_tokens / lm_head: pad_vocab_size(100, 64) = 128 rows, 128 / tp per rank;
+#   qkv_proj: (heads / tp + 2 * max(1, kv / tp)) * head_dim rows; o_proj: [H, heads*hd / tp];
+#   w13_weight: [E_local, 2 * I / moe_tp, H]; w2_weight: [E_local, H, I / moe_tp];
+#   with --enable-expert-parallel the experts are whole (moe_tp = 1) and E_local = E / ep.
+def shape_table(tp, ep, moe_tp):
+    p, a = "model.layers.0", "model.layers.0.self_attn"
+    kv_local = max(1, KV // tp)
+    return {
+        "model.embed_tokens.weight": (128 // tp, H), "lm_head.weight": (128 // tp, H),
+        "model.norm.weight": (H,),
+        f"{a}.qkv_proj.weight": ((HEADS // tp + 2 * kv_local) * HD, H),
+        f"{a}.o_proj.weight": (H, HEADS * HD // tp),
+        f"{a}.q_norm.weight": (HD,), f"{a}.k_norm.weight": (HD,),
+        f"{p}.mlp.gate.weight": (E, H),
+        f"{p}.mlp.experts.w13_weight": (E // ep, 2 * I // moe_tp, H),
+        f"{p}.mlp.experts.w2_weight": (E // ep, H, I // moe_tp),
+        "model.layers.1.mlp.gate_up_proj.weight": (2 * 2 * I // tp, H),
+        "model.layers.1.mlp.down_proj.weight": (H, 2 * I // tp),
+    }
+
+
+SHAPE_TABLE = {
+    "TP2": shape_table(tp=2, ep=1, moe_tp=2),
+    "TP4 (KV heads replicated)": shape_table(tp=4, ep=1, moe_tp=4),
+    "EP2, attention TP2": shape_table(tp=2, ep=2, moe_tp=1),
+}
+
+
+def test_shape_table_for_a_small_config():
+    assert SHAPE_TABLE["TP2"]["model.layers.0.self_attn.qkv_proj.weight"] == (32, H)
+    assert SHAPE_TABLE["TP4 (KV heads replicated)"][
+        "model.layers.0.self_attn.qkv_proj.weight"] == (24, H)
+    assert SHAPE_TABLE["EP2, attention TP2"]["model.layers.0.mlp.experts.w13_weight"] == (
+        2, 24, H)
+    trainer = mcs.ParallelLayout(rules=L.expert_rules(), name="trainer")
+    for name, table in SHAPE_TABLE.items():
+        inference = LAYOUTS[name]
+        plan = mcs.SyncPlan(trainer, inference, qwen_shapes())
+        for rank in range(inference.world_size):
+            for engine in ("vllm", "sglang"):
+                got = mcs.engine_param_shapes(plan, rank, EN.qwen3_moe_names(engine))
+                assert got == table, (name, rank, engine)
+
+
+@pytest.mark.parametrize("vocab,tp,rows", [
+    (100, 1, [(0, 100)]),                                  # padded to 128 even at TP 1
+    (100, 2, [(0, 64), (64, 100)]),
+    (100, 4, [(0, 32), (32, 64), (64, 96), (96, 100)]),
+    (70, 4, [(0, 32), (32, 64), (64, 70), None]),         # the last rank: padding only
+    (128, 2, [(0, 64), (64, 128)]),
+])
+def test_vocabulary_padding(vocab, tp, rows):
+    """vocab_parallel_embedding.py: pad_vocab_size(V, 64) rows split evenly over TP; rank r
+    holds rows [min(r*per, V), min((r+1)*per, V)) first, zeros after them. The view of a rank
+    is the leading part of its padded parameter; updates never touch the padding rows."""
+    shapes = {"model.embed_tokens.weight": (vocab, H), "lm_head.weight": (vocab, H)}
+    rules = L.qwen3_moe_rules(num_kv_heads=KV)
+    inference = mcs.ParallelLayout(tp=tp, rules=rules)
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=rules), inference, shapes)
+    per = -(-vocab // 64) * 64 // tp
+    g = torch.Generator().manual_seed(1)
+    old = {n: torch.randn(s, generator=g) for n, s in shapes.items()}
+    new = {n: w + 1 for n, w in old.items()}
+    store = mcs.connect()
+    sync = mcs.TrainerSync(store, plan, 0)
+    sync.snapshot(old)
+    sync.step(new, seal=True)
+    for rank, want in enumerate(rows):
+        targets = {t.tensor_id: t for t in plan.targets(rank)}
+        need = mcs.engine_param_shapes(plan, rank, EN.qwen3_moe_names())
+        if want is None:
+            assert not targets and not need
+            continue
+        lo, hi = want
+        assert need == {n: (per, H) for n in shapes}
+        assert tuple(targets["lm_head.weight"].global_offset) == (lo, 0)
+        assert tuple(targets["lm_head.weight"].local_shape) == (hi - lo, H)
+        params = {n: torch.full((per, H), -7.0) for n in shapes}
+        for n in shapes:
+            params[n][:hi - lo] = old[n][lo:hi]
+        views = mcs.engine_views(params, plan, rank, EN.qwen3_moe_names())
+        for n in shapes:
+            assert views[n].data_ptr() == params[n].data_ptr()
+            assert views[n].shape == (hi - lo, H)
+        mcs.apply_step(store, plan, rank, views, (0, 1))
+        for n in shapes:
+            assert torch.equal(params[n][:hi - lo], new[n][lo:hi])
+            assert params[n][hi - lo:].eq(-7.0).all()  # padding rows untouched
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -207,11 +299,49 @@ def test_deepseek_v3_layout_and_views():
     rules = L.deepseek_v3_rules()
     plan = mcs.SyncPlan(mcs.ParallelLayout(rules=rules), mcs.ParallelLayout(tp=2, rules=rules),
                         shapes)
-    need = mcs.engine_param_shapes(plan, 1, EN.deepseek_v3_names())
-    assert need["model.layers.0.self_attn.fused_qkv_a_proj.weight"] == (36, H)  # replicated
-    assert need["model.layers.0.self_attn.q_b_proj.weight"] == (HEADS * 6, 24)
-    assert need["model.layers.0.self_attn.o_proj.weight"] == (H, HEADS * 4)
-    assert need["model.layers.0.mlp.shared_experts.gate_up_proj.weight"] == (I, H)
+    # deepseek_v2.py (vLLM and SGLang): the fused q_a / kv_a projection is replicated,
+    # [q_lora_rank + kv_lora_rank + qk_rope_head_dim, H] = [24 + 8 + 4, H]; q_b_proj and
+    # kv_b_proj are column-parallel (heads / tp), o_proj row-parallel, shared experts' gate/up
+    # a MergedColumnParallelLinear [2 * I / tp, H].
+    a, m = "model.layers.0.self_attn", "model.layers.0.mlp"
+    for engine, fused in (("vllm", "fused_qkv_a_proj"), ("sglang", "fused_qkv_a_proj_with_mqa")):
+        need = mcs.engine_param_shapes(plan, 1, EN.deepseek_v3_names(engine))
+        assert need == {
+            f"{a}.{fused}.weight": (36, H),
+            f"{a}.q_b_proj.weight": (HEADS // 2 * 12, 24),
+            f"{a}.kv_b_proj.weight": (HEADS // 2 * 16, 8),
+            f"{a}.o_proj.weight": (H, HEADS // 2 * 8),
+            f"{m}.shared_experts.gate_up_proj.weight": (I, H),
+            f"{m}.shared_experts.down_proj.weight": (H, I // 2),
+            f"{m}.gate.e_score_correction_bias": (E,)}, engine
+    # q_a rows first, then kv_a's.
+    params = {k: torch.zeros(s) for k, s in need.items()}
+    views = mcs.engine_views(params, plan, 1, EN.deepseek_v3_names("sglang"))
+    fused_w = params[f"{a}.fused_qkv_a_proj_with_mqa.weight"]
+    assert views[f"{a}.q_a_proj.weight"].data_ptr() == fused_w.data_ptr()
+    assert views[f"{a}.kv_a_proj_with_mqa.weight"].data_ptr() == fused_w[24:].data_ptr()
+
+
+def test_deepseek_without_q_lora():
+    """q_lora_rank null (DeepSeek-V2-Lite): a column-parallel q_proj and a replicated
+    kv_a_proj_with_mqa, each under its own name, in both engines."""
+    a = "model.layers.0.self_attn"
+    shapes = {f"{a}.q_proj.weight": (HEADS * 12, H),
+              f"{a}.kv_a_proj_with_mqa.weight": (8 + 4, H),
+              f"{a}.kv_b_proj.weight": (HEADS * 16, 8)}
+    rules = L.deepseek_v3_rules()
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=rules), mcs.ParallelLayout(tp=2, rules=rules),
+                        shapes)
+    for engine in ("vllm", "sglang"):
+        names = EN.deepseek_v3_names(engine, q_lora=False)
+        assert mcs.engine_param_shapes(plan, 0, names) == {
+            f"{a}.q_proj.weight": (HEADS // 2 * 12, H),
+            f"{a}.kv_a_proj_with_mqa.weight": (12, H),
+            f"{a}.kv_b_proj.weight": (HEADS // 2 * 16, 8)}
+    params = {k: torch.zeros(v) for k, v in mcs.engine_param_shapes(plan, 0, names).items()}
+    assert len(mcs.engine_views(params, plan, 0, names)) == 3
+    with pytest.raises(mcs.InvalidArgument, match="fused member.*q_a_proj"):
+        mcs.engine_views(params, plan, 0, EN.deepseek_v3_names("vllm"))  # the q LoRA map
 
 
 def test_views_that_do_not_fit_raise():

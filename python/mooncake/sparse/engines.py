@@ -14,6 +14,45 @@ parameter is the sum of the earlier members' local extents on this rank.
     apply_step(store, plan, rank, views, generation, wait=True)   # or InferenceSync
 
 The views are slices (narrow / select) of the parameters: no parameter is copied.
+
+Where the maps and layouts come from (the engines' published sources):
+
+- vLLM ``vllm/model_executor/models/qwen3_moe.py`` and ``deepseek_v2.py`` (``load_weights``:
+  ``stacked_params_mapping`` q/k/v -> ``qkv_proj`` shards "q", "k", "v", gate/up ->
+  ``gate_up_proj`` shards 0, 1; for MLA with a q LoRA rank, q_a_proj / kv_a_proj_with_mqa ->
+  ``fused_qkv_a_proj`` shards 0, 1, a MergedColumnParallelLinear with TP disabled, i.e.
+  replicated; routed experts through ``make_expert_params_mapping``: ``experts.{e}.gate_proj``
+  / ``up_proj`` -> ``experts.w13_weight`` shards w1 / w3, ``down_proj`` -> ``experts.w2_weight``).
+- vLLM ``vllm/model_executor/layers/fused_moe/layer.py``: ``w13_weight`` is
+  ``[E_local, 2 * I_local, H]`` and ``w2_weight`` ``[E_local, H, I_local]``; the weight loader
+  narrows w1 (gate) into the first half of dim 1 and w3 (up) into the second, each the
+  checkpoint's rows ``[I_local * tp_rank, I_local * (tp_rank + 1))``, and w2 on its input dim;
+  with EP, ``determine_expert_map`` ("linear") gives EP rank r a contiguous block of experts,
+  the first ``E % ep`` ranks one more (ParallelLayout's "linear"; releases before the
+  placement strategies gave the last rank the remainder instead), and "round_robin" experts
+  r, r + ep, ... . With ``--enable-expert-parallel`` the experts are not TP-split: vLLM
+  ``--tp N --enable-expert-parallel`` is ParallelLayout(ep=N, tp=1, dense_tp=N).
+- vLLM ``vllm/model_executor/layers/linear.py``: QKVParallelLinear puts q at row 0, k at
+  ``num_heads_local * head_dim``, v after it, k/v of rank r being KV head block
+  ``r // (tp / num_kv_heads)`` when heads are fewer than ranks (replicated); column-parallel
+  weights split dim 0, RowParallelLinear splits dim 1 (its bias is not split).
+- vLLM ``vllm/model_executor/layers/vocab_parallel_embedding.py``: the vocabulary is padded to
+  a multiple of ``DEFAULT_VOCAB_PADDING_SIZE = 64``, each TP rank holds ``padded / tp`` rows,
+  the real rows ``[min(r * per, V), min((r + 1) * per, V))`` first and zeros after them, even
+  at TP 1; embed_tokens and lm_head alike (layout.qwen3_moe_rules' ``tp_pad``).
+- SGLang ``python/sglang/srt/models/qwen3_moe.py`` (same stacked mapping and FusedMoE names as
+  vLLM), ``python/sglang/srt/models/deepseek_v2.py`` (``fused_qkv_a_proj_with_mqa``, a
+  ReplicatedLinear ``[q_lora_rank + kv_lora_rank + qk_rope_head_dim, H]`` loaded as
+  ``torch.cat([q_a_proj, kv_a_proj_with_mqa])`` on dim 0),
+  ``python/sglang/srt/layers/moe/fused_moe_triton/layer.py`` (w13 gate-then-up, the same
+  shapes; EP rank r hosts experts ``[r * E / ep, (r + 1) * E / ep)``, E divisible by ep; the
+  experts are TP-split over ``tp / ep`` ranks) and
+  ``python/sglang/srt/layers/vocab_parallel_embedding.py`` (the same padding to 64).
+
+Not covered: SGLang's shared-experts fusion (DeepSeek's shared experts loaded as extra slots
+of ``w13_weight`` / ``w2_weight``; run SGLang with ``--disable-shared-experts-fusion``),
+quantized checkpoints, and kernels that reorder w13 (some FlashInfer/TRT-LLM MoE backends load
+up before gate).
 """
 
 from __future__ import annotations
@@ -21,17 +60,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from typing import Any, Literal, Mapping, Sequence
+from typing import Literal, Mapping, Sequence
 
 from ._errors import InvalidArgument
 from .layout import SyncPlan
+from .sync import Tensor
 
 __all__ = ["NameRule", "EngineSlot", "EngineNameMap", "engine_views", "engine_param_shapes",
            "qwen3_moe_names", "deepseek_v3_names"]
 
-logger = logging.getLogger("mooncake.sparse")
+logger = logging.getLogger(__name__)
 
-Tensor = Any  # torch tensor or numpy array
+Engine = Literal["vllm", "sglang"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,27 +153,27 @@ def engine_views(params: Mapping[str, Tensor], plan: SyncPlan, rank: int,
     it, for every target of the rank: destinations for apply_step (or, at start-up, for copying
     the initial weights in). Views only: writing them writes the parameters.
 
-    Raises InvalidArgument when a parameter is missing or the views would not have the targets'
-    shapes (a map or layout that does not describe the engine)."""
+    Raises InvalidArgument when a parameter or a fused member's target is missing, or the views
+    would not have the targets' shapes (a map or layout that does not describe the engine)."""
     targets = {t.tensor_id: t for t in plan.targets(rank)}
     out: dict[str, Tensor] = {}
     for tid, t in targets.items():
         slot = name_map(tid)
+        local = tuple(t.local_shape)
+        if slot.dim >= len(local):
+            raise InvalidArgument(f"{tid!r}: fused dim {slot.dim} outside its shape {local}")
+        absent = [m for m in slot.members if m not in targets]
+        if absent:
+            raise InvalidArgument(f"inference rank {rank}: fused member(s) {absent} of "
+                                  f"{slot.param!r} have no target on this rank (a name map "
+                                  "for another variant of the model?)")
+        start = sum(int(targets[m].local_shape[slot.dim]) for m in slot.members[:slot.position])
         if slot.param not in params:
             raise InvalidArgument(f"inference rank {rank}: engine has no parameter "
                                   f"{slot.param!r} (for {tid!r})")
         view = params[slot.param]
         if slot.expert is not None:
             view = _select(view, plan.local_expert_index(slot.expert))
-        local = tuple(t.local_shape)
-        if slot.dim >= len(local):
-            raise InvalidArgument(f"{tid!r}: fused dim {slot.dim} outside its shape {local}")
-        start = 0
-        for m in slot.members[:slot.position]:
-            if m not in targets:
-                raise InvalidArgument(f"inference rank {rank}: fused member {m!r} of "
-                                      f"{slot.param!r} has no target on this rank")
-            start += int(targets[m].local_shape[slot.dim])
         view = _narrow(view, slot.dim, start, local[slot.dim])
         if slot.padded:
             for d, n in enumerate(local):
@@ -147,16 +187,36 @@ def engine_views(params: Mapping[str, Tensor], plan: SyncPlan, rank: int,
                 f"at {start} on dim {slot.dim} gives shape {shape}, the target box is {local} "
                 f"(parameter shape {tuple(int(s) for s in params[slot.param].shape)})")
         out[tid] = view
+        logger.debug("inference rank %d: %s -> %s%s rows %d:%d of dim %d, shape %s", rank, tid,
+                     slot.param, "" if slot.expert is None
+                     else f"[{plan.local_expert_index(slot.expert)}]", start,
+                     start + local[slot.dim], slot.dim, local)
     logger.debug("inference rank %d: %d destination views into %d engine parameters", rank,
                  len(out), len({name_map(t).param for t in out}))
     return out
 
 
-def engine_param_shapes(plan: SyncPlan, rank: int,
-                        name_map: EngineNameMap) -> dict[str, tuple[int, ...]]:
-    """The shape each engine parameter of inference `rank` needs to hold its targets (for a
-    padded parameter: its unpadded part). Compare with the engine's own parameters to check a
-    name map, or allocate engine-style parameters in tests."""
+def _padded_extent(plan: SyncPlan, tid: str, dim: int) -> int | None:
+    """The rows per rank an engine allocates on `dim` for a vocabulary-padded tensor (the
+    padded size split evenly over the ranks that split it), or None when it is not padded."""
+    rule, expert = plan.inference.rule_for(tid)
+    if rule.tp_dim != dim or rule.tp_pad <= 1:
+        return None
+    size = plan.shapes[tid][dim]
+    padded = -(-size // rule.tp_pad) * rule.tp_pad
+    per_expert = expert is not None or rule.expert_dim is not None
+    parts = plan.inference.tp if per_expert else plan.inference.dense_size
+    return padded // parts
+
+
+def engine_param_shapes(plan: SyncPlan, rank: int, name_map: EngineNameMap, *,
+                        padded: bool = True) -> dict[str, tuple[int, ...]]:
+    """The shape of each engine parameter of inference `rank` that holds its targets: compare
+    with the engine's own parameters to check a name map, or allocate engine-style parameters
+    in tests. `padded`: vocabulary-padded parameters (NameRule.padded, with a TensorRule
+    tp_pad) get the rows the engine allocates, ``ceil(V / pad) * pad / tp`` (vLLM and SGLang
+    pad to 64), not only the rows of the rank's box; the box is their leading part. A rank
+    whose rows are all padding has no target of the tensor, so no entry here."""
     targets = {t.tensor_id: t for t in plan.targets(rank)}
     shapes: dict[str, list[int]] = {}
     for tid, t in targets.items():
@@ -164,12 +224,19 @@ def engine_param_shapes(plan: SyncPlan, rank: int,
         fused = [int(targets[m].local_shape[slot.dim]) for m in slot.members if m in targets]
         shape = list(t.local_shape)
         shape[slot.dim] = sum(fused)
+        if padded and slot.padded:
+            for d in range(len(shape)):
+                rows = _padded_extent(plan, tid, d)
+                if rows is not None:
+                    shape[d] = rows
         if slot.expert is not None:
             shape = [len(plan.local_experts(rank))] + shape
         prev = shapes.setdefault(slot.param, shape)
         if prev != shape:
             raise InvalidArgument(f"engine parameter {slot.param!r}: {tid!r} needs shape "
                                   f"{tuple(shape)}, another member {tuple(prev)}")
+    logger.debug("inference rank %d: %d engine parameters for %d targets", rank, len(shapes),
+                 len(targets))
     return {k: tuple(v) for k, v in shapes.items()}
 
 
@@ -198,13 +265,18 @@ def _common_rules(shared: str) -> list[NameRule]:
     return rules
 
 
-def qwen3_moe_names(engine: Literal["vllm", "sglang"] = "vllm") -> EngineNameMap:
+def _check_engine(engine: str) -> None:
+    if engine not in ("vllm", "sglang"):
+        raise InvalidArgument(f"unknown engine {engine!r} (expected 'vllm' or 'sglang')")
+
+
+def qwen3_moe_names(engine: Engine = "vllm") -> EngineNameMap:
     """Qwen3-MoE (and Qwen2-MoE's shared_expert) on vLLM or SGLang, which name them alike:
     qkv_proj (q, k, v), gate_up_proj (gate, up) of dense MLPs, FusedMoE w13_weight / w2_weight;
     norms (incl. q_norm / k_norm), the router (mlp.gate), o_proj and down_proj keep their names;
-    embed_tokens / lm_head rows are padded (vocabulary-parallel)."""
-    if engine not in ("vllm", "sglang"):
-        raise InvalidArgument(f"unknown engine {engine!r} (expected 'vllm' or 'sglang')")
+    embed_tokens / lm_head rows are padded (vocabulary-parallel). Qwen2-MoE's
+    ``shared_expert_gate`` keeps its name too."""
+    _check_engine(engine)
     return EngineNameMap([
         NameRule(r"(?P<p>.*\.self_attn)\.[qkv]_proj\.(?P<w>weight|bias)", "{p}.qkv_proj.{w}",
                  ("{p}.q_proj.{w}", "{p}.k_proj.{w}", "{p}.v_proj.{w}")),
@@ -212,21 +284,24 @@ def qwen3_moe_names(engine: Literal["vllm", "sglang"] = "vllm") -> EngineNameMap
     ])
 
 
-def deepseek_v3_names(engine: Literal["vllm", "sglang"] = "vllm") -> EngineNameMap:
-    """DeepSeek-V2/V3 and Kimi-K2 on vLLM or SGLang: with a q LoRA rank, q_a_proj and
-    kv_a_proj_with_mqa are fused (replicated) into vLLM's ``fused_qkv_a_proj`` / SGLang's
-    ``fused_qkv_a_proj_with_mqa``; shared_experts' and dense layers' gate/up into gate_up_proj;
-    routed experts into FusedMoE w13_weight / w2_weight. q_b_proj, kv_b_proj, o_proj, the
-    layernorms, the router and its e_score_correction_bias keep their names.
+def deepseek_v3_names(engine: Engine = "vllm", *, q_lora: bool = True) -> EngineNameMap:
+    """DeepSeek-V2/V3 and Kimi-K2 on vLLM or SGLang: with a q LoRA rank (`q_lora`, as in
+    DeepSeek-V2/V3 and Kimi-K2), q_a_proj and kv_a_proj_with_mqa are fused (replicated, q_a rows
+    first) into vLLM's ``fused_qkv_a_proj`` / SGLang's ``fused_qkv_a_proj_with_mqa``; without
+    one (``q_lora_rank: null``, e.g. DeepSeek-V2-Lite) both engines keep a column-parallel
+    ``q_proj`` and a replicated ``kv_a_proj_with_mqa`` under their names. shared_experts' and
+    dense layers' gate/up go into gate_up_proj; routed experts into FusedMoE w13_weight /
+    w2_weight. q_b_proj, kv_b_proj, o_proj, the layernorms, the router and its
+    e_score_correction_bias keep their names.
 
     Both engines derive further tensors from kv_b_proj after loading (the absorbed MLA
-    matrices): after an update of kv_b_proj, run the engine's post-load processing of it."""
-    if engine not in ("vllm", "sglang"):
-        raise InvalidArgument(f"unknown engine {engine!r} (expected 'vllm' or 'sglang')")
-    fused = "fused_qkv_a_proj" if engine == "vllm" else "fused_qkv_a_proj_with_mqa"
-    return EngineNameMap([
-        NameRule(r"(?P<p>.*\.self_attn)\.(q_a_proj|kv_a_proj_with_mqa)\.weight",
-                 "{p}." + fused + ".weight",
-                 ("{p}.q_a_proj.weight", "{p}.kv_a_proj_with_mqa.weight")),
-        *_common_rules("shared_experts"),
-    ])
+    matrices): after an update of kv_b_proj, run the engine's post-load processing of it.
+    SGLang: with shared-experts fusion off (``--disable-shared-experts-fusion``)."""
+    _check_engine(engine)
+    rules = _common_rules("shared_experts")
+    if q_lora:
+        fused = "fused_qkv_a_proj" if engine == "vllm" else "fused_qkv_a_proj_with_mqa"
+        rules.insert(0, NameRule(r"(?P<p>.*\.self_attn)\.(q_a_proj|kv_a_proj_with_mqa)\.weight",
+                                 "{p}." + fused + ".weight",
+                                 ("{p}.q_a_proj.weight", "{p}.kv_a_proj_with_mqa.weight")))
+    return EngineNameMap(rules)

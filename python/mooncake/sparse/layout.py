@@ -41,7 +41,7 @@ __all__ = [
     "stable_hash",
 ]
 
-logger = logging.getLogger("mooncake.sparse")
+logger = logging.getLogger(__name__)
 
 Shape = tuple[int, ...]
 

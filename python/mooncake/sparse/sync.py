@@ -37,7 +37,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import Any, Callable, Collection, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence, Union
+
+import numpy as np
 
 from . import _api, _core
 from ._arrays import torch_module
@@ -47,11 +49,19 @@ from .layout import SourceSpec, SyncPlan
 __all__ = ["TensorStats", "StepStats", "EncodedStep", "TrainerSync", "sync_step",
            "AppliedTensor", "ApplyStats", "apply_step", "InferenceSync"]
 
-logger = logging.getLogger("mooncake.sparse")
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
 
 Generation = tuple[int, int]
 # A dense tensor: a torch tensor or numpy array (CPU; CUDA torch tensors for the GPU codec).
-Tensor = Any
+# torch is never imported for it: the name is only resolved by type checkers.
+Tensor = Union["torch.Tensor", np.ndarray]
+# Where read objects go before they are applied: None (host), "cuda", "cuda:N" or a device.
+Device = Union[str, "torch.device", None]
+# A step's manifest: store.manifest / wait_generation's answer, or a list of its SourceInfo.
+ManifestLike = Union[_api.Manifest, Sequence[_api.SourceInfo]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +130,6 @@ def _copy(x: Tensor) -> Tensor:
     torch = torch_module()
     if torch is not None and isinstance(x, torch.Tensor):
         return x.detach().clone()
-    import numpy as np
-
     return np.array(x, copy=True)
 
 
@@ -135,8 +143,6 @@ def _assign(dst: Tensor, src: Tensor) -> None:
 
 def _add_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, ...]) -> None:
     """snapshot[idx - offset] += vals, with the same rounding as apply_sparse_object."""
-    import numpy as np
-
     torch = torch_module()
     if torch is not None and isinstance(idx, torch.Tensor):  # CUDA encode
         local = idx.to(torch.int64) - torch.tensor(offset, dtype=torch.int64, device=idx.device)
@@ -147,7 +153,7 @@ def _add_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, .
     _core.apply_coo(_api.as_core_array(snapshot), local, _api.as_core_array(vals), "scatter_add")
 
 
-def _can_seal(store: Any) -> bool:
+def _can_seal(store: object) -> bool:
     return hasattr(store, "seal_generation")
 
 
@@ -284,7 +290,7 @@ def _commit(store: _api.Store, step: EncodedStep, *, apply: str, skip_unchanged:
     return stats
 
 
-def _seal(store: Any, generation: Generation, tensor_ids: list[str], timeout: float,
+def _seal(store: _api.Store, generation: Generation, tensor_ids: list[str], timeout: float,
           who: str) -> None:
     if not _can_seal(store):
         raise Unimplemented("this store has no seal_generation")
@@ -493,8 +499,8 @@ def _check_dests(plan: SyncPlan, rank: int, dests: Mapping[str, Tensor]) -> list
 
 
 def _apply(store: _api.Store, targets: list[_api.Target], rank: int,
-           dests: Mapping[str, Tensor], gen: Generation, manifest: Any, wait: bool,
-           timeout: float | None, strategy: str, device: Any) -> ApplyStats:
+           dests: Mapping[str, Tensor], gen: Generation, manifest: ManifestLike | None,
+           wait: bool, timeout: float | None, strategy: str, device: Device) -> ApplyStats:
     t0 = time.perf_counter()
     if manifest is None:
         if wait:
@@ -522,9 +528,9 @@ def _apply(store: _api.Store, targets: list[_api.Target], rank: int,
 
 
 def apply_step(store: _api.Store, plan: SyncPlan, rank: int, dests: Mapping[str, Tensor],
-               generation: Generation, *, manifest: Any = None, wait: bool = False,
-               timeout: float | None = None, strategy: str = "sparse",
-               device: Any = None) -> ApplyStats:
+               generation: Generation, *, manifest: ManifestLike | None = None,
+               wait: bool = False, timeout: float | None = None, strategy: str = "sparse",
+               device: Device = None) -> ApplyStats:
     """Reads step `generation` for inference `rank` (its plan targets, one read) and applies it
     in place into `dests` (tensor id -> destination of the target's local shape: a tensor, or a
     strided view into a fused engine parameter, see engine_views).
@@ -552,7 +558,7 @@ class InferenceSync:
 
     def __init__(self, store: _api.Store, plan: SyncPlan, rank: int,
                  dests: Mapping[str, Tensor], *, step: int = 0, strategy: str = "sparse",
-                 device: Any = None) -> None:
+                 device: Device = None) -> None:
         self.store = store
         self.plan = plan
         self.rank = rank
