@@ -413,3 +413,36 @@ def test_updates_land_in_fused_engine_parameters_on_the_gpu(name):
             assert params[k].data_ptr() == ptrs[k]  # written in place
             assert torch.equal(params[k].cpu().view(torch.int16), want[k].view(torch.int16)), (rank, k)
 
+
+
+def test_helpers_are_typed_and_log_to_module_loggers(caplog):
+    """Every public function and method of the adapter modules has annotations for all its
+    parameters and its return, none of them Any; what they do goes to their module's logger
+    (a child of "mooncake.sparse") at debug level."""
+    import inspect
+    import logging
+
+    from mooncake.sparse import sync as S
+    for mod in (L, S, EN):
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            funcs = [obj] if inspect.isfunction(obj) else [
+                f for k, f in vars(obj).items() if inspect.isfunction(f)
+                and (not k.startswith("_") or k == "__init__")] if inspect.isclass(obj) else []
+            for f in funcs:
+                sig = inspect.signature(f)
+                for p in sig.parameters.values():
+                    if p.name == "self":
+                        continue
+                    assert p.annotation is not inspect.Parameter.empty, (name, f, p.name)
+                    assert "Any" not in str(p.annotation), (name, f, p.name)
+                assert sig.return_annotation is not inspect.Signature.empty, (name, f)
+                assert "Any" not in str(sig.return_annotation), (name, f)
+    inference = LAYOUTS["TP2"]
+    with caplog.at_level(logging.DEBUG, logger="mooncake.sparse"):
+        plan = mcs.SyncPlan(mcs.ParallelLayout(rules=L.expert_rules()), inference,
+                            qwen_shapes())
+        mcs.engine_views(vllm_params(random_state(0), inference, 0), plan, 0,
+                         EN.qwen3_moe_names())
+    names = {r.name for r in caplog.records if r.levelno == logging.DEBUG}
+    assert {"mooncake.sparse.layout", "mooncake.sparse.engines"} <= names

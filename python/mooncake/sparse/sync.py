@@ -37,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence, Union
+from typing import (TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Sequence, Union,
+                    cast)
 
 import numpy as np
 
@@ -58,6 +59,7 @@ Generation = tuple[int, int]
 # A dense tensor: a torch tensor or numpy array (CPU; CUDA torch tensors for the GPU codec).
 # torch is never imported for it: the name is only resolved by type checkers.
 Tensor = Union["torch.Tensor", np.ndarray]
+_TorchTensor = Union["torch.Tensor"]
 # Where read objects go before they are applied: None (host), "cuda", "cuda:N" or a device.
 Device = Union[str, "torch.device", None]
 # A step's manifest: store.manifest / wait_generation's answer, or a list of its SourceInfo.
@@ -137,16 +139,17 @@ def _assign(dst: Tensor, src: Tensor) -> None:
     torch = torch_module()
     if torch is not None and isinstance(dst, torch.Tensor):
         dst.copy_(src.detach() if isinstance(src, torch.Tensor) else torch.as_tensor(src))
-    else:
-        dst[...] = src
+    else:  # a numpy destination (torch is not in use, or dst is not a torch tensor)
+        cast(np.ndarray, dst)[...] = src
 
 
 def _add_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, ...]) -> None:
     """snapshot[idx - offset] += vals, with the same rounding as apply_sparse_object."""
     torch = torch_module()
-    if torch is not None and isinstance(idx, torch.Tensor):  # CUDA encode
+    if torch is not None and isinstance(idx, torch.Tensor):  # CUDA encode: torch throughout
+        snap, delta = cast(_TorchTensor, snapshot), cast(_TorchTensor, vals)
         local = idx.to(torch.int64) - torch.tensor(offset, dtype=torch.int64, device=idx.device)
-        snapshot.index_put_(tuple(local.T), vals.to(snapshot.dtype), accumulate=True)
+        snap.index_put_(tuple(local.T), delta.to(snap.dtype), accumulate=True)
         return
     local = (np.asarray(idx).astype(np.int64) - np.asarray(offset, dtype=np.int64)).astype(
         np.uint64)
