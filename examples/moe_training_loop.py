@@ -1,6 +1,9 @@
 """A small MoE trained with AdamW on CPU, its bf16 weights synced every step from a trainer
 laid out EP2 to an inference engine laid out EP1 x TP2 with vLLM-style fused parameters
-(qkv_proj, FusedMoE w13_weight / w2_weight, padded vocabulary rows), checked bit for bit.
+(qkv_proj, FusedMoE w13_weight / w2_weight, padded vocabulary rows), checked bit for bit:
+after the initial load and after every read, each engine parameter (padding rows included)
+equals the one vLLM's loaders would build from the trainer's weights (vllm_reference, laid
+out by hand, independently of the library's views).
 
     python examples/moe_training_loop.py [--steps 4] [--read-every 1] [--store URL] [--verbose]
 
