@@ -133,12 +133,12 @@ int main(int argc, char** argv) {
             auto cpu = EncodeUpdate(hn, ho, copt);
             bool same = cpu.ok() && cpu->nnz == enc->nnz && cpu->index_dtype == enc->index_dtype;
             if (same) {
-                auto gi = ToHost<std::byte>(enc->indices.ptr().address, enc->indices.bytes());
-                auto gv = ToHost<std::byte>(enc->values.ptr().address, enc->values.bytes());
+                auto gi = ToHost<std::byte>(enc->indices.address, enc->indices_bytes());
+                auto gv = ToHost<std::byte>(enc->values.address, enc->values_bytes());
                 same = gi == cpu->indices && gv == cpu->values;
                 // Tile index: tiles strictly increasing, ptr consistent with the entries.
-                auto tc = ToHost<std::uint32_t>(enc->tile_coords.ptr().address, enc->num_tiles * 2);
-                auto tp = ToHost<std::uint64_t>(enc->tile_ptr.ptr().address, enc->num_tiles + 1);
+                auto tc = ToHost<std::uint32_t>(enc->tile_coords.address, enc->num_tiles * 2);
+                auto tp = ToHost<std::uint64_t>(enc->tile_ptr.address, enc->num_tiles + 1);
                 const auto* idx = reinterpret_cast<const std::uint16_t*>(gi.data());
                 for (std::uint64_t t = 0; same && t < enc->num_tiles; ++t) {
                     same = tp[t] < tp[t + 1];
@@ -154,8 +154,8 @@ int main(int argc, char** argv) {
             // float tolerance below).
             CHECK_CUDA(cudaMemcpy(work, old_w, bytes, cudaMemcpyDeviceToDevice));
             cuda::DeviceArray dw{DType::kBFloat16, {rows, cols}, {reinterpret_cast<std::uintptr_t>(work), 0}, bytes};
-            cuda::DeviceArray di{enc->index_dtype, {Index(enc->nnz), 2}, enc->indices.ptr(), enc->indices.bytes()};
-            cuda::DeviceArray dv{DType::kBFloat16, {Index(enc->nnz)}, enc->values.ptr(), enc->values.bytes()};
+            cuda::DeviceArray di{enc->index_dtype, {Index(enc->nnz), 2}, enc->indices, enc->indices_bytes()};
+            cuda::DeviceArray dv{DType::kBFloat16, {Index(enc->nnz)}, enc->values, enc->values_bytes()};
             Status st = cuda::ApplySparse(dw, di, dv, mode);
             CHECK_CUDA(cudaDeviceSynchronize());
             auto h_work = ToHost<std::uint16_t>(reinterpret_cast<std::uintptr_t>(work), n);

@@ -1,6 +1,9 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "bind_common.h"
 
+#include "tensor_args.h"
+#include "transport/host_copy.h"
+
 #include <algorithm>
 
 #include <pybind11/stl.h>
@@ -84,6 +87,34 @@ std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets) {
     return out;
 }
 
+bool IsCudaArray(const pyb::handle& obj) {
+    if (obj.is_none() || pyb::isinstance<pyb::array>(obj) || !pyb::hasattr(obj, "__dlpack_device__")) {
+        return false;
+    }
+    try {
+        const auto dev = obj.attr("__dlpack_device__")().cast<pyb::tuple>();
+        return dev.size() >= 1 && dev[0].cast<int>() == static_cast<int>(kDLCUDA);
+    } catch (const pyb::error_already_set&) {
+        return false;
+    }
+}
+
+namespace {
+
+DeviceMember ParseDeviceMember(const pyb::handle& obj, const char* what) {
+    ParsedTensor t = ParseTensorArg(obj, what, false, pyb::none());
+    if (t.ref.memory != TensorMemory::kCuda) {
+        ThrowIfError(InvalidArgument(std::string(what) + " is not a CUDA array"));
+    }
+    if (!IsCContiguous(t.ref.shape, t.ref.strides)) {
+        ThrowIfError(InvalidArgument(std::string(what) + " on the GPU must be C-contiguous"));
+    }
+    return {t.ref.dtype, t.ref.shape, t.ref.device.address, t.ref.device.device, t.ref.device.bytes,
+            std::move(t.keepalive)};
+}
+
+}  // namespace
+
 ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape,
                    const pyb::object& indices, const pyb::object& values,
                    const pyb::object& source_placement,
@@ -98,10 +129,18 @@ ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape
     req.global_shape = ShapeArg(global_shape, "global_shape");
     req.global_offset = OptShape(global_offset, "global_offset");
     req.local_shape = OptShape(local_shape, "local_shape");
-    p.indices = Borrow(indices, "indices");
-    p.values = Borrow(values, "values");
-    req.indices = p.indices.view();
-    req.values = p.values.view();
+    if (IsCudaArray(indices)) {
+        p.device_indices = ParseDeviceMember(indices, "indices");
+    } else {
+        p.indices = Borrow(indices, "indices");
+        req.indices = p.indices.view();
+    }
+    if (IsCudaArray(values)) {
+        p.device_values = ParseDeviceMember(values, "values");
+    } else {
+        p.values = Borrow(values, "values");
+        req.values = p.values.view();
+    }
     req.source_placement = AxesFromDict(source_placement, "source_placement");
     req.placement_policy = ValueOrThrow(PlacementPolicy::Parse(placement_policy.value_or("")));
     req.generation = {generation.first, generation.second};

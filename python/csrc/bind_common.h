@@ -27,12 +27,39 @@ pyb::tuple ShapeTuple(std::span<const Index> s);
 TargetDescriptor TargetFrom(const pyb::handle& obj);
 std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets);
 
-/// put_sparse_object's arguments as a request; the borrowed arrays stay alive with it.
+/// A C-contiguous array in CUDA memory given as indices or values of a commit: it reaches the
+/// request as host bytes once StageDeviceMembers has copied it.
+struct DeviceMember {
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    std::uintptr_t address = 0;
+    int device = 0;
+    std::uint64_t bytes = 0;
+    std::shared_ptr<void> keepalive;
+};
+
+/// Whether `obj` is an array in CUDA memory (a DLPack producer on a CUDA device).
+bool IsCudaArray(const pyb::handle& obj);
+
+/// put_sparse_object's arguments as a request; the borrowed arrays stay alive with it. A CUDA
+/// member is left out of the request (its HostArray empty) until StageDeviceMembers.
 struct ParsedPut {
     PutSparseRequest request;
     BorrowedArray indices;
     BorrowedArray values;
+    std::optional<DeviceMember> device_indices;
+    std::optional<DeviceMember> device_values;
+
+    bool on_device() const { return device_indices || device_values; }
 };
+
+/// Copies the CUDA members of `puts` into one page-locked staging buffer, in a few large
+/// device-to-host copies (members laid out back to back on the device, as a batch encode leaves
+/// them, move as one), ordered on `stream`, and points their requests at it. The returned
+/// handle keeps the staging buffer (held exclusively) until it is destroyed: commit before.
+/// Throws StatusError: Unimplemented (built without the GPU codec); Unavailable / Internal
+/// (CUDA errors); ResourceExhausted (cannot pin the staging memory).
+std::shared_ptr<void> StageDeviceMembers(std::span<ParsedPut* const> puts, std::uintptr_t stream);
 ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape,
                    const pyb::object& indices, const pyb::object& values,
                    const pyb::object& source_placement,

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "arrays.h"
+#include "transport/host_copy.h"
 #include "bind_common.h"
 #include "sparse_object.h"
 #include "tensor_args.h"
@@ -70,14 +71,27 @@ pyb::capsule ToCapsule(const DeviceArray& a) {
     });
 }
 
-DeviceArray Wrap(cuda::DeviceBuffer&& buffer, DType dtype, Shape shape) {
+DeviceArray View(cuda::DevicePtr ptr, std::uint64_t bytes, DType dtype, Shape shape,
+                 std::shared_ptr<void> owner) {
     DeviceArray a;
     a.dtype = dtype;
     a.shape = std::move(shape);
-    a.ptr = buffer.ptr();
-    a.bytes = buffer.bytes();
-    a.owner = std::make_shared<cuda::DeviceBuffer>(std::move(buffer));
+    a.ptr = ptr;
+    a.bytes = bytes;
+    a.owner = std::move(owner);
     return a;
+}
+
+/// An encoded update's members as Python: (indices, values, tile_coords, tile_ptr, tile_shape).
+pyb::tuple EncodedTuple(const cuda::GpuEncoded& e) {
+    auto owner = std::const_pointer_cast<void>(e.keepalive);
+    const Index nnz = Index(e.nnz), rank = Index(e.rank), tiles = Index(e.num_tiles);
+    return pyb::make_tuple(
+        View(e.indices, e.indices_bytes(), e.index_dtype, {nnz, rank}, owner),
+        View(e.values, e.values_bytes(), e.value_dtype, {nnz}, owner),
+        View(e.tile_coords, std::uint64_t(tiles) * rank * 4, DType::kUInt32, {tiles, rank}, owner),
+        View(e.tile_ptr, std::uint64_t(tiles + 1) * 8, DType::kUInt64, {tiles + 1}, owner),
+        ShapeTuple(e.tile_shape));
 }
 
 cuda::DeviceArray CudaArg(const ParsedTensor& p, const std::string& what) {
@@ -90,13 +104,70 @@ cuda::DeviceArray CudaArg(const ParsedTensor& p, const std::string& what) {
             p.ref.device.bytes, p.ref.strides};
 }
 
-/// Uploads a host member to `device` as a new DeviceArray.
-DeviceArray Upload(std::span<const std::byte> bytes, DType dtype, Shape shape, int device,
-                   std::uintptr_t stream) {
-    auto buf = cuda::DeviceBuffer::Allocate(bytes.size(), device, stream);
+std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+/// Target objects' indices and values in one device allocation: gathered into pinned staging
+/// by host copies across threads, then one host-to-device copy.
+std::vector<std::pair<DeviceArray, DeviceArray>> UploadBatch(
+    const std::vector<std::shared_ptr<SparseObjectView>>& objs, int device, std::uintptr_t stream) {
+    std::vector<std::uint64_t> at(objs.size() * 2);
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < objs.size(); ++i) {
+        at[2 * i] = total;
+        total = AlignUp(total + objs[i]->indices.size(), 16);
+        at[2 * i + 1] = total;
+        total = AlignUp(total + objs[i]->values.size(), 16);
+    }
+    auto buf = cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(total, 16), device, stream);
     if (!buf.ok()) throw StatusError(buf.status());
-    ThrowIfError(cuda::CopyToDevice(bytes, buf->ptr(), stream));
-    return Wrap(std::move(buf).value(), dtype, std::move(shape));
+    auto owner = std::make_shared<cuda::DeviceBuffer>(std::move(buf).value());
+    if (total > 0) {
+        auto lease = cuda::PinnedStaging::Acquire(total);
+        if (!lease.ok()) throw StatusError(lease.status());
+        std::byte* host = lease->bytes().data();
+        std::vector<HostCopy> copies;
+        copies.reserve(objs.size() * 2);
+        for (std::size_t i = 0; i < objs.size(); ++i) {
+            copies.push_back({host + at[2 * i], objs[i]->indices.data(), objs[i]->indices.size()});
+            copies.push_back({host + at[2 * i + 1], objs[i]->values.data(), objs[i]->values.size()});
+        }
+        ParallelCopies(copies, DefaultCopyThreads());
+        const cuda::HostDeviceCopy up{owner->ptr(), {host, static_cast<std::size_t>(total)}};
+        ThrowIfError(cuda::CopyBatchToDevice({&up, 1}, stream));
+    }
+    std::vector<std::pair<DeviceArray, DeviceArray>> out;
+    out.reserve(objs.size());
+    const std::uintptr_t base = owner->ptr().address;
+    for (std::size_t i = 0; i < objs.size(); ++i) {
+        const auto& d = objs[i]->desc;
+        const Index nnz = Index(d.nnz), rank = Index(d.rank());
+        out.emplace_back(
+            View({base + at[2 * i], device}, objs[i]->indices.size(), d.index_dtype, {nnz, rank}, owner),
+            View({base + at[2 * i + 1], device}, objs[i]->values.size(), d.value_dtype, {nnz}, owner));
+    }
+    return out;
+}
+
+DeviceArray DeviceOf(const pyb::handle& o, const char* what, int device, std::uintptr_t stream) {
+    if (pyb::isinstance<DeviceArray>(o)) return o.cast<DeviceArray>();
+    if (IsCudaArray(o)) {
+        ParsedTensor t = ParseTensorArg(o, what, false, pyb::none());
+        DeviceArray a = View({t.ref.device.address, t.ref.device.device}, t.ref.device.bytes, t.ref.dtype,
+                             t.ref.shape, t.keepalive);
+        if (!IsCContiguous(t.ref.shape, t.ref.strides)) {
+            ThrowIfError(InvalidArgument(std::string(what) + " must be C-contiguous"));
+        }
+        return a;
+    }
+    BorrowedArray h = Borrow(o, what);
+    auto buf = cuda::DeviceBuffer::Allocate(h.nbytes, device, stream);
+    if (!buf.ok()) throw StatusError(buf.status());
+    auto owner = std::make_shared<cuda::DeviceBuffer>(std::move(buf).value());
+    {
+        pyb::gil_scoped_release nogil;
+        ThrowIfError(cuda::CopyToDevice({h.data, h.nbytes}, owner->ptr(), stream));
+    }
+    return View(owner->ptr(), h.nbytes, h.dtype, h.shape, owner);
 }
 
 }  // namespace
@@ -131,80 +202,146 @@ void RegisterGpu(pyb::module_& m) {
           "True when a CUDA device is usable by the GPU codec.");
 
     m.def(
-        "_gpu_encode_update",
-        [](const pyb::object& new_values, const pyb::object& old_values, const std::string& apply,
-           double threshold, const pyb::object& tile_shape, const pyb::object& stream) {
-            ParsedTensor nw = ParseTensorArg(new_values, "new", false, stream);
-            ParsedTensor od = ParseTensorArg(old_values, "old", false, stream);
+        "_gpu_encode_updates",
+        [](const pyb::list& news, const pyb::list& olds, const std::string& apply, double threshold,
+           const pyb::object& tile_shape, const pyb::object& stream) {
+            std::vector<ParsedTensor> keep;
+            std::vector<cuda::DeviceArray> n, o;
+            keep.reserve(news.size() * 2);
+            for (std::size_t i = 0; i < news.size(); ++i) {
+                const std::string at = news.size() == 1 ? "" : "pairs[" + std::to_string(i) + "] ";
+                keep.push_back(ParseTensorArg(news[i], at + "new", false, stream));
+                n.push_back(CudaArg(keep.back(), at + "new"));
+                keep.push_back(ParseTensorArg(olds[i], at + "old", false, stream));
+                o.push_back(CudaArg(keep.back(), at + "old"));
+            }
             cuda::GpuEncodeOptions opt;
             opt.apply = ValueOrThrow(ParseApplyMode(apply));
             opt.threshold = threshold;
             opt.tile_shape = OptShape(tile_shape, "tile_shape");
-            opt.stream = nw.ref.stream;
-            const cuda::DeviceArray n = CudaArg(nw, "new");
-            const cuda::DeviceArray o = CudaArg(od, "old");
-            Result<cuda::GpuEncoded> r = Internal("unset");
+            opt.stream = keep.empty() ? 0 : keep[0].ref.stream;
+            Result<std::vector<cuda::GpuEncoded>> r = Internal("unset");
             {
                 pyb::gil_scoped_release nogil;
-                r = cuda::EncodeUpdate(n, o, opt);
+                r = cuda::EncodeUpdates(n, o, opt);
+                // Consumers that import the arrays through DLPack may use another stream.
+                if (r.ok()) ThrowIfError(cuda::Synchronize(opt.stream));
             }
-            cuda::GpuEncoded e = ValueOrThrow(std::move(r));
-            const Index nnz = Index(e.nnz), rank = Index(e.rank);
-            DeviceArray idx = Wrap(std::move(e.indices), e.index_dtype, {nnz, rank});
-            DeviceArray val = Wrap(std::move(e.values), e.value_dtype, {nnz});
-            DeviceArray coords = Wrap(std::move(e.tile_coords), DType::kUInt32, {Index(e.num_tiles), rank});
-            DeviceArray ptr = Wrap(std::move(e.tile_ptr), DType::kUInt64, {Index(e.num_tiles + 1)});
-            return pyb::make_tuple(idx, val, coords, ptr, ShapeTuple(e.tile_shape));
+            pyb::list out;
+            for (const cuda::GpuEncoded& e : ValueOrThrow(std::move(r))) out.append(EncodedTuple(e));
+            return out;
         },
-        pyb::arg("new"), pyb::arg("old"), pyb::arg("apply"), pyb::arg("threshold"),
+        pyb::arg("news"), pyb::arg("olds"), pyb::arg("apply"), pyb::arg("threshold"),
         pyb::arg("tile_shape"), pyb::arg("stream"),
-        "GPU encode: (indices, values, tile_coords, tile_ptr, tile_shape), device arrays.");
+        "GPU batch encode: per pair (indices, values, tile_coords, tile_ptr, tile_shape), device "
+        "arrays in one allocation.");
 
     m.def(
-        "_gpu_upload",
-        [](const std::shared_ptr<SparseObjectView>& obj, int device, std::uintptr_t stream) {
-            const auto& d = obj->desc;
-            const Index nnz = Index(d.nnz), rank = Index(d.rank());
-            DeviceArray idx, val;
+        "_gpu_upload_batch",
+        [](const std::vector<std::shared_ptr<SparseObjectView>>& objs, int device, std::uintptr_t stream) {
+            std::vector<std::pair<DeviceArray, DeviceArray>> r;
             {
                 pyb::gil_scoped_release nogil;
-                idx = Upload(obj->indices, d.index_dtype, {nnz, rank}, device, stream);
-                val = Upload(obj->values, d.value_dtype, {nnz}, device, stream);
+                r = UploadBatch(objs, device, stream);
             }
-            return pyb::make_tuple(idx, val);
+            pyb::list out;
+            for (auto& [i, v] : r) out.append(pyb::make_tuple(i, v));
+            return out;
         },
-        pyb::arg("obj"), pyb::arg("device"), pyb::arg("stream"),
-        "A target object's indices and values copied into device memory.");
+        pyb::arg("objs"), pyb::arg("device"), pyb::arg("stream"),
+        "Target objects' indices and values in one device allocation (a few large copies).");
 
     m.def(
-        "_gpu_apply",
-        [](const pyb::object& weight, const pyb::object& indices, const pyb::object& values,
-           const std::string& apply, const pyb::object& stream) {
-            ParsedTensor w = ParseTensorArg(weight, "weight", true, stream);
-            const cuda::DeviceArray wd = CudaArg(w, "weight");
-            const ApplyMode mode = ValueOrThrow(ParseApplyMode(apply));
-            // Device members (_DeviceArray) apply directly; host members are uploaded first.
-            auto device_of = [&](const pyb::object& o, const char* what) -> DeviceArray {
-                if (pyb::isinstance<DeviceArray>(o)) return o.cast<DeviceArray>();
-                BorrowedArray h = Borrow(o, what);
-                DeviceArray a;
-                pyb::gil_scoped_release nogil;
-                a = Upload({h.data, h.nbytes}, h.dtype, h.shape, wd.ptr.device, w.ref.stream);
-                return a;
-            };
-            DeviceArray idx = device_of(indices, "indices");
-            DeviceArray val = device_of(values, "values");
+        "_gpu_apply_batch",
+        [](const pyb::list& weights, const pyb::list& indices, const pyb::list& values,
+           const std::vector<std::string>& applies, const pyb::object& stream) {
+            const std::size_t n = weights.size();
+            if (indices.size() != n || values.size() != n || applies.size() != n) {
+                ThrowIfError(InvalidArgument("weights, indices, values and apply modes differ in length"));
+            }
+            std::vector<ParsedTensor> keep_w;
+            std::vector<DeviceArray> keep_m;
+            std::vector<cuda::ApplyItem> items(n);
+            keep_w.reserve(n);
+            keep_m.reserve(2 * n);
+            std::uintptr_t s = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                const std::string at = n == 1 ? "" : "weights[" + std::to_string(i) + "] ";
+                keep_w.push_back(ParseTensorArg(weights[i], at + "weight", true, stream));
+                items[i].weight = CudaArg(keep_w.back(), at + "weight");
+                if (i == 0) s = keep_w.back().ref.stream;
+                const int dev = items[i].weight.ptr.device;
+                keep_m.push_back(DeviceOf(indices[i], "indices", dev, s));
+                items[i].indices = keep_m.back().view();
+                keep_m.push_back(DeviceOf(values[i], "values", dev, s));
+                items[i].values = keep_m.back().view();
+                items[i].apply = ValueOrThrow(ParseApplyMode(applies[i]));
+            }
             pyb::gil_scoped_release nogil;
-            ThrowIfError(cuda::ApplySparse(wd, idx.view(), val.view(), mode, w.ref.stream));
+            ThrowIfError(cuda::ApplySparseBatch(items, s));
         },
-        pyb::arg("weight"), pyb::arg("indices"), pyb::arg("values"), pyb::arg("apply"),
+        pyb::arg("weights"), pyb::arg("indices"), pyb::arg("values"), pyb::arg("applies"),
         pyb::arg("stream"),
-        "Applies local (indices, values) to a 2-D CUDA weight (which may be a strided view) in "
-        "place, on `stream`.");
+        "Applies local (indices, values) to CUDA weights (rank 1-3, strided views allowed) in "
+        "place, in a few launches on `stream`; all coordinates are checked before any write.");
     m.attr("HAS_GPU_CODEC") = true;
 }
 
+std::shared_ptr<void> StageDeviceMembers(std::span<ParsedPut* const> puts, std::uintptr_t stream) {
+    struct Slot {
+        const DeviceMember* member;
+        HostArray* dst;
+        std::uint64_t offset;
+    };
+    std::vector<Slot> slots;
+    for (ParsedPut* p : puts) {
+        if (p->device_indices) slots.push_back({&*p->device_indices, &p->request.indices, 0});
+        if (p->device_values) slots.push_back({&*p->device_values, &p->request.values, 0});
+    }
+    if (slots.empty()) return nullptr;
+    std::sort(slots.begin(), slots.end(), [](const Slot& x, const Slot& y) {
+        return x.member->device != y.member->device ? x.member->device < y.member->device
+                                                    : x.member->address < y.member->address;
+    });
+    // Members back to back on the device stay back to back in the staging buffer, so their
+    // copies merge; others start 64-byte aligned.
+    std::uint64_t total = 0;
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+        const DeviceMember* m = slots[k].member;
+        const DeviceMember* prev = k == 0 ? nullptr : slots[k - 1].member;
+        const bool adjacent = prev != nullptr && prev->device == m->device &&
+                              prev->address + prev->bytes == m->address;
+        slots[k].offset = adjacent ? total : AlignUp(total, 64);
+        total = slots[k].offset + m->bytes;
+    }
+    auto lease = cuda::PinnedStaging::Acquire(total);
+    if (!lease.ok()) throw StatusError(lease.status());
+    auto held = std::make_shared<cuda::PinnedStaging::Lease>(std::move(lease).value());
+    std::byte* host = held->bytes().data();
+    std::vector<cuda::HostDeviceCopy> copies;
+    copies.reserve(slots.size());
+    for (const Slot& sl : slots) {
+        copies.push_back({{sl.member->address, sl.member->device},
+                          {host + sl.offset, static_cast<std::size_t>(sl.member->bytes)}});
+    }
+    {
+        pyb::gil_scoped_release nogil;
+        ThrowIfError(cuda::CopyBatchToHost(copies, stream));
+    }
+    for (const Slot& sl : slots) {
+        *sl.dst = HostArray{sl.member->dtype, sl.member->shape,
+                            {host + sl.offset, static_cast<std::size_t>(sl.member->bytes)}};
+    }
+    return held;
+}
+
 #else
+
+std::shared_ptr<void> StageDeviceMembers(std::span<ParsedPut* const> puts, std::uintptr_t) {
+    if (puts.empty()) return nullptr;
+    throw StatusError(Unimplemented(
+        "this build of mooncake.sparse has no GPU codec: commit host arrays (e.g. .cpu())"));
+}
 
 void RegisterGpu(pyb::module_& m) {
     m.def("gpu_available", [] { return false; },

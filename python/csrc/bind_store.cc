@@ -97,6 +97,9 @@ pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
     ParsedPut put = ParsePut(tensor_id, global_shape, indices, values, source_placement,
                              placement_policy, generation, apply, tile_shape, duplicates,
                              global_offset, local_shape, hard_pin, num_threads);
+    ParsedPut* one = &put;
+    std::shared_ptr<void> staged;
+    if (put.on_device()) staged = StageDeviceMembers({&one, 1}, 0);
     CommitResult c = NoGil([&] { return s.service().PutSparseObject(put.request); });
     return CommitDict(c.source_ref, c.created, c.nnz, c.bytes);
 }
@@ -104,7 +107,8 @@ pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
 /// put_sparse_objects: each update a dict of put_sparse_object's keyword arguments. Returns,
 /// per update in order, its commit dict or (status code, message) for its error. An update
 /// that does not parse fails alone, like one the store rejects.
-pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads) {
+pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads,
+                           std::uintptr_t stream) {
     static const char* const kKnown[] = {
         "tensor_id", "global_shape", "indices", "values", "source_placement",
         "placement_policy", "generation", "apply", "tile_shape", "duplicates",
@@ -166,6 +170,13 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
             errors[i] = InvalidArgument(what + ": " + e.what());
         }
     }
+    // CUDA members (a batch encoded on the GPU) reach host memory in a few large copies.
+    std::vector<ParsedPut*> on_device;
+    for (auto& p : parsed) {
+        if (p && p->on_device()) on_device.push_back(&*p);
+    }
+    std::shared_ptr<void> staged;
+    if (!on_device.empty()) staged = StageDeviceMembers(on_device, stream);
     std::vector<PutSparseRequest> requests;
     std::vector<std::size_t> of;  // request -> update
     requests.reserve(n);
@@ -339,7 +350,7 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("global_offset") = pyb::none(), pyb::arg("local_shape") = pyb::none(),
              pyb::arg("hard_pin") = true, pyb::arg("num_threads") = 0)
         .def("put_sparse_objects", &PutSparseObjects, pyb::arg("updates"),
-             pyb::arg("num_threads") = 0)
+             pyb::arg("num_threads") = 0, pyb::arg("stream") = 0)
         .def("manifest",
              [](Store& s, GenerationArg g) {
                  return NoGil([&] { return s.service().Manifest(GenerationOf(g)); });

@@ -1,10 +1,12 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// Encode walks the tensor as "chunks": one chunk is one row of one tile. Chunks are numbered in
-// output order (tile row, tile column, row within the tile), so an exclusive scan of per-chunk
-// counts gives every chunk its output offset and the entries come out sorted by (tile, element)
-// without a sort. Two passes over (new, old): count, then write; one warp per chunk, 16-byte
-// loads, warp ballots for in-order compaction.
+// Encode walks each tensor as "chunks": one chunk is one row of one tile. Chunks are numbered in
+// output order (tile, then row within the tile), so an exclusive scan of per-chunk counts gives
+// every chunk its output offset and the entries come out sorted by (tile, element) without a
+// sort. Two passes over (new, old): count, then write; one warp per chunk, 16-byte loads, warp
+// scans for in-order compaction. A batch numbers the chunks of all its tensors in one sequence,
+// so one scan and one launch per pass (per dtype group) cover every tensor; a warp finds its
+// tensor by a binary search of the batch's chunk prefix.
 #include "cuda/gpu_codec.h"
 
 #include <cuda_bf16.h>
@@ -12,10 +14,11 @@
 #include <cuda_runtime.h>
 
 #include <cub/device/device_scan.cuh>
-#include <cub/device/device_select.cuh>
-#include <thrust/iterator/counting_iterator.h>
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "codec/codec.h"
@@ -36,24 +39,62 @@ Status CudaError(cudaError_t e, const char* what) {
 
 cudaStream_t AsStream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+/// A tensor of rank 1 to 3 seen as [a, b, c] (rank 1: a = b = 1; rank 2: a = 1), tiled by
+/// [ta, tb, tc]. Chunk k in output order: tile (t0, t1, t2) in row-major order, then row (i0, i1)
+/// within the tile; a chunk spans min(tc, c - t2 * tc) elements of one row.
 struct ChunkGeometry {
-    std::uint32_t rows, cols;       // tensor
-    std::uint32_t tr, tc;           // tile shape
-    std::uint32_t tiles_c;          // tiles per row of tiles
-    // chunk k (output order) -> (row, first column, length)
-    __device__ void Locate(std::uint64_t k, std::uint32_t& row, std::uint32_t& col0,
-                           std::uint32_t& len) const {
-        const std::uint64_t per_tile_row = std::uint64_t(tr) * tiles_c;
-        const std::uint32_t tile_row = std::uint32_t(k / per_tile_row);
-        const std::uint64_t rem = k - tile_row * per_tile_row;
-        const std::uint32_t height = min(tr, rows - tile_row * tr);
-        const std::uint32_t tile_col = std::uint32_t(rem / height);
-        const std::uint32_t r = std::uint32_t(rem - std::uint64_t(tile_col) * height);
-        row = tile_row * tr + r;
-        col0 = tile_col * tc;
-        len = min(tc, cols - col0);
+    std::uint32_t a, b, c;
+    std::uint32_t ta, tb, tc;
+    std::uint32_t tiles_a, tiles_b, tiles_c;
+
+    __host__ __device__ std::uint64_t NumChunks() const { return std::uint64_t(a) * b * tiles_c; }
+    __host__ __device__ std::uint64_t NumTiles() const {
+        return std::uint64_t(tiles_a) * tiles_b * tiles_c;
+    }
+
+    __device__ void Locate(std::uint64_t k, std::uint32_t& i0, std::uint32_t& i1,
+                           std::uint32_t& col0, std::uint32_t& len) const {
+        const std::uint64_t slab = std::uint64_t(ta) * b * tiles_c;  // chunks of a full t0 slab
+        const std::uint32_t t0 = std::uint32_t(k / slab);
+        std::uint64_t rem = k - std::uint64_t(t0) * slab;
+        const std::uint32_t h0 = min(ta, a - t0 * ta);
+        const std::uint64_t band = std::uint64_t(tb) * h0 * tiles_c;  // chunks of a full t1 band
+        const std::uint32_t t1 = std::uint32_t(rem / band);
+        rem -= std::uint64_t(t1) * band;
+        const std::uint32_t h1 = min(tb, b - t1 * tb);
+        const std::uint64_t per_tile = std::uint64_t(h0) * h1;
+        const std::uint32_t t2 = std::uint32_t(rem / per_tile);
+        const std::uint64_t r = rem - std::uint64_t(t2) * per_tile;
+        i0 = t0 * ta + std::uint32_t(r / h1);
+        i1 = t1 * tb + std::uint32_t(r % h1);
+        col0 = t2 * tc;
+        len = min(tc, c - col0);
+    }
+
+    /// Tile t (row-major): its coordinates, first chunk and number of chunks.
+    __device__ void Tile(std::uint64_t t, std::uint32_t& t0, std::uint32_t& t1, std::uint32_t& t2,
+                         std::uint64_t& first, std::uint64_t& count) const {
+        t2 = std::uint32_t(t % tiles_c);
+        const std::uint64_t q = t / tiles_c;
+        t1 = std::uint32_t(q % tiles_b);
+        t0 = std::uint32_t(q / tiles_b);
+        const std::uint64_t h0 = min(ta, a - t0 * ta), h1 = min(tb, b - t1 * tb);
+        first = std::uint64_t(t0) * ta * b * tiles_c + std::uint64_t(t1) * tb * h0 * tiles_c +
+                std::uint64_t(t2) * h0 * h1;
+        count = h0 * h1;
     }
 };
+
+/// The last position p in sorted[0, n) with sorted[p] <= x (sorted[0] <= x is given).
+__device__ __forceinline__ std::uint32_t FindSegment(const std::uint64_t* __restrict__ sorted,
+                                                     std::uint32_t n, std::uint64_t x) {
+    std::uint32_t lo = 0, hi = n;  // invariant: sorted[lo] <= x, answer in [lo, hi)
+    while (hi - lo > 1) {
+        const std::uint32_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid] <= x) lo = mid; else hi = mid;
+    }
+    return lo;
+}
 
 template <typename T>
 struct Bits;
@@ -93,31 +134,56 @@ __device__ __forceinline__ bool Keep(typename Bits<T>::U n, typename Bits<T>::U 
 
 constexpr int kWarpsPerBlock = 8;
 
-/// Pass 1 (kWrite = false): per-chunk counts. Pass 2 (kWrite = true): write entries at
-/// offsets[chunk]. One warp per chunk; each lane takes 8 consecutive elements per step so one
-/// step covers 256 elements in order.
+/// One tensor of an encode batch, as the kernels see it.
+struct EncodeDesc {
+    const void* nw;
+    const void* od;
+    void* out_idx;               ///< Set after the count pass.
+    void* out_val;
+    std::uint32_t* out_coords;
+    std::uint64_t* out_ptr;
+    ChunkGeometry g;
+    std::uint64_t chunk_begin;   ///< Into the batch's chunk sequence.
+    std::uint64_t tile_begin;    ///< Into the batch's tile sequence.
+    std::uint32_t rank;
+};
+
+/// Pass 1 (kWrite = false): per-chunk counts. Pass 2 (kWrite = true): the entries, written at
+/// each chunk's offset within its tensor. One warp per chunk of one dtype group: `items` are
+/// the group's tensors, `prefix` their chunk prefix within the group. Each lane takes 8
+/// consecutive elements per step so one step covers 256 elements in order.
 template <typename T, bool kOverwrite, bool kWrite, typename I>
-__global__ void ChunkKernel(const typename Bits<T>::U* __restrict__ nw,
-                            const typename Bits<T>::U* __restrict__ od, ChunkGeometry g,
-                            std::uint64_t num_chunks, float threshold,
-                            std::uint32_t* __restrict__ counts,
-                            const std::uint64_t* __restrict__ offsets, I* __restrict__ out_idx,
-                            typename Bits<T>::U* __restrict__ out_val) {
+__global__ void ChunkKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict__ items,
+                            const std::uint64_t* __restrict__ prefix, std::uint32_t num_items,
+                            std::uint64_t num_chunks, float threshold, std::uint64_t* __restrict__ counts,
+                            const std::uint64_t* __restrict__ offsets) {
     using U = typename Bits<T>::U;
     const int lane = threadIdx.x & 31;
-    const std::uint64_t chunk = std::uint64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-    if (chunk >= num_chunks) return;
-    std::uint32_t row, col0, len;
-    g.Locate(chunk, row, col0, len);
-    const std::uint64_t base = std::uint64_t(row) * g.cols + col0;
-    std::uint64_t cursor = kWrite ? offsets[chunk] : 0;
+    const std::uint64_t gchunk = std::uint64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+    if (gchunk >= num_chunks) return;
+    const std::uint32_t j = FindSegment(prefix, num_items, gchunk);
+    const EncodeDesc& d = descs[items[j]];
+    const std::uint64_t local = gchunk - prefix[j];
+    const ChunkGeometry& g = d.g;
+    std::uint32_t i0, i1, col0, len;
+    g.Locate(local, i0, i1, col0, len);
+    const auto* nw = static_cast<const U*>(d.nw);
+    const auto* od = static_cast<const U*>(d.od);
+    const std::uint64_t base = (std::uint64_t(i0) * g.b + i1) * g.c + col0;
+    const std::uint64_t chunk = d.chunk_begin + local;
+    std::uint64_t cursor = kWrite ? offsets[chunk] - offsets[d.chunk_begin] : 0;
+    I* out_idx = static_cast<I*>(d.out_idx);
+    U* out_val = static_cast<U*>(d.out_val);
+    const std::uint32_t rank = d.rank;
     std::uint32_t total = 0;
     constexpr int kPer = 8;
     for (std::uint32_t step = 0; step < len; step += 32 * kPer) {
         const std::uint32_t first = step + lane * kPer;
         U nv[kPer], ov[kPer];
         const bool full = first + kPer <= len;
-        const bool aligned = ((base + first) * sizeof(U)) % 16 == 0;
+        const bool aligned = ((base + first) * sizeof(U)) % 16 == 0 &&
+                             reinterpret_cast<std::uintptr_t>(nw) % 16 == 0 &&
+                             reinterpret_cast<std::uintptr_t>(od) % 16 == 0;
         if (full && aligned && sizeof(U) * kPer == 16) {
             *reinterpret_cast<uint4*>(nv) = __ldg(reinterpret_cast<const uint4*>(nw + base + first));
             *reinterpret_cast<uint4*>(ov) = __ldg(reinterpret_cast<const uint4*>(od + base + first));
@@ -141,9 +207,9 @@ __global__ void ChunkKernel(const typename Bits<T>::U* __restrict__ nw,
         // Inclusive warp scan of per-lane counts keeps the output in element order.
         std::uint32_t incl = mine;
 #pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const std::uint32_t v = __shfl_up_sync(0xffffffffu, incl, d);
-            if (lane >= d) incl += v;
+        for (int dd = 1; dd < 32; dd <<= 1) {
+            const std::uint32_t v = __shfl_up_sync(0xffffffffu, incl, dd);
+            if (lane >= dd) incl += v;
         }
         const std::uint32_t step_total = __shfl_sync(0xffffffffu, incl, 31);
         if constexpr (kWrite) {
@@ -151,8 +217,15 @@ __global__ void ChunkKernel(const typename Bits<T>::U* __restrict__ nw,
 #pragma unroll
             for (int k = 0; k < kPer; ++k) {
                 if (mask & (1u << k)) {
-                    out_idx[2 * pos] = I(row);
-                    out_idx[2 * pos + 1] = I(col0 + first + k);
+                    const std::uint32_t col = col0 + first + k;
+                    I* at = out_idx + pos * rank;
+                    if (rank == 3) {
+                        at[0] = I(i0); at[1] = I(i1); at[2] = I(col);
+                    } else if (rank == 2) {
+                        at[0] = I(i1); at[1] = I(col);
+                    } else {
+                        at[0] = I(col);
+                    }
                     out_val[pos] = keep_val[k];
                     ++pos;
                 }
@@ -166,88 +239,124 @@ __global__ void ChunkKernel(const typename Bits<T>::U* __restrict__ nw,
     }
 }
 
-/// Per tile: [start, end) of its entries, from the chunk offsets; flags non-empty tiles.
-__global__ void TileRangeKernel(const std::uint64_t* __restrict__ offsets, ChunkGeometry g,
-                                std::uint32_t tiles_r, std::uint64_t num_chunks,
-                                std::uint64_t* __restrict__ tile_start, std::uint8_t* __restrict__ flags) {
-    const std::uint32_t t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= tiles_r * g.tiles_c) return;
-    const std::uint32_t tile_row = t / g.tiles_c, tile_col = t % g.tiles_c;
-    const std::uint32_t height = min(g.tr, g.rows - tile_row * g.tr);
-    const std::uint64_t first = std::uint64_t(tile_row) * g.tr * g.tiles_c + std::uint64_t(tile_col) * height;
-    const std::uint64_t last = first + height;  // one past the tile's last chunk
-    const std::uint64_t start = offsets[first];
-    const std::uint64_t end = last < num_chunks + 1 ? offsets[last] : offsets[num_chunks];
+/// Per tile of the batch: the offset of its first entry (batch numbering) and whether it has any.
+__global__ void TileRangeKernel(const EncodeDesc* __restrict__ descs, const std::uint64_t* __restrict__ tile_begin,
+                                std::uint32_t num_items, std::uint64_t num_tiles,
+                                const std::uint64_t* __restrict__ offsets, std::uint64_t* __restrict__ tile_start,
+                                std::uint32_t* __restrict__ flags) {
+    const std::uint64_t t = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= num_tiles) return;
+    const EncodeDesc& d = descs[FindSegment(tile_begin, num_items, t)];
+    std::uint32_t t0, t1, t2;
+    std::uint64_t first, count;
+    d.g.Tile(t - d.tile_begin, t0, t1, t2, first, count);
+    const std::uint64_t start = offsets[d.chunk_begin + first];
     tile_start[t] = start;
-    flags[t] = end > start;
+    flags[t] = offsets[d.chunk_begin + first + count] > start ? 1u : 0u;
 }
 
-__global__ void TileIndexKernel(const std::uint32_t* __restrict__ selected,
-                                const std::uint64_t* __restrict__ num_selected,
-                                const std::uint64_t* __restrict__ tile_start, std::uint32_t tiles_c,
-                                std::uint64_t nnz, std::uint32_t* __restrict__ coords,
-                                std::uint64_t* __restrict__ ptr) {
-    const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    const std::uint64_t n = *num_selected;
-    if (i > n) return;
-    if (i == n) {
-        ptr[n] = nnz;
-        return;
-    }
-    const std::uint32_t t = selected[i];
-    coords[2 * i] = t / tiles_c;
-    coords[2 * i + 1] = t % tiles_c;
-    ptr[i] = tile_start[t];
+/// Per tensor: nnz and number of non-empty tiles (read by the host to size the outputs).
+__global__ void CountsKernel(const std::uint64_t* __restrict__ chunk_begin, const std::uint64_t* __restrict__ tile_begin,
+                             std::uint32_t num_items, const std::uint64_t* __restrict__ offsets,
+                             const std::uint64_t* __restrict__ tile_scan, std::uint64_t* __restrict__ out) {
+    const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= num_items) return;
+    out[2 * i] = offsets[chunk_begin[i + 1]] - offsets[chunk_begin[i]];
+    out[2 * i + 1] = tile_scan[tile_begin[i + 1]] - tile_scan[tile_begin[i]];
 }
 
-template <typename T, bool kOverwrite, typename I>
-__global__ void CheckKernel(const I* __restrict__ idx, std::uint64_t nnz, std::uint32_t rows,
-                            std::uint32_t cols, unsigned int* __restrict__ bad) {
-    const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= nnz) return;
-    if (std::uint32_t(idx[2 * i]) >= rows || std::uint32_t(idx[2 * i + 1]) >= cols) atomicAdd(bad, 1u);
-}
-
-template <typename T, bool kOverwrite, typename I>
-__global__ void ApplyKernel(typename Bits<T>::U* __restrict__ w, const I* __restrict__ idx,
-                            const typename Bits<T>::U* __restrict__ val, std::uint64_t nnz,
-                            std::uint32_t cols) {
-    const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= nnz) return;
-    const std::uint64_t at = std::uint64_t(idx[2 * i]) * cols + idx[2 * i + 1];
-    if constexpr (kOverwrite) {
-        w[at] = val[i];
+/// Every non-empty tile's coordinates and entry offset (within its tensor) in its tensor's
+/// tile index.
+__global__ void TileIndexKernel(const EncodeDesc* __restrict__ descs, const std::uint64_t* __restrict__ tile_begin,
+                                std::uint32_t num_items, std::uint64_t num_tiles,
+                                const std::uint64_t* __restrict__ offsets, const std::uint64_t* __restrict__ tile_start,
+                                const std::uint32_t* __restrict__ flags, const std::uint64_t* __restrict__ tile_scan) {
+    const std::uint64_t t = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (t >= num_tiles || flags[t] == 0) return;
+    const EncodeDesc& d = descs[FindSegment(tile_begin, num_items, t)];
+    std::uint32_t t0, t1, t2;
+    std::uint64_t first, count;
+    d.g.Tile(t - d.tile_begin, t0, t1, t2, first, count);
+    const std::uint64_t sel = tile_scan[t] - tile_scan[d.tile_begin];
+    std::uint32_t* at = d.out_coords + sel * d.rank;
+    if (d.rank == 3) {
+        at[0] = t0; at[1] = t1; at[2] = t2;
+    } else if (d.rank == 2) {
+        at[0] = t1; at[1] = t2;
     } else {
-        w[at] = Bits<T>::FromFloat(Bits<T>::ToFloat(w[at]) + Bits<T>::ToFloat(val[i]));
+        at[0] = t2;
+    }
+    d.out_ptr[sel] = tile_start[t] - offsets[d.chunk_begin];
+}
+
+/// Per tensor: the closing entry of its tile_ptr (= nnz).
+__global__ void TilePtrEndKernel(const EncodeDesc* __restrict__ descs, std::uint32_t num_items,
+                                 const std::uint64_t* __restrict__ counts_out) {
+    const std::uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= num_items) return;
+    descs[i].out_ptr[counts_out[2 * i + 1]] = counts_out[2 * i];
+}
+
+/// One object of an apply batch, as the kernels see it.
+struct ApplyDesc {
+    void* w;  ///< Element [0, ..., 0] of the weight view.
+    const void* idx;
+    const void* val;
+    std::int64_t strides[3];
+    std::uint32_t shape[3];
+    std::uint32_t rank;
+    std::uint32_t overwrite;
+    std::uint32_t item;  ///< Its position in the caller's batch.
+};
+
+template <typename I>
+__global__ void CheckKernel(const ApplyDesc* __restrict__ descs, const std::uint64_t* __restrict__ prefix,
+                            std::uint32_t num_items, std::uint64_t num_entries,
+                            unsigned int* __restrict__ bad) {
+    const std::uint64_t e = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= num_entries) return;
+    const std::uint32_t j = FindSegment(prefix, num_items, e);
+    const ApplyDesc& d = descs[j];
+    const I* at = static_cast<const I*>(d.idx) + (e - prefix[j]) * d.rank;
+    bool out = false;
+    for (std::uint32_t k = 0; k < d.rank; ++k) out |= std::uint32_t(at[k]) >= d.shape[k];
+    if (out) {
+        atomicAdd(&bad[0], 1u);
+        atomicMin(&bad[1], d.item);
     }
 }
 
-/// ApplyKernel for a strided weight view: element (i, j) at i * s0 + j * s1 (elements, signed:
-/// `w` points at element [0, 0]). A separate kernel keeps the contiguous one unchanged.
-template <typename T, bool kOverwrite, typename I>
-__global__ void StridedApplyKernel(typename Bits<T>::U* __restrict__ w, const I* __restrict__ idx,
-                                   const typename Bits<T>::U* __restrict__ val, std::uint64_t nnz,
-                                   std::int64_t s0, std::int64_t s1) {
-    const std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= nnz) return;
-    const std::int64_t at = std::int64_t(idx[2 * i]) * s0 + std::int64_t(idx[2 * i + 1]) * s1;
-    if constexpr (kOverwrite) {
-        w[at] = val[i];
+template <typename T, typename I>
+__global__ void ApplyKernel(const ApplyDesc* __restrict__ descs, const std::uint64_t* __restrict__ prefix,
+                            std::uint32_t num_items, std::uint64_t num_entries) {
+    using U = typename Bits<T>::U;
+    const std::uint64_t e = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= num_entries) return;
+    const std::uint32_t j = FindSegment(prefix, num_items, e);
+    const ApplyDesc& d = descs[j];
+    const std::uint64_t n = e - prefix[j];
+    const I* at = static_cast<const I*>(d.idx) + n * d.rank;
+    std::int64_t off = 0;
+    for (std::uint32_t k = 0; k < d.rank; ++k) off += std::int64_t(at[k]) * d.strides[k];
+    U* w = static_cast<U*>(d.w) + off;
+    const U v = static_cast<const U*>(d.val)[n];
+    if (d.overwrite) {
+        *w = v;
     } else {
-        w[at] = Bits<T>::FromFloat(Bits<T>::ToFloat(w[at]) + Bits<T>::ToFloat(val[i]));
+        *w = Bits<T>::FromFloat(Bits<T>::ToFloat(*w) + Bits<T>::ToFloat(v));
     }
 }
 
-Status CheckDevice(const DeviceArray& a, const char* what) {
-    if (a.shape.empty()) return InvalidArgument(std::string(what) + " has no shape");
+Status CheckDevice(const DeviceArray& a, const std::string& what) {
+    if (a.shape.empty()) return InvalidArgument(what + " has no shape");
     Index n = 1;
     for (Index e : a.shape) n *= e;
     if (std::uint64_t(n) * DTypeSize(a.dtype) != a.bytes) {
-        return InvalidArgument(std::string(what) + " byte size does not match shape x dtype");
+        return InvalidArgument(what + " byte size does not match shape x dtype");
     }
-    if (a.ptr.address == 0 && n > 0) return InvalidArgument(std::string(what) + " is null");
+    if (a.ptr.address == 0 && n > 0) return InvalidArgument(what + " is null");
     if (!a.strides.empty() && a.strides.size() != a.shape.size()) {
-        return InvalidArgument(std::string(what) + " has " + std::to_string(a.strides.size()) +
+        return InvalidArgument(what + " has " + std::to_string(a.strides.size()) +
                                " strides for rank " + std::to_string(a.shape.size()));
     }
     return Status::Ok();
@@ -255,128 +364,348 @@ Status CheckDevice(const DeviceArray& a, const char* what) {
 
 /// Arrays the kernels read as flat memory (encode inputs, indices, values) must be
 /// C-contiguous: callers make them so (their bytes move anyway).
-Status CheckContiguous(const DeviceArray& a, const char* what) {
+Status CheckContiguous(const DeviceArray& a, const std::string& what) {
     if (IsCContiguous(a.shape, a.strides)) return Status::Ok();
-    return InvalidArgument(std::string(what) + " must be C-contiguous");
+    return InvalidArgument(what + " must be C-contiguous");
 }
 
-template <typename T, bool kOverwrite, typename I>
-Status EncodeTyped(const DeviceArray& nw, const DeviceArray& od, const ChunkGeometry& g,
-                   std::uint32_t tiles_r, float threshold, cudaStream_t stream, GpuEncoded& out) {
-    using U = typename Bits<T>::U;
-    const std::uint64_t num_chunks = std::uint64_t(g.rows) * g.tiles_c;
-    const std::uint32_t num_tiles_full = tiles_r * g.tiles_c;
-    const int device = nw.ptr.device;
-    const auto s = reinterpret_cast<std::uintptr_t>(stream);
-    // Workspace: counts (u32, scanned into u64 offsets with one extra slot for the total).
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer counts, DeviceBuffer::Allocate(num_chunks * 4 + 4, device, s));
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer offsets, DeviceBuffer::Allocate((num_chunks + 1) * 8, device, s));
-    auto* cnt = reinterpret_cast<std::uint32_t*>(counts.ptr().address);
-    auto* off = reinterpret_cast<std::uint64_t*>(offsets.ptr().address);
-    const auto* n = reinterpret_cast<const U*>(nw.ptr.address);
-    const auto* o = reinterpret_cast<const U*>(od.ptr.address);
-    const unsigned blocks = unsigned((num_chunks + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    ChunkKernel<T, kOverwrite, false, I><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-        n, o, g, num_chunks, threshold, cnt, nullptr, nullptr, nullptr);
-    MCS_CUDA(cudaGetLastError());
-    MCS_CUDA(cudaMemsetAsync(cnt + num_chunks, 0, 4, stream));
-    // Exclusive scan over num_chunks + 1 counts (the last is 0): off[num_chunks] = nnz.
-    std::size_t temp_bytes = 0;
-    MCS_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, temp_bytes, cnt, off, num_chunks + 1, stream));
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer temp, DeviceBuffer::Allocate(temp_bytes, device, s));
-    MCS_CUDA(cub::DeviceScan::ExclusiveSum(reinterpret_cast<void*>(temp.ptr().address), temp_bytes,
-                                           cnt, off, num_chunks + 1, stream));
-    // Tile ranges and the selection of non-empty tiles run before the one host sync.
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer tile_start, DeviceBuffer::Allocate(std::uint64_t(num_tiles_full) * 8, device, s));
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer flags, DeviceBuffer::Allocate(num_tiles_full, device, s));
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer selected, DeviceBuffer::Allocate(std::uint64_t(num_tiles_full) * 4, device, s));
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer num_sel, DeviceBuffer::Allocate(8, device, s));
-    auto* ts = reinterpret_cast<std::uint64_t*>(tile_start.ptr().address);
-    auto* fl = reinterpret_cast<std::uint8_t*>(flags.ptr().address);
-    auto* sel = reinterpret_cast<std::uint32_t*>(selected.ptr().address);
-    auto* nsel = reinterpret_cast<std::uint64_t*>(num_sel.ptr().address);
-    TileRangeKernel<<<(num_tiles_full + 255) / 256, 256, 0, stream>>>(off, g, tiles_r, num_chunks, ts, fl);
-    MCS_CUDA(cudaGetLastError());
-    std::size_t sel_bytes = 0;
-    thrust::counting_iterator<std::uint32_t> ids(0);
-    MCS_CUDA(cub::DeviceSelect::Flagged(nullptr, sel_bytes, ids, fl, sel, nsel, num_tiles_full, stream));
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer sel_temp, DeviceBuffer::Allocate(sel_bytes, device, s));
-    MCS_CUDA(cub::DeviceSelect::Flagged(reinterpret_cast<void*>(sel_temp.ptr().address), sel_bytes, ids,
-                                        fl, sel, nsel, num_tiles_full, stream));
-    std::uint64_t host[2] = {0, 0};
-    MCS_CUDA(cudaMemcpyAsync(&host[0], off + num_chunks, 8, cudaMemcpyDeviceToHost, stream));
-    MCS_CUDA(cudaMemcpyAsync(&host[1], nsel, 8, cudaMemcpyDeviceToHost, stream));
-    MCS_CUDA(cudaStreamSynchronize(stream));
-    out.nnz = host[0];
-    out.num_tiles = host[1];
-    MCS_ASSIGN_OR_RETURN(out.indices, DeviceBuffer::Allocate(out.nnz * 2 * sizeof(I), device, s));
-    MCS_ASSIGN_OR_RETURN(out.values, DeviceBuffer::Allocate(out.nnz * sizeof(U), device, s));
-    MCS_ASSIGN_OR_RETURN(out.tile_coords, DeviceBuffer::Allocate(out.num_tiles * 2 * 4, device, s));
-    MCS_ASSIGN_OR_RETURN(out.tile_ptr, DeviceBuffer::Allocate((out.num_tiles + 1) * 8, device, s));
-    if (out.nnz > 0) {
-        ChunkKernel<T, kOverwrite, true, I><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
-            n, o, g, num_chunks, threshold, nullptr, off, reinterpret_cast<I*>(out.indices.ptr().address),
-            reinterpret_cast<U*>(out.values.ptr().address));
+Status UseDevice(int device) {
+    int current = 0;
+    MCS_CUDA(cudaGetDevice(&current));
+    if (current != device) MCS_CUDA(cudaSetDevice(device));
+    return Status::Ok();
+}
+
+std::string ItemPrefix(std::size_t n, std::size_t i) {
+    return n == 1 ? std::string() : "item " + std::to_string(i) + ": ";
+}
+
+std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+/// Element-size class of a dtype group: 0 bfloat16, 1 float16, 2 float32.
+int ValueClass(DType t) {
+    switch (t) {
+        case DType::kBFloat16: return 0;
+        case DType::kFloat16: return 1;
+        case DType::kFloat32: return 2;
+        default: return -1;
+    }
+}
+
+/// Device-side copy of a host array (pageable; the copy has consumed `host` when it returns).
+template <typename V>
+Status Upload(const std::vector<V>& host, void* dst, cudaStream_t stream) {
+    if (host.empty()) return Status::Ok();
+    MCS_CUDA(cudaMemcpyAsync(dst, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice, stream));
+    return Status::Ok();
+}
+
+/// A workspace carved out of one device allocation, each part 256-byte aligned.
+class Carve {
+public:
+    std::uint64_t Add(std::uint64_t bytes) {
+        const std::uint64_t at = size_;
+        size_ = AlignUp(size_ + bytes, 256);
+        return at;
+    }
+    std::uint64_t size() const { return size_; }
+
+private:
+    std::uint64_t size_ = 0;
+};
+
+template <typename P>
+P* At(const DeviceBuffer& b, std::uint64_t offset) {
+    return reinterpret_cast<P*>(b.ptr().address + offset);
+}
+
+/// One prepared tensor of an encode batch.
+struct EncodePlan {
+    ChunkGeometry g{};
+    Shape tile;
+    std::uint32_t rank = 2;
+    int value_class = 0;
+    bool wide = false;
+    bool empty = false;
+};
+
+constexpr std::uint64_t kMaxChunksPerPass = std::uint64_t(1) << 24;
+
+template <typename T, bool kOverwrite, bool kWrite>
+void LaunchChunks(bool wide, unsigned blocks, const EncodeDesc* descs, const std::uint32_t* items,
+                  const std::uint64_t* prefix, std::uint32_t n, std::uint64_t chunks, float th,
+                  std::uint64_t* counts, const std::uint64_t* offsets, cudaStream_t s) {
+    if (wide) {
+        ChunkKernel<T, kOverwrite, kWrite, std::uint32_t><<<blocks, 32 * kWarpsPerBlock, 0, s>>>(
+            descs, items, prefix, n, chunks, th, counts, offsets);
+    } else {
+        ChunkKernel<T, kOverwrite, kWrite, std::uint16_t><<<blocks, 32 * kWarpsPerBlock, 0, s>>>(
+            descs, items, prefix, n, chunks, th, counts, offsets);
+    }
+}
+
+template <bool kWrite>
+void LaunchGroup(int value_class, bool overwrite, bool wide, unsigned blocks, const EncodeDesc* descs,
+                 const std::uint32_t* items, const std::uint64_t* prefix, std::uint32_t n,
+                 std::uint64_t chunks, float th, std::uint64_t* counts, const std::uint64_t* offsets,
+                 cudaStream_t s) {
+    auto go = [&]<typename T>() {
+        if (overwrite) {
+            LaunchChunks<T, true, kWrite>(wide, blocks, descs, items, prefix, n, chunks, th, counts, offsets, s);
+        } else {
+            LaunchChunks<T, false, kWrite>(wide, blocks, descs, items, prefix, n, chunks, th, counts, offsets, s);
+        }
+    };
+    if (value_class == 0) go.template operator()<__nv_bfloat16>();
+    else if (value_class == 1) go.template operator()<__half>();
+    else go.template operator()<float>();
+}
+
+/// Encodes items [lo, hi) of a prepared batch (one sub-batch: one workspace, one host sync,
+/// one output allocation).
+Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArray> olds,
+                   std::span<const EncodePlan> plans, std::size_t lo, std::size_t hi,
+                   const GpuEncodeOptions& opt, int device, std::vector<GpuEncoded>& out) {
+    cudaStream_t stream = AsStream(opt.stream);
+    const auto s = opt.stream;
+    const float th = float(opt.threshold);
+    const bool overwrite = opt.apply == ApplyMode::kOverwrite;
+    const auto n = std::uint32_t(hi - lo);
+    // Host tables: descriptors, chunk/tile prefixes, and per group its items and chunk prefix.
+    std::vector<EncodeDesc> descs(n);
+    std::vector<std::uint64_t> chunk_begin(n + 1, 0), tile_begin(n + 1, 0);
+    constexpr int kGroups = 6;  // (value class, wide)
+    std::vector<std::uint32_t> group_items[kGroups];
+    std::vector<std::uint64_t> group_prefix[kGroups];
+    for (auto& p : group_prefix) p.push_back(0);
+    for (std::uint32_t i = 0; i < n; ++i) {
+        const EncodePlan& p = plans[lo + i];
+        EncodeDesc& d = descs[i];
+        d.nw = reinterpret_cast<const void*>(news[lo + i].ptr.address);
+        d.od = reinterpret_cast<const void*>(olds[lo + i].ptr.address);
+        d.g = p.g;
+        d.rank = p.rank;
+        d.chunk_begin = chunk_begin[i];
+        d.tile_begin = tile_begin[i];
+        const std::uint64_t chunks = p.empty ? 0 : p.g.NumChunks();
+        const std::uint64_t tiles = p.empty ? 0 : p.g.NumTiles();
+        chunk_begin[i + 1] = chunk_begin[i] + chunks;
+        tile_begin[i + 1] = tile_begin[i] + tiles;
+        if (chunks > 0) {
+            const int g = p.value_class * 2 + (p.wide ? 1 : 0);
+            group_items[g].push_back(i);
+            group_prefix[g].push_back(group_prefix[g].back() + chunks);
+        }
+    }
+    const std::uint64_t num_chunks = chunk_begin[n], num_tiles = tile_begin[n];
+    std::vector<std::uint32_t> all_items;
+    std::vector<std::uint64_t> all_prefix;
+    std::uint64_t group_at[kGroups], group_prefix_at[kGroups];
+    for (int g = 0; g < kGroups; ++g) {
+        group_at[g] = all_items.size();
+        group_prefix_at[g] = all_prefix.size();
+        all_items.insert(all_items.end(), group_items[g].begin(), group_items[g].end());
+        all_prefix.insert(all_prefix.end(), group_prefix[g].begin(), group_prefix[g].end());
+    }
+    // Scratch sizes of the two scans.
+    std::size_t scan_chunks = 0, scan_tiles = 0;
+    MCS_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_chunks, static_cast<std::uint64_t*>(nullptr),
+                                           static_cast<std::uint64_t*>(nullptr), num_chunks + 1, stream));
+    MCS_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_tiles, static_cast<std::uint32_t*>(nullptr),
+                                           static_cast<std::uint64_t*>(nullptr), num_tiles + 1, stream));
+    Carve c;
+    const std::uint64_t o_descs = c.Add(n * sizeof(EncodeDesc));
+    const std::uint64_t o_chunk_begin = c.Add((n + 1) * 8);
+    const std::uint64_t o_tile_begin = c.Add((n + 1) * 8);
+    const std::uint64_t o_items = c.Add(all_items.size() * 4);
+    const std::uint64_t o_prefix = c.Add(all_prefix.size() * 8);
+    const std::uint64_t o_counts = c.Add((num_chunks + 1) * 8);
+    const std::uint64_t o_offsets = c.Add((num_chunks + 1) * 8);
+    const std::uint64_t o_tile_start = c.Add(num_tiles * 8);
+    const std::uint64_t o_flags = c.Add((num_tiles + 1) * 4);
+    const std::uint64_t o_tile_scan = c.Add((num_tiles + 1) * 8);
+    const std::uint64_t o_sizes = c.Add(std::uint64_t(n) * 16);
+    const std::uint64_t o_scan_temp = c.Add(std::max(scan_chunks, scan_tiles));
+    MCS_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Allocate(c.size(), device, s));
+    auto* d_descs = At<EncodeDesc>(ws, o_descs);
+    auto* d_chunk_begin = At<std::uint64_t>(ws, o_chunk_begin);
+    auto* d_tile_begin = At<std::uint64_t>(ws, o_tile_begin);
+    auto* d_items = At<std::uint32_t>(ws, o_items);
+    auto* d_prefix = At<std::uint64_t>(ws, o_prefix);
+    auto* d_counts = At<std::uint64_t>(ws, o_counts);
+    auto* d_offsets = At<std::uint64_t>(ws, o_offsets);
+    auto* d_tile_start = At<std::uint64_t>(ws, o_tile_start);
+    auto* d_flags = At<std::uint32_t>(ws, o_flags);
+    auto* d_tile_scan = At<std::uint64_t>(ws, o_tile_scan);
+    auto* d_sizes = At<std::uint64_t>(ws, o_sizes);
+    void* d_scan_temp = At<void>(ws, o_scan_temp);
+    MCS_RETURN_IF_ERROR(Upload(descs, d_descs, stream));
+    MCS_RETURN_IF_ERROR(Upload(chunk_begin, d_chunk_begin, stream));
+    MCS_RETURN_IF_ERROR(Upload(tile_begin, d_tile_begin, stream));
+    MCS_RETURN_IF_ERROR(Upload(all_items, d_items, stream));
+    MCS_RETURN_IF_ERROR(Upload(all_prefix, d_prefix, stream));
+    // Pass 1: counts, one launch per group.
+    MCS_CUDA(cudaMemsetAsync(d_counts + num_chunks, 0, 8, stream));
+    for (int g = 0; g < kGroups; ++g) {
+        const std::uint64_t chunks = group_prefix[g].back();
+        if (chunks == 0) continue;
+        const auto blocks = unsigned((chunks + kWarpsPerBlock - 1) / kWarpsPerBlock);
+        LaunchGroup<false>(g / 2, overwrite, g % 2 == 1, blocks, d_descs, d_items + group_at[g],
+                           d_prefix + group_prefix_at[g], std::uint32_t(group_items[g].size()), chunks,
+                           th, d_counts, nullptr, stream);
         MCS_CUDA(cudaGetLastError());
     }
-    TileIndexKernel<<<unsigned((out.num_tiles + 1 + 255) / 256), 256, 0, stream>>>(
-        sel, nsel, ts, g.tiles_c, out.nnz, reinterpret_cast<std::uint32_t*>(out.tile_coords.ptr().address),
-        reinterpret_cast<std::uint64_t*>(out.tile_ptr.ptr().address));
-    MCS_CUDA(cudaGetLastError());
-    return Status::Ok();
-}
-
-template <typename T>
-Status EncodeDispatch(const DeviceArray& nw, const DeviceArray& od, const ChunkGeometry& g,
-                      std::uint32_t tiles_r, const GpuEncodeOptions& opt, bool wide, GpuEncoded& out) {
-    cudaStream_t s = AsStream(opt.stream);
-    const float th = float(opt.threshold);
-    if (opt.apply == ApplyMode::kOverwrite) {
-        return wide ? EncodeTyped<T, true, std::uint32_t>(nw, od, g, tiles_r, th, s, out)
-                    : EncodeTyped<T, true, std::uint16_t>(nw, od, g, tiles_r, th, s, out);
+    std::size_t temp = scan_chunks;
+    MCS_CUDA(cub::DeviceScan::ExclusiveSum(d_scan_temp, temp, d_counts, d_offsets, num_chunks + 1, stream));
+    if (num_tiles > 0) {
+        TileRangeKernel<<<unsigned((num_tiles + 255) / 256), 256, 0, stream>>>(
+            d_descs, d_tile_begin, n, num_tiles, d_offsets, d_tile_start, d_flags);
+        MCS_CUDA(cudaGetLastError());
     }
-    return wide ? EncodeTyped<T, false, std::uint32_t>(nw, od, g, tiles_r, th, s, out)
-                : EncodeTyped<T, false, std::uint16_t>(nw, od, g, tiles_r, th, s, out);
-}
-
-template <typename T, typename I>
-Status ApplyTyped(const DeviceArray& w, const DeviceArray& idx, const DeviceArray& val, ApplyMode apply,
-                  cudaStream_t stream) {
-    using U = typename Bits<T>::U;
-    const std::uint64_t nnz = std::uint64_t(val.shape[0]);
-    if (nnz == 0) return Status::Ok();
-    const auto rows = std::uint32_t(w.shape[0]), cols = std::uint32_t(w.shape[1]);
-    const auto* ip = reinterpret_cast<const I*>(idx.ptr.address);
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer bad, DeviceBuffer::Allocate(4, w.ptr.device, reinterpret_cast<std::uintptr_t>(stream)));
-    auto* badp = reinterpret_cast<unsigned int*>(bad.ptr().address);
-    MCS_CUDA(cudaMemsetAsync(badp, 0, 4, stream));
-    const unsigned blocks = unsigned((nnz + 255) / 256);
-    CheckKernel<T, true, I><<<blocks, 256, 0, stream>>>(ip, nnz, rows, cols, badp);
-    unsigned int host_bad = 0;
-    MCS_CUDA(cudaMemcpyAsync(&host_bad, badp, 4, cudaMemcpyDeviceToHost, stream));
+    MCS_CUDA(cudaMemsetAsync(d_flags + num_tiles, 0, 4, stream));
+    temp = scan_tiles;
+    MCS_CUDA(cub::DeviceScan::ExclusiveSum(d_scan_temp, temp, d_flags, d_tile_scan, num_tiles + 1, stream));
+    CountsKernel<<<(n + 255) / 256, 256, 0, stream>>>(d_chunk_begin, d_tile_begin, n, d_offsets,
+                                                      d_tile_scan, d_sizes);
+    MCS_CUDA(cudaGetLastError());
+    // The one host sync: every tensor's nnz and number of tiles.
+    std::vector<std::uint64_t> sizes(std::size_t(n) * 2);
+    MCS_CUDA(cudaMemcpyAsync(sizes.data(), d_sizes, sizes.size() * 8, cudaMemcpyDeviceToHost, stream));
     MCS_CUDA(cudaStreamSynchronize(stream));
-    if (host_bad != 0) {
-        return InvalidArgument(std::to_string(host_bad) + " coordinates lie outside the weight [" +
-                               std::to_string(rows) + ", " + std::to_string(cols) + "]; weight unchanged");
+    // One output allocation: sections by element size keep members aligned and back to back.
+    std::uint64_t sec[6] = {0, 0, 0, 0, 0, 0};  // idx16, idx32, val2, val4, coords, ptr
+    for (std::uint32_t i = 0; i < n; ++i) {
+        const EncodePlan& p = plans[lo + i];
+        const std::uint64_t nnz = sizes[2 * i], tiles = sizes[2 * i + 1];
+        sec[p.wide ? 1 : 0] += nnz * p.rank * (p.wide ? 4 : 2);
+        sec[p.value_class == 2 ? 3 : 2] += nnz * (p.value_class == 2 ? 4 : 2);
+        sec[4] += tiles * p.rank * 4;
+        sec[5] += (tiles + 1) * 8;
     }
-    auto* wp = reinterpret_cast<U*>(w.ptr.address);
-    const auto* vp = reinterpret_cast<const U*>(val.ptr.address);
-    if (IsCContiguous(w.shape, w.strides)) {
-        if (apply == ApplyMode::kOverwrite) {
-            ApplyKernel<T, true, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, cols);
-        } else {
-            ApplyKernel<T, false, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, cols);
-        }
-    } else {
-        const std::int64_t s0 = w.strides[0], s1 = w.strides[1];
-        if (apply == ApplyMode::kOverwrite) {
-            StridedApplyKernel<T, true, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, s0, s1);
-        } else {
-            StridedApplyKernel<T, false, I><<<blocks, 256, 0, stream>>>(wp, ip, vp, nnz, s0, s1);
-        }
+    Carve oc;
+    std::uint64_t sec_at[6];
+    for (int k = 0; k < 6; ++k) sec_at[k] = oc.Add(sec[k]);
+    MCS_ASSIGN_OR_RETURN(DeviceBuffer outbuf, DeviceBuffer::Allocate(oc.size(), device, s));
+    auto keep = std::make_shared<DeviceBuffer>(std::move(outbuf));
+    const std::uintptr_t base = keep->ptr().address;
+    std::uint64_t cur[6];
+    for (int k = 0; k < 6; ++k) cur[k] = base + sec_at[k];
+    for (std::uint32_t i = 0; i < n; ++i) {
+        const EncodePlan& p = plans[lo + i];
+        GpuEncoded e;
+        e.index_dtype = p.wide ? DType::kUInt32 : DType::kUInt16;
+        e.value_dtype = news[lo + i].dtype;
+        e.rank = p.rank;
+        e.nnz = sizes[2 * i];
+        e.num_tiles = sizes[2 * i + 1];
+        e.tile_shape = p.tile;
+        e.keepalive = keep;
+        auto take = [&](int k, std::uint64_t bytes) {
+            const DevicePtr at{cur[k], device};
+            cur[k] += bytes;
+            return at;
+        };
+        e.indices = take(p.wide ? 1 : 0, e.indices_bytes());
+        e.values = take(p.value_class == 2 ? 3 : 2, e.values_bytes());
+        e.tile_coords = take(4, e.num_tiles * e.rank * 4);
+        e.tile_ptr = take(5, (e.num_tiles + 1) * 8);
+        EncodeDesc& d = descs[i];
+        d.out_idx = reinterpret_cast<void*>(e.indices.address);
+        d.out_val = reinterpret_cast<void*>(e.values.address);
+        d.out_coords = reinterpret_cast<std::uint32_t*>(e.tile_coords.address);
+        d.out_ptr = reinterpret_cast<std::uint64_t*>(e.tile_ptr.address);
+        out.push_back(std::move(e));
     }
+    MCS_RETURN_IF_ERROR(Upload(descs, d_descs, stream));
+    // Pass 2: entries, one launch per group; then the tile indexes.
+    for (int g = 0; g < kGroups; ++g) {
+        const std::uint64_t chunks = group_prefix[g].back();
+        if (chunks == 0) continue;
+        const auto blocks = unsigned((chunks + kWarpsPerBlock - 1) / kWarpsPerBlock);
+        LaunchGroup<true>(g / 2, overwrite, g % 2 == 1, blocks, d_descs, d_items + group_at[g],
+                          d_prefix + group_prefix_at[g], std::uint32_t(group_items[g].size()), chunks,
+                          th, nullptr, d_offsets, stream);
+        MCS_CUDA(cudaGetLastError());
+    }
+    if (num_tiles > 0) {
+        TileIndexKernel<<<unsigned((num_tiles + 255) / 256), 256, 0, stream>>>(
+            d_descs, d_tile_begin, n, num_tiles, d_offsets, d_tile_start, d_flags, d_tile_scan);
+        MCS_CUDA(cudaGetLastError());
+    }
+    TilePtrEndKernel<<<(n + 255) / 256, 256, 0, stream>>>(d_descs, n, d_sizes);
     MCS_CUDA(cudaGetLastError());
+    return Status::Ok();  // ws is freed stream-ordered, after the kernels that read it
+}
+
+/// Launches of one apply group: check or apply, by (value class, index width).
+void LaunchCheck(bool wide, const ApplyDesc* descs, const std::uint64_t* prefix, std::uint32_t n,
+                 std::uint64_t entries, unsigned int* bad, cudaStream_t s) {
+    const auto blocks = unsigned((entries + 255) / 256);
+    if (wide) {
+        CheckKernel<std::uint32_t><<<blocks, 256, 0, s>>>(descs, prefix, n, entries, bad);
+    } else {
+        CheckKernel<std::uint16_t><<<blocks, 256, 0, s>>>(descs, prefix, n, entries, bad);
+    }
+}
+
+void LaunchApply(int value_class, bool wide, const ApplyDesc* descs, const std::uint64_t* prefix,
+                 std::uint32_t n, std::uint64_t entries, cudaStream_t s) {
+    const auto blocks = unsigned((entries + 255) / 256);
+    auto go = [&]<typename T>() {
+        if (wide) {
+            ApplyKernel<T, std::uint32_t><<<blocks, 256, 0, s>>>(descs, prefix, n, entries);
+        } else {
+            ApplyKernel<T, std::uint16_t><<<blocks, 256, 0, s>>>(descs, prefix, n, entries);
+        }
+    };
+    if (value_class == 0) go.template operator()<__nv_bfloat16>();
+    else if (value_class == 1) go.template operator()<__half>();
+    else go.template operator()<float>();
+}
+
+Status CheckApplyItem(const ApplyItem& it, const std::string& at) {
+    const DeviceArray& w = it.weight;
+    MCS_RETURN_IF_ERROR(CheckDevice(w, at + "weight"));
+    MCS_RETURN_IF_ERROR(CheckDevice(it.indices, at + "indices"));
+    MCS_RETURN_IF_ERROR(CheckDevice(it.values, at + "values"));
+    const std::size_t rank = w.shape.size();
+    if (rank < 1 || rank > 3 || it.indices.shape.size() != 2 || Index(rank) != it.indices.shape[1] ||
+        it.values.shape.size() != 1 || it.indices.shape[0] != it.values.shape[0]) {
+        return InvalidArgument(at + "GPU apply takes a weight of rank 1 to 3, indices [nnz, rank] and "
+                               "values [nnz]");
+    }
+    if (it.values.dtype != w.dtype) return InvalidArgument(at + "values dtype differs from the weight's");
+    if (ValueClass(w.dtype) < 0) {
+        return InvalidArgument(at + "GPU apply supports bfloat16, float16 and float32, not " +
+                               std::string(DTypeName(w.dtype)));
+    }
+    if (it.indices.dtype != DType::kUInt16 && it.indices.dtype != DType::kUInt32) {
+        return InvalidArgument(at + "indices must be uint16 or uint32");
+    }
+    for (Index e : w.shape) {
+        if (e > Index(std::numeric_limits<std::uint32_t>::max())) {
+            return InvalidArgument(at + "GPU apply supports extents below 2^32");
+        }
+    }
+    MCS_RETURN_IF_ERROR(CheckContiguous(it.indices, at + "indices"));
+    MCS_RETURN_IF_ERROR(CheckContiguous(it.values, at + "values"));
+    // Unique coordinates write distinct elements only if the view gives every coordinate its
+    // own element: a broadcast (stride 0) or expanded view would make writes race.
+    if (!IsNonOverlapping(w.shape, w.strides)) {
+        return InvalidArgument(at + "weight view has overlapping elements (a broadcast or expanded "
+                               "view); apply needs one element per coordinate");
+    }
+    if (w.ptr.device != it.indices.ptr.device || w.ptr.device != it.values.ptr.device) {
+        return InvalidArgument(at + "weight, indices and values are on different devices");
+    }
     return Status::Ok();
+}
+
+/// Whether [lo, hi) meets an interval of `wave` (disjoint intervals, begin -> end).
+bool Overlaps(const std::map<std::uintptr_t, std::uintptr_t>& wave, std::uintptr_t lo, std::uintptr_t hi) {
+    auto it = wave.upper_bound(lo);
+    if (it != wave.begin() && std::prev(it)->second > lo) return true;
+    return it != wave.end() && it->first < hi;
 }
 
 }  // namespace
@@ -428,91 +757,312 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(std::uint64_t bytes, int device, std
     return std::move(b);
 }
 
-Result<GpuEncoded> EncodeUpdate(const DeviceArray& nw, const DeviceArray& od, const GpuEncodeOptions& opt) {
-    MCS_RETURN_IF_ERROR(CheckDevice(nw, "new"));
-    MCS_RETURN_IF_ERROR(CheckDevice(od, "old"));
-    if (nw.dtype != od.dtype || nw.shape != od.shape) {
-        return InvalidArgument("new and old differ in dtype or shape");
+Result<std::vector<GpuEncoded>> EncodeUpdates(std::span<const DeviceArray> news,
+                                              std::span<const DeviceArray> olds,
+                                              const GpuEncodeOptions& opt) {
+    if (news.size() != olds.size()) {
+        return InvalidArgument(std::to_string(news.size()) + " new tensors but " +
+                               std::to_string(olds.size()) + " old ones");
     }
-    if (nw.ptr.device != od.ptr.device) return InvalidArgument("new and old are on different devices");
-    MCS_RETURN_IF_ERROR(CheckContiguous(nw, "new"));
-    MCS_RETURN_IF_ERROR(CheckContiguous(od, "old"));
-    if (nw.shape.size() != 2) return InvalidArgument("GPU encode takes 2-D tensors (fused 3-D: encode per expert)");
+    std::vector<GpuEncoded> out;
+    if (news.empty()) return out;
     if (opt.apply == ApplyMode::kOverwrite && opt.threshold != 0.0) {
         return InvalidArgument("overwrite takes no threshold");
     }
-    if (nw.shape[0] > std::numeric_limits<std::uint32_t>::max() || nw.shape[1] > std::numeric_limits<std::uint32_t>::max()) {
-        return InvalidArgument("GPU encode supports extents below 2^32");
-    }
-    Shape tile = opt.tile_shape ? ClampTileShape(*opt.tile_shape, nw.shape)
-                                : DefaultTileShape(nw.shape);
-    MCS_RETURN_IF_ERROR(ValidateTileShape(tile, nw.shape));
-    ChunkGeometry g{};
-    g.rows = std::uint32_t(nw.shape[0]);
-    g.cols = std::uint32_t(nw.shape[1]);
-    g.tr = std::uint32_t(std::min<Index>(tile[0], nw.shape[0]));
-    g.tc = std::uint32_t(std::min<Index>(tile[1], nw.shape[1]));
-    g.tiles_c = (g.cols + g.tc - 1) / g.tc;
-    const std::uint32_t tiles_r = (g.rows + g.tr - 1) / g.tr;
-    int current = 0;
-    MCS_CUDA(cudaGetDevice(&current));
-    if (current != nw.ptr.device) MCS_CUDA(cudaSetDevice(nw.ptr.device));
-    GpuEncoded out;
-    out.value_dtype = nw.dtype;
-    out.tile_shape = tile;
-    const bool wide = std::max(nw.shape[0], nw.shape[1]) > 65536;
-    out.index_dtype = wide ? DType::kUInt32 : DType::kUInt16;
-    auto run = [&]() -> Status {
-        switch (nw.dtype) {
-            case DType::kBFloat16: return EncodeDispatch<__nv_bfloat16>(nw, od, g, tiles_r, opt, wide, out);
-            case DType::kFloat16: return EncodeDispatch<__half>(nw, od, g, tiles_r, opt, wide, out);
-            case DType::kFloat32: return EncodeDispatch<float>(nw, od, g, tiles_r, opt, wide, out);
-            default:
-                return InvalidArgument("GPU encode supports bfloat16, float16 and float32, not " +
-                                       std::string(DTypeName(nw.dtype)));
+    const int device = news[0].ptr.device;
+    std::vector<EncodePlan> plans(news.size());
+    for (std::size_t i = 0; i < news.size(); ++i) {
+        const DeviceArray& nw = news[i];
+        const DeviceArray& od = olds[i];
+        const std::string at = ItemPrefix(news.size(), i);
+        MCS_RETURN_IF_ERROR(CheckDevice(nw, at + "new"));
+        MCS_RETURN_IF_ERROR(CheckDevice(od, at + "old"));
+        if (nw.dtype != od.dtype || nw.shape != od.shape) {
+            return InvalidArgument(at + "new and old differ in dtype or shape");
         }
+        if (nw.ptr.device != od.ptr.device || nw.ptr.device != device) {
+            return InvalidArgument(at + "new and old must be on the batch's one device");
+        }
+        MCS_RETURN_IF_ERROR(CheckContiguous(nw, at + "new"));
+        MCS_RETURN_IF_ERROR(CheckContiguous(od, at + "old"));
+        const std::size_t rank = nw.shape.size();
+        if (rank < 1 || rank > 3) {
+            return InvalidArgument(at + "GPU encode takes tensors of rank 1 to 3, not " + std::to_string(rank));
+        }
+        EncodePlan& p = plans[i];
+        p.value_class = ValueClass(nw.dtype);
+        if (p.value_class < 0) {
+            return InvalidArgument(at + "GPU encode supports bfloat16, float16 and float32, not " +
+                                   std::string(DTypeName(nw.dtype)));
+        }
+        Index elements = 1;
+        for (Index e : nw.shape) {
+            if (e > Index(std::numeric_limits<std::uint32_t>::max())) {
+                return InvalidArgument(at + "GPU encode supports extents below 2^32");
+            }
+            elements *= e;
+        }
+        p.rank = std::uint32_t(rank);
+        p.tile = opt.tile_shape ? ClampTileShape(*opt.tile_shape, nw.shape) : DefaultTileShape(nw.shape);
+        p.wide = *std::max_element(nw.shape.begin(), nw.shape.end()) > 65536;
+        p.empty = elements == 0;
+        if (p.empty) {
+            if (p.tile.size() != rank) return InvalidArgument(at + "tile_shape rank differs from the tensor's");
+            continue;
+        }
+        MCS_RETURN_IF_ERROR(ValidateTileShape(p.tile, nw.shape));
+        // [a, b, c] and its tile [ta, tb, tc], leading ones for ranks below 3.
+        std::uint32_t ext[3] = {1, 1, 1}, tile[3] = {1, 1, 1};
+        for (std::size_t d = 0; d < rank; ++d) {
+            ext[3 - rank + d] = std::uint32_t(nw.shape[d]);
+            tile[3 - rank + d] = std::uint32_t(p.tile[d]);
+        }
+        ChunkGeometry& g = p.g;
+        g.a = ext[0]; g.b = ext[1]; g.c = ext[2];
+        g.ta = tile[0]; g.tb = tile[1]; g.tc = tile[2];
+        g.tiles_a = (g.a + g.ta - 1) / g.ta;
+        g.tiles_b = (g.b + g.tb - 1) / g.tb;
+        g.tiles_c = (g.c + g.tc - 1) / g.tc;
+    }
+    MCS_RETURN_IF_ERROR(UseDevice(device));
+    out.reserve(news.size());
+    // Sub-batches bound the workspace (16 bytes per chunk: 256 MiB at most).
+    std::size_t lo = 0;
+    while (lo < news.size()) {
+        std::size_t hi = lo;
+        std::uint64_t chunks = 0;
+        while (hi < news.size()) {
+            const std::uint64_t c = plans[hi].empty ? 0 : plans[hi].g.NumChunks();
+            if (hi > lo && chunks + c > kMaxChunksPerPass) break;
+            chunks += c;
+            ++hi;
+        }
+        MCS_RETURN_IF_ERROR(EncodeRange(news, olds, plans, lo, hi, opt, device, out));
+        lo = hi;
+    }
+    return out;
+}
+
+Result<GpuEncoded> EncodeUpdate(const DeviceArray& nw, const DeviceArray& od, const GpuEncodeOptions& opt) {
+    MCS_ASSIGN_OR_RETURN(std::vector<GpuEncoded> r, EncodeUpdates({&nw, 1}, {&od, 1}, opt));
+    return std::move(r[0]);
+}
+
+Status ApplySparseBatch(std::span<const ApplyItem> items, std::uintptr_t stream_handle) {
+    if (items.empty()) return Status::Ok();
+    const int device = items[0].weight.ptr.device;
+    // Validate everything first; order the items into waves so that weights whose memory
+    // overlaps apply in list order, and group each wave by (value class, index width).
+    struct Member {
+        std::uint32_t item;
+        std::uint64_t nnz;
+        int wave;
+        int group;
     };
-    MCS_RETURN_IF_ERROR(run());
-    return std::move(out);
+    std::vector<Member> members;
+    std::vector<std::map<std::uintptr_t, std::uintptr_t>> waves;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const ApplyItem& it = items[i];
+        const std::string at = ItemPrefix(items.size(), i);
+        MCS_RETURN_IF_ERROR(CheckApplyItem(it, at));
+        if (it.weight.ptr.device != device) return InvalidArgument(at + "items are on different devices");
+        const std::uint64_t nnz = std::uint64_t(it.values.shape[0]);
+        if (nnz == 0) continue;
+        const auto [lo_off, hi_off] = StridedExtent(it.weight.shape, it.weight.strides);
+        const std::size_t esz = DTypeSize(it.weight.dtype);
+        const std::uintptr_t lo = it.weight.ptr.address + std::intptr_t(lo_off * std::int64_t(esz));
+        const std::uintptr_t hi = it.weight.ptr.address + std::intptr_t(hi_off * std::int64_t(esz)) + esz;
+        int wave = 0;
+        for (int k = int(waves.size()) - 1; k >= 0; --k) {
+            if (Overlaps(waves[k], lo, hi)) {
+                wave = k + 1;
+                break;
+            }
+        }
+        if (wave == int(waves.size())) waves.emplace_back();
+        waves[wave][lo] = hi;
+        const int group = ValueClass(it.weight.dtype) * 2 + (it.indices.dtype == DType::kUInt32 ? 1 : 0);
+        members.push_back({std::uint32_t(i), nnz, wave, group});
+    }
+    if (members.empty()) return Status::Ok();
+    std::stable_sort(members.begin(), members.end(), [](const Member& x, const Member& y) {
+        return x.wave != y.wave ? x.wave < y.wave : x.group < y.group;
+    });
+    // Descriptors in that order; each (wave, group) run is one launch with its entry prefix.
+    const auto n = std::uint32_t(members.size());
+    std::vector<ApplyDesc> descs(n);
+    std::vector<std::uint64_t> prefix;  // per run: its items' entry prefix (run size + 1)
+    struct Run {
+        std::uint32_t first, count;
+        std::uint64_t prefix_at, entries;
+        int group;
+    };
+    std::vector<Run> runs;
+    for (std::uint32_t k = 0; k < n; ++k) {
+        const Member& m = members[k];
+        const ApplyItem& it = items[m.item];
+        ApplyDesc& d = descs[k];
+        d.w = reinterpret_cast<void*>(it.weight.ptr.address);
+        d.idx = reinterpret_cast<const void*>(it.indices.ptr.address);
+        d.val = reinterpret_cast<const void*>(it.values.ptr.address);
+        d.rank = std::uint32_t(it.weight.shape.size());
+        std::int64_t stride = 1;
+        for (int dd = int(d.rank) - 1; dd >= 0; --dd) {
+            d.shape[dd] = std::uint32_t(it.weight.shape[dd]);
+            d.strides[dd] = it.weight.strides.empty() ? stride : it.weight.strides[dd];
+            stride *= it.weight.shape[dd];
+        }
+        d.overwrite = it.apply == ApplyMode::kOverwrite ? 1u : 0u;
+        d.item = m.item;
+        if (runs.empty() || members[runs.back().first].wave != m.wave ||
+            members[runs.back().first].group != m.group) {
+            runs.push_back({k, 0, prefix.size(), 0, m.group});
+            prefix.push_back(0);
+        }
+        Run& r = runs.back();
+        ++r.count;
+        r.entries += m.nnz;
+        prefix.push_back(r.entries);
+    }
+    cudaStream_t stream = AsStream(stream_handle);
+    MCS_RETURN_IF_ERROR(UseDevice(device));
+    Carve c;
+    const std::uint64_t o_descs = c.Add(n * sizeof(ApplyDesc));
+    const std::uint64_t o_prefix = c.Add(prefix.size() * 8);
+    const std::uint64_t o_bad = c.Add(8);
+    MCS_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Allocate(c.size(), device, stream_handle));
+    auto* d_descs = At<ApplyDesc>(ws, o_descs);
+    auto* d_prefix = At<std::uint64_t>(ws, o_prefix);
+    auto* d_bad = At<unsigned int>(ws, o_bad);
+    MCS_RETURN_IF_ERROR(Upload(descs, d_descs, stream));
+    MCS_RETURN_IF_ERROR(Upload(prefix, d_prefix, stream));
+    const unsigned int init[2] = {0u, 0xffffffffu};
+    MCS_CUDA(cudaMemcpyAsync(d_bad, init, 8, cudaMemcpyHostToDevice, stream));
+    for (const Run& r : runs) {
+        LaunchCheck(r.group % 2 == 1, d_descs + r.first, d_prefix + r.prefix_at, r.count, r.entries, d_bad, stream);
+        MCS_CUDA(cudaGetLastError());
+    }
+    unsigned int bad[2] = {0, 0};
+    MCS_CUDA(cudaMemcpyAsync(bad, d_bad, 8, cudaMemcpyDeviceToHost, stream));
+    MCS_CUDA(cudaStreamSynchronize(stream));
+    if (bad[0] != 0) {
+        const ApplyItem& it = items[bad[1]];
+        std::string shape;
+        for (Index e : it.weight.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(e);
+        return InvalidArgument(ItemPrefix(items.size(), bad[1]) + std::to_string(bad[0]) +
+                               " coordinates lie outside the weight [" + shape +
+                               "]; no weight changed");
+    }
+    for (const Run& r : runs) {
+        LaunchApply(r.group / 2, r.group % 2 == 1, d_descs + r.first, d_prefix + r.prefix_at, r.count,
+                    r.entries, stream);
+        MCS_CUDA(cudaGetLastError());
+    }
+    return Status::Ok();
 }
 
 Status ApplySparse(const DeviceArray& w, const DeviceArray& idx, const DeviceArray& val, ApplyMode apply,
                    std::uintptr_t stream) {
-    MCS_RETURN_IF_ERROR(CheckDevice(w, "weight"));
-    MCS_RETURN_IF_ERROR(CheckDevice(idx, "indices"));
-    MCS_RETURN_IF_ERROR(CheckDevice(val, "values"));
-    if (w.shape.size() != 2 || idx.shape.size() != 2 || idx.shape[1] != 2 || val.shape.size() != 1 ||
-        idx.shape[0] != val.shape[0]) {
-        return InvalidArgument("GPU apply takes a 2-D weight, indices [nnz, 2] and values [nnz]");
+    const ApplyItem item{w, idx, val, apply};
+    return ApplySparseBatch({&item, 1}, stream);
+}
+
+namespace {
+
+/// Merges copies adjacent on both sides (after sorting by device address) and issues them.
+Status CopyBatch(std::span<const HostDeviceCopy> copies, std::uintptr_t stream_handle, bool to_host) {
+    std::vector<HostDeviceCopy> sorted;
+    sorted.reserve(copies.size());
+    for (const HostDeviceCopy& c : copies) {
+        if (!c.host.empty()) sorted.push_back(c);
     }
-    if (val.dtype != w.dtype) return InvalidArgument("values dtype differs from the weight's");
-    MCS_RETURN_IF_ERROR(CheckContiguous(idx, "indices"));
-    MCS_RETURN_IF_ERROR(CheckContiguous(val, "values"));
-    // Unique coordinates write distinct elements only if the view gives every coordinate its
-    // own element: a broadcast (stride 0) or expanded view would make writes race.
-    if (!IsNonOverlapping(w.shape, w.strides)) {
-        return InvalidArgument("weight view has overlapping elements (a broadcast or expanded "
-                               "view); apply needs one element per coordinate");
+    if (sorted.empty()) return Status::Ok();
+    std::sort(sorted.begin(), sorted.end(), [](const HostDeviceCopy& x, const HostDeviceCopy& y) {
+        return x.device.address < y.device.address;
+    });
+    cudaStream_t stream = AsStream(stream_handle);
+    MCS_RETURN_IF_ERROR(UseDevice(sorted[0].device.device));
+    auto issue = [&](std::uintptr_t dev, std::byte* host, std::size_t bytes) -> Status {
+        void* d = reinterpret_cast<void*>(dev);
+        if (to_host) {
+            MCS_CUDA(cudaMemcpyAsync(host, d, bytes, cudaMemcpyDeviceToHost, stream));
+        } else {
+            MCS_CUDA(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, stream));
+        }
+        return Status::Ok();
+    };
+    std::uintptr_t dev = sorted[0].device.address;
+    std::byte* host = sorted[0].host.data();
+    std::size_t bytes = sorted[0].host.size();
+    for (std::size_t i = 1; i < sorted.size(); ++i) {
+        const HostDeviceCopy& c = sorted[i];
+        if (c.device.device == sorted[0].device.device && c.device.address == dev + bytes &&
+            c.host.data() == host + bytes) {
+            bytes += c.host.size();
+            continue;
+        }
+        MCS_RETURN_IF_ERROR(issue(dev, host, bytes));
+        dev = c.device.address;
+        host = c.host.data();
+        bytes = c.host.size();
     }
-    if (w.ptr.device != idx.ptr.device || w.ptr.device != val.ptr.device) {
-        return InvalidArgument("weight, indices and values are on different devices");
+    MCS_RETURN_IF_ERROR(issue(dev, host, bytes));
+    MCS_CUDA(cudaStreamSynchronize(stream));
+    return Status::Ok();
+}
+
+struct Staging {
+    std::mutex mu;
+    std::byte* data = nullptr;
+    std::uint64_t size = 0;
+};
+
+Staging& TheStaging() {
+    static Staging* s = new Staging;  // never destroyed: leases may outlive static destruction
+    return *s;
+}
+
+}  // namespace
+
+Status CopyBatchToHost(std::span<const HostDeviceCopy> copies, std::uintptr_t stream) {
+    return CopyBatch(copies, stream, true);
+}
+
+Status CopyBatchToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream) {
+    return CopyBatch(copies, stream, false);
+}
+
+PinnedStaging::Lease::Lease(Lease&& o) noexcept : owner_(o.owner_), bytes_(o.bytes_) { o.owner_ = nullptr; }
+
+PinnedStaging::Lease::~Lease() {
+    if (owner_ != nullptr) static_cast<Staging*>(owner_)->mu.unlock();
+}
+
+Result<PinnedStaging::Lease> PinnedStaging::Acquire(std::uint64_t bytes) {
+    Staging& s = TheStaging();
+    s.mu.lock();
+    if (s.size < bytes) {
+        if (s.data != nullptr) cudaFreeHost(s.data);
+        s.data = nullptr;
+        s.size = 0;
+        const std::uint64_t want = AlignUp(std::max<std::uint64_t>(bytes, 1), std::uint64_t(64) << 20);
+        void* p = nullptr;
+        const cudaError_t e = cudaHostAlloc(&p, want, cudaHostAllocPortable);
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            s.mu.unlock();
+            return CudaError(e, "cudaHostAlloc (staging)");
+        }
+        s.data = static_cast<std::byte*>(p);
+        s.size = want;
     }
-    cudaStream_t s = AsStream(stream);
-    const bool wide = idx.dtype == DType::kUInt32;
-    if (!wide && idx.dtype != DType::kUInt16) return InvalidArgument("indices must be uint16 or uint32");
-    switch (w.dtype) {
-        case DType::kBFloat16:
-            return wide ? ApplyTyped<__nv_bfloat16, std::uint32_t>(w, idx, val, apply, s)
-                        : ApplyTyped<__nv_bfloat16, std::uint16_t>(w, idx, val, apply, s);
-        case DType::kFloat16:
-            return wide ? ApplyTyped<__half, std::uint32_t>(w, idx, val, apply, s)
-                        : ApplyTyped<__half, std::uint16_t>(w, idx, val, apply, s);
-        case DType::kFloat32:
-            return wide ? ApplyTyped<float, std::uint32_t>(w, idx, val, apply, s)
-                        : ApplyTyped<float, std::uint16_t>(w, idx, val, apply, s);
-        default:
-            return InvalidArgument("GPU apply supports bfloat16, float16 and float32");
-    }
+    return Lease(&s, {s.data, static_cast<std::size_t>(bytes)});
+}
+
+
+Status Synchronize(std::uintptr_t stream) {
+    MCS_CUDA(cudaStreamSynchronize(AsStream(stream)));
+    return Status::Ok();
 }
 
 Status CopyToDevice(std::span<const std::byte> src, DevicePtr dst, std::uintptr_t stream) {

@@ -99,7 +99,7 @@ def test_bad_input_leaves_weight_unchanged():
     w2 = old.clone()
     snap = bits(w2)
     with pytest.raises(mcs.InvalidArgument):
-        _core._gpu_apply(w2, bad_idx, bad_val, "overwrite", None)
+        _core._gpu_apply_batch([w2], [bad_idx], [bad_val], ["overwrite"], None)
     assert np.array_equal(bits(w2), snap)
     assert np.array_equal(bits(w), before)
     with pytest.raises(mcs.InvalidArgument):

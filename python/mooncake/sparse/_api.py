@@ -205,10 +205,22 @@ class Store(TensorMixin):
 
         Raises InvalidArgument, StaleGeneration, Conflict, ResourceExhausted; on error the
         store is unchanged."""
-        if _gpu.is_cuda(indices):
-            indices = _gpu.to_host(indices)  # e.g. from a GPU encode_update
-        if _gpu.is_cuda(values):
-            values = _gpu.to_host(values)
+        if _gpu.is_cuda(indices) or _gpu.is_cuda(values):
+            # e.g. from a GPU encode_update: a batch of one, whose members the store copies
+            # from the device into pinned memory on the producing stream.
+            if _core.HAS_GPU_CODEC:
+                update = dict(tensor_id=tensor_id, global_shape=global_shape, indices=indices,
+                              values=values, source_placement=source_placement,
+                              placement_policy=placement_policy, generation=generation,
+                              apply=apply, tile_shape=tile_shape, duplicates=duplicates,
+                              global_offset=global_offset, local_shape=local_shape,
+                              hard_pin=hard_pin, num_threads=num_threads)
+                r = self.put_sparse_objects([update], num_threads=num_threads)[0]
+                if isinstance(r, Error):
+                    raise r
+                return r if return_info else r["source_ref"]
+            indices = _gpu.to_host(indices) if _gpu.is_cuda(indices) else indices
+            values = _gpu.to_host(values) if _gpu.is_cuda(values) else values
         result = self._core.put_sparse_object(
             _str(tensor_id, "tensor_id"),
             _shape(global_shape, "global_shape"),
@@ -239,9 +251,12 @@ class Store(TensorMixin):
         import numpy as np
 
         batch: list[Any] = []
+        on_device: list[Any] = []
         for u in updates:
-            # numpy arrays go as they are; anything else (torch, CUDA) through as_core_array,
-            # in a copy of the update (the caller's dict is never changed).
+            # numpy arrays go as they are; anything else (torch) through as_core_array, in a
+            # copy of the update (the caller's dict is never changed). CUDA members go as they
+            # are: the store copies them all from the device in a few large copies (a batch
+            # encoded on the GPU lies in one allocation).
             if type(u) is dict and type(u.get("indices")) is np.ndarray \
                     and type(u.get("values")) is np.ndarray:
                 batch.append(u)
@@ -250,10 +265,16 @@ class Store(TensorMixin):
                 u = dict(u)
                 for k in ("indices", "values"):
                     if k in u:
-                        v = _gpu.to_host(u[k]) if _gpu.is_cuda(u[k]) else u[k]
+                        v = u[k]
+                        if _gpu.is_cuda(v):
+                            if not _core.HAS_GPU_CODEC:
+                                v = _gpu.to_host(v)
+                            else:
+                                on_device.append(v)
                         u[k] = as_core_array(v)
             batch.append(u)
-        raw = self._core.put_sparse_objects(batch, _int(num_threads, "num_threads", minimum=0))
+        raw = self._core.put_sparse_objects(batch, _int(num_threads, "num_threads", minimum=0),
+                                            _gpu.stream_for_commit(on_device) if on_device else 0)
         return [r if isinstance(r, dict) else error_class(r[0])(r[1]) for r in raw]
 
     def admit(
@@ -647,7 +668,11 @@ def apply_sparse_objects(weights: Sequence[Any], objs: Sequence[SparseObject], *
         raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
     cuda = [i for i, w in enumerate(weights) if _gpu.is_cuda(w)]
     for i in cuda:
-        apply_sparse_object(weights[i], objs[i], num_threads=num_threads)
+        if not isinstance(objs[i], (SparseObject, _gpu.DeviceSparseObject)):
+            raise InvalidArgument(f"objs[{i}] must be a SparseObject (from read_sparse_objects), "
+                                  f"got {objs[i]!r}")
+    if cuda:
+        _gpu.apply_gpu_batch([weights[i] for i in cuda], [objs[i] for i in cuda])
     if len(cuda) == len(weights):
         return
     on_gpu = set(cuda)
@@ -675,13 +700,13 @@ def encode_updates(
         if len(p) != 2:
             raise InvalidArgument(f"pairs[{i}] is not a (new, old) pair")
     out: list[Any] = [None] * len(pairs)
-    host = []
-    for i, (new, old) in enumerate(pairs):
-        if _gpu.is_cuda(new):
-            out[i] = encode_update(new, old, apply=apply, threshold=threshold,
-                                   tile_shape=tile_shape, num_threads=num_threads)
-        else:
-            host.append(i)
+    host = [i for i, (new, _) in enumerate(pairs) if not _gpu.is_cuda(new)]
+    if len(host) < len(pairs):
+        on_gpu = [i for i, (new, _) in enumerate(pairs) if _gpu.is_cuda(new)]
+        encoded = _gpu.encode_updates_gpu([pairs[i] for i in on_gpu], _str(apply, "apply"),
+                                          _real(threshold, "threshold"), tile_shape)
+        for i, coo in zip(on_gpu, encoded):
+            out[i] = coo
     if host:
         raw = _core.encode_updates([as_core_array(pairs[i][0]) for i in host],
                                    [as_core_array(pairs[i][1]) for i in host],

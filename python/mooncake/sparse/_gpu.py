@@ -92,16 +92,53 @@ def _contiguous(x: Any) -> Any:
     return x
 
 
+def encode_updates_gpu(pairs: list[tuple[Any, Any]], apply: str, threshold: float,
+                       tile_shape: Any) -> list[tuple[Any, Any]]:
+    """Encodes CUDA (new, old) pairs on the device: the whole list in a few launches and one
+    host sync per device, every result in one device allocation (per device)."""
+    _require()
+    for i, (new, old) in enumerate(pairs):
+        if not is_cuda(old):
+            raise InvalidArgument(f"pairs[{i}]: new is a CUDA tensor but old is not")
+    pairs = [(_contiguous(n), _contiguous(o)) for n, o in pairs]
+    by_device: dict[int, list[int]] = {}
+    for i, (new, _) in enumerate(pairs):
+        by_device.setdefault(_device_of(new), []).append(i)
+    out: list[Any] = [None] * len(pairs)
+    shape = None if tile_shape is None else tuple(tile_shape)
+    for items in by_device.values():
+        raw = _core._gpu_encode_updates([pairs[i][0] for i in items], [pairs[i][1] for i in items],
+                                        apply, float(threshold), shape,
+                                        _stream_of(pairs[items[0]][0]))
+        for i, (idx, vals, _, _, _) in zip(items, raw):
+            out[i] = (_out(idx), _out(vals))
+    return out
+
+
 def encode_update_gpu(new: Any, old: Any, apply: str, threshold: float,
                       tile_shape: Any) -> tuple[Any, Any]:
-    _require()
-    if not is_cuda(old):
-        raise InvalidArgument("new is a CUDA tensor but old is not")
-    new, old = _contiguous(new), _contiguous(old)
-    idx, vals, _, _, _ = _core._gpu_encode_update(
-        new, old, apply, float(threshold), None if tile_shape is None else tuple(tile_shape),
-        _stream_of(new))
-    return _out(idx), _out(vals)
+    return encode_updates_gpu([(new, old)], apply, threshold, tile_shape)[0]
+
+
+def _device_of(x: Any) -> int:
+    dev = getattr(x, "device", None)
+    index = getattr(dev, "index", None)
+    if index is not None:
+        return int(index)
+    if isinstance(dev, int):
+        return dev
+    probe = getattr(x, "__dlpack_device__", None)
+    return int(probe()[1]) if probe is not None else 0
+
+
+def stream_for_commit(values: list[Any]) -> int:
+    """The stream a commit's device-to-host copies are ordered on: torch's current stream of the
+    first CUDA member's device (the stream that produced it), else the legacy default stream."""
+    torch = torch_module()
+    for v in values:
+        if torch is not None and isinstance(v, torch.Tensor) and v.is_cuda:
+            return int(torch.cuda.current_stream(v.device).cuda_stream)
+    return 0
 
 
 def to_host(x: Any) -> Any:
@@ -147,45 +184,48 @@ class DeviceSparseObject:
 
 
 def upload(objs: list, device: Any) -> list:
+    """Target objects onto a GPU: every object's indices and values in one device allocation,
+    moved by one host-to-device copy."""
     _require()
     index = _device_index(device)
     torch = torch_module()
     stream = int(torch.cuda.current_stream(index).cuda_stream) if torch is not None else 0
-    out = []
-    for o in objs:
-        idx, vals = _core._gpu_upload(o, index, stream)
-        out.append(DeviceSparseObject(o, idx, vals))
-    return out
+    pairs = _core._gpu_upload_batch(list(objs), index, stream)
+    return [DeviceSparseObject(o, idx, vals) for o, (idx, vals) in zip(objs, pairs)]
+
+
+def _members(obj: Any) -> tuple[Any, Any]:
+    if isinstance(obj, DeviceSparseObject):
+        return obj._indices_dev, obj._values_dev
+    return obj.indices, obj.values
+
+
+def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
+    """Applies objs[i] to CUDA weights[i] in a few launches per device (one check of every
+    coordinate first: an out-of-range one leaves every weight unchanged). Weights may be strided
+    views of rank 1 to 3 (a TP slice of a fused parameter, one expert of a stacked one); weights
+    that share memory apply in list order. Host objects are uploaded together first."""
+    _require()
+    if len(weights) != len(objs):
+        raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
+    by_device: dict[int, list[int]] = {}
+    for i, (w, o) in enumerate(zip(weights, objs)):
+        shape = tuple(int(e) for e in w.shape)
+        if shape != tuple(o.local_shape):
+            raise InvalidArgument(f"weights[{i}] shape {shape} != object local shape "
+                                  f"{tuple(o.local_shape)}")
+        by_device.setdefault(_device_of(w), []).append(i)
+    for device, items in by_device.items():
+        host = [i for i in items if not isinstance(objs[i], DeviceSparseObject)]
+        uploaded = dict(zip(host, upload([objs[i] for i in host], device))) if host else {}
+        members = [_members(uploaded.get(i, objs[i])) for i in items]
+        _core._gpu_apply_batch([weights[i] for i in items], [m[0] for m in members],
+                               [m[1] for m in members], [str(objs[i].apply) for i in items],
+                               _stream_of(weights[items[0]]))
 
 
 def apply_gpu(weight: Any, obj: Any) -> None:
-    """`weight` may be a strided view (``w[:, a:b]``, ``w.t()``, ``w[::2]``): it is updated
-    where it lies, the rest of its parent untouched. Overlapping views (expand) are refused."""
-    _require()
-    shape = tuple(int(e) for e in weight.shape)
-    if shape != tuple(obj.local_shape):
-        raise InvalidArgument(f"weight shape {shape} != object local shape {tuple(obj.local_shape)}")
-    if len(shape) == 1:
-        # The kernel takes 2-D weights: a vector is row 0 of a [1, n] view of itself, and its
-        # indices gain a zero row coordinate (built on the host; the call uploads them).
-        import numpy as np
-
-        torch = torch_module()
-        if torch is None or not isinstance(weight, torch.Tensor):
-            raise InvalidArgument("GPU apply of a 1-D weight takes a torch tensor")
-        if isinstance(obj, DeviceSparseObject):
-            flat, vals = np.asarray(obj._indices_dev.to_host()).reshape(-1), obj._values_dev
-        else:
-            flat, vals = np.asarray(obj.indices).reshape(-1), obj.values
-        idx = np.zeros((flat.shape[0], 2), dtype=flat.dtype)
-        idx[:, 1] = flat
-        weight = weight.unsqueeze(0)
-    elif len(shape) != 2:
-        raise InvalidArgument(f"GPU apply takes 1-D or 2-D weights, got shape {shape}; apply a "
-                              "3-D parameter through 2-D views of it (one per leading index)")
-    elif isinstance(obj, DeviceSparseObject):
-        idx, vals = obj._indices_dev, obj._values_dev
-    else:
-        index = _device_index(getattr(weight, "device", 0))
-        idx, vals = _core._gpu_upload(obj, index, _stream_of(weight) or 0)
-    _core._gpu_apply(weight, idx, vals, obj.apply, _stream_of(weight))
+    """`weight` may be a strided view (``w[:, a:b]``, ``w.t()``, ``w[::2]``, ``w13[e]``): it is
+    updated where it lies, the rest of its parent untouched. Overlapping views (expand) are
+    refused."""
+    apply_gpu_batch([weight], [obj])
