@@ -314,7 +314,12 @@ std::shared_ptr<void> StageDeviceMembers(std::span<ParsedPut* const> puts, std::
         slots[k].offset = adjacent ? total : AlignUp(total, 64);
         total = slots[k].offset + m->bytes;
     }
-    auto lease = cuda::PinnedStaging::Acquire(total);
+    // Waits for the staging buffer without the GIL: its holder may need the GIL to finish.
+    Result<cuda::PinnedStaging::Lease> lease = Internal("unset");
+    {
+        pyb::gil_scoped_release nogil;
+        lease = cuda::PinnedStaging::Acquire(total);
+    }
     if (!lease.ok()) throw StatusError(lease.status());
     auto held = std::make_shared<cuda::PinnedStaging::Lease>(std::move(lease).value());
     std::byte* host = held->bytes().data();

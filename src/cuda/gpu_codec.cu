@@ -426,7 +426,6 @@ struct EncodePlan {
     std::uint32_t rank = 2;
     int value_class = 0;
     bool wide = false;
-    bool empty = false;
 };
 
 constexpr std::uint64_t kMaxChunksPerPass = std::uint64_t(1) << 24;
@@ -487,8 +486,8 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
         d.rank = p.rank;
         d.chunk_begin = chunk_begin[i];
         d.tile_begin = tile_begin[i];
-        const std::uint64_t chunks = p.empty ? 0 : p.g.NumChunks();
-        const std::uint64_t tiles = p.empty ? 0 : p.g.NumTiles();
+        const std::uint64_t chunks = p.g.NumChunks();
+        const std::uint64_t tiles = p.g.NumTiles();
         chunk_begin[i + 1] = chunk_begin[i] + chunks;
         tile_begin[i + 1] = tile_begin[i] + tiles;
         if (chunks > 0) {
@@ -805,10 +804,9 @@ Result<std::vector<GpuEncoded>> EncodeUpdates(std::span<const DeviceArray> news,
         p.rank = std::uint32_t(rank);
         p.tile = opt.tile_shape ? ClampTileShape(*opt.tile_shape, nw.shape) : DefaultTileShape(nw.shape);
         p.wide = *std::max_element(nw.shape.begin(), nw.shape.end()) > 65536;
-        p.empty = elements == 0;
-        if (p.empty) {
-            if (p.tile.size() != rank) return InvalidArgument(at + "tile_shape rank differs from the tensor's");
-            continue;
+        if (elements == 0) {
+            // As the host codec: a source tensor has at least one element per dimension.
+            return InvalidArgument(at + "shape has a non-positive extent");
         }
         MCS_RETURN_IF_ERROR(ValidateTileShape(p.tile, nw.shape));
         // [a, b, c] and its tile [ta, tb, tc], leading ones for ranks below 3.
@@ -832,7 +830,7 @@ Result<std::vector<GpuEncoded>> EncodeUpdates(std::span<const DeviceArray> news,
         std::size_t hi = lo;
         std::uint64_t chunks = 0;
         while (hi < news.size()) {
-            const std::uint64_t c = plans[hi].empty ? 0 : plans[hi].g.NumChunks();
+            const std::uint64_t c = plans[hi].g.NumChunks();
             if (hi > lo && chunks + c > kMaxChunksPerPass) break;
             chunks += c;
             ++hi;
@@ -1033,6 +1031,16 @@ Status CopyBatchToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t 
 }
 
 PinnedStaging::Lease::Lease(Lease&& o) noexcept : owner_(o.owner_), bytes_(o.bytes_) { o.owner_ = nullptr; }
+
+PinnedStaging::Lease& PinnedStaging::Lease::operator=(Lease&& o) noexcept {
+    if (this != &o) {
+        if (owner_ != nullptr) static_cast<Staging*>(owner_)->mu.unlock();
+        owner_ = o.owner_;
+        bytes_ = o.bytes_;
+        o.owner_ = nullptr;
+    }
+    return *this;
+}
 
 PinnedStaging::Lease::~Lease() {
     if (owner_ != nullptr) static_cast<Staging*>(owner_)->mu.unlock();

@@ -159,7 +159,9 @@ public:
     class Lease {
     public:
         Lease(Lease&&) noexcept;
-        Lease& operator=(Lease&&) = delete;
+        Lease& operator=(Lease&&) noexcept;
+        Lease(const Lease&) = delete;
+        Lease& operator=(const Lease&) = delete;
         ~Lease();
         std::span<std::byte> bytes() const { return bytes_; }
 

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""A whole RL step of one MoE layer, sparse against dense, with the floor of the same run.
+
+The model is one Kimi-K2-shaped MoE layer slice (routed experts w1/w3 [I, H] and w2 [H, I], a
+shared expert, MLA attention), trained under EP8 (every tensor is one global source) and served
+under EP x TP (default EP4 x TP2 on one node: experts by EP rank, w1/w3/q_b/kv_b split on dim 0
+and w2/o_proj on dim 1 by TP rank, the rest replicated). Inference parameters are stacked as
+the engines hold them (FusedMoE w13 [E_local, 2 I/tp, H] and w2 [E_local, H, I/tp]), so every
+expert target lands in a strided view of a larger tensor.
+
+Per step (a fraction --density of every tensor changes; overwrite and scatter_add):
+
+- sparse: encode_updates (all pairs) -> put_sparse_objects -> read_sparse_objects of every
+  target of the node (device="cuda" on the GPU) -> apply_sparse_objects; each phase timed;
+- dense_full: batch_upsert_tensor of the whole new tensors + batch_get_tensor_into of whole
+  tensors for every (rank, tensor) that needs them (into scratch buffers);
+- dense_box: the same put + each rank reads only its own box into its parameter view (the best
+  dense path);
+- floor: encode reading new and old once at the device's copy bandwidth + the COO bytes once
+  device-to-host and the target bytes once host-to-device at the pinned copy bandwidth
+  (measured in this run; on the CPU: memcpy bandwidth).
+
+Every inference parameter is checked after each sparse step (bit for bit for overwrite). On the
+embedded store and through the node daemon (--backends). Prints one JSON line per result.
+
+    python benchmarks/gpu_sync_bench.py --device cuda --experts 96 --json gpu_sync.jsonl
+    python benchmarks/gpu_sync_bench.py --device cpu --quick         # CI size, under a minute
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import mooncake.sparse as mcs
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - the benchmark needs torch
+    sys.exit("gpu_sync_bench needs torch")
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    name: str
+    shape: tuple[int, int]
+    split: int | None  # TP split dimension, None: replicated
+    expert: int | None  # routed expert id, None: dense (every EP rank holds it)
+    role: str = ""      # "w1" | "w3" | "w2" for routed experts
+
+
+def layer(args) -> list[Spec]:
+    H, I, Is = args.hidden, args.moe_inter, args.shared_inter
+    specs: list[Spec] = []
+    for e in range(args.experts):
+        specs.append(Spec(f"experts.{e}.w1", (I, H), 0, e, "w1"))
+        specs.append(Spec(f"experts.{e}.w3", (I, H), 0, e, "w3"))
+        specs.append(Spec(f"experts.{e}.w2", (H, I), 1, e, "w2"))
+    specs += [Spec("shared.w1", (Is, H), 0, None), Spec("shared.w3", (Is, H), 0, None),
+              Spec("shared.w2", (H, Is), 1, None)]
+    if args.attention:
+        heads, nope, rope, v, q_rank, kv_rank = args.heads, 128, 64, 128, 1536, 512
+        specs += [Spec("attn.q_a_proj", (q_rank, H), None, None),
+                  Spec("attn.q_b_proj", (heads * (nope + rope), q_rank), 0, None),
+                  Spec("attn.kv_a_proj_with_mqa", (kv_rank + rope, H), None, None),
+                  Spec("attn.kv_b_proj", (heads * (nope + v), kv_rank), 0, None),
+                  Spec("attn.o_proj", (H, heads * v), 1, None)]
+    return specs
+
+
+@dataclasses.dataclass
+class Slot:
+    """One (rank, tensor) target and the parameter view it lands in."""
+    target: mcs.Target
+    spec: Spec
+    box: tuple[tuple[int, int], tuple[int, int]]  # origin, shape
+    view: torch.Tensor
+
+
+def inference_node(specs: list[Spec], args, device, dtype) -> tuple[list[Slot], list[torch.Tensor]]:
+    ep, tp = args.ep, args.tp
+    per_rank = args.experts // ep
+    slots: list[Slot] = []
+    params: list[torch.Tensor] = []
+    I, H = args.moe_inter, args.hidden
+    for p in range(ep):
+        for t in range(tp):
+            rank = p * tp + t
+            w13 = torch.empty(per_rank, 2 * (I // tp), H, dtype=dtype, device=device)
+            w2 = torch.empty(per_rank, H, I // tp, dtype=dtype, device=device)
+            params += [w13, w2]
+            for s in specs:
+                if s.expert is not None and s.expert // per_rank != p:
+                    continue
+                origin, shape = [0, 0], list(s.shape)
+                if s.split is not None:
+                    part = s.shape[s.split] // tp
+                    origin[s.split], shape[s.split] = t * part, part
+                if s.expert is not None:
+                    local = s.expert - p * per_rank
+                    half = I // tp
+                    view = {"w1": w13[local, :half], "w3": w13[local, half:],
+                            "w2": w2[local]}[s.role]
+                else:
+                    view = torch.empty(shape, dtype=dtype, device=device)
+                    params.append(view)
+                target = mcs.Target(s.name, f"r{rank}/{s.name}", "node0", {}, tuple(origin),
+                                    tuple(shape))
+                slots.append(Slot(target, s, (tuple(origin), tuple(shape)), view))
+    return slots, params
+
+
+def box_of(x: torch.Tensor, box) -> torch.Tensor:
+    (r0, c0), (nr, nc) = box
+    return x[r0:r0 + nr, c0:c0 + nc]
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn, device) -> tuple[float, object]:
+    sync(device)
+    t = time.perf_counter()
+    out = fn()
+    sync(device)
+    return time.perf_counter() - t, out
+
+
+def ceilings(device, nbytes: int) -> dict:
+    """Copy bandwidths of this run: device copy, pinned host<->device (CUDA), host memcpy."""
+    out = {}
+    n = max(1 << 20, min(nbytes, 1 << 30)) // 2 * 2
+    if device.type == "cuda":
+        a = torch.empty(n, dtype=torch.uint8, device=device)
+        b = torch.empty_like(a)
+        h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        for what, fn, moved in (("d2d", lambda: b.copy_(a), 2 * n),
+                                ("h2d", lambda: a.copy_(h, non_blocking=True), n),
+                                ("d2h", lambda: h.copy_(a, non_blocking=True), n)):
+            fn()
+            best = min(timed(fn, device)[0] for _ in range(5))
+            out[f"{what}_gbps"] = moved / best / 1e9
+    a = np.ones(n, np.uint8)
+    b = np.empty_like(a)
+    best = min(timed(lambda: np.copyto(b, a), torch.device("cpu"))[0] for _ in range(3))
+    out["memcpy_gbps"] = n / best / 1e9
+    return out
+
+
+def changed(old: torch.Tensor, density: float, gen: torch.Generator) -> torch.Tensor:
+    new = old.clone()
+    mask = torch.rand(old.shape, generator=gen, device=old.device) < density
+    new[mask] = (new[mask].float() + 0.5).to(old.dtype)
+    return new
+
+
+def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list[dict]:
+    specs = layer(args)
+    gen = torch.Generator(device=device).manual_seed(rng_seed)
+    trainer = {s.name: torch.randn(s.shape, generator=gen, device=device).to(dtype) for s in specs}
+    slots, _params = inference_node(specs, args, device, dtype)
+    for sl in slots:
+        sl.view.copy_(box_of(trainer[sl.spec.name], sl.box))
+    dense_bytes = sum(t.numel() * t.element_size() for t in trainer.values())
+    node_bytes = sum(sl.view.numel() * sl.view.element_size() for sl in slots)
+    ceil = ceilings(device, dense_bytes)
+    results = []
+    step = 0
+    for apply in args.apply:
+        for rep in range(args.repeats):
+            step += 1
+            gen_k = (step - 1, step)
+            new = {n: changed(t, args.density, gen) for n, t in trainer.items()}
+            names = [s.name for s in specs]
+            pairs = [(new[n], trainer[n]) for n in names]
+            t_enc, coo = timed(lambda: mcs.encode_updates(pairs, apply=apply), device)
+            updates = [dict(tensor_id=n, global_shape=tuple(new[n].shape), indices=i, values=v,
+                            generation=gen_k, apply=apply) for n, (i, v) in zip(names, coo)]
+            t_commit, res = timed(lambda: store.put_sparse_objects(updates), device)
+            bad = [r for r in res if not isinstance(r, dict)]
+            if bad:
+                raise bad[0]
+            coo_bytes = sum(r["bytes"] for r in res)
+            nnz = sum(r["nnz"] for r in res)
+            manifest = store.manifest(gen_k)
+            targets = [sl.target for sl in slots]
+            kw = {"device": device} if device.type == "cuda" else {}
+            t_read, objs = timed(lambda: store.read_sparse_objects(manifest, targets, **kw), device)
+            read_bytes = sum(int(o.indices.numel() * o.indices.element_size()
+                                 + o.values.numel() * o.values.element_size())
+                             if device.type == "cuda" else int(o.indices.nbytes + o.values.nbytes)
+                             for o in objs)
+            t_apply, _ = timed(lambda: mcs.apply_sparse_objects([sl.view for sl in slots], objs),
+                               device)
+            # Check every shard: bit for bit (overwrite) or within one bf16 rounding.
+            worst = 0.0
+            for sl in slots:
+                want = box_of(new[sl.spec.name], sl.box)
+                if apply == "overwrite":
+                    if not torch.equal(sl.view, want):
+                        raise AssertionError(f"{backend}: shard {sl.target.target_id} differs")
+                else:
+                    worst = max(worst, float((sl.view.float() - want.float()).abs().max()))
+            if apply != "overwrite":
+                if worst > 0.1:
+                    raise AssertionError(f"{backend}: scatter_add off by {worst}")
+                for sl in slots:  # resync the shards exactly for the next step
+                    sl.view.copy_(box_of(new[sl.spec.name], sl.box))
+            del objs
+            sparse = t_enc + t_commit + t_read + t_apply
+            # Dense baselines of the same step.
+            keys = [f"dense/{n}" for n in names]
+            tensors = [new[n] for n in names]
+            t_put, _ = timed(lambda: store.batch_upsert_tensor(keys, tensors), device)
+            t_box, _ = timed(lambda: store.batch_get_tensor_into(
+                [f"dense/{sl.spec.name}" for sl in slots], [sl.view for sl in slots],
+                global_offsets=[sl.box[0] for sl in slots]), device)
+            for sl in slots:
+                if not torch.equal(sl.view, box_of(new[sl.spec.name], sl.box)):
+                    raise AssertionError(f"{backend}: dense box read of {sl.target.target_id}")
+            t_full = 0.0
+            full_bytes = 0
+            chunk = max(1, args.full_chunk)
+            for lo in range(0, len(slots), chunk):
+                part = slots[lo:lo + chunk]
+                scratch = [torch.empty(sl.spec.shape, dtype=dtype, device=device) for sl in part]
+                dt, _ = timed(lambda: store.batch_get_tensor_into(
+                    [f"dense/{sl.spec.name}" for sl in part], scratch), device)
+                t_full += dt
+                full_bytes += sum(s.numel() * s.element_size() for s in scratch)
+                del scratch
+            for n in names:
+                trainer[n] = new[n]
+            if device.type == "cuda":
+                floor = (2 * dense_bytes / (ceil["d2d_gbps"] * 1e9) + coo_bytes / (ceil["d2h_gbps"] * 1e9)
+                         + read_bytes / (ceil["h2d_gbps"] * 1e9))
+            else:
+                floor = (2 * dense_bytes + coo_bytes + read_bytes) / (ceil["memcpy_gbps"] * 1e9)
+            r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
+                 "step": step, "tensors": len(specs), "targets": len(slots),
+                 "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
+                 "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
+                 "coo_bytes": coo_bytes, "read_bytes": read_bytes,
+                 "encode_s": t_enc, "commit_s": t_commit, "read_s": t_read, "apply_s": t_apply,
+                 "sparse_s": sparse,
+                 "commit_us_per_tensor": t_commit / len(specs) * 1e6,
+                 "read_us_per_target": t_read / len(slots) * 1e6,
+                 "dense_put_s": t_put, "dense_box_get_s": t_box, "dense_box_s": t_put + t_box,
+                 "dense_full_get_s": t_full, "dense_full_s": t_put + t_full,
+                 "dense_full_get_bytes": full_bytes,
+                 "floor_s": floor, "speedup_vs_dense_box": (t_put + t_box) / sparse,
+                 "speedup_vs_dense_full": (t_put + t_full) / sparse, "sparse_over_floor": sparse / floor,
+                 "bit_exact": apply == "overwrite", **ceil}
+            print(json.dumps(r), flush=True)
+            log(f"{backend} {apply} step {step}: sparse {sparse * 1e3:.1f} ms (enc {t_enc * 1e3:.1f} "
+                f"commit {t_commit * 1e3:.1f} read {t_read * 1e3:.1f} apply {t_apply * 1e3:.1f}) | "
+                f"dense box {(t_put + t_box) * 1e3:.1f} ms, full {(t_put + t_full) * 1e3:.1f} ms | "
+                f"floor {floor * 1e3:.1f} ms")
+            results.append(r)
+    return results
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--experts", type=int, default=96)
+    ap.add_argument("--hidden", type=int, default=7168)
+    ap.add_argument("--moe-inter", type=int, default=2048)
+    ap.add_argument("--shared-inter", type=int, default=2048)
+    ap.add_argument("--heads", type=int, default=64, help="attention heads of the layer")
+    ap.add_argument("--no-attention", dest="attention", action="store_false")
+    ap.add_argument("--ep", type=int, default=4)
+    ap.add_argument("--tp", type=int, default=2)
+    ap.add_argument("--density", type=float, default=0.01)
+    ap.add_argument("--apply", default="overwrite,scatter_add")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--backends", default="embedded,node")
+    ap.add_argument("--full-chunk", type=int, default=64, help="targets per dense_full get batch")
+    ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    if args.quick:
+        args.experts, args.hidden, args.moe_inter, args.shared_inter = 8, 512, 256, 256
+        args.heads, args.repeats = 4, 1
+    args.apply = [a for a in args.apply.split(",") if a]
+    device = torch.device(args.device)
+    dtype = torch.bfloat16
+    if args.experts % args.ep:
+        sys.exit("--experts must be a multiple of --ep")
+    specs = layer(args)
+    dense = sum(s.shape[0] * s.shape[1] for s in specs) * 2
+    store_bytes = int(dense * 1.3 + (256 << 20))
+    log(f"layer: {len(specs)} tensors, {dense / 1e9:.2f} GB {dtype}, device {device}")
+    out = []
+    seed = int(np.random.SeedSequence().entropy % (1 << 31))
+    for backend in [b for b in args.backends.split(",") if b]:
+        if backend == "embedded":
+            store = mcs.connect(capacity_bytes=store_bytes, pinned_quota_bytes=store_bytes)
+            out += run_backend(store, backend, args, device, dtype, seed)
+            store.close()
+        elif backend == "node":
+            try:
+                find_node_daemon()
+            except FileNotFoundError:
+                log("node: mooncake_sparse_node not built, skipped")
+                continue
+            seg = 1 << 30
+            with tempfile.TemporaryDirectory(prefix="mcs-gs-") as tmp, \
+                    start_node_daemon(tmp, segment_size=f"{seg >> 20}MiB",
+                                      num_segments=max(2, -(-store_bytes // seg))) as d:
+                store = mcs.connect(d.url)
+                out += run_backend(store, backend, args, device, dtype, seed)
+                store.close()
+        else:
+            sys.exit(f"unknown backend {backend!r}")
+    meta = {"what": "meta", "host": platform.node(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "argv": sys.argv[1:]}
+    print(json.dumps(meta), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            for r in [meta] + out:
+                f.write(json.dumps(r) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Plots gpu_sync_bench.py results: one RL step of a MoE layer, sparse phases against the dense
+paths and the floor of the same run, per backend and apply mode (the last step of each).
+
+    python benchmarks/plot_gpu_sync.py DIR   # reads DIR/gpu_sync.jsonl, writes DIR/gpu_sync.png
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out_dir = pathlib.Path(argv[0])
+    recs = [json.loads(line) for line in (out_dir / "gpu_sync.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if r.get("what") == "gpu_sync"]
+    last: dict[tuple[str, str], dict] = {}
+    for r in recs:
+        last[(r["backend"], r["apply"])] = r
+    keys = sorted(last)
+    fig, ax = plt.subplots(figsize=(2.6 * len(keys) + 2, 4.5))
+    width = 0.2
+    phases = [("encode_s", "encode"), ("commit_s", "commit"), ("read_s", "read"),
+              ("apply_s", "apply")]
+    colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2"]
+    for k, key in enumerate(keys):
+        r = last[key]
+        bottom = 0.0
+        for (field, label), c in zip(phases, colors):
+            ax.bar(k - 1.5 * width, r[field] * 1e3, width, bottom=bottom, color=c,
+                   label=label if k == 0 else None)
+            bottom += r[field] * 1e3
+        ax.bar(k - 0.5 * width, r["dense_box_s"] * 1e3, width, color="#dd8452",
+               label="dense, own box" if k == 0 else None)
+        ax.bar(k + 0.5 * width, r["dense_full_s"] * 1e3, width, color="#937860",
+               label="dense, whole tensors" if k == 0 else None)
+        ax.bar(k + 1.5 * width, r["floor_s"] * 1e3, width, color="#999999",
+               label="floor" if k == 0 else None)
+        ax.text(k - 1.5 * width, bottom, f"{r['speedup_vs_dense_box']:.1f}x", ha="center",
+                va="bottom", fontsize=8)
+    ax.set_xticks(range(len(keys)))
+    ax.set_xticklabels([f"{b}\n{a}" for b, a in keys])
+    ax.set_ylabel("ms per step")
+    r0 = last[keys[0]]
+    ax.set_title(f"one MoE layer step: {r0['tensors']} tensors, {r0['targets']} targets, "
+                 f"{r0['dense_bytes'] / 1e9:.1f} GB, density {r0['density']}, {r0['device']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / "gpu_sync.png", dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

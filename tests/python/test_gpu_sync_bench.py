@@ -1,0 +1,29 @@
+"""benchmarks/gpu_sync_bench.py at its CPU size (--quick): a whole sparse step of a MoE layer
+and its dense baselines run, every shard checked, and the JSON lines carry every phase."""
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+BENCH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_sync_bench.py"
+
+
+def test_cpu_size_runs_and_reports_every_phase(tmp_path):
+    out = tmp_path / "gpu_sync.jsonl"
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--quick",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    steps = [r for r in recs if r["what"] == "gpu_sync"]
+    assert {r["apply"] for r in steps} == {"overwrite", "scatter_add"}
+    for r in steps:
+        for k in ("encode_s", "commit_s", "read_s", "apply_s", "dense_box_s", "dense_full_s",
+                  "floor_s"):
+            assert r[k] > 0, k
+        assert r["nnz"] > 0 and r["targets"] > r["tensors"]
+        assert r["read_bytes"] < r["node_bytes"]
