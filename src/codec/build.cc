@@ -707,3 +707,133 @@ Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& i
 }
 
 }  // namespace mooncake::sparse
+
+namespace mooncake::sparse {
+namespace {
+
+/// The fast path of BuildSparseObject(desc, OwnedCoo): rank-2 entries of index type T already
+/// sorted by (tile, element), strictly, inside `box`. Fills the tile index of `obj` and returns
+/// true; false (obj's tile index then is garbage) when an entry is out of order or outside the
+/// box, which the general path then reports or sorts.
+template <typename T>
+bool SortedTileIndex2D(const std::byte* indices, std::uint64_t nnz, const Box& box,
+                       std::span<const Index> tile_shape, std::span<const Index> global_shape,
+                       SparseObject& obj) {
+    const auto lo0 = static_cast<std::uint64_t>(box.begin(0));
+    const auto lo1 = static_cast<std::uint64_t>(box.begin(1));
+    const auto ext0 = static_cast<std::uint64_t>(box.shape()[0]);
+    const auto ext1 = static_cast<std::uint64_t>(box.shape()[1]);
+    const auto ts0 = static_cast<std::uint64_t>(tile_shape[0]);
+    const auto ts1 = static_cast<std::uint64_t>(tile_shape[1]);
+    const auto g1 = static_cast<std::uint64_t>(global_shape[1]);
+    const std::uint64_t grid1 = g1 / ts1 + (g1 % ts1 != 0);
+    std::vector<TileCoord>& coords = obj.tile_coords;
+    std::vector<std::uint64_t>& ptr = obj.tile_ptr;
+    coords.clear();
+    ptr.clear();
+    ptr.push_back(0);
+    std::uint64_t tile = 0;
+    std::uint64_t i = 0;
+    while (i < nnz) {
+        // Entry i opens a tile: it must lie in the box, and its tile must follow the last one.
+        const std::uint64_t r = LoadAs<T>(indices + (2 * i) * sizeof(T));
+        const std::uint64_t c = LoadAs<T>(indices + (2 * i + 1) * sizeof(T));
+        if ((r - lo0) >= ext0 || (c - lo1) >= ext1) return false;
+        const std::uint64_t tr = r / ts0, tc = c / ts1;
+        const std::uint64_t next = tr * grid1 + tc;
+        if (i > 0) {
+            if (next <= tile) return false;
+            ptr.push_back(i);
+        }
+        tile = next;
+        coords.push_back(static_cast<TileCoord>(tr));
+        coords.push_back(static_cast<TileCoord>(tc));
+        // The part of the tile inside the box: rows [r_lo, r_lo + r_n), columns likewise.
+        const std::uint64_t r_lo = std::max(tr * ts0, lo0);
+        const std::uint64_t r_n = std::min(tr * ts0 + ts0, lo0 + ext0) - r_lo;
+        const std::uint64_t c_lo = std::max(tc * ts1, lo1);
+        const std::uint64_t c_n = std::min(tc * ts1 + ts1, lo1 + ext1) - c_lo;
+        // The rest of the tile's entries: inside it, each after the one before in row-major
+        // order. The loop leaves at the first entry of another tile (or outside the box).
+        std::uint64_t prev_r = r, prev_c = c;
+        bool ordered = true;
+        for (++i; i < nnz; ++i) {
+            const std::uint64_t er = LoadAs<T>(indices + (2 * i) * sizeof(T));
+            const std::uint64_t ec = LoadAs<T>(indices + (2 * i + 1) * sizeof(T));
+            if ((er - r_lo) >= r_n || (ec - c_lo) >= c_n) break;
+            // Branch-free: at low density consecutive entries share a row about half the time.
+            ordered &= (er > prev_r) | ((er == prev_r) & (ec > prev_c));
+            prev_r = er;
+            prev_c = ec;
+        }
+        if (!ordered) return false;
+    }
+    ptr.push_back(nnz);
+    return true;
+}
+
+}  // namespace
+
+Result<SparseObject> BuildSparseObject(SourceDescriptor desc, OwnedCoo coo,
+                                       const EncodeOptions& options) {
+    const auto general = [&]() -> Result<SparseObject> {
+        const auto nnz = static_cast<Index>(coo.nnz);
+        const auto rank = static_cast<Index>(desc.global_shape.size());
+        const HostArray idx{coo.index_dtype, {nnz, rank}, coo.indices};
+        const HostArray val{coo.value_dtype, {nnz}, coo.values};
+        return BuildSparseObject(desc, idx, val, options);
+    };
+    // Only the clean case takes the fast path; everything else, errors included, is the general
+    // path's.
+    const std::size_t rank = desc.global_shape.size();
+    if (rank != 2 || coo.nnz == 0 || options.duplicates != DuplicatePolicy::kError ||
+        options.num_threads < 0 || !ValidateShape(desc.global_shape).ok() ||
+        !IsNumericDType(coo.value_dtype)) {
+        return general();
+    }
+    const Index max_extent = *std::max_element(desc.global_shape.begin(), desc.global_shape.end());
+    const DType index_dtype = NarrowestIndexDType(max_extent);
+    if (coo.index_dtype != index_dtype ||
+        coo.indices.size() != coo.nnz * rank * DTypeSize(index_dtype) ||
+        coo.values.size() != coo.nnz * DTypeSize(coo.value_dtype)) {
+        return general();
+    }
+    Box box = desc.box;
+    if (box.rank() == 0) {
+        auto whole = Box::Whole(desc.global_shape);
+        if (!whole.ok()) return general();
+        box = *whole;
+    }
+    if (box.rank() != rank || !InsideShape(box, desc.global_shape)) return general();
+    const Shape tile_shape = options.tile_shape
+                                 ? ClampTileShape(*options.tile_shape, desc.global_shape)
+                                 : DefaultTileShape(desc.global_shape);
+    if (!ValidateTileShape(tile_shape, desc.global_shape).ok()) return general();
+
+    SparseObject obj;
+    bool sorted = false;
+    VisitUnsignedIndexDType(index_dtype, [&](auto tag) {
+        sorted = SortedTileIndex2D<decltype(tag)>(coo.indices.data(), coo.nnz, box, tile_shape,
+                                                  desc.global_shape, obj);
+    });
+    if (!sorted) return general();
+
+    desc.box = box;
+    desc.tile_shape = tile_shape;
+    desc.index_dtype = index_dtype;
+    desc.value_dtype = coo.value_dtype;
+    desc.nnz = coo.nnz;
+    desc.num_tiles = obj.tile_ptr.size() - 1;
+    // The general path fills in these fields itself, so it still may take over from here.
+    SourceDescriptor check = desc;
+    if (check.source_ref.empty()) check.source_ref = "<uncommitted>";
+    if (!SourceDescriptor::Make(std::move(check)).ok()) return general();
+    obj.coordinate_space = "global";
+    obj.desc = std::move(desc);
+    obj.indices = std::move(coo.indices);
+    obj.values = std::move(coo.values);
+    UpdateChecksums(obj);
+    return obj;
+}
+
+}  // namespace mooncake::sparse

@@ -22,6 +22,7 @@
 namespace mooncake::sparse {
 
 using codec_internal::LoadAs;
+using codec_internal::StoreAs;
 
 std::uint64_t Checksum(std::span<const std::byte> bytes) {
     return XXH3_64bits(bytes.data(), bytes.size());
@@ -164,6 +165,21 @@ std::uint64_t FilterRebaseTyped(const std::byte* in_idx, const std::byte* in_val
         ext[d] = static_cast<std::uint64_t>(overlap.shape()[d]);
         org[d] = static_cast<std::uint64_t>(origin[d]);
     }
+    if (!filter) {
+        // Every entry is kept: values move as one block, and the rebase is a loop without a
+        // data-dependent store position, which the compiler vectorizes.
+        std::memcpy(out_val, in_val, count * vb);
+        if constexpr (kRank != 0) {
+            for (std::uint64_t i = 0; i < count; ++i) {
+                for (std::size_t d = 0; d < kRank; ++d) {
+                    const InT c = LoadAs<InT>(in_idx + (i * kRank + d) * sizeof(InT));
+                    StoreAs<OutT>(out_idx + (i * kRank + d) * sizeof(OutT),
+                                  static_cast<OutT>(std::uint64_t{c} - org[d]));
+                }
+            }
+            return count;
+        }
+    }
     std::uint64_t kept = 0;
     for (std::uint64_t i = 0; i < count; ++i) {
         InT c[kRank ? kRank : kMaxRank];
@@ -186,12 +202,12 @@ std::uint64_t FilterRebaseTyped(const std::byte* in_idx, const std::byte* in_val
 
 }  // namespace
 
-std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
-                           std::span<const std::byte> in_values, std::uint64_t count,
-                           std::size_t rank, DType in_index_dtype, std::size_t value_bytes,
-                           const Box& overlap, bool filter, std::span<const Index> origin,
-                           DType out_index_dtype, std::vector<std::byte>& out_indices,
-                           std::vector<std::byte>& out_values) {
+std::uint64_t FilterRebaseInto(std::span<const std::byte> in_indices,
+                               std::span<const std::byte> in_values, std::uint64_t count,
+                               std::size_t rank, DType in_index_dtype, std::size_t value_bytes,
+                               const Box& overlap, bool filter, std::span<const Index> origin,
+                               DType out_index_dtype, std::span<std::byte> out_indices,
+                               std::span<std::byte> out_values) {
     const std::size_t in_size = DTypeSize(in_index_dtype);
     const std::size_t out_size = DTypeSize(out_index_dtype);
     const bool valid = rank >= 1 && rank <= kMaxRank && value_bytes >= 1 &&
@@ -204,13 +220,11 @@ std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
     count = std::min<std::uint64_t>(
         {count, in_indices.size() / (rank * in_size), in_values.size() / value_bytes});
     if (count == 0) return 0;
-
-    const std::size_t idx_base = out_indices.size();
-    const std::size_t val_base = out_values.size();
-    out_indices.resize(idx_base + count * rank * out_size);
-    out_values.resize(val_base + count * value_bytes);
-    std::byte* out_idx = out_indices.data() + idx_base;
-    std::byte* out_val = out_values.data() + val_base;
+    if (out_indices.size() < count * rank * out_size || out_values.size() < count * value_bytes) {
+        return 0;
+    }
+    std::byte* out_idx = out_indices.data();
+    std::byte* out_val = out_values.data();
 
     std::uint64_t kept = 0;
     auto run = [&](auto in_tag, auto out_tag) {
@@ -234,6 +248,35 @@ std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
         codec_internal::VisitUnsignedIndexDType(out_index_dtype,
                                                 [&](auto out_tag) { run(in_tag, out_tag); });
     });
+    return kept;
+}
+
+std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
+                           std::span<const std::byte> in_values, std::uint64_t count,
+                           std::size_t rank, DType in_index_dtype, std::size_t value_bytes,
+                           const Box& overlap, bool filter, std::span<const Index> origin,
+                           DType out_index_dtype, std::vector<std::byte>& out_indices,
+                           std::vector<std::byte>& out_values) {
+    const std::size_t in_size = DTypeSize(in_index_dtype);
+    const std::size_t out_size = DTypeSize(out_index_dtype);
+    const bool valid = rank >= 1 && rank <= kMaxRank && value_bytes >= 1 &&
+                       IsUnsignedIndexDType(in_index_dtype) &&
+                       IsUnsignedIndexDType(out_index_dtype) && origin.size() >= rank &&
+                       (!filter || overlap.rank() == rank);
+    assert(valid && "FilterRebase: bad rank, dtype, origin or overlap");
+    if (!valid || count == 0) return 0;
+    count = std::min<std::uint64_t>(
+        {count, in_indices.size() / (rank * in_size), in_values.size() / value_bytes});
+    if (count == 0) return 0;
+
+    const std::size_t idx_base = out_indices.size();
+    const std::size_t val_base = out_values.size();
+    out_indices.resize(idx_base + count * rank * out_size);
+    out_values.resize(val_base + count * value_bytes);
+    const std::uint64_t kept = FilterRebaseInto(
+        in_indices, in_values, count, rank, in_index_dtype, value_bytes, overlap, filter, origin,
+        out_index_dtype, std::span(out_indices).subspan(idx_base),
+        std::span(out_values).subspan(val_base));
     out_indices.resize(idx_base + kept * rank * out_size);
     out_values.resize(val_base + kept * value_bytes);
     return kept;

@@ -92,6 +92,26 @@ std::uint64_t Checksum(std::span<const std::byte> bytes);
 Result<SparseObject> BuildSparseObject(SourceDescriptor desc, const HostArray& indices,
                                        const HostArray& values, const EncodeOptions& options = {});
 
+/// A COO whose arrays BuildSparseObject may take over (no copy when they already are what the
+/// object holds): `indices` [nnz, rank] of `index_dtype`, `values` [nnz] of `value_dtype`.
+struct OwnedCoo {
+    DType index_dtype = DType::kUInt16;
+    DType value_dtype = DType::kBFloat16;
+    std::uint64_t nnz = 0;
+    std::vector<std::byte> indices;
+    std::vector<std::byte> values;
+};
+
+/// BuildSparseObject on arrays it takes ownership of. The result, and every error, is exactly
+/// that of BuildSparseObject on views of the same bytes. When the entries are already sorted by
+/// (tile, element) without duplicates, of rank 2 and of the narrowest index dtype (what a
+/// filtered, rebased range of a sorted object is), the arrays become the object's members as
+/// they are: one pass checks the order and bounds and builds the tile index, with no key array,
+/// sort or gather.
+/// Errors: as BuildSparseObject.
+Result<SparseObject> BuildSparseObject(SourceDescriptor desc, OwnedCoo coo,
+                                       const EncodeOptions& options = {});
+
 /// The result of EncodeUpdate: a global COO already sorted by (tile, element) for
 /// `tile_shape`, so BuildSparseObject takes it without sorting.
 struct EncodedUpdate {
@@ -177,6 +197,17 @@ std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
                            const Box& overlap, bool filter, std::span<const Index> origin,
                            DType out_index_dtype, std::vector<std::byte>& out_indices,
                            std::vector<std::byte>& out_values);
+
+/// FilterRebase into caller memory: writes the kept entries at the start of `out_indices` /
+/// `out_values`, which must hold `count` entries each (of `out_index_dtype`, `value_bytes`), and
+/// returns how many it kept. Same preconditions as FilterRebase; returns 0 when an output span
+/// is too small.
+std::uint64_t FilterRebaseInto(std::span<const std::byte> in_indices,
+                               std::span<const std::byte> in_values, std::uint64_t count,
+                               std::size_t rank, DType in_index_dtype, std::size_t value_bytes,
+                               const Box& overlap, bool filter, std::span<const Index> origin,
+                               DType out_index_dtype, std::span<std::byte> out_indices,
+                               std::span<std::byte> out_values);
 
 /// Builds the tile index of an object whose indices are already sorted by (tile, element) for
 /// `tile_shape` (relative to coordinate 0 of its coordinate space); fills tile_coords/tile_ptr.

@@ -4,6 +4,7 @@
 // steps, each a function below, and the check of every manifest entry against the stored
 // object's metadata before anything is sized from it.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <optional>
@@ -86,7 +87,14 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     }
     Shape local(target.box.shape().begin(), target.box.shape().end());
     const DType out_index = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
-    std::vector<std::byte> indices, values;
+    const std::size_t osz = DTypeSize(out_index) * local.size();
+    const std::size_t out_vsz = DTypeSize(first.value_dtype);
+    // The output is sized once for every piece's entries (an upper bound: a filtered piece may
+    // keep fewer) and each piece is filtered straight into it.
+    std::uint64_t bound = 0;
+    for (const Piece& p : pieces) bound += p.range.size();
+    std::vector<std::byte> indices(bound * osz), values(bound * out_vsz);
+    std::uint64_t nnz = 0;
     for (const Piece& p : pieces) {
         const SourceDescriptor& s = manifest[p.source_index];
         const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
@@ -99,10 +107,17 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
         }
         std::span<const std::byte> in_idx(p.data->indices->data() + row * isz, count * isz);
         std::span<const std::byte> in_val(p.data->values->data() + row * vsz, count * vsz);
-        FilterRebase(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
-                     p.range.exact_coordinate_filter, target.box.origin(), out_index, indices,
-                     values);
+        nnz += FilterRebaseInto(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
+                                p.range.exact_coordinate_filter, target.box.origin(), out_index,
+                                std::span(indices).subspan(nnz * osz),
+                                std::span(values).subspan(nnz * out_vsz));
         fanout_bytes += count * (isz + vsz);
+    }
+    if (nnz < bound) {
+        indices.resize(nnz * osz);
+        values.resize(nnz * out_vsz);
+        indices.shrink_to_fit();
+        values.shrink_to_fit();
     }
     SourceDescriptor desc;
     desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
@@ -112,15 +127,16 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     desc.generation = first.generation;
     desc.placement = target.placement;
     desc.apply = first.apply;
-    const std::uint64_t nnz = values.size() / DTypeSize(first.value_dtype);
-    HostArray idx_arr{out_index, {Index(nnz), Index(local.size())}, indices};
-    HostArray val_arr{first.value_dtype, {Index(nnz)}, values};
     EncodeOptions enc;
     Shape tile(first.tile_shape);
     for (std::size_t d = 0; d < tile.size(); ++d) tile[d] = std::min(tile[d], local[d]);
     enc.tile_shape = tile;
     enc.num_threads = 1;
-    auto built = BuildSparseObject(std::move(desc), idx_arr, val_arr, enc);
+    // Rebased ranges of a sorted source usually are sorted for the target's tiles too: then the
+    // arrays become the object's members as they are.
+    auto built = BuildSparseObject(
+        std::move(desc), OwnedCoo{out_index, first.value_dtype, nnz, std::move(indices), std::move(values)},
+        enc);
     if (!built.ok()) return built.status().WithContext("materializing " + target.target_id);
     TargetObject out{target.target_id, target.node_id, target.box, std::move(built).value()};
     out.object.coordinate_space = "local";
@@ -163,6 +179,16 @@ struct SparseStore::ReadCall {
     std::vector<const TileIndex*> lookup;
     std::optional<BatchPlan> plan;   ///< Unset when over the planning budget.
     std::vector<ReadData> reads;     ///< Per unique read of the plan.
+    /// The unique reads ReadUniqueRanges reads next (MaterializeTargets reads the plan's in
+    /// chunks, each just before the targets that need it are built).
+    std::vector<std::size_t> pending_reads;
+    /// Per unique read: its node cache key and source (built once per call).
+    std::vector<NodeCache::RangeKey> range_keys;
+    std::vector<std::uint32_t> read_source;
+    /// The first error of a chunk's range reads (MaterializeTargets stops there).
+    Status read_status;
+    /// Range reads done after StartMaterializing, not part of materialize_seconds.
+    double interleaved_read_seconds = 0;
     std::vector<ReadData> full;      ///< Per manifest entry: the budget fallback's full reads.
     std::vector<std::vector<Piece>> pieces;  ///< Per target.
     std::vector<Result<TargetObject>> results;
@@ -182,13 +208,15 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
         MCS_RETURN_IF_ERROR(LoadIndexes(call));
         MCS_ASSIGN_OR_RETURN(const bool planned, PlanReads(call));
         if (planned) {
-            MCS_RETURN_IF_ERROR(ReadUniqueRanges(call));
+            call.reads.resize(call.plan->reads.size());
             CollectPlannedPieces(call);
-            call.scratch->plan = std::move(*call.plan);  // its storage serves the next read
         }
         call.StartMaterializing();
         if (!planned) MCS_RETURN_IF_ERROR(ReadFullSources(call));
+        // With a plan, the range reads happen here too, chunk by chunk.
         MaterializeTargets(call);
+        MCS_RETURN_IF_ERROR(call.read_status);
+        if (planned) call.scratch->plan = std::move(*call.plan);  // its storage serves the next read
     }
     MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> out, PublishTargets(call));
     AddReadMetrics(call.metrics);
@@ -239,28 +267,34 @@ Status SparseStore::ReadUniqueRanges(ReadCall& call) {
     const BatchPlan& plan = *call.plan;
     SparseMetrics& m = call.metrics;
     const auto start = Clock::now();
-    call.reads.resize(plan.reads.size());
-    // The source of each read, from its (source, node) group.
-    std::vector<std::uint32_t> read_source(plan.reads.size());
-    std::vector<NodeCache::RangeKey> keys(plan.reads.size());
-    for (const ReadGroup& g : plan.read_groups) {
-        const std::string* ref = &call.manifest[g.source_index].source_ref;
-        for (std::size_t r = g.begin; r < g.end; ++r) {
-            read_source[r] = g.source_index;
-            keys[r] = {ref, plan.reads[r].start, plan.reads[r].end};
+    if (call.range_keys.size() != plan.reads.size()) {
+        // The source of each read, from its (source, node) group.
+        call.read_source.assign(plan.reads.size(), 0);
+        call.range_keys.assign(plan.reads.size(), {});
+        for (const ReadGroup& g : plan.read_groups) {
+            const std::string* ref = &call.manifest[g.source_index].source_ref;
+            for (std::size_t r = g.begin; r < g.end; ++r) {
+                call.read_source[r] = g.source_index;
+                call.range_keys[r] = {ref, plan.reads[r].start, plan.reads[r].end};
+            }
         }
     }
+    const std::vector<std::size_t>& which = call.pending_reads;
+    std::vector<NodeCache::RangeKey> keys(which.size());
+    std::vector<ReadData> reads(which.size());
+    for (std::size_t k = 0; k < which.size(); ++k) keys[k] = call.range_keys[which[k]];
     // Each unique range is a cache hit, a wait on a concurrent request's read of it, or a read
     // of our own that concurrent requests may wait on (single flight).
-    NodeCache::RangeClaims claims = cache_->ClaimRanges(keys, &call, call.reads);
+    NodeCache::RangeClaims claims = cache_->ClaimRanges(keys, &call, reads);
     m.cache_hits += claims.hits;
     m.range_cache_hits += claims.hits;
     std::vector<RangeRead> batch;
     std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
-    for (std::size_t r : claims.missing) {
+    for (std::size_t k : claims.missing) {
+        const std::size_t r = which[k];
         const UniqueRead& u = plan.reads[r];
         // Sized from a manifest entry that LoadIndex checked against the stored object.
-        const SourceDescriptor& s = call.manifest[read_source[r]];
+        const SourceDescriptor& s = call.manifest[call.read_source[r]];
         auto ib = std::make_shared<std::vector<std::byte>>(u.size() * s.rank() *
                                                            DTypeSize(s.index_dtype));
         auto vb = std::make_shared<std::vector<std::byte>>(u.size() * DTypeSize(s.value_dtype));
@@ -272,22 +306,23 @@ Status SparseStore::ReadUniqueRanges(ReadCall& call) {
     }
     const Status read_status = batch.empty() ? Status::Ok() : store_->ReadRanges(batch);
     if (read_status.ok()) {
-        for (std::size_t k = 0; k < claims.missing.size(); ++k) {
-            const std::size_t r = claims.missing[k];
-            call.reads[r] = {idx_bufs[k], val_bufs[k], plan.reads[r].start};
+        for (std::size_t j = 0; j < claims.missing.size(); ++j) {
+            const std::size_t k = claims.missing[j];
+            reads[k] = {idx_bufs[j], val_bufs[j], plan.reads[which[k]].start};
         }
     }
     // Our flights complete before we wait for anyone else's, so waits never form a cycle.
-    cache_->FinishRanges(keys, &call, read_status, call.reads, claims);
+    cache_->FinishRanges(keys, &call, read_status, reads, claims);
     if (!read_status.ok()) return read_status.WithContext("range reads");
     m.range_gets += claims.missing.size();
-    for (auto& [r, flight] : claims.waits) {
+    for (auto& [k, flight] : claims.waits) {
         const NodeCache::RangeResult& got = flight.get();
         if (!got.ok()) return got.status().WithContext("a concurrent request's range read");
-        call.reads[r] = *got;
+        reads[k] = *got;
         ++m.single_flight_waits;
     }
-    m.read_seconds = Seconds(start);
+    for (std::size_t k = 0; k < which.size(); ++k) call.reads[which[k]] = std::move(reads[k]);
+    m.read_seconds += Seconds(start);
     return Status::Ok();
 }
 
@@ -364,11 +399,82 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
     }
     constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
     const int threads = entries < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
-    internal::ParallelFor(threads, call.targets.size(), [&](std::size_t t) {
+    const auto build = [&](std::size_t t) {
         call.results[t] = MaterializeTarget(call.manifest, call.targets[t],
                                             call.selection.matches_of(t), call.pieces[t],
                                             call.fanout[t]);
-    });
+    };
+    if (!call.plan) {  // The budget fallback: every source is read already.
+        internal::ParallelFor(threads, call.targets.size(), build);
+        return;
+    }
+    // The plan's unique reads are read in chunks of about kChunkBytes, each just before the
+    // targets that need it are built, and each is dropped once the last target that needs it
+    // is built (the node cache keeps what it caches). Targets are built in the order of the
+    // first read they need, so that the targets sharing a read are built one after another.
+    // The call so holds a chunk of range reads at a time, not every read next to every target
+    // object, and the memory of one chunk's reads serves the next.
+    constexpr std::uint64_t kChunkBytes = std::uint64_t{64} << 20;
+    const BatchPlan& plan = *call.plan;
+    const std::size_t num_reads = call.reads.size();
+    const ReadData* reads_begin = call.reads.data();
+    const auto read_of = [&](const Piece& p) {
+        return static_cast<std::size_t>(p.data - reads_begin);
+    };
+    std::vector<std::uint32_t> uses(num_reads, 0);
+    std::vector<std::pair<std::size_t, std::uint32_t>> order(call.targets.size());
+    for (std::size_t t = 0; t < call.targets.size(); ++t) {
+        std::size_t first = num_reads;
+        for (const Piece& p : call.pieces[t]) {
+            ++uses[read_of(p)];
+            first = std::min(first, read_of(p));
+        }
+        order[t] = {first, static_cast<std::uint32_t>(t)};
+    }
+    std::stable_sort(order.begin(), order.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<bool> scheduled(num_reads, false);
+    std::vector<std::atomic<std::uint32_t>> left(num_reads);
+    for (std::size_t r = 0; r < num_reads; ++r) left[r].store(uses[r], std::memory_order_relaxed);
+    call.read_source.assign(num_reads, 0);
+    for (const ReadGroup& g : plan.read_groups) {
+        for (std::size_t r = g.begin; r < g.end; ++r) call.read_source[r] = g.source_index;
+    }
+    const auto entry_bytes = [&](std::size_t r) {
+        return call.manifest[call.read_source[r]].EntryBytes();
+    };
+    std::size_t begin = 0;
+    while (begin < order.size()) {
+        // The next chunk: targets from `begin` until their new reads reach kChunkBytes.
+        call.pending_reads.clear();
+        std::uint64_t bytes = 0;
+        std::size_t end = begin;
+        while (end < order.size() && (bytes < kChunkBytes || end == begin)) {
+            for (const Piece& p : call.pieces[order[end].second]) {
+                const std::size_t r = read_of(p);
+                if (scheduled[r]) continue;
+                scheduled[r] = true;
+                call.pending_reads.push_back(r);
+                bytes += plan.reads[r].size() * entry_bytes(r);
+            }
+            ++end;
+        }
+        if (!call.pending_reads.empty()) {
+            const auto read_start = Clock::now();
+            call.read_status = ReadUniqueRanges(call);
+            call.interleaved_read_seconds += Seconds(read_start);
+            if (!call.read_status.ok()) return;
+        }
+        internal::ParallelFor(threads, end - begin, [&](std::size_t i) {
+            const std::size_t t = order[begin + i].second;
+            build(t);
+            for (const Piece& p : call.pieces[t]) {
+                const std::size_t r = read_of(p);
+                if (left[r].fetch_sub(1, std::memory_order_acq_rel) == 1) call.reads[r] = {};
+            }
+        });
+        begin = end;
+    }
 }
 
 Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {
@@ -382,7 +488,7 @@ Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {
         ++m.target_objects_published;
         out.push_back(std::move(call.results[t]).value());
     }
-    m.materialize_seconds = Seconds(call.materialize_start);
+    m.materialize_seconds = Seconds(call.materialize_start) - call.interleaved_read_seconds;
     return out;
 }
 
