@@ -772,68 +772,92 @@ bool SortedTileIndex2D(const std::byte* indices, std::uint64_t nnz, const Box& b
     return true;
 }
 
-}  // namespace
-
-Result<SparseObject> BuildSparseObject(SourceDescriptor desc, OwnedCoo coo,
-                                       const EncodeOptions& options) {
-    const auto general = [&]() -> Result<SparseObject> {
-        const auto nnz = static_cast<Index>(coo.nnz);
-        const auto rank = static_cast<Index>(desc.global_shape.size());
-        const HostArray idx{coo.index_dtype, {nnz, rank}, coo.indices};
-        const HostArray val{coo.value_dtype, {nnz}, coo.values};
-        return BuildSparseObject(desc, idx, val, options);
-    };
-    // Only the clean case takes the fast path; everything else, errors included, is the general
-    // path's.
+/// The fast path's checks and tile index: true when (indices, values) of `desc` are rank-2,
+/// of the narrowest index dtype, sorted by (tile, element) without duplicates and inside the
+/// box; then `obj` holds the tile index and a final descriptor, and its members are left for
+/// the caller to fill with the bytes. False: the general path decides (errors included).
+bool SortedFastPath(SourceDescriptor desc, DType index_dtype_in, DType value_dtype,
+                    const std::byte* indices, std::uint64_t index_bytes, std::uint64_t nnz,
+                    std::uint64_t value_bytes, const EncodeOptions& options, SparseObject& obj) {
     const std::size_t rank = desc.global_shape.size();
-    if (rank != 2 || coo.nnz == 0 || options.duplicates != DuplicatePolicy::kError ||
+    if (rank != 2 || nnz == 0 || options.duplicates != DuplicatePolicy::kError ||
         options.num_threads < 0 || !ValidateShape(desc.global_shape).ok() ||
-        !IsNumericDType(coo.value_dtype)) {
-        return general();
+        !IsNumericDType(value_dtype)) {
+        return false;
     }
     const Index max_extent = *std::max_element(desc.global_shape.begin(), desc.global_shape.end());
     const DType index_dtype = NarrowestIndexDType(max_extent);
-    if (coo.index_dtype != index_dtype ||
-        coo.indices.size() != coo.nnz * rank * DTypeSize(index_dtype) ||
-        coo.values.size() != coo.nnz * DTypeSize(coo.value_dtype)) {
-        return general();
+    if (index_dtype_in != index_dtype || index_bytes != nnz * rank * DTypeSize(index_dtype) ||
+        value_bytes != nnz * DTypeSize(value_dtype)) {
+        return false;
     }
     Box box = desc.box;
     if (box.rank() == 0) {
         auto whole = Box::Whole(desc.global_shape);
-        if (!whole.ok()) return general();
+        if (!whole.ok()) return false;
         box = *whole;
     }
-    if (box.rank() != rank || !InsideShape(box, desc.global_shape)) return general();
+    if (box.rank() != rank || !InsideShape(box, desc.global_shape)) return false;
     const Shape tile_shape = options.tile_shape
                                  ? ClampTileShape(*options.tile_shape, desc.global_shape)
                                  : DefaultTileShape(desc.global_shape);
-    if (!ValidateTileShape(tile_shape, desc.global_shape).ok()) return general();
-
-    SparseObject obj;
+    if (!ValidateTileShape(tile_shape, desc.global_shape).ok()) return false;
     bool sorted = false;
     VisitUnsignedIndexDType(index_dtype, [&](auto tag) {
-        sorted = SortedTileIndex2D<decltype(tag)>(coo.indices.data(), coo.nnz, box, tile_shape,
-                                                  desc.global_shape, obj);
+        sorted = SortedTileIndex2D<decltype(tag)>(indices, nnz, box, tile_shape, desc.global_shape,
+                                                  obj);
     });
-    if (!sorted) return general();
-
+    if (!sorted) return false;
     desc.box = box;
     desc.tile_shape = tile_shape;
     desc.index_dtype = index_dtype;
-    desc.value_dtype = coo.value_dtype;
-    desc.nnz = coo.nnz;
+    desc.value_dtype = value_dtype;
+    desc.nnz = nnz;
     desc.num_tiles = obj.tile_ptr.size() - 1;
     // The general path fills in these fields itself, so it still may take over from here.
     SourceDescriptor check = desc;
     if (check.source_ref.empty()) check.source_ref = "<uncommitted>";
-    if (!SourceDescriptor::Make(std::move(check)).ok()) return general();
+    if (!SourceDescriptor::Make(std::move(check)).ok()) return false;
     obj.coordinate_space = "global";
     obj.desc = std::move(desc);
-    obj.indices = std::move(coo.indices);
-    obj.values = std::move(coo.values);
-    UpdateChecksums(obj);
-    return obj;
+    return true;
+}
+
+}  // namespace
+
+Result<SparseObject> BuildSparseObject(SourceDescriptor desc, OwnedCoo coo,
+                                       const EncodeOptions& options) {
+    SparseObject obj;
+    if (SortedFastPath(desc, coo.index_dtype, coo.value_dtype, coo.indices.data(),
+                       coo.indices.size(), coo.nnz, coo.values.size(), options, obj)) {
+        obj.indices = std::move(coo.indices);
+        obj.values = std::move(coo.values);
+        UpdateChecksums(obj);
+        return obj;
+    }
+    // Everything else, errors included, is the general path's.
+    const auto nnz = static_cast<Index>(coo.nnz);
+    const auto rank = static_cast<Index>(desc.global_shape.size());
+    const HostArray idx{coo.index_dtype, {nnz, rank}, coo.indices};
+    const HostArray val{coo.value_dtype, {nnz}, coo.values};
+    return BuildSparseObject(std::move(desc), idx, val, options);
+}
+
+Result<SparseObject> BuildSparseObjectSortedFirst(SourceDescriptor desc, const HostArray& indices,
+                                                  const HostArray& values,
+                                                  const EncodeOptions& options) {
+    SparseObject obj;
+    const bool shaped = indices.shape.size() == 2 && values.shape.size() == 1 &&
+                        indices.shape[0] >= 0 && values.shape[0] == indices.shape[0];
+    if (shaped && SortedFastPath(desc, indices.dtype, values.dtype, indices.data.data(),
+                                 indices.data.size(), std::uint64_t(indices.shape[0]),
+                                 values.data.size(), options, obj)) {
+        obj.indices.assign(indices.data.begin(), indices.data.end());
+        obj.values.assign(values.data.begin(), values.data.end());
+        UpdateChecksums(obj);
+        return obj;
+    }
+    return BuildSparseObject(std::move(desc), indices, values, options);
 }
 
 }  // namespace mooncake::sparse

@@ -112,6 +112,14 @@ struct OwnedCoo {
 Result<SparseObject> BuildSparseObject(SourceDescriptor desc, OwnedCoo coo,
                                        const EncodeOptions& options = {});
 
+/// BuildSparseObject on views, trying the sorted fast path first: entries already sorted by
+/// (tile, element), rank 2, of the narrowest index dtype (what encode_update returns, on the
+/// host or the GPU) are copied as they are after one pass that checks them and builds the tile
+/// index; anything else goes to BuildSparseObject. Same results and errors.
+Result<SparseObject> BuildSparseObjectSortedFirst(SourceDescriptor desc, const HostArray& indices,
+                                                  const HostArray& values,
+                                                  const EncodeOptions& options);
+
 /// The result of EncodeUpdate: a global COO already sorted by (tile, element) for
 /// `tile_shape`, so BuildSparseObject takes it without sorting.
 struct EncodedUpdate {

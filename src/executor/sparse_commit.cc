@@ -115,7 +115,8 @@ Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
     MCS_RETURN_IF_ERROR(desc.policy.ValidateSource(desc.placement));
     desc.source_ref =
         SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
-    return BuildSparseObject(std::move(desc), req.indices, req.values, req.encode);
+    // Updates from encode_update(s) are sorted already: they skip the sort.
+    return BuildSparseObjectSortedFirst(std::move(desc), req.indices, req.values, req.encode);
 }
 
 Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {

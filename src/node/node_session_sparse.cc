@@ -50,15 +50,20 @@ Result<SparseObject> NodeServer::Session::CheckedCommitObject(
     if (Status s = ValidateTileIndex({rank, coords, ptr}, d); !s.ok()) {
         return s.WithContext("tile index of " + d.tensor_id);
     }
-    // Rebuild from the entries: BuildSparseObject copies them out of the client buffer and
-    // validates dtypes, coordinates (inside the source box), order and duplicates.
+    // Rebuild from private copies of the entries (the client may still be writing them):
+    // BuildSparseObject validates dtypes, coordinates (inside the source box), order and
+    // duplicates; entries in canonical order take one pass and become the object's members.
     SourceDescriptor desc = d;
     EncodeOptions encode;
     encode.tile_shape = d.tile_shape;
     encode.num_threads = 1;
-    const HostArray index_array{d.index_dtype, {Index(d.nnz), Index(rank)}, indices};
-    const HostArray value_array{d.value_dtype, {Index(d.nnz)}, values};
-    auto built = BuildSparseObject(std::move(desc), index_array, value_array, encode);
+    OwnedCoo coo;
+    coo.index_dtype = d.index_dtype;
+    coo.value_dtype = d.value_dtype;
+    coo.nnz = d.nnz;
+    coo.indices.assign(indices.begin(), indices.end());
+    coo.values.assign(values.begin(), values.end());
+    auto built = BuildSparseObject(std::move(desc), std::move(coo), encode);
     if (!built.ok()) return built.status().WithContext("validating " + d.tensor_id);
     SparseObject& object = *built;
     if (object.desc.index_dtype != d.index_dtype || object.desc.num_tiles != d.num_tiles ||

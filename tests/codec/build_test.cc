@@ -6,7 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <span>
 #include <functional>
 #include <limits>
 #include <map>
@@ -595,6 +598,112 @@ TEST(BuildSparseObjectTest, HugeUnsignedCoordinateIsOutOfBoxNotNegative) {
     EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(r.status().message(),
                 HasSubstr("coordinate 18446744073709551615 in dim 1 is outside"));
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
+
+namespace mooncake::sparse {
+namespace {
+
+/// The sorted fast paths (views: BuildSparseObjectSortedFirst; owned: the OwnedCoo overload)
+/// give exactly what the general path gives, object or error, for canonical input and for every
+/// way it can stop being canonical.
+void ExpectSameAsGeneral(const SourceDescriptor& d, const std::vector<std::byte>& idx, DType idx_dtype,
+                         const std::vector<std::byte>& val, DType val_dtype, std::int64_t nnz,
+                         const EncodeOptions& opts = {}) {
+    const Index rank = Index(d.global_shape.size());
+    const HostArray i{idx_dtype, {nnz, rank}, idx};
+    const HostArray v{val_dtype, {nnz}, val};
+    auto general = BuildSparseObject(d, i, v, opts);
+    auto views = BuildSparseObjectSortedFirst(d, i, v, opts);
+    OwnedCoo coo{idx_dtype, val_dtype, std::uint64_t(nnz), idx, val};
+    auto owned = BuildSparseObject(d, std::move(coo), opts);
+    for (auto* r : {&views, &owned}) {
+        ASSERT_EQ(r->ok(), general.ok()) << (general.ok() ? r->status().ToString() : general.status().ToString());
+        if (!general.ok()) {
+            EXPECT_EQ(r->status().code(), general.status().code());
+            EXPECT_EQ(r->status().message(), general.status().message());
+            continue;
+        }
+        ExpectWellFormed(**r);
+        EXPECT_EQ((*r)->indices, general->indices);
+        EXPECT_EQ((*r)->values, general->values);
+        EXPECT_EQ((*r)->tile_coords, general->tile_coords);
+        EXPECT_EQ((*r)->tile_ptr, general->tile_ptr);
+        EXPECT_EQ((*r)->desc.index_dtype, general->desc.index_dtype);
+        EXPECT_EQ((*r)->desc.tile_shape, general->desc.tile_shape);
+        EXPECT_EQ((*r)->desc.nnz, general->desc.nnz);
+        EXPECT_EQ((*r)->desc.num_tiles, general->desc.num_tiles);
+        EXPECT_EQ((*r)->checksum_indices, general->checksum_indices);
+        EXPECT_EQ((*r)->checksum_tile_ptr, general->checksum_tile_ptr);
+    }
+}
+
+TEST(BuildSortedFastPathTest, CanonicalAndNonCanonicalInputsMatchTheGeneralPath) {
+    std::mt19937_64 rng(7);
+    const Shape shape = {300, 200};
+    SourceDescriptor d = MakeDesc(shape);
+    const std::int64_t nnz = 500;
+    const auto coords = RandomUniqueCoords(rng, shape, nnz);
+    std::vector<std::uint16_t> vals(nnz);
+    for (auto& x : vals) x = std::uint16_t(rng());
+    // The canonical form: what the general path makes of random input.
+    ASSERT_OK_AND_ASSIGN(SparseObject canon,
+                         BuildSparseObject(d, View(coords, {nnz, 2}), View(vals, {nnz}, DType::kBFloat16)));
+    const std::vector<std::byte> ci = canon.indices, cv = canon.values;
+    ExpectSameAsGeneral(d, ci, DType::kUInt16, cv, DType::kBFloat16, nnz);
+    // With a tile shape of the caller's and a source box holding every entry.
+    EncodeOptions tiled;
+    tiled.tile_shape = Shape{16, 64};
+    ASSERT_OK_AND_ASSIGN(SparseObject canon2, BuildSparseObject(d, View(coords, {nnz, 2}),
+                                                                View(vals, {nnz}, DType::kBFloat16), tiled));
+    ExpectSameAsGeneral(d, canon2.indices, DType::kUInt16, canon2.values, DType::kBFloat16, nnz, tiled);
+    // Two entries swapped: out of order, so sorted by the general path.
+    std::vector<std::byte> swapped = ci;
+    std::swap_ranges(swapped.begin(), swapped.begin() + 4, swapped.begin() + 4 * 7);
+    ExpectSameAsGeneral(d, swapped, DType::kUInt16, cv, DType::kBFloat16, nnz);
+    // A duplicate: entry 1 repeats entry 0 (an error either way).
+    std::vector<std::byte> dup = ci;
+    std::copy(dup.begin(), dup.begin() + 4, dup.begin() + 4);
+    ExpectSameAsGeneral(d, dup, DType::kUInt16, cv, DType::kBFloat16, nnz);
+    // An entry outside the source box.
+    SourceDescriptor boxed = d;
+    boxed.box = Box::Make({0, 0}, {150, 200}).value();
+    ExpectSameAsGeneral(boxed, ci, DType::kUInt16, cv, DType::kBFloat16, nnz);
+    // Wider index dtype than needed: the general path narrows it.
+    std::vector<std::uint32_t> wide(2 * nnz);
+    for (std::int64_t k = 0; k < 2 * nnz; ++k) {
+        std::uint16_t x;
+        std::memcpy(&x, ci.data() + 2 * k, 2);
+        wide[k] = x;
+    }
+    const auto wb = std::as_bytes(std::span(wide));
+    ExpectSameAsGeneral(d, {wb.begin(), wb.end()}, DType::kUInt32, cv, DType::kBFloat16, nnz);
+    // Values of the wrong length.
+    ExpectSameAsGeneral(d, ci, DType::kUInt16, {cv.begin(), cv.end() - 2}, DType::kBFloat16, nnz);
+}
+
+TEST(BuildSortedFastPathTest, OtherRanksAndDuplicatePoliciesTakeTheGeneralPath) {
+    std::mt19937_64 rng(11);
+    for (const Shape& shape : {Shape{4000}, Shape{6, 40, 30}}) {
+        SourceDescriptor d = MakeDesc(shape);
+        const std::int64_t nnz = 120;
+        const auto coords = RandomUniqueCoords(rng, shape, nnz);
+        const std::vector<float> vals(nnz, 1.5f);
+        ASSERT_OK_AND_ASSIGN(SparseObject canon,
+                             BuildSparseObject(d, View(coords, {nnz, Index(shape.size())}), View(vals, {nnz})));
+        ExpectSameAsGeneral(d, canon.indices, canon.desc.index_dtype, canon.values, DType::kFloat32, nnz);
+    }
+    SourceDescriptor sum = MakeDesc({64, 64}, ApplyMode::kScatterAdd);
+    EncodeOptions opts;
+    opts.duplicates = DuplicatePolicy::kSum;
+    const std::vector<std::uint16_t> idx = {1, 1, 1, 1, 2, 3};
+    const std::vector<float> vals = {1, 2, 3};
+    const auto ib = std::as_bytes(std::span(idx));
+    const auto vb = std::as_bytes(std::span(vals));
+    ExpectSameAsGeneral(sum, {ib.begin(), ib.end()}, DType::kUInt16, {vb.begin(), vb.end()},
+                        DType::kFloat32, 3, opts);
 }
 
 }  // namespace
