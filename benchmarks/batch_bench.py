@@ -37,13 +37,28 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+DEVICE = "cpu"
+
+
 def best(fn, repeats: int) -> float:
     times = []
     for _ in range(repeats):
+        sync(DEVICE)
         t = time.perf_counter()
         fn()
+        sync(DEVICE)
         times.append(time.perf_counter() - t)
     return min(times)
+
+
+def nbytes(x) -> int:
+    return int(x.nbytes) if hasattr(x, "nbytes") else int(x.numel() * x.element_size())
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
 
 
 def run(store, backend: str, n: int, args, rng) -> dict:
@@ -55,9 +70,14 @@ def run(store, backend: str, n: int, args, rng) -> dict:
         m = rng.random(shape) < args.density
         w[m] += 1.0
         news.append(w)
+    cuda = args.device == "cuda"
+    if cuda:  # the same step with every tensor on the GPU
+        import torch
+        olds = [torch.from_numpy(o).cuda() for o in olds]
+        news = [torch.from_numpy(w).cuda() for w in news]
     names = [f"{backend}.t{i}" for i in range(n)]
-    r = {"what": "batch", "backend": backend, "objects": n, "shape": list(shape),
-         "density": args.density, "repeats": args.repeats}
+    r = {"what": "batch", "backend": backend, "device": args.device, "objects": n,
+         "shape": list(shape), "density": args.density, "repeats": args.repeats}
 
     # encode
     r["encode_single_s"] = best(lambda: [mcs.encode_update(a, b) for a, b in zip(news, olds)],
@@ -66,8 +86,8 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     r["encode_batch_s"] = best(lambda: coos.__setitem__(slice(None), mcs.encode_updates(
         list(zip(news, olds)))), args.repeats)
     nnz = sum(len(v) for _, v in coos)
-    coo_bytes = sum(i.nbytes + v.nbytes for i, v in coos)
-    dense_bytes = sum(o.nbytes for o in olds)
+    coo_bytes = sum(nbytes(i) + nbytes(v) for i, v in coos)
+    dense_bytes = sum(nbytes(o) for o in olds)
     r.update(nnz=nnz, coo_bytes=coo_bytes, dense_bytes=dense_bytes)
 
     # commit: single calls into step 1, one batch into step 2 (the same updates)
@@ -89,22 +109,33 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     man = store.manifest((1, 2))
     objs = []
 
+    kw = {"device": "cuda"} if cuda else {}
+
     def read():
         store.clear_caches()
-        objs[:] = store.read_sparse_objects(man, targets)
+        objs[:] = store.read_sparse_objects(man, targets, **kw)
     r["read_s"] = best(read, args.repeats)
 
     # apply: single calls vs one batch, from the same objects; results bit-identical
-    w_single = [o.copy() for o in olds]
-    w_batch = [o.copy() for o in olds]
+    w_single = [o.clone() if cuda else o.copy() for o in olds]
+    w_batch = [o.clone() if cuda else o.copy() for o in olds]
     r["apply_single_s"] = best(lambda: [mcs.apply_sparse_object(w, o)
                                         for w, o in zip(w_single, objs)], args.repeats)
     r["apply_batch_s"] = best(lambda: mcs.apply_sparse_objects(w_batch, objs), args.repeats)
-    r["bit_exact"] = all(a.tobytes() == b.tobytes() == c.tobytes()
+    host = (lambda x: x.cpu().numpy()) if cuda else (lambda x: x)
+    r["bit_exact"] = all(host(a).tobytes() == host(b).tobytes() == host(c).tobytes()
                          for a, b, c in zip(w_single, w_batch, news))
 
     # floors of the same run: a memcpy of the COO bytes (what commit and read move) and of the
-    # dense weights (what a dense sync moves)
+    # dense weights (what a dense sync moves); on the GPU, the COO bytes over pinned PCIe
+    if cuda:
+        import torch
+        flat = torch.empty(coo_bytes, dtype=torch.uint8, device="cuda")
+        pinned = torch.empty(coo_bytes, dtype=torch.uint8, pin_memory=True)
+        r["pinned_d2h_coo_s"] = best(lambda: pinned.copy_(flat, non_blocking=True), args.repeats)
+        r["pinned_h2d_coo_s"] = best(lambda: flat.copy_(pinned, non_blocking=True), args.repeats)
+        coos = [(i.cpu().numpy(), v.cpu().numpy()) for i, v in coos]
+        olds = [o.cpu().numpy() for o in olds]
     flat_coo = np.concatenate([np.concatenate([i.view(np.uint8).ravel(), v.view(np.uint8)])
                                for i, v in coos]) if coos else np.zeros(0, np.uint8)
     dst = np.empty_like(flat_coo)
@@ -128,8 +159,13 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--backends", default="embedded,node")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the tensors live on the GPU (GPU encode, CUDA commits, "
+                         "device reads, GPU apply)")
     ap.add_argument("--json", help="also write the JSON lines here")
     args = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = args.device
     out = open(args.json, "w") if args.json else None
 
     def emit(rec: dict) -> None:
