@@ -210,6 +210,8 @@ struct Options {
     int read_threads = 1;
     std::size_t verify_targets = 256;
     std::uint64_t floor_chunk_mib = 256;
+    std::uint64_t range_cache_mib = 256;
+    int steps = 2;
     std::string json_path;
 };
 
@@ -229,6 +231,12 @@ void Usage() {
                  "256)\n"
                  "  --floor_chunk_mib M memcpy floor: buffers of M MiB, copied until the read's "
                  "bytes are (default 256)\n"
+                 "  --range_cache_mib M the node range cache's capacity (default 256)\n"
+                 "  --steps N           reads of the step: the first into fresh memory, each "
+                 "later one\n"
+                 "                      after the last one's objects are freed and the node "
+                 "caches\n"
+                 "                      cleared (steady state; default 2)\n"
                  "  --json PATH         also write the JSON lines to PATH\n");
 }
 
@@ -276,6 +284,10 @@ Options ParseArgs(int argc, char** argv) {
             o.verify_targets = count();
         } else if (arg == "--floor_chunk_mib") {
             o.floor_chunk_mib = count();
+        } else if (arg == "--range_cache_mib") {
+            o.range_cache_mib = count();
+        } else if (arg == "--steps") {
+            o.steps = static_cast<int>(count());
         } else if (arg == "--json") {
             o.json_path = value;
         } else {
@@ -290,6 +302,7 @@ Options ParseArgs(int argc, char** argv) {
         Die("thread counts must be >= 1");
     }
     if (o.floor_chunk_mib < 1) Die("--floor_chunk_mib must be >= 1");
+    if (o.steps < 1) Die("--steps must be >= 1");
     return o;
 }
 
@@ -555,7 +568,9 @@ int Run(const Options& opt) {
                  double(params) * opt.density * 6 / 1e9);
 
     auto object_store = std::shared_ptr<mcs::ObjectStore>(mcs::MakeEmbeddedStore());
-    mcs::SparseStore store(object_store);
+    mcs::SparseStoreOptions store_options;
+    store_options.range_cache_capacity_bytes = opt.range_cache_mib << 20;
+    mcs::SparseStore store(object_store, store_options);
     const auto generation = OrDie(mcs::Generation::Make(0, 1), "generation");
     Common common{&opt, targets.size(), tensors.size(), 0};
 
@@ -647,136 +662,152 @@ int Run(const Options& opt) {
                  tensors.size(), double(nnz_total), double(source_bytes) / 1e9, commit_s,
                  commit_s * 1e6 / double(tensors.size()), synth_s, floor.gbps);
 
-    // --- Read: every target of the node in one call, on read_threads threads. ----------------
-    store.ResetMetrics();
-    mcs::ReadOptions options;
-    options.num_threads = opt.read_threads;
-    const std::uint64_t faults0 = MinorFaults();
-    const double cpu0 = ThreadCpuSeconds();
-    const auto tr = Clock::now();
-    auto objects = OrDie(store.ReadSparseObjects(manifest, targets, options), "ReadSparseObjects");
-    const double read_s = SecondsSince(tr);
-    const double read_cpu_s = ThreadCpuSeconds() - cpu0;
-    const std::uint64_t read_faults = MinorFaults() - faults0;
-    // The second floor, measured right after the read: the bytes the read first-touched,
-    // copied into fresh memory.
-    const Floor fresh = MeasureFreshMemcpyFloor(read_faults * 4096, opt.floor_chunk_mib << 20);
-    const mcs::SparseMetrics m = store.Metrics();
-    const std::uint64_t rss_after_read = RssBytes();
-    if (objects.size() != targets.size()) Die("read returned a wrong number of objects");
-    if (m.full_gets != 0 || m.dense_fallbacks != 0) Die("the read fell back to full GETs");
-    std::uint64_t target_nnz = 0;
-    for (const auto& o : objects) target_nnz += o.object.desc.nnz;
-
-    // Phases as the executor times them: plan = manifest index + source selection + index-only
-    // GETs + PlanBatch (from the call's start); range reads; materialize = filter + rebase +
-    // build of every target object. The read moves range_bytes_read out of the store and
-    // writes target_bytes.
-    const double plan_s = m.plan_seconds;
-    const double range_s = m.read_seconds;
-    const double materialize_s = m.materialize_seconds;
-    const std::uint64_t moved = m.range_bytes_read + m.target_bytes;
-    auto emit_phase = [&](const char* what, std::uint64_t bytes, double seconds,
-                          std::size_t objects_n, auto&& extra) {
-        JsonLine j(what);
-        common.AddTo(j);
-        common.AddPhase(j, bytes, seconds, objects_n);
-        j.Add("read_threads", opt.read_threads);
-        extra(j);
-        emit.Emit(j);
-    };
-    emit_phase("node_scale_plan", m.range_bytes_read, plan_s, targets.size(), [&](JsonLine& j) {
-        j.Add("index_gets", m.index_gets)
-            .Add("planned_ranges", m.planned_ranges)
-            .Add("unique_ranges", m.unique_ranges);
-    });
-    emit_phase("node_scale_range_read", m.range_bytes_read, range_s, targets.size(),
-               [&](JsonLine& j) { j.Add("range_gets", m.range_gets); });
-    emit_phase("node_scale_materialize", m.target_bytes, materialize_s, targets.size(),
-               [&](JsonLine& j) {
-                   j.Add("fanout_bytes", m.fanout_bytes).Add("target_nnz", target_nnz);
-               });
-    // The read as the goal counts it: the whole ReadSparseObjects call (plan included), against
-    // the floor of the bytes it moves (range_bytes_read + target_bytes, each copied once).
-    emit_phase("node_scale_read", moved, read_s, targets.size(), [&](JsonLine& j) {
-        j.Add("api", "SparseStore::ReadSparseObjects")
-            .Add("read_seconds_without_plan", read_s - plan_s)
-            .Add("range_bytes_read", m.range_bytes_read)
-            .Add("target_bytes", m.target_bytes)
-            .Add("target_nnz", target_nnz)
-            .Add("source_objects_put", m.source_objects_put)
-            .Add("index_gets", m.index_gets)
-            .Add("range_gets", m.range_gets)
-            .Add("full_gets", m.full_gets)
-            .Add("dense_fallbacks", m.dense_fallbacks)
-            .Add("cache_hits", m.cache_hits)
-            .Add("fanout_bytes", m.fanout_bytes)
-            .Add("target_objects_published", m.target_objects_published)
-            .Add("cpu_seconds", read_cpu_s)
-            .Add("fresh_memcpy_gbps", fresh.gbps)
-            .Add("fresh_memcpy_seconds", fresh.seconds)
-            // The floor of a read that writes its fresh bytes at the fresh-memory rate and
-            // copies the rest of what it moves between warm buffers.
-            .Add("floor_seconds_fresh",
-                 fresh.seconds + double(moved > read_faults * 4096 ? moved - read_faults * 4096
-                                                                   : 0) /
-                                     (floor.gbps * 1e9))
-            .Add("minor_faults", read_faults)
-            .Add("fresh_bytes", read_faults * 4096)
-            .Add("goal_seconds", 3.0)
-            .Add("goal_ok", read_s <= 3.0)
-            .Add("rss_bytes", rss_after_read)
-            .Add("peak_rss_bytes", PeakRssBytes())
-            .Add("loadavg_1m", LoadAvg1m());
-    });
-    std::fprintf(stderr,
-                 "read: %zu targets, %.4g entries, %.3f GB read + %.3f GB published in %.3f s "
-                 "(plan %.3f, range reads %.3f, materialize %.3f); floor of those bytes %.3f s "
-                 "(x%.2f); peak rss %.2f GB; %.3g page faults (fresh-memory memcpy %.2f GB/s); "
-                 "read thread cpu %.3f s\n",
-                 targets.size(), double(target_nnz), double(m.range_bytes_read) / 1e9,
-                 double(m.target_bytes) / 1e9, read_s, plan_s, range_s, materialize_s,
-                 double(moved) / (floor.gbps * 1e9),
-                 read_s / (double(moved) / (floor.gbps * 1e9)), double(PeakRssBytes()) / 1e9,
-                 double(read_faults), fresh.gbps, read_cpu_s);
-
-    // --- Check a sample of targets against a brute-force filter of their sources. -----------
-    std::size_t tensor_of_id_hint = 0;
-    auto tensor_index = [&](const std::string& id) -> std::size_t {
-        for (std::size_t k = 0; k < tensors.size(); ++k) {
-            const std::size_t i = (tensor_of_id_hint + k) % tensors.size();
-            if (tensors[i].id == id) return tensor_of_id_hint = i;
+    // --- Read: every target of the node in one call, on read_threads threads. Step 1 writes
+    // into fresh memory; each later step reads the same step again after the last one's target
+    // objects are freed and the node caches (tile indexes, ranges) cleared: what a training run
+    // does step after step, with memory the process already backs. -------------------------
+    for (int step = 1; step <= opt.steps; ++step) {
+        const char* memory = step == 1 ? "first_touch" : "steady_state";
+        if (step > 1) {
+            const mcs::Status cleared = store.ClearCaches();
+            if (!cleared.ok()) Die("ClearCaches: " + cleared.ToString());
         }
-        Die("target of unknown tensor " + id);
-    };
-    const std::size_t sample = std::min(opt.verify_targets, targets.size());
-    std::uint64_t checked_nnz = 0, brute_nnz = 0;
-    const auto tv = Clock::now();
-    for (std::size_t s = 0; s < sample; ++s) {
-        // Spread over the batch, first and last included.
-        const std::size_t t =
-            sample == 1 ? 0 : s * (targets.size() - 1) / (sample - 1);
-        const std::size_t ti = tensor_index(targets[t].tensor_id);
-        const Coo source = Synthesize(tensors[ti].shape, opt.density, opt.seed, ti);
-        std::uint64_t expected = 0;
-        const std::string err = CheckTarget(targets[t], objects[t], source, expected);
-        if (!err.empty()) Die("target " + targets[t].target_id + " " + targets[t].tensor_id + ": " + err);
-        checked_nnz += objects[t].object.desc.nnz;
-        brute_nnz += expected;
+        store.ResetMetrics();
+        mcs::ReadOptions options;
+        options.num_threads = opt.read_threads;
+        const std::uint64_t faults0 = MinorFaults();
+        const double cpu0 = ThreadCpuSeconds();
+        const auto tr = Clock::now();
+        auto objects = OrDie(store.ReadSparseObjects(manifest, targets, options), "ReadSparseObjects");
+        const double read_s = SecondsSince(tr);
+        const double read_cpu_s = ThreadCpuSeconds() - cpu0;
+        const std::uint64_t read_faults = MinorFaults() - faults0;
+        // The second floor, measured right after the read: the bytes the read first-touched,
+        // copied into fresh memory.
+        const Floor fresh = MeasureFreshMemcpyFloor(read_faults * 4096, opt.floor_chunk_mib << 20);
+        const mcs::SparseMetrics m = store.Metrics();
+        const std::uint64_t rss_after_read = RssBytes();
+        if (objects.size() != targets.size()) Die("read returned a wrong number of objects");
+        if (m.full_gets != 0 || m.dense_fallbacks != 0) Die("the read fell back to full GETs");
+        std::uint64_t target_nnz = 0;
+        for (const auto& o : objects) target_nnz += o.object.desc.nnz;
+
+        // Phases as the executor times them: plan = manifest index + source selection + index-only
+        // GETs + PlanBatch (from the call's start); range reads; materialize = filter + rebase +
+        // build of every target object. The read moves range_bytes_read out of the store and
+        // writes target_bytes.
+        const double plan_s = m.plan_seconds;
+        const double range_s = m.read_seconds;
+        const double materialize_s = m.materialize_seconds;
+        const std::uint64_t moved = m.range_bytes_read + m.target_bytes;
+        auto emit_phase = [&](const char* what, std::uint64_t bytes, double seconds,
+                              std::size_t objects_n, auto&& extra) {
+            JsonLine j(what);
+            common.AddTo(j);
+            common.AddPhase(j, bytes, seconds, objects_n);
+            j.Add("read_threads", opt.read_threads)
+                .Add("step", step)
+                .Add("memory", memory)
+                .Add("range_cache_bytes", opt.range_cache_mib << 20);
+            extra(j);
+            emit.Emit(j);
+        };
+        emit_phase("node_scale_plan", m.range_bytes_read, plan_s, targets.size(), [&](JsonLine& j) {
+            j.Add("index_gets", m.index_gets)
+                .Add("planned_ranges", m.planned_ranges)
+                .Add("unique_ranges", m.unique_ranges);
+        });
+        emit_phase("node_scale_range_read", m.range_bytes_read, range_s, targets.size(),
+                   [&](JsonLine& j) { j.Add("range_gets", m.range_gets); });
+        emit_phase("node_scale_materialize", m.target_bytes, materialize_s, targets.size(),
+                   [&](JsonLine& j) {
+                       j.Add("fanout_bytes", m.fanout_bytes).Add("target_nnz", target_nnz);
+                   });
+        // The read as the goal counts it: the whole ReadSparseObjects call (plan included), against
+        // the floor of the bytes it moves (range_bytes_read + target_bytes, each copied once).
+        emit_phase("node_scale_read", moved, read_s, targets.size(), [&](JsonLine& j) {
+            j.Add("api", "SparseStore::ReadSparseObjects")
+                .Add("read_seconds_without_plan", read_s - plan_s)
+                .Add("range_bytes_read", m.range_bytes_read)
+                .Add("target_bytes", m.target_bytes)
+                .Add("target_nnz", target_nnz)
+                .Add("source_objects_put", m.source_objects_put)
+                .Add("index_gets", m.index_gets)
+                .Add("range_gets", m.range_gets)
+                .Add("full_gets", m.full_gets)
+                .Add("dense_fallbacks", m.dense_fallbacks)
+                .Add("cache_hits", m.cache_hits)
+                .Add("fanout_bytes", m.fanout_bytes)
+                .Add("target_objects_published", m.target_objects_published)
+                .Add("cpu_seconds", read_cpu_s)
+                .Add("fresh_memcpy_gbps", fresh.gbps)
+                .Add("fresh_memcpy_seconds", fresh.seconds)
+                // The floor of a read that writes its fresh bytes at the fresh-memory rate and
+                // copies the rest of what it moves between warm buffers.
+                .Add("floor_seconds_fresh",
+                     fresh.seconds + double(moved > read_faults * 4096 ? moved - read_faults * 4096
+                                                                       : 0) /
+                                         (floor.gbps * 1e9))
+                .Add("minor_faults", read_faults)
+                .Add("fresh_bytes", read_faults * 4096)
+                .Add("goal_seconds", 3.0)
+                .Add("goal_ok", read_s <= 3.0)
+                .Add("rss_bytes", rss_after_read)
+                .Add("peak_rss_bytes", PeakRssBytes())
+                .Add("loadavg_1m", LoadAvg1m());
+        });
+        std::fprintf(stderr,
+                     "read (step %d, %s): %zu targets, %.4g entries, %.3f GB read + %.3f GB published in %.3f s "
+                     "(plan %.3f, range reads %.3f, materialize %.3f); floor of those bytes %.3f s "
+                     "(x%.2f); peak rss %.2f GB; %.3g page faults (fresh-memory memcpy %.2f GB/s); "
+                     "read thread cpu %.3f s\n",
+                     step, memory, targets.size(), double(target_nnz),
+                     double(m.range_bytes_read) / 1e9,
+                     double(m.target_bytes) / 1e9, read_s, plan_s, range_s, materialize_s,
+                     double(moved) / (floor.gbps * 1e9),
+                     read_s / (double(moved) / (floor.gbps * 1e9)), double(PeakRssBytes()) / 1e9,
+                     double(read_faults), fresh.gbps, read_cpu_s);
+
+        // --- Check a sample of targets against a brute-force filter of their sources. -----------
+        std::size_t tensor_of_id_hint = 0;
+        auto tensor_index = [&](const std::string& id) -> std::size_t {
+            for (std::size_t k = 0; k < tensors.size(); ++k) {
+                const std::size_t i = (tensor_of_id_hint + k) % tensors.size();
+                if (tensors[i].id == id) return tensor_of_id_hint = i;
+            }
+            Die("target of unknown tensor " + id);
+        };
+        const std::size_t sample = std::min(opt.verify_targets, targets.size());
+        std::uint64_t checked_nnz = 0, brute_nnz = 0;
+        const auto tv = Clock::now();
+        for (std::size_t s = 0; s < sample; ++s) {
+            // Spread over the batch, first and last included.
+            const std::size_t t =
+                sample == 1 ? 0 : s * (targets.size() - 1) / (sample - 1);
+            const std::size_t ti = tensor_index(targets[t].tensor_id);
+            const Coo source = Synthesize(tensors[ti].shape, opt.density, opt.seed, ti);
+            std::uint64_t expected = 0;
+            const std::string err = CheckTarget(targets[t], objects[t], source, expected);
+            if (!err.empty()) Die("target " + targets[t].target_id + " " + targets[t].tensor_id + ": " + err);
+            checked_nnz += objects[t].object.desc.nnz;
+            brute_nnz += expected;
+        }
+        {
+            JsonLine j("node_scale_verify");
+            common.AddTo(j);
+            j.Add("step", step)
+                .Add("memory", memory)
+                .Add("targets_checked", sample)
+                .Add("checked_nnz", checked_nnz)
+                .Add("bruteforce_nnz", brute_nnz)
+                .Add("ok", checked_nnz == brute_nnz)
+                .Add("seconds", SecondsSince(tv))
+                .Add("peak_rss_bytes", PeakRssBytes());
+            emit.Emit(j);
+        }
+        std::fprintf(stderr, "verify: %zu targets, %" PRIu64 " entries match the brute-force filter\n",
+                     sample, checked_nnz);
     }
-    {
-        JsonLine j("node_scale_verify");
-        common.AddTo(j);
-        j.Add("targets_checked", sample)
-            .Add("checked_nnz", checked_nnz)
-            .Add("bruteforce_nnz", brute_nnz)
-            .Add("ok", checked_nnz == brute_nnz)
-            .Add("seconds", SecondsSince(tv))
-            .Add("peak_rss_bytes", PeakRssBytes());
-        emit.Emit(j);
-    }
-    std::fprintf(stderr, "verify: %zu targets, %" PRIu64 " entries match the brute-force filter\n",
-                 sample, checked_nnz);
     return 0;
 }
 

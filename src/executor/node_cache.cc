@@ -6,7 +6,9 @@
 namespace mooncake::sparse {
 
 NodeCache::NodeCache(std::uint64_t index_capacity_bytes, std::uint64_t range_capacity_bytes)
-    : index_capacity_bytes_(index_capacity_bytes), range_capacity_bytes_(range_capacity_bytes) {}
+    : index_capacity_bytes_(index_capacity_bytes),
+      range_capacity_bytes_(range_capacity_bytes),
+      slabs_(std::max(range_capacity_bytes, kMinFreeSlabBytes)) {}
 
 // ---- Tile indexes ------------------------------------------------------------------------------
 
@@ -91,7 +93,7 @@ void NodeCache::FinishRanges(std::span<const RangeKey> ranges, const void* calle
         for (std::size_t r : claims.missing) {
             const RangeKey& key = ranges[r];
             if (status.ok()) {
-                AddRange(*key.source_ref, key.start, key.end, reads[r].indices, reads[r].values);
+                AddRange(*key.source_ref, key.start, key.end, reads[r]);
             }
             EraseFlight(*key.source_ref, key.start, key.end, caller);
         }
@@ -112,22 +114,36 @@ std::optional<ReadData> NodeCache::FindRange(const std::string& ref, std::uint64
     --e;
     if (e->second.end < end) return std::nullopt;
     range_lru_.splice(range_lru_.begin(), range_lru_, e->second.lru);
-    return ReadData{e->second.indices, e->second.values, e->first};
+    ReadData hit = e->second.data;
+    hit.base = e->first;
+    return hit;
+}
+
+void NodeCache::PinSlab(const ReadSlab* slab) {
+    if (++slab_pins_[slab] == 1) range_bytes_ += slab->capacity();
+}
+
+void NodeCache::UnpinSlab(const ReadSlab* slab) {
+    auto it = slab_pins_.find(slab);
+    if (--it->second == 0) {
+        range_bytes_ -= slab->capacity();
+        slab_pins_.erase(it);
+    }
 }
 
 void NodeCache::AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end,
-                         Buffer idx, Buffer val) {
+                         const ReadData& data) {
     auto& m = ranges_[ref];
     if (m.count(start)) return;
-    const std::uint64_t bytes = idx->size() + val->size();
     range_lru_.emplace_front(ref, start);
-    m.emplace(start, RangeEntry{end, std::move(idx), std::move(val), bytes, range_lru_.begin()});
-    range_bytes_ += bytes;
+    m.emplace(start, RangeEntry{end, data, range_lru_.begin()});
+    PinSlab(data.slab.get());
+    // The slab memory goes back to the pool once no cached range and no call holds it.
     while (range_bytes_ > range_capacity_bytes_ && range_lru_.size() > 1) {
         auto [vref, vstart] = range_lru_.back();
         auto vm = ranges_.find(vref);
         auto ve = vm->second.find(vstart);
-        range_bytes_ -= ve->second.bytes;
+        UnpinSlab(ve->second.data.slab.get());
         vm->second.erase(ve);
         if (vm->second.empty()) ranges_.erase(vm);
         range_lru_.pop_back();
@@ -164,6 +180,7 @@ void NodeCache::Clear() {
     index_bytes_ = 0;
     ranges_.clear();
     range_lru_.clear();
+    slab_pins_.clear();
     range_bytes_ = 0;
 }
 
@@ -177,7 +194,7 @@ void NodeCache::Forget(std::span<const std::string> refs) {
         }
         if (auto it = ranges_.find(ref); it != ranges_.end()) {
             for (auto& [start, entry] : it->second) {
-                range_bytes_ -= entry.bytes;
+                UnpinSlab(entry.data.slab.get());
                 range_lru_.erase(entry.lru);
             }
             ranges_.erase(it);

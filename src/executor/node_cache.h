@@ -23,18 +23,19 @@
 #include <utility>
 #include <vector>
 
+#include "executor/read_buffers.h"
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/planner.h"
 #include "mooncake/sparse/status.h"
 
 namespace mooncake::sparse {
 
-using Buffer = std::shared_ptr<const std::vector<std::byte>>;
-
-/// Entry data a region reads from: a physical read (or a cached one that contains it).
+/// Entry data a region reads from: a physical read (or a cached one that contains it). The
+/// bytes live in `slab`, which the read shares with the other reads of its chunk.
 struct ReadData {
-    Buffer indices;
-    Buffer values;
+    std::shared_ptr<const ReadSlab> slab;
+    std::span<const std::byte> indices;
+    std::span<const std::byte> values;
     std::uint64_t base = 0;  ///< Entry offset of the buffers' first row.
 };
 
@@ -51,7 +52,15 @@ public:
     using RangeResult = Result<ReadData>;
 
     /// Each cache evicts least recently used entries beyond its capacity, keeping at least one.
+    /// The range cache charges each read slab its cached ranges pin, whole, so that its capacity
+    /// bounds the memory it keeps. The slab pool keeps up to max(range capacity,
+    /// kMinFreeSlabBytes) of free slabs between reads.
     NodeCache(std::uint64_t index_capacity_bytes, std::uint64_t range_capacity_bytes);
+
+    static constexpr std::uint64_t kMinFreeSlabBytes = std::uint64_t{256} << 20;
+
+    /// Where range reads are written: recycled between chunks and calls.
+    ReadSlabPool& slabs() { return slabs_; }
     NodeCache(const NodeCache&) = delete;
     NodeCache& operator=(const NodeCache&) = delete;
 
@@ -120,8 +129,7 @@ private:
     };
     struct RangeEntry {
         std::uint64_t end = 0;
-        Buffer indices, values;
-        std::uint64_t bytes = 0;
+        ReadData data;
         std::list<std::pair<std::string, std::uint64_t>>::iterator lru;
     };
     struct RangeFlight {
@@ -137,8 +145,11 @@ private:
     /// A cached read of `ref` containing [start, end), if any.
     std::optional<ReadData> FindRange(const std::string& ref, std::uint64_t start,
                                       std::uint64_t end);
-    void AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end, Buffer idx,
-                  Buffer val);
+    void AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end,
+                  const ReadData& data);
+    /// Counts a cached range's reference to its slab (charging the slab on its first).
+    void PinSlab(const ReadSlab* slab);
+    void UnpinSlab(const ReadSlab* slab);
     /// A read in progress by another call than `caller` of `ref` that contains [start, end).
     std::optional<std::shared_future<RangeResult>> FindFlight(const std::string& ref,
                                                               std::uint64_t start,
@@ -156,9 +167,11 @@ private:
     std::uint64_t index_bytes_ = 0;
     std::unordered_map<std::string, std::map<std::uint64_t, RangeEntry>> ranges_;
     std::list<std::pair<std::string, std::uint64_t>> range_lru_;
-    std::uint64_t range_bytes_ = 0;
+    std::uint64_t range_bytes_ = 0;  ///< Capacity of the slabs cached ranges pin.
+    std::unordered_map<const ReadSlab*, std::uint32_t> slab_pins_;  ///< Cached ranges per slab.
     std::unordered_map<std::string, std::shared_future<IndexResult>> index_flights_;
     std::unordered_map<std::string, std::vector<RangeFlight>> range_flights_;
+    ReadSlabPool slabs_;
 };
 
 }  // namespace mooncake::sparse

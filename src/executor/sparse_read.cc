@@ -55,14 +55,18 @@ Status CheckClaim(const SourceDescriptor& claimed, const SourceDescriptor& store
 
 /// Reads whole `indices`/`values` members of a source (the baseline and the fallback).
 Status ReadFullSource(ObjectStore& store, const SourceDescriptor& src, ReadData& out) {
-    auto idx = std::make_shared<std::vector<std::byte>>(src.nnz * src.rank() *
-                                                        DTypeSize(src.index_dtype));
-    auto val = std::make_shared<std::vector<std::byte>>(src.nnz * DTypeSize(src.value_dtype));
-    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "indices", *idx));
-    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "values", *val));
-    out = {std::move(idx), std::move(val), 0};
+    const std::uint64_t ib = src.nnz * src.rank() * DTypeSize(src.index_dtype);
+    const std::uint64_t vb = src.nnz * DTypeSize(src.value_dtype);
+    std::shared_ptr<ReadSlab> slab = ReadSlab::Allocate(ib + vb);
+    if (!slab) return ResourceExhausted("cannot allocate " + std::to_string(ib + vb) + " bytes");
+    const std::span<std::byte> idx(slab->data(), ib), val(slab->data() + ib, vb);
+    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "indices", idx));
+    MCS_RETURN_IF_ERROR(store.ReadMember(src.source_ref, "values", val));
+    out = {std::move(slab), idx, val, 0};
     return Status::Ok();
 }
+
+constexpr std::uint64_t AlignUp64(std::uint64_t n) { return (n + 63) / 64 * 64; }
 
 struct Piece {
     std::size_t source_index;
@@ -101,12 +105,12 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
         const std::size_t vsz = DTypeSize(s.value_dtype);
         const std::uint64_t row = p.range.start - p.data->base;
         const std::uint64_t count = p.range.size();
-        if ((row + count) * isz > p.data->indices->size() ||
-            (row + count) * vsz > p.data->values->size()) {
+        if ((row + count) * isz > p.data->indices.size() ||
+            (row + count) * vsz > p.data->values.size()) {
             return Internal("range read does not hold the planned region");
         }
-        std::span<const std::byte> in_idx(p.data->indices->data() + row * isz, count * isz);
-        std::span<const std::byte> in_val(p.data->values->data() + row * vsz, count * vsz);
+        const std::span<const std::byte> in_idx = p.data->indices.subspan(row * isz, count * isz);
+        const std::span<const std::byte> in_val = p.data->values.subspan(row * vsz, count * vsz);
         nnz += FilterRebaseInto(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
                                 p.range.exact_coordinate_filter, target.box.origin(), out_index,
                                 std::span(indices).subspan(nnz * osz),
@@ -288,27 +292,44 @@ Status SparseStore::ReadUniqueRanges(ReadCall& call) {
     NodeCache::RangeClaims claims = cache_->ClaimRanges(keys, &call, reads);
     m.cache_hits += claims.hits;
     m.range_cache_hits += claims.hits;
-    std::vector<RangeRead> batch;
-    std::vector<std::shared_ptr<std::vector<std::byte>>> idx_bufs, val_bufs;
+    // The ranges of this chunk that are ours to read all land in one slab from the node's pool
+    // (memory an earlier chunk or call used, when one is free), each member 64-byte aligned.
+    std::vector<std::uint64_t> offsets;
+    offsets.reserve(claims.missing.size());
+    std::uint64_t slab_bytes = 0;
     for (std::size_t k : claims.missing) {
         const std::size_t r = which[k];
-        const UniqueRead& u = plan.reads[r];
         // Sized from a manifest entry that LoadIndex checked against the stored object.
         const SourceDescriptor& s = call.manifest[call.read_source[r]];
-        auto ib = std::make_shared<std::vector<std::byte>>(u.size() * s.rank() *
-                                                           DTypeSize(s.index_dtype));
-        auto vb = std::make_shared<std::vector<std::byte>>(u.size() * DTypeSize(s.value_dtype));
-        batch.push_back({s.source_ref, "indices", u.start, u.end, *ib});
-        batch.push_back({s.source_ref, "values", u.start, u.end, *vb});
-        m.range_bytes_read += ib->size() + vb->size();
-        idx_bufs.push_back(ib);
-        val_bufs.push_back(vb);
+        offsets.push_back(slab_bytes);
+        slab_bytes += AlignUp64(plan.reads[r].size() * s.rank() * DTypeSize(s.index_dtype)) +
+                      AlignUp64(plan.reads[r].size() * DTypeSize(s.value_dtype));
     }
-    const Status read_status = batch.empty() ? Status::Ok() : store_->ReadRanges(batch);
-    if (read_status.ok()) {
-        for (std::size_t j = 0; j < claims.missing.size(); ++j) {
-            const std::size_t k = claims.missing[j];
-            reads[k] = {idx_bufs[j], val_bufs[j], plan.reads[which[k]].start};
+    Status read_status = Status::Ok();
+    if (!claims.missing.empty()) {
+        auto slab = cache_->slabs().Acquire(slab_bytes);
+        if (!slab.ok()) {
+            read_status = slab.status();
+        } else {
+            std::vector<RangeRead> batch;
+            batch.reserve(2 * claims.missing.size());
+            for (std::size_t j = 0; j < claims.missing.size(); ++j) {
+                const std::size_t k = claims.missing[j];
+                const UniqueRead& u = plan.reads[which[k]];
+                const SourceDescriptor& s = call.manifest[call.read_source[which[k]]];
+                const std::uint64_t ib = u.size() * s.rank() * DTypeSize(s.index_dtype);
+                const std::uint64_t vb = u.size() * DTypeSize(s.value_dtype);
+                const std::span<std::byte> idx((*slab)->data() + offsets[j], ib);
+                const std::span<std::byte> val((*slab)->data() + offsets[j] + AlignUp64(ib), vb);
+                batch.push_back({s.source_ref, "indices", u.start, u.end, idx});
+                batch.push_back({s.source_ref, "values", u.start, u.end, val});
+                m.range_bytes_read += ib + vb;
+                reads[k] = {*slab, idx, val, u.start};
+            }
+            read_status = store_->ReadRanges(batch);
+            if (!read_status.ok()) {
+                for (std::size_t k : claims.missing) reads[k] = {};
+            }
         }
     }
     // Our flights complete before we wait for anyone else's, so waits never form a cycle.
@@ -350,7 +371,7 @@ Status SparseStore::ReadFullSources(ReadCall& call) {
         MCS_RETURN_IF_ERROR(ReadFullSource(*store_, call.manifest[si], call.full[si]));
         ++m.full_gets;
         ++m.dense_fallbacks;
-        m.full_bytes_read += call.full[si].indices->size() + call.full[si].values->size();
+        m.full_bytes_read += call.full[si].indices.size() + call.full[si].values.size();
     }
     for (std::size_t t = 0; t < call.targets.size(); ++t) {
         for (const SourceMatch& match : call.selection.matches_of(t)) {
@@ -377,7 +398,7 @@ Status SparseStore::ReadAndMaterializePerTarget(ReadCall& call) {
             MCS_RETURN_IF_ERROR(VerifySource(s));
             MCS_RETURN_IF_ERROR(ReadFullSource(*store_, s, own[k]));
             ++m.full_gets;
-            m.full_bytes_read += own[k].indices->size() + own[k].values->size();
+            m.full_bytes_read += own[k].indices.size() + own[k].values.size();
             if (s.nnz > 0) {
                 call.pieces[t].push_back({match.source_index, {0, s.nnz, true},
                                           match.Overlap(call.manifest, call.targets), &own[k]});

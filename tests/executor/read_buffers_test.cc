@@ -1,0 +1,202 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// Read slabs recycled between chunks and calls: the pool reuses what fits and stays within its
+// bound, the node cache charges the slabs its ranges pin, and reads that reuse slabs across
+// calls return exactly what fresh ones do.
+#include "executor/read_buffers.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "executor/node_cache.h"
+#include "executor/sparse_store.h"
+
+namespace mooncake::sparse {
+namespace {
+
+TEST(ReadSlabPoolTest, ReusesAReturnedSlabThatFits) {
+    ReadSlabPool pool(1 << 20);
+    const std::byte* first = nullptr;
+    {
+        auto slab = pool.Acquire(1000);
+        ASSERT_TRUE(slab.ok());
+        EXPECT_GE((*slab)->capacity(), 1000u);
+        first = (*slab)->data();
+    }
+    EXPECT_EQ(pool.stats().free_slabs, 1u);
+    auto again = pool.Acquire(900);  // Same size class range: served from the free list.
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ((*again)->data(), first);
+    EXPECT_EQ(pool.stats().allocated, 1u);
+    EXPECT_EQ(pool.stats().reused, 1u);
+    EXPECT_EQ(pool.stats().free_slabs, 0u);
+}
+
+TEST(ReadSlabPoolTest, NeverServesASmallRequestFromAMuchLargerSlab) {
+    ReadSlabPool pool(1 << 20);
+    { ASSERT_TRUE(pool.Acquire(64 << 10).ok()); }
+    auto small = pool.Acquire(100);
+    ASSERT_TRUE(small.ok());
+    EXPECT_LT((*small)->capacity(), 1024u);
+    EXPECT_EQ(pool.stats().reused, 0u);
+    EXPECT_EQ(pool.stats().free_slabs, 1u);  // The large one is still there.
+}
+
+TEST(ReadSlabPoolTest, KeepsAtMostItsBoundOfFreeBytes) {
+    ReadSlabPool pool(100 << 10);
+    {
+        std::vector<std::shared_ptr<ReadSlab>> held;
+        for (int i = 0; i < 8; ++i) held.push_back(*pool.Acquire(32 << 10));
+    }
+    const auto stats = pool.stats();
+    EXPECT_LE(stats.free_bytes, 100u << 10);
+    EXPECT_EQ(stats.free_slabs, 3u);  // 3 x 32 KiB fit in 100 KiB, the rest were freed.
+    pool.Trim();
+    EXPECT_EQ(pool.stats().free_bytes, 0u);
+}
+
+TEST(ReadSlabPoolTest, SizeClassesBoundTheWaste) {
+    for (std::uint64_t n : {1ull, 63ull, 64ull, 1000ull, 4097ull, (64ull << 20) + 12345}) {
+        const std::uint64_t c = ReadSlabPool::SizeClass(n);
+        EXPECT_GE(c, n);
+        EXPECT_LE(c, n + std::max<std::uint64_t>(64, n / 4)) << n;
+    }
+    // The executor's chunks (a little over 64 MiB each) share one class.
+    EXPECT_EQ(ReadSlabPool::SizeClass((64ull << 20) + 1), ReadSlabPool::SizeClass(70ull << 20));
+}
+
+TEST(ReadSlabPoolTest, ASlabMayOutliveItsPool) {
+    std::shared_ptr<ReadSlab> slab;
+    {
+        ReadSlabPool pool(1 << 20);
+        slab = *pool.Acquire(4096);
+    }
+    std::memset(slab->data(), 1, 4096);
+    slab.reset();  // Returns to the pool's state, which the slab kept alive.
+}
+
+/// Claims and finishes one range of `ref`, read into a slab of its own from the cache's pool.
+void CacheOneRange(NodeCache& cache, const std::string& ref, std::uint64_t start,
+                   std::uint64_t bytes) {
+    const NodeCache::RangeKey key{&ref, start, start + 1};
+    std::vector<ReadData> reads(1);
+    NodeCache::RangeClaims claims = cache.ClaimRanges({&key, 1}, &cache, reads);
+    ASSERT_EQ(claims.missing.size(), 1u);
+    auto slab = cache.slabs().Acquire(bytes);
+    ASSERT_TRUE(slab.ok());
+    reads[0] = {*slab, {(*slab)->data(), bytes / 2}, {(*slab)->data() + bytes / 2, bytes / 2},
+                start};
+    cache.FinishRanges({&key, 1}, &cache, Status::Ok(), reads, claims);
+}
+
+TEST(NodeCacheSlabTest, CachedRangesPinAtMostTheCapacityInSlabs) {
+    constexpr std::uint64_t kSlab = 64 << 10;
+    NodeCache cache(1 << 20, 4 * kSlab);  // Room for four slabs.
+    const std::string ref = "src";
+    for (std::uint64_t i = 0; i < 16; ++i) CacheOneRange(cache, ref, 10 * i, kSlab);
+    // Twelve slabs were evicted (back in the pool, within its bound); four stay cached.
+    const auto stats = cache.slabs().stats();
+    EXPECT_EQ(stats.allocated + stats.reused, 16u);
+    EXPECT_LE(stats.allocated, 5u);  // Evicted slabs served the later ranges.
+    const std::string other = "other";
+    std::vector<ReadData> reads(16);
+    std::vector<NodeCache::RangeKey> keys;
+    for (std::uint64_t i = 0; i < 16; ++i) keys.push_back({&ref, 10 * i, 10 * i + 1});
+    NodeCache::RangeClaims claims = cache.ClaimRanges(keys, &other, reads);
+    EXPECT_EQ(claims.hits, 4u);
+    cache.FinishRanges(keys, &other, InvalidArgument("not read"), reads, claims);
+    reads.clear();
+    cache.Clear();
+    EXPECT_EQ(cache.slabs().stats().free_slabs, stats.free_slabs + 4);
+}
+
+// ---- Through SparseStore: reuse across calls keeps results identical. ----------------------
+
+std::map<std::vector<std::uint64_t>, std::uint32_t> Entries(const TargetObject& o) {
+    std::map<std::vector<std::uint64_t>, std::uint32_t> out;
+    const auto& d = o.object.desc;
+    const std::size_t isz = DTypeSize(d.index_dtype);
+    for (std::uint64_t i = 0; i < d.nnz; ++i) {
+        std::vector<std::uint64_t> p;
+        for (std::size_t k = 0; k < d.rank(); ++k) {
+            std::uint64_t v = 0;
+            std::memcpy(&v, o.object.indices.data() + (i * d.rank() + k) * isz, isz);
+            p.push_back(v);
+        }
+        std::uint32_t bits = 0;
+        std::memcpy(&bits, o.object.values.data() + i * 4, 4);
+        out[p] = bits;
+    }
+    return out;
+}
+
+TEST(ReadSlabReuseTest, RepeatedReadsWithClearedCachesMatchAFreshStore) {
+    // Several tensors, a tiny range cache (every call evicts and recycles) and reads repeated
+    // after ClearCaches: each call's objects equal those of a store that never reused memory.
+    std::mt19937_64 rng(42);
+    const Shape shape{256, 384};
+    std::vector<PutSparseRequest> requests;
+    std::vector<std::vector<std::int64_t>> idx(6);
+    std::vector<std::vector<float>> val(6);
+    for (int t = 0; t < 6; ++t) {
+        std::set<std::pair<std::int64_t, std::int64_t>> seen;
+        while (seen.size() < 3000) seen.insert({std::int64_t(rng() % 256), std::int64_t(rng() % 384)});
+        for (const auto& [r, c] : seen) {
+            idx[t].push_back(r);
+            idx[t].push_back(c);
+            val[t].push_back(float(rng() % 1000) - 500.0f);
+        }
+        PutSparseRequest q;
+        q.tensor_id = "w" + std::to_string(t);
+        q.global_shape = shape;
+        q.indices = {DType::kInt64, {Index(val[t].size()), 2}, std::as_bytes(std::span(idx[t]))};
+        q.values = {DType::kFloat32, {Index(val[t].size())}, std::as_bytes(std::span(val[t]))};
+        q.placement_policy = *PlacementPolicy::Parse("replicate(ep)");
+        q.generation = {0, 1};
+        requests.push_back(std::move(q));
+    }
+    std::vector<TargetDescriptor> targets;
+    for (int t = 0; t < 6; ++t) {
+        for (Index r0 : {Index(0), Index(100)}) {
+            for (Index c0 : {Index(0), Index(190)}) {
+                targets.push_back(*TargetDescriptor::Make(
+                    "t" + std::to_string(targets.size()), "n", "w" + std::to_string(t),
+                    *NamedAxes::Make({}), {r0, c0}, {150, 194}));
+            }
+        }
+    }
+    SparseStoreOptions small;
+    small.range_cache_capacity_bytes = 1;
+    SparseStore reused(MakeEmbeddedStore(), small);
+    SparseStore fresh(MakeEmbeddedStore());
+    for (const auto& q : requests) {
+        ASSERT_TRUE(reused.PutSparseObject(q).ok());
+        ASSERT_TRUE(fresh.PutSparseObject(q).ok());
+    }
+    auto expected = fresh.ReadSparseObjects(*fresh.Manifest({0, 1}), targets);
+    ASSERT_TRUE(expected.ok());
+    const auto manifest = *reused.Manifest({0, 1});
+    for (int call = 0; call < 4; ++call) {
+        if (call % 2 == 1) {
+            ASSERT_TRUE(reused.ClearCaches().ok());
+        }
+        auto got = reused.ReadSparseObjects(manifest, targets);
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_EQ(got->size(), expected->size());
+        for (std::size_t t = 0; t < got->size(); ++t) {
+            EXPECT_EQ((*got)[t].object.indices, (*expected)[t].object.indices) << call << " " << t;
+            EXPECT_EQ((*got)[t].object.values, (*expected)[t].object.values);
+            EXPECT_EQ((*got)[t].object.tile_ptr, (*expected)[t].object.tile_ptr);
+            EXPECT_FALSE(Entries((*got)[t]).empty());
+        }
+    }
+}
+
+}  // namespace
+}  // namespace mooncake::sparse
