@@ -843,19 +843,32 @@ Result<SparseObject> BuildSparseObject(SourceDescriptor desc, OwnedCoo coo,
     return BuildSparseObject(std::move(desc), idx, val, options);
 }
 
-Result<SparseObject> BuildSparseObjectSortedFirst(SourceDescriptor desc, const HostArray& indices,
+std::optional<SparseObject> IndexCanonicalEntries(SourceDescriptor desc, const HostArray& indices,
                                                   const HostArray& values,
                                                   const EncodeOptions& options) {
     SparseObject obj;
     const bool shaped = indices.shape.size() == 2 && values.shape.size() == 1 &&
                         indices.shape[0] >= 0 && values.shape[0] == indices.shape[0];
-    if (shaped && SortedFastPath(desc, indices.dtype, values.dtype, indices.data.data(),
-                                 indices.data.size(), std::uint64_t(indices.shape[0]),
-                                 values.data.size(), options, obj)) {
-        obj.indices.assign(indices.data.begin(), indices.data.end());
-        obj.values.assign(values.data.begin(), values.data.end());
-        UpdateChecksums(obj);
-        return obj;
+    if (!shaped || !SortedFastPath(std::move(desc), indices.dtype, values.dtype,
+                                   indices.data.data(), indices.data.size(),
+                                   std::uint64_t(indices.shape[0]), values.data.size(), options,
+                                   obj)) {
+        return std::nullopt;
+    }
+    obj.checksum_indices = Checksum(indices.data);
+    obj.checksum_values = Checksum(values.data);
+    obj.checksum_tile_coords = Checksum(std::as_bytes(std::span(obj.tile_coords)));
+    obj.checksum_tile_ptr = Checksum(std::as_bytes(std::span(obj.tile_ptr)));
+    return obj;
+}
+
+Result<SparseObject> BuildSparseObjectSortedFirst(SourceDescriptor desc, const HostArray& indices,
+                                                  const HostArray& values,
+                                                  const EncodeOptions& options) {
+    if (std::optional<SparseObject> obj = IndexCanonicalEntries(desc, indices, values, options)) {
+        obj->indices.assign(indices.data.begin(), indices.data.end());
+        obj->values.assign(values.data.begin(), values.data.end());
+        return std::move(*obj);
     }
     return BuildSparseObject(std::move(desc), indices, values, options);
 }

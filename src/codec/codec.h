@@ -120,6 +120,14 @@ Result<SparseObject> BuildSparseObjectSortedFirst(SourceDescriptor desc, const H
                                                   const HostArray& values,
                                                   const EncodeOptions& options);
 
+/// The sorted fast path without the copy: for entries BuildSparseObjectSortedFirst would take
+/// as they are, the object's descriptor, tile index and checksums, with its indices and values
+/// left empty (they are exactly `indices` and `values`, which the caller keeps). nullopt when
+/// they are not canonical (BuildSparseObject then decides, errors included).
+std::optional<SparseObject> IndexCanonicalEntries(SourceDescriptor desc, const HostArray& indices,
+                                                  const HostArray& values,
+                                                  const EncodeOptions& options);
+
 /// The result of EncodeUpdate: a global COO already sorted by (tile, element) for
 /// `tile_shape`, so BuildSparseObject takes it without sorting.
 struct EncodedUpdate {

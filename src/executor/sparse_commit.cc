@@ -95,7 +95,10 @@ std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
            "/at" + JoinShape(box.origin());
 }
 
-Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
+namespace {
+
+/// The descriptor of a put_sparse_object call's source (validated), before its entries.
+Result<SourceDescriptor> SourceDescOf(const PutSparseRequest& req) {
     MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", req.tensor_id));
     MCS_RETURN_IF_ERROR(ValidateShape(req.global_shape));
     MCS_ASSIGN_OR_RETURN(Generation generation,
@@ -115,8 +118,21 @@ Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
     MCS_RETURN_IF_ERROR(desc.policy.ValidateSource(desc.placement));
     desc.source_ref =
         SourceObjectKey(desc.tensor_id, generation, desc.policy, desc.placement, desc.box);
+    return desc;
+}
+
+}  // namespace
+
+Result<SparseObject> BuildSourceObject(const PutSparseRequest& req) {
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor desc, SourceDescOf(req));
     // Updates from encode_update(s) are sorted already: they skip the sort.
     return BuildSparseObjectSortedFirst(std::move(desc), req.indices, req.values, req.encode);
+}
+
+std::optional<SparseObject> IndexSourceObject(const PutSparseRequest& req) {
+    Result<SourceDescriptor> desc = SourceDescOf(req);
+    if (!desc.ok()) return std::nullopt;
+    return IndexCanonicalEntries(std::move(desc).value(), req.indices, req.values, req.encode);
 }
 
 Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {

@@ -371,6 +371,12 @@ private:
 /// Errors: InvalidArgument.
 Result<SparseObject> BuildSourceObject(const PutSparseRequest& request);
 
+/// BuildSourceObject without copying the entries, for requests whose entries are already in
+/// canonical order (what encode_update returns): the object's descriptor, tile index and
+/// checksums, its indices and values left empty (they are exactly request.indices and
+/// request.values). nullopt otherwise (BuildSourceObject then encodes, or reports the error).
+std::optional<SparseObject> IndexSourceObject(const PutSparseRequest& request);
+
 /// "base-delta": how a generation appears in keys.
 std::string GenerationTag(Generation generation);
 

@@ -301,10 +301,17 @@ Result<MetricItems> NodeClient::Metrics(bool reset) {
 // SparseService
 // ---------------------------------------------------------------------------------------------
 Result<CommitResult> NodeClient::PutSparseObject(const PutSparseRequest& request) {
-    // Encoded once, here; the daemon validates the object again and commits it.
-    MCS_ASSIGN_OR_RETURN(SparseObject o, BuildSourceObject(request));
-    const EncodedMembers members{o.indices,
-                                 o.values,
+    // Encoded once, here (canonical entries are only indexed, not copied); the daemon
+    // validates the object again and commits it.
+    std::optional<SparseObject> indexed = IndexSourceObject(request);
+    if (!indexed) {
+        MCS_ASSIGN_OR_RETURN(SparseObject built, BuildSourceObject(request));
+        indexed = std::move(built);
+    }
+    const SparseObject& o = *indexed;
+    const bool views = o.indices.empty() && o.values.empty() && o.desc.nnz > 0;
+    const EncodedMembers members{views ? request.indices.data : std::span<const std::byte>(o.indices),
+                                 views ? request.values.data : std::span<const std::byte>(o.values),
                                  AsBytes(o.tile_coords),
                                  AsBytes(o.tile_ptr),
                                  o.checksum_indices,
@@ -322,8 +329,14 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjects(
     std::vector<Result<CommitResult>> out(n, Internal("unset"));
     // Encoded here, in parallel (the daemon validates every object again), then sent in
     // requests of at most kBatchItems objects and kBatchBytes of members each.
+    // Entries already in canonical order (what encode_update returns) are not copied: the
+    // object holds their tile index and checksums, and the request's arrays are sent as they are.
     std::vector<std::optional<SparseObject>> objects(n);
     internal::ParallelFor(num_threads, n, [&](std::size_t i) {
+        if (std::optional<SparseObject> indexed = IndexSourceObject(requests[i])) {
+            objects[i] = std::move(indexed);
+            return;
+        }
         Result<SparseObject> built = BuildSourceObject(requests[i]);
         if (built.ok()) {
             objects[i] = std::move(built).value();
@@ -346,7 +359,10 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjects(
     };
     for (std::size_t i = 0; i < n; ++i) {
         if (!objects[i]) continue;
-        const std::uint64_t bytes = objects[i]->PayloadBytes();
+        const std::uint64_t bytes = objects[i]->PayloadBytes() +
+                                    (objects[i]->indices.empty() && objects[i]->values.empty()
+                                         ? requests[i].indices.data.size() + requests[i].values.data.size()
+                                         : 0);
         if (!chunk.empty() && (chunk.size() == kBatchItems || chunk_bytes + bytes > kBatchBytes)) {
             send();
         }
@@ -373,7 +389,11 @@ Status NodeClient::CommitChunk(std::span<const PutSparseRequest> requests,
     parts.reserve(4 * chunk.size());
     for (std::size_t i : chunk) {
         const SparseObject& o = *objects[i];
-        parts.insert(parts.end(), {o.indices, o.values, AsBytes(o.tile_coords), AsBytes(o.tile_ptr)});
+        // An indexed object (IndexSourceObject) sends the request's entries themselves.
+        const bool indexed = o.indices.empty() && o.values.empty() && o.desc.nnz > 0;
+        parts.insert(parts.end(), {indexed ? requests[i].indices.data : std::span<const std::byte>(o.indices),
+                                   indexed ? requests[i].values.data : std::span<const std::byte>(o.values),
+                                   AsBytes(o.tile_coords), AsBytes(o.tile_ptr)});
     }
     std::uint64_t total = 0;
     MCS_ASSIGN_OR_RETURN(std::vector<std::uint64_t> offsets, StageInBuffer(parts, total));

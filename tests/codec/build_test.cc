@@ -13,6 +13,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -682,6 +683,29 @@ TEST(BuildSortedFastPathTest, CanonicalAndNonCanonicalInputsMatchTheGeneralPath)
     ExpectSameAsGeneral(d, {wb.begin(), wb.end()}, DType::kUInt32, cv, DType::kBFloat16, nnz);
     // Values of the wrong length.
     ExpectSameAsGeneral(d, ci, DType::kUInt16, {cv.begin(), cv.end() - 2}, DType::kBFloat16, nnz);
+}
+
+TEST(BuildSortedFastPathTest, IndexingCanonicalEntriesGivesTheBuiltObjectWithoutItsMembers) {
+    std::mt19937_64 rng(5);
+    const Shape shape = {128, 640};
+    SourceDescriptor d = MakeDesc(shape);
+    const std::int64_t nnz = 300;
+    const auto coords = RandomUniqueCoords(rng, shape, nnz);
+    const std::vector<float> vals(nnz, 2.0f);
+    ASSERT_OK_AND_ASSIGN(SparseObject built, BuildSparseObject(d, View(coords, {nnz, 2}), View(vals, {nnz})));
+    const HostArray i{DType::kUInt16, {nnz, 2}, built.indices};
+    const HostArray v{DType::kFloat32, {nnz}, built.values};
+    std::optional<SparseObject> indexed = IndexCanonicalEntries(d, i, v, {});
+    ASSERT_TRUE(indexed.has_value());
+    EXPECT_TRUE(indexed->indices.empty() && indexed->values.empty());
+    EXPECT_EQ(indexed->tile_coords, built.tile_coords);
+    EXPECT_EQ(indexed->tile_ptr, built.tile_ptr);
+    EXPECT_EQ(indexed->desc.nnz, built.desc.nnz);
+    EXPECT_EQ(indexed->checksum_indices, built.checksum_indices);
+    EXPECT_EQ(indexed->checksum_values, built.checksum_values);
+    EXPECT_EQ(indexed->checksum_tile_ptr, built.checksum_tile_ptr);
+    // Not canonical (the raw, unsorted coordinates in int64): no index, the general path decides.
+    EXPECT_FALSE(IndexCanonicalEntries(d, View(coords, {nnz, 2}), View(vals, {nnz}), {}).has_value());
 }
 
 TEST(BuildSortedFastPathTest, OtherRanksAndDuplicatePoliciesTakeTheGeneralPath) {
