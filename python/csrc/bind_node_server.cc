@@ -4,7 +4,8 @@
 // its daemon on a store whose client only exists in Python (upstream Mooncake Store): the
 // sparse layer of the daemon then reads remote sources through that store while every process
 // of the node talks to the daemon as usual (connect("unix://...")), so the daemon's caches and
-// single-flight table dedup the node's range reads across nodes. The standalone
+// single-flight table dedup the node's range reads across nodes, and its tensors are published
+// there (a daemon of another node reads them by TransferEngine). The standalone
 // mooncake_sparse_node binary is the same server on the node's own segments.
 #include <pybind11/stl.h>
 
@@ -49,7 +50,14 @@ void RegisterNodeServer(pyb::module_& m) {
                  }
                  NodeServerOptions o = ValueOrThrow(ToServerOptions(c));
                  ThrowIfError(EnsureSocketDirectory(o.socket_path));
-                 if (!sparse_objects.is_none()) o.sparse_objects = MakePythonObjectStore(sparse_objects);
+                 if (!sparse_objects.is_none()) {
+                     // Sparse objects and tensors both live in the distributed store: a tensor
+                     // put through this daemon is read by a daemon of another node, and by
+                     // upstream's own get_tensor.
+                     o.sparse_objects = MakePythonObjectStore(sparse_objects);
+                     o.tensor_objects = o.sparse_objects;
+                     o.tensor_pinned_quota_bytes = o.store.pinned_quota_bytes;
+                 }
                  pyb::gil_scoped_release nogil;
                  return ValueOrThrow(NodeServer::Start(o));
              }),

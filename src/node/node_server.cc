@@ -301,7 +301,15 @@ Result<NodeServer::Session::Reply> NodeServer::Session::List(const wire::ListReq
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::Lease(const wire::LeaseRequest& req) {
-    MCS_ASSIGN_OR_RETURN(ObjectLease lease, server_.store_->Lease(req.key));
+    auto leased = server_.store_->Lease(req.key);
+    if (!leased.ok() && leased.status().code() == StatusCode::kNotFound &&
+        server_.options_.tensor_objects && !req.key.starts_with(kReservedKeyPrefix)) {
+        // Tensors live in the distributed store: the client's zero-copy view (get_tensor) is a
+        // keyless copy of the current version in the segments, freed with the lease.
+        leased = LeaseFromTensorObjects(req.key);
+    }
+    if (!leased.ok()) return leased.status();
+    ObjectLease lease = std::move(leased).value();
     wire::LeaseReply reply;
     reply.info = lease.info();
     for (std::size_t i = 0; i < reply.info.members.size(); ++i) {
@@ -314,6 +322,24 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Lease(const wire::LeaseR
     MCS_RETURN_IF_ERROR(AddLeases(std::move(one), ids));
     reply.lease_id = ids.front();
     return Reply{std::move(reply), {}};
+}
+
+Result<ObjectLease> NodeServer::Session::LeaseFromTensorObjects(const std::string& key) {
+    Result<ObjectLease> out = NotFound("no object '" + key.substr(0, 200) + "'");
+    const std::string_view keys[] = {key};
+    MCS_RETURN_IF_ERROR(server_.options_.tensor_objects->ViewObjects(
+        keys,
+        [&](std::span<const ObjectView> views) -> Status {
+            const ObjectInfo& info = *views[0].info;
+            std::vector<MemberData> members;
+            for (std::size_t i = 0; i < info.members.size(); ++i) {
+                const MemberInfo& m = info.members[i];
+                members.push_back({m.name, m.dtype, m.shape, views[0].members[i], m.checksum});
+            }
+            out = server_.store_->Publish(key, info.metadata, members);
+            return out.status();
+        }));
+    return out;
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::Release(const wire::ReleaseRequest& req) {
@@ -363,8 +389,14 @@ NodeServer::NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> stor
         options_.sparse_objects ? options_.sparse_objects : std::shared_ptr<ObjectStore>(store_),
         sparse_options);
     LocalTensorStoreOptions tensor_options;
-    tensor_options.backend = "node";  // Segment memory: pinned by the store's own quota.
-    tensors_ = MakeLocalTensorStore(store_, tensor_options);
+    if (options_.tensor_objects) {
+        tensor_options.backend = "node+mooncake";
+        tensor_options.pinned_quota_bytes = options_.tensor_pinned_quota_bytes;
+        tensors_ = MakeLocalTensorStore(options_.tensor_objects, tensor_options);
+    } else {
+        tensor_options.backend = "node";  // Segment memory: pinned by the store's own quota.
+        tensors_ = MakeLocalTensorStore(store_, tensor_options);
+    }
 }
 
 NodeServer::~NodeServer() { Stop(); }
@@ -617,6 +649,19 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
     };
     for (const auto& [name, value] : extra) items.emplace_back(name, value);
     for (const auto& [name, value] : sparse_extra) items.emplace_back(name, value);
+    if (options_.tensor_objects) {
+        // The tensor path on a distributed store: where each read's chosen replica was, and the
+        // network transfers that moved them (one per batch).
+        const StoreCounters t = options_.tensor_objects->Counters();
+        const std::pair<const char*, double> tensor_extra[] = {
+            {"tensor_store_remote", 1.0},
+            {"tensor_store_local_views", double(t.local_views)},
+            {"tensor_store_remote_views", double(t.remote_views)},
+            {"tensor_store_remote_bytes", double(t.remote_view_bytes)},
+            {"tensor_store_batch_transfers", double(t.batch_transfers)},
+        };
+        for (const auto& [name, value] : tensor_extra) items.emplace_back(name, value);
+    }
     return items;
 }
 

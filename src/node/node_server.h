@@ -55,6 +55,16 @@ struct NodeServerOptions {
     /// daemon's caches and single-flight table serve the node's processes across nodes: each
     /// unique range a node needs crosses the network once. Tensors stay in the segments.
     std::shared_ptr<ObjectStore> sparse_objects;
+    /// Where tensor objects (put_tensor ...) live. Null: the node's segments (the same-node fast
+    /// path only). A distributed store (upstream Mooncake Store) here publishes every tensor
+    /// there, so a daemon of another node on the same master reads it: a tensor whose chosen
+    /// replica is this daemon's own is copied in place, one of another node arrives by one
+    /// network transfer per batch into this daemon's (pinned) memory, and either way goes to
+    /// the client's tensor by CUDA IPC or through its client buffer.
+    std::shared_ptr<ObjectStore> tensor_objects;
+    /// Host bytes the tensor path may pin for tensor_objects (landing and sending memory); 0:
+    /// none.
+    std::uint64_t tensor_pinned_quota_bytes = 0;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
     /// A reply that the client does not read within this time closes the connection.

@@ -91,6 +91,9 @@ private:
     Result<Reply> Remove(const wire::RemoveRequest& req);
     Result<Reply> List(const wire::ListRequest& req);
     Result<Reply> Lease(const wire::LeaseRequest& req);
+    /// A keyless segment copy of tensor object `key` of options().tensor_objects, leased.
+    /// Errors: NotFound; as ShmStore::Publish.
+    Result<ObjectLease> LeaseFromTensorObjects(const std::string& key);
     Result<Reply> Release(const wire::ReleaseRequest& req);
     Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
     Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);

@@ -140,6 +140,13 @@ struct StoreCounters {
     std::uint64_t range_reads = 0;     ///< RangeRead items served.
     std::uint64_t range_bytes = 0;
     std::uint64_t removes = 0;
+    /// ViewObjects of a distributed store: objects whose chosen replica is in this process's own
+    /// memory (viewed in place), objects read from another node's replica (and their bytes),
+    /// and the batched network transfers those reads and PutFilled batches took.
+    std::uint64_t local_views = 0;
+    std::uint64_t remote_views = 0;
+    std::uint64_t remote_view_bytes = 0;
+    std::uint64_t batch_transfers = 0;
 };
 
 class ObjectStore {

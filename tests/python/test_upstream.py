@@ -392,3 +392,55 @@ def test_training_run_across_nodes_with_retention_and_catch_up(master, node_a):
                         [mcs.Target("w", "a/1", "nodeA", {}, (half.shape[0], 0), half.shape)],
                         [half])
     assert np.array_equal(half, ref[steps]["w"][half.shape[0]:])
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors across nodes through the node daemons (docs/multi_node.md, "Tensors across nodes"):
+# two daemons on the master, each with its own Mooncake client and segment; a tensor put
+# through node A's daemon lives in A's segment and node B's daemon reads it by TransferEngine.
+# ---------------------------------------------------------------------------------------------
+DAEMON_A = {"local_hostname": "127.0.0.1", "segment_bytes": 64 << 20, "buffer_bytes": 16 << 20}
+DAEMON_B = {"local_hostname": "127.0.0.2", "segment_bytes": 16 << 20, "buffer_bytes": 16 << 20}
+
+
+@pytest.fixture(scope="module")
+def daemons(master, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("daemons")
+    with start_python_node_daemon(tmp, master.url(**DAEMON_A), node_id="nodeA") as a, \
+            start_python_node_daemon(tmp, master.url(**DAEMON_B), node_id="nodeB") as b:
+        yield a, b
+
+
+def tensor_counts(store):
+    m = store.metrics()
+    return (m["tensor_store_local_views"], m["tensor_store_remote_views"],
+            m["tensor_store_batch_transfers"])
+
+
+def test_tensor_put_on_a_get_on_b(daemons):
+    torch = pytest.importorskip("torch")
+    a, b = (mcs.connect(d.url) for d in daemons)
+    key = unique_key("xnode.")
+    t = torch.randn(257, 129).to(torch.bfloat16)
+    a.put_tensor(key, t)
+    local0, remote0, batches0 = tensor_counts(b)
+    out = torch.empty_like(t)
+    b.get_tensor_into(key, out)
+    assert out.view(torch.int16).numpy().tobytes() == t.view(torch.int16).numpy().tobytes()
+    # B's read took A's replica over the network: one remote view, one transfer.
+    local1, remote1, batches1 = tensor_counts(b)
+    assert (local1 - local0, remote1 - remote0, batches1 - batches0) == (0, 1, 1)
+    # get_tensor (a zero-copy lease of B's segments) and the stored header.
+    assert torch.equal(b.get_tensor(key, as_torch=True), t)
+    # A's own read is local: its replica is in A's own segment, read in place.
+    local_a, remote_a, _ = tensor_counts(a)
+    again = torch.empty_like(t)
+    a.get_tensor_into(key, again)
+    assert torch.equal(again, t)
+    assert tensor_counts(a)[:2] == (local_a + 1, remote_a)
+    with pytest.raises(mcs.Conflict):
+        b.put_tensor(key, t)
+    with pytest.raises(mcs.InvalidArgument):
+        b.get_tensor_into(key, torch.empty(3, 3, dtype=torch.bfloat16))
+    with pytest.raises(mcs.NotFound):
+        b.get_tensor_into(unique_key("xnode.missing."), out)

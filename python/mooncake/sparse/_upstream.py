@@ -27,6 +27,13 @@ How a structured object maps onto upstream keys (every byte moves with upstream'
   ``list(prefix)`` (prefixes of at least three components) scans the slots and keeps the heads
   that exist.
 
+Tensor batches (the native tensor path, python/csrc/python_object_store.cc): a batch of tensor
+values is written with ONE ``batch_put_from`` / ``batch_upsert_from`` from memory the core
+registered (``register_region``); a batch is read by asking the master where each replica is
+(``batch_get_replica_desc``, one call): a replica in this client's own segment is viewed in
+place (no transfer), the others are read with ONE ``batch_get_into`` into the core's registered
+memory (one TransferEngine batch). Locality is the chosen replica's, never a preference.
+
 Range reads go through ``get_into_ranges`` into a registered staging buffer (upstream requires
 registered destinations) and are copied from there into the caller's memory. A read validates
 the heads of every object it names first; a member that disappears under it (a concurrent
@@ -47,8 +54,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._errors import (Conflict, InvalidArgument, NotFound, OutOfRange, ResourceExhausted,
-                      Unavailable, Unimplemented)
+from ._errors import (Conflict, FailedPrecondition, InvalidArgument, NotFound, OutOfRange,
+                      ResourceExhausted, Unavailable, Unimplemented)
 
 __all__ = ["UpstreamObjectStore", "UpstreamConfig", "parse_mooncake_url", "upstream_available"]
 
@@ -65,6 +72,10 @@ _OBJECT_NOT_FOUND = -704
 _OBJECT_ALREADY_EXISTS = -705
 _INVALID_PARAMS = -600
 _NO_AVAILABLE_HANDLE = -200  # allocation failed: out of segment space
+# Codes that mean the peer holding a replica (or the master) cannot be reached: the transfer
+# engine's (-800 .. -899) and the RPC layer's (-900 .. -999).
+_TRANSFER_CODES = range(-899, -799)
+_RPC_CODES = range(-999, -899)
 
 
 def upstream_available() -> bool:
@@ -238,7 +249,10 @@ class UpstreamObjectStore:
         self._slot_hint: dict[str, int] = {}
         self._counters = {k: 0 for k in ("puts", "bytes_put", "member_gets", "member_bytes",
                                          "range_reads", "range_bytes", "removes",
-                                         "upstream_calls")}
+                                         "upstream_calls", "local_views", "remote_views",
+                                         "remote_view_bytes", "batch_transfers")}
+        self._hostname = client.get_hostname() if local_segment else None
+        self._regions: set[int] = set()
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
@@ -266,6 +280,8 @@ class UpstreamObjectStore:
     def close(self) -> None:
         self._staging.close()
         self._put_staging.close()
+        for address in list(self._regions):
+            self.unregister_region(address)
         if self._owns_client:
             self._client.close()
 
@@ -429,6 +445,106 @@ class UpstreamObjectStore:
         self._count(upstream_calls=2)
         if rc != 0:
             _raise_for(rc, f"writing tensor {key!r}")
+
+    # -- tensor batches (the native core's tensor path) --------------------------------------
+    tensor_batches = True
+
+    def register_region(self, address: int, nbytes: int) -> None:
+        """Registers host memory the core fills and reads batches in (kept across calls)."""
+        rc = self._client.register_buffer(int(address), int(nbytes))
+        self._count(upstream_calls=1)
+        if rc != 0:
+            _raise_for(rc, f"registering {nbytes} bytes of host memory")
+        self._regions.add(int(address))
+
+    def unregister_region(self, address: int) -> None:
+        if int(address) in self._regions:
+            self._regions.discard(int(address))
+            self._client.unregister_buffer(int(address))
+            self._count(upstream_calls=1)
+
+    def check_absent(self, keys: Sequence[str]) -> None:
+        """Conflict when any of `keys` exists (a create batch checks before it writes)."""
+        exist = self._client.batch_is_exist(list(keys))
+        self._count(upstream_calls=1)
+        for key, e in zip(keys, exist):
+            if e == 1:
+                raise Conflict(f"object {key!r} already exists")
+            if e < 0:
+                _raise_for(e, f"checking {key!r}")
+
+    def put_tensors(self, keys: Sequence[str], addresses: Sequence[int], sizes: Sequence[int],
+                    mode: str, hard_pin: bool) -> None:
+        """Writes a batch of tensor values (upstream's TensorObjectHeader + data, in registered
+        memory) with one batch_put_from / batch_upsert_from: one TransferEngine batch into this
+        client's own segment (preferred_segment). A create batch that fails part way removes
+        what it wrote."""
+        config = self._config(hard_pin)
+        keys, addresses, sizes = list(keys), [int(a) for a in addresses], [int(n) for n in sizes]
+        if mode == "create":
+            rcs = self._client.batch_put_from(keys, addresses, sizes, config)
+        else:
+            rcs = self._client.batch_upsert_from(keys, addresses, sizes, config)
+        self._count(upstream_calls=1, batch_transfers=1)
+        bad = [(k, rc) for k, rc in zip(keys, rcs) if rc != 0]
+        if bad:
+            if mode == "create":
+                self._remove_keys([k for k, rc in zip(keys, rcs) if rc == 0])
+                if bad[0][1] in (_OBJECT_ALREADY_EXISTS, _REPLICA_NOT_READY):
+                    raise Conflict(f"object {bad[0][0]!r} already exists (created concurrently)")
+            self._raise_transfer(bad[0][1], f"writing tensor {bad[0][0]!r}")
+        self._count(puts=len(keys), bytes_put=sum(sizes))
+
+    def locate_tensors(self, keys: Sequence[str]) -> list[tuple[int, int]]:
+        """(size, address) of the replica each key's read takes, from one query of the master:
+        the address of a complete memory replica in this client's own segment (read in place),
+        else 0 (another node's replica: read_tensors moves it)."""
+        found = self._client.batch_get_replica_desc(list(keys))
+        self._count(upstream_calls=1)
+        out = []
+        for key in keys:
+            chosen = None
+            for d in found.get(key, []):
+                if not d.is_memory_replica() or d.status.name != "COMPLETE":
+                    continue
+                b = d.get_memory_descriptor().buffer_descriptor
+                if self._hostname is not None and b.transport_endpoint == self._hostname:
+                    chosen = (int(b.size), int(b.buffer_address))
+                    break
+                if chosen is None:
+                    chosen = (int(b.size), 0)
+            if chosen is None:
+                raise NotFound(f"no object {key!r}")
+            out.append(chosen)
+        local = sum(1 for _, a in out if a)
+        self._count(local_views=local)
+        return out
+
+    def read_tensors(self, keys: Sequence[str], addresses: Sequence[int],
+                     sizes: Sequence[int]) -> None:
+        """Reads whole values of other nodes' replicas into registered memory with one
+        batch_get_into (one TransferEngine batch). NotFound: a key vanished since
+        locate_tensors; FailedPrecondition: its size changed (an upsert; the core looks again);
+        Unavailable: the node holding it (or the master) is unreachable."""
+        keys, sizes = list(keys), [int(n) for n in sizes]
+        rcs = self._client.batch_get_into(keys, [int(a) for a in addresses], sizes)
+        self._count(upstream_calls=1, batch_transfers=1)
+        for key, rc, n in zip(keys, rcs, sizes):
+            if rc == n:
+                continue
+            if rc in (_OBJECT_NOT_FOUND, _REPLICA_NOT_READY):
+                raise NotFound(f"object {key!r} vanished during the read")
+            if rc == _INVALID_PARAMS or rc >= 0:
+                raise FailedPrecondition(f"object {key!r} changed size during the read")
+            self._raise_transfer(rc, f"reading {key!r}")
+        self._count(remote_views=len(keys), remote_view_bytes=sum(sizes))
+
+    @staticmethod
+    def _raise_transfer(code: int, what: str) -> None:
+        if code in _TRANSFER_CODES or code in _RPC_CODES:
+            raise Unavailable(f"{what}: the node holding it (or the master) is unreachable "
+                              f"(Mooncake error {code})")
+        _raise_for(code, what)
 
     def stat(self, key: str) -> tuple:
         return self._head(key).as_tuple()
