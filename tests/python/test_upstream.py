@@ -444,3 +444,94 @@ def test_tensor_put_on_a_get_on_b(daemons):
         b.get_tensor_into(key, torch.empty(3, 3, dtype=torch.bfloat16))
     with pytest.raises(mcs.NotFound):
         b.get_tensor_into(unique_key("xnode.missing."), out)
+
+
+def test_tensor_upsert_on_a_seen_by_b(daemons):
+    torch = pytest.importorskip("torch")
+    a, b = (mcs.connect(d.url) for d in daemons)
+    key = unique_key("xnode.upsert.")
+    a.put_tensor(key, torch.zeros(64, 32))
+    out = torch.empty(64, 32)
+    b.get_tensor_into(key, out)
+    assert torch.equal(out, torch.zeros(64, 32))
+    w = torch.randn(64, 32)
+    a.upsert_tensor(key, w)
+    b.get_tensor_into(key, out)
+    assert torch.equal(out, w)
+    # A new shape: B's destination must follow the stored header.
+    a.upsert_tensor(key, torch.arange(12, dtype=torch.int32).reshape(3, 4))
+    with pytest.raises(mcs.InvalidArgument):
+        b.get_tensor_into(key, out)
+    small = torch.empty(3, 4, dtype=torch.int32)
+    b.get_tensor_into(key, small)
+    assert torch.equal(small, torch.arange(12, dtype=torch.int32).reshape(3, 4))
+
+
+def test_tensor_interop_with_upstream_get_tensor_on_b(master, daemons):
+    """Upstream's own client on node B reads what node A's daemon put, and node B's daemon
+    reads what upstream's own client put."""
+    torch = pytest.importorskip("torch")
+    from mooncake.store import MooncakeDistributedStore
+
+    a, b = (mcs.connect(d.url) for d in daemons)
+    theirs_client = MooncakeDistributedStore()
+    assert theirs_client.setup("127.0.0.2", master.metadata, 16 << 20, 16 << 20, "tcp", "",
+                               master.address) == 0
+    try:
+        ours = unique_key("xnode.ours.")
+        t = torch.randn(100, 33)
+        a.put_tensor(ours, t)
+        assert torch.equal(theirs_client.get_tensor(ours), t)
+
+        theirs = unique_key("xnode.theirs.")
+        u = torch.randn(17, 5).to(torch.bfloat16)
+        assert theirs_client.put_tensor(theirs, u) == 0
+        for store in (b, a):
+            out = torch.empty(17, 5, dtype=torch.bfloat16)
+            store.get_tensor_into(theirs, out)
+            assert torch.equal(out, u)
+    finally:
+        theirs_client.close()
+
+
+def test_killed_daemon_gives_a_typed_error_not_a_hang(master, daemons, tmp_path):
+    torch = pytest.importorskip("torch")
+    import threading
+    import time
+
+    _, node_b = daemons
+    b = mcs.connect(node_b.url)
+    key = unique_key("xnode.killed.")
+    t = torch.randn(128, 64)
+    with start_python_node_daemon(tmp_path, master.url(local_hostname="127.0.0.3",
+                                                       segment_bytes=16 << 20,
+                                                       buffer_bytes=16 << 20),
+                                  node_id="nodeC") as c_daemon:
+        mcs.connect(c_daemon.url).put_tensor(key, t)
+        out = torch.empty_like(t)
+        b.get_tensor_into(key, out)
+        assert torch.equal(out, t)
+        c_daemon.process.kill()
+        c_daemon.process.wait(30)
+    result: list[BaseException | None] = []
+
+    def read():
+        try:
+            b.get_tensor_into(key, torch.empty_like(t))
+            result.append(None)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            result.append(e)
+
+    start = time.monotonic()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(90)
+    assert not reader.is_alive(), "the read of a killed node's tensor hangs"
+    assert isinstance(result[0], (mcs.Unavailable, mcs.NotFound)), result[0]
+    assert time.monotonic() - start < 90
+    # The daemon on B still serves.
+    other = unique_key("xnode.after.")
+    b.put_tensor(other, t)
+    out = torch.empty_like(t)
+    b.get_tensor_into(other, out)
+    assert torch.equal(out, t)
