@@ -494,6 +494,32 @@ def test_tensor_interop_with_upstream_get_tensor_on_b(master, daemons):
         theirs_client.close()
 
 
+def test_tensor_batches_cross_as_one_transfer(daemons):
+    torch = pytest.importorskip("torch")
+    a, b = (mcs.connect(d.url) for d in daemons)
+    keys = [unique_key("xnode.batch.") for _ in range(8)]
+    ts = [torch.randn(32 + i, 16) for i in range(len(keys))]
+    before_a = a.metrics()["tensor_store_batch_transfers"]
+    a.batch_put_tensor(keys, ts)
+    assert a.metrics()["tensor_store_batch_transfers"] - before_a == 1
+    outs = [torch.empty_like(t) for t in ts]
+    local0, remote0, batches0 = tensor_counts(b)
+    b.batch_get_tensor_into(keys, outs)
+    assert all(torch.equal(o, t) for o, t in zip(outs, ts))
+    local1, remote1, batches1 = tensor_counts(b)
+    assert (local1 - local0, remote1 - remote0, batches1 - batches0) == (0, len(keys), 1)
+    # A batch upsert is one transfer too, and B sees every new value.
+    a.batch_upsert_tensor(keys, [t * 2 for t in ts])
+    b.batch_get_tensor_into(keys, outs)
+    assert all(torch.equal(o, t * 2) for o, t in zip(outs, ts))
+    # A create batch with one existing key writes nothing.
+    fresh = unique_key("xnode.batch.fresh.")
+    with pytest.raises(mcs.Conflict):
+        a.batch_put_tensor([fresh, keys[0]], [ts[0], ts[0]])
+    with pytest.raises(mcs.NotFound):
+        b.get_tensor_into(fresh, torch.empty_like(ts[0]))
+
+
 def test_killed_daemon_gives_a_typed_error_not_a_hang(master, daemons, tmp_path):
     torch = pytest.importorskip("torch")
     import threading
