@@ -11,8 +11,10 @@ bin/``). With ``--store mooncake://...`` the daemon is hosted in this Python pro
 upstream Mooncake Store's client lives in Python: it keeps sparse source objects, manifests and
 generation heads in upstream Mooncake Store, so a trainer on another node commits there and this
 node's readers share the daemon's caches and single-flight table (each unique range the node
-needs crosses the network once). Tensors and read results stay in the node's shared-memory
-segments. ``python -m mooncake.sparse.node`` always hosts the daemon in Python.
+needs crosses the network once). Tensors are published there too (upstream's own tensor value,
+in this daemon's upstream segment), so a daemon of another node on the same master reads them
+by TransferEngine; read results stay in the node's shared-memory segments.
+``python -m mooncake.sparse.node`` always hosts the daemon in Python.
 
 Every process of the node connects with ``mooncake.sparse.connect("unix://")`` (the default
 socket path, ``default_socket_path()``) or ``connect("unix:///PATH")``.
