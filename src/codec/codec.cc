@@ -170,12 +170,25 @@ std::uint64_t FilterRebaseTyped(const std::byte* in_idx, const std::byte* in_val
         // data-dependent store position, which the compiler vectorizes.
         std::memcpy(out_val, in_val, count * vb);
         if constexpr (kRank != 0) {
+            // Every kept coordinate is >= the origin and its difference fits OutT, so the
+            // subtraction is exact in OutT arithmetic: lanes as narrow as the output vectorize
+            // best.
+            std::array<OutT, kRank> o{};
+            for (std::size_t d = 0; d < kRank; ++d) o[d] = static_cast<OutT>(org[d]);
+            bool zero = true;
+            for (std::size_t d = 0; d < kRank; ++d) zero &= org[d] == 0;
+            if (zero && sizeof(InT) == sizeof(OutT)) {
+                std::memcpy(out_idx, in_idx, count * kRank * sizeof(InT));
+                return count;
+            }
             for (std::uint64_t i = 0; i < count; ++i) {
+                InT c[kRank];
+                OutT r[kRank];
+                std::memcpy(c, in_idx + i * kRank * sizeof(InT), sizeof(c));
                 for (std::size_t d = 0; d < kRank; ++d) {
-                    const InT c = LoadAs<InT>(in_idx + (i * kRank + d) * sizeof(InT));
-                    StoreAs<OutT>(out_idx + (i * kRank + d) * sizeof(OutT),
-                                  static_cast<OutT>(std::uint64_t{c} - org[d]));
+                    r[d] = static_cast<OutT>(static_cast<OutT>(c[d]) - o[d]);
                 }
+                std::memcpy(out_idx + i * kRank * sizeof(OutT), r, sizeof(r));
             }
             return count;
         }
