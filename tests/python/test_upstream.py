@@ -561,3 +561,33 @@ def test_killed_daemon_gives_a_typed_error_not_a_hang(master, daemons, tmp_path)
     out = torch.empty_like(t)
     b.get_tensor_into(other, out)
     assert torch.equal(out, t)
+
+
+def test_cuda_tensors_across_nodes(daemons):
+    """CUDA tensors on both ends: A's daemon copies the caller's tensor out by CUDA IPC, B's
+    daemon lands A's replica in its registered memory and copies it into the caller's GPU
+    tensor by CUDA IPC (no staging in either client). Skipped without CUDA."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    a, b = (mcs.connect(d.url) for d in daemons)
+    if not b.capabilities()["cuda_ipc_available"]:
+        pytest.skip("no CUDA IPC between this process and the daemons")
+    keys = [unique_key("xnode.cuda.") for _ in range(3)]
+    ts = [torch.randn(512, 256 + i, device="cuda").to(torch.bfloat16) for i in range(3)]
+    a.batch_put_tensor(keys, ts)
+    outs = [torch.empty_like(t) for t in ts]
+    local0, remote0, batches0 = tensor_counts(b)
+    copies0 = b.metrics()["tensor_cuda_copies"]
+    b.batch_get_tensor_into(keys, outs)
+    torch.cuda.synchronize()
+    assert all(torch.equal(o.view(torch.int16), t.view(torch.int16)) for o, t in zip(outs, ts))
+    local1, remote1, batches1 = tensor_counts(b)
+    assert (local1 - local0, remote1 - remote0, batches1 - batches0) == (0, len(keys), 1)
+    assert b.metrics()["tensor_cuda_copies"] - copies0 >= len(keys)
+    # On node A the replicas are local: read in place, no transfer.
+    local_a, remote_a, _ = tensor_counts(a)
+    again = torch.empty_like(ts[0])
+    a.get_tensor_into(keys[0], again)
+    assert torch.equal(again.view(torch.int16), ts[0].view(torch.int16))
+    assert tensor_counts(a)[:2] == (local_a + 1, remote_a)
