@@ -69,16 +69,20 @@ bool IsSameCommit(const ObjectInfo& existing, const SparseObject& object) {
 }
 
 /// The members of a source object, as the store keeps them (views of `object`).
-std::vector<MemberData> MembersOf(const SparseObject& object) {
+/// `indices` / `values` empty: the object's own.
+std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const std::byte> indices = {},
+                                  std::span<const std::byte> values = {}) {
     const SourceDescriptor& d = object.desc;
     const auto bytes = [](const auto& v) {
         return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
                                           v.size() * sizeof(v[0]));
     };
+    const bool external = !indices.empty() || !values.empty();
     return {
-        {"indices", d.index_dtype, {Index(d.nnz), Index(d.rank())}, bytes(object.indices),
-         object.checksum_indices},
-        {"values", d.value_dtype, {Index(d.nnz)}, bytes(object.values), object.checksum_values},
+        {"indices", d.index_dtype, {Index(d.nnz), Index(d.rank())},
+         external ? indices : bytes(object.indices), object.checksum_indices},
+        {"values", d.value_dtype, {Index(d.nnz)}, external ? values : bytes(object.values),
+         object.checksum_values},
         {"tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())},
          bytes(object.tile_coords), object.checksum_tile_coords},
         {"tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, bytes(object.tile_ptr),
@@ -169,9 +173,10 @@ Status SparseStore::PrepareCommit(SparseObject& object, std::string& metadata) {
 
 Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
                                                const std::string& metadata, bool hard_pin,
-                                               CommitBatch& batch) {
+                                               CommitBatch& batch, const EntryViews& entries) {
     const SourceDescriptor& d = object.desc;
-    CommitResult result{d.source_ref, false, d.nnz, object.PayloadBytes()};
+    CommitResult result{d.source_ref, false, d.nnz,
+                        object.PayloadBytes() + entries.indices.size() + entries.values.size()};
     // Idempotence first: a retry of a committed step must succeed even after the tensor moved on.
     if (auto existing = store_->Stat(d.source_ref); existing.ok()) {
         if (!IsSameCommit(*existing, object)) {
@@ -215,7 +220,7 @@ Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
                                " does not extend it");
     }
 
-    const std::vector<MemberData> members = MembersOf(object);
+    const std::vector<MemberData> members = MembersOf(object, entries.indices, entries.values);
     // Sources are found through manifests, never listed.
     MCS_RETURN_IF_ERROR(
         store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin, false}));
@@ -302,7 +307,15 @@ std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
     std::vector<Result<CommitResult>> results(requests.size(), Internal("unset"));
     std::vector<std::optional<SparseObject>> objects(requests.size());
     // Validation and encoding, in parallel: a bad request fails alone, before any write.
+    // Entries already in canonical order are only indexed: the store copies them once, from the
+    // caller's arrays.
+    std::vector<EntryViews> entries(requests.size());
     internal::ParallelFor(num_threads, requests.size(), [&](std::size_t i) {
+        if (std::optional<SparseObject> indexed = IndexSourceObject(requests[i])) {
+            objects[i] = std::move(indexed);
+            entries[i] = {requests[i].indices.data, requests[i].values.data};
+            return;
+        }
         Result<SparseObject> built = BuildSourceObject(requests[i]);
         if (!built.ok()) {
             results[i] = built.status();
@@ -312,7 +325,7 @@ std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
     });
     std::vector<bool> hard_pin(requests.size());
     for (std::size_t i = 0; i < requests.size(); ++i) hard_pin[i] = requests[i].hard_pin;
-    CommitBuilt(objects, hard_pin, results, num_threads);
+    CommitBuilt(objects, hard_pin, results, num_threads, entries);
     for (std::size_t i = 0; i < requests.size(); ++i) {
         if (!results[i].ok()) {
             results[i] = results[i].status().WithContext("update " + std::to_string(i) + " ('" +
@@ -335,7 +348,8 @@ std::vector<Result<CommitResult>> SparseStore::CommitSparseObjects(
 
 void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
                               const std::vector<bool>& hard_pin,
-                              std::vector<Result<CommitResult>>& results, int num_threads) {
+                              std::vector<Result<CommitResult>>& results, int num_threads,
+                              std::span<const EntryViews> entries) {
     std::vector<std::string> metadata(objects.size());
     internal::ParallelFor(num_threads, objects.size(), [&](std::size_t i) {
         if (!objects[i]) return;
@@ -350,7 +364,8 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
         std::lock_guard lock(commit_mu_);
         for (std::size_t i = 0; i < objects.size(); ++i) {
             if (!objects[i]) continue;
-            results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch);
+            results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch,
+                                      entries.empty() ? EntryViews{} : entries[i]);
             committed[i] = &*objects[i];
         }
         UndoMissedCommits(committed, results, batch);

@@ -266,9 +266,16 @@ private:
     /// Names the object under this store's namespace, checks its descriptor, and encodes its
     /// metadata.
     Status PrepareCommit(SparseObject& object, std::string& metadata);
+    /// The entries of an indexed object (IndexSourceObject): the caller's arrays, written to the
+    /// store as they are. Both empty: the object's own members.
+    struct EntryViews {
+        std::span<const std::byte> indices;
+        std::span<const std::byte> values;
+    };
     /// One commit with commit_mu_ held: idempotence, step and fencing checks, then the writes.
     Result<CommitResult> CommitLocked(const SparseObject& object, const std::string& metadata,
-                                      bool hard_pin, CommitBatch& batch);
+                                      bool hard_pin, CommitBatch& batch,
+                                      const EntryViews& entries = {});
     /// Undoes the created commits of `objects` (null: not committed) that a seal by another
     /// process missed, setting their results to Conflict.
     void UndoMissedCommits(std::span<const SparseObject* const> objects,
@@ -277,9 +284,10 @@ private:
     /// Names, checks and encodes the metadata of `objects` (null: failed already; `results`
     /// holds why) in parallel, then commits them under one lock, with the step checks once per
     /// step, and undoes what a seal by another process missed.
+    /// `entries` (empty, or one per object) gives indexed objects' entries.
     void CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
                      const std::vector<bool>& hard_pin, std::vector<Result<CommitResult>>& results,
-                     int num_threads);
+                     int num_threads, std::span<const EntryViews> entries = {});
     std::string ManifestKeyOf(const SourceDescriptor& d) const;
     /// Creates the pending record of a seal of `step` (taking over a crashed sealer's) and
     /// returns its expiry. Errors: FailedPrecondition (another seal is in progress).
