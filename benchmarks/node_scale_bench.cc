@@ -20,9 +20,14 @@
 // ratio to the memcpy floor of the same run (ceiling_gbps), density, num_targets and
 // num_sources; human text on stderr; `--json PATH` saves the same lines.
 //
+// The read runs --steps times: step 1 into fresh memory (first touch), each later step after the
+// last one's target objects were freed and the node caches cleared (steady state: the memory a
+// training run reuses step after step). Read lines carry "step" and "memory".
+//
 // Usage: node_scale_bench [--layers N] [--density D] [--layout ep4tp2|ep8] [--seed S]
 //                         [--commit_batch N] [--commit_threads N] [--synth_threads N]
-//                         [--read_threads N] [--verify_targets N] [--json PATH]
+//                         [--read_threads N] [--verify_targets N] [--range_cache_mib M]
+//                         [--steps N] [--json PATH]
 
 #include <sys/mman.h>
 #include <sys/resource.h>
