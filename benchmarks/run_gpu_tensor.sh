@@ -23,7 +23,8 @@
 # arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), UPSTREAM_BENCH_ARGS (of
 # benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, TEST_FILES (the pytest files
 # to run), SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1, GPU_SYNC=1 (benchmarks/gpu_sync_bench.py with
-# GPU_SYNC_ARGS: OUTDIR/gpu_sync.jsonl), NOSPIN=1 (the node points again with a client
+# GPU_SYNC_ARGS: OUTDIR/gpu_sync.jsonl), BATCH_BENCH=1 (benchmarks/batch_bench.py --device cuda
+# with BATCH_BENCH_ARGS: OUTDIR/batch.jsonl), NOSPIN=1 (the node points again with a client
 # that sleeps for its replies: OUTDIR/tensor_bench_nospin.jsonl),
 # NSYS=1 (profile 64 MiB puts/gets with nsys when present: OUTDIR/nsys_*.txt).
 set -uo pipefail
@@ -216,6 +217,15 @@ if [[ "${GPU_SYNC:-0}" == 1 ]]; then
     rc=$?
     note "gpu_sync bench: rc=${rc}, $(grep -c '"what": "gpu_sync"' "${out}/gpu_sync.jsonl" 2>/dev/null || echo 0) result lines"
     [[ ${rc} != 0 ]] && { tail -20 "${out}/gpu_sync.log" >&2; status=1; }
+fi
+# ---- 5d. Fixed cost per object of the batch calls with every tensor on the GPU (BATCH_BENCH=1) -
+if [[ "${BATCH_BENCH:-0}" == 1 ]]; then
+    # shellcheck disable=SC2086
+    "${py}" benchmarks/batch_bench.py --device cuda --json "${out}/batch.jsonl" ${BATCH_BENCH_ARGS:-} \
+        > /dev/null 2> "${out}/batch.log"
+    rc=$?
+    note "batch bench (cuda): rc=${rc}"
+    [[ ${rc} != 0 ]] && { tail -20 "${out}/batch.log" >&2; status=1; }
 fi
 # ---- 6. Side by side with upstream Mooncake's tensor calls -------------------------------------
 if [[ "${SKIP_UPSTREAM_BENCH:-0}" != 1 ]] && "${py}" -c "import mooncake.store" > /dev/null 2>&1; then
