@@ -211,6 +211,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # filter/rebase), outside the step's total; the rest of read_s is the upload.
             t_read_host = None
             if device.type == "cuda":
+                store.clear_caches()  # as cold as the timed read (a new step's ranges)
                 t_read_host, host_objs = timed(lambda: store.read_sparse_objects(manifest, targets),
                                                device)
                 del host_objs

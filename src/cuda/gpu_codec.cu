@@ -741,6 +741,34 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     return *this;
 }
 
+namespace {
+
+/// Bytes the device's default memory pool (cudaMallocAsync) keeps for reuse across syncs. Its
+/// default, 0, hands every freed block back to the driver at the next sync, so each step would
+/// map its buffers anew (tens of milliseconds per few hundred MB).
+constexpr std::uint64_t kPoolKeepBytes = std::uint64_t(4) << 30;
+
+void KeepPoolMemory(int device) {
+    static std::mutex mu;
+    static std::vector<bool> done;
+    std::lock_guard lock(mu);
+    if (device < 0) return;
+    if (done.size() <= std::size_t(device)) done.resize(std::size_t(device) + 1, false);
+    if (done[device]) return;
+    done[device] = true;
+    cudaMemPool_t pool = nullptr;
+    if (cudaDeviceGetDefaultMemPool(&pool, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    std::uint64_t keep = kPoolKeepBytes;
+    if (cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess) {
+        (void)cudaGetLastError();  // the pool then releases as before; nothing else changes
+    }
+}
+
+}  // namespace
+
 Result<DeviceBuffer> DeviceBuffer::Allocate(std::uint64_t bytes, int device, std::uintptr_t stream) {
     DeviceBuffer b;
     b.bytes_ = bytes;
@@ -750,6 +778,7 @@ Result<DeviceBuffer> DeviceBuffer::Allocate(std::uint64_t bytes, int device, std
     int current = 0;
     MCS_CUDA(cudaGetDevice(&current));
     if (current != device) MCS_CUDA(cudaSetDevice(device));
+    KeepPoolMemory(device);
     void* p = nullptr;
     MCS_CUDA(cudaMallocAsync(&p, bytes, AsStream(stream)));
     b.address_ = reinterpret_cast<std::uintptr_t>(p);

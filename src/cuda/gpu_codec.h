@@ -40,7 +40,9 @@ struct DeviceArray {
 /// without a driver; never throws or aborts).
 bool Available();
 
-/// Owned device memory (cudaMallocAsync on the given stream, freed stream-ordered).
+/// Owned device memory (cudaMallocAsync on the given stream, freed stream-ordered). The device's
+/// default pool keeps up to 4 GiB of freed memory for reuse (its release threshold), so the
+/// buffers of one step are reused by the next instead of being mapped again.
 class DeviceBuffer {
 public:
     DeviceBuffer() = default;
