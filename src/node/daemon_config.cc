@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <thread>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -237,7 +238,9 @@ Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
         return InvalidArgument("client_buffer_max_bytes must be at least one page");
     }
     o.client_buffer_max_bytes = c.client_buffer_max_bytes;
-    o.read_threads = std::max<std::uint32_t>(1, c.read_threads);
+    o.read_threads = c.read_threads != 0
+                         ? c.read_threads
+                         : std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 1, 8);
     if (c.max_connections == 0) return InvalidArgument("max_connections must be positive");
     o.max_connections = c.max_connections;
     return o;

@@ -29,7 +29,8 @@ struct NodeDaemonConfig {
     std::uint64_t cache_capacity_bytes = std::uint64_t{1} << 30;
     std::uint64_t client_buffer_max_bytes = std::uint64_t{1} << 30;
     std::uint64_t metadata_capacity_bytes = std::uint64_t{256} << 20;
-    std::uint32_t read_threads = 2;
+    /// Materialization threads of one read call; 0: the hardware's threads, at most 8.
+    std::uint32_t read_threads = 0;
     std::uint32_t max_connections = 1024;
     /// A started frame must be complete (and a new connection must say Hello) within this.
     std::chrono::milliseconds frame_timeout{10000};

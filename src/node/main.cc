@@ -39,7 +39,8 @@ DEFINE_string(cache_capacity_bytes, "1GiB",
               "Capacity of each node-local cache (tile indexes, range reads).");
 DEFINE_string(client_buffer_max_bytes, "1GiB", "Largest buffer a client may register.");
 DEFINE_string(metadata_capacity_bytes, "256MiB", "Bound on keys, metadata and member tables.");
-DEFINE_uint32(read_threads, 2, "Materialization threads per read_sparse_objects call.");
+DEFINE_uint32(read_threads, 0,
+              "Materialization threads per read_sparse_objects call (0: the hardware's, at most 8).");
 DEFINE_uint32(max_connections, 1024,
               "Connections served at once; when full, a new one evicts the longest-idle "
               "connection that holds no client buffer and no lease.");
