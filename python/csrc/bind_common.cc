@@ -88,6 +88,12 @@ std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets) {
 }
 
 bool IsCudaArray(const pyb::handle& obj) {
+    if (PyCapsule_CheckExact(obj.ptr())) {
+        // An unconsumed DLPack capsule (torch's C++ exporter, handed over by the Python layer).
+        if (!PyCapsule_IsValid(obj.ptr(), "dltensor")) return false;
+        const auto* m = static_cast<const DLManagedTensor*>(PyCapsule_GetPointer(obj.ptr(), "dltensor"));
+        return m != nullptr && m->dl_tensor.device.device_type == kDLCUDA;
+    }
     if (obj.is_none() || pyb::isinstance<pyb::array>(obj) || !pyb::hasattr(obj, "__dlpack_device__")) {
         return false;
     }

@@ -155,6 +155,24 @@ def test_single_commit_of_device_members(store):
     assert np.array_equal(bits(w), bits(new))
 
 
+def test_commit_of_strided_device_members(store):
+    (new, old), = pairs_of([((96, 64), torch.bfloat16)])
+    idx, vals = mcs.encode_update(new, old)
+    # The same entries as strided CUDA views (a column of a wider array, a strided vector).
+    wide = torch.zeros(idx.shape[0], 4, dtype=torch.int32, device="cuda")
+    wide[:, 1:3] = idx.to(torch.int32)
+    spread = torch.zeros(2 * vals.shape[0], dtype=vals.dtype, device="cuda")
+    spread[::2] = vals
+    r = store.put_sparse_objects([dict(tensor_id="s", global_shape=(96, 64), indices=wide[:, 1:3],
+                                       values=spread[::2])])
+    assert isinstance(r[0], dict) and r[0]["nnz"] == idx.shape[0]
+    obj = store.read_sparse_objects(store.manifest((0, 1)),
+                                    [mcs.Target("s", "n/r", "n", {}, (0, 0), (96, 64))])[0]
+    w = old.clone()
+    mcs.apply_sparse_object(w, obj)
+    assert np.array_equal(bits(w), bits(new))
+
+
 def test_bad_device_update_fails_alone(store):
     pairs = pairs_of([((64, 64), torch.bfloat16), ((64, 64), torch.bfloat16)])
     coo = mcs.encode_updates(pairs)

@@ -252,6 +252,9 @@ class Store(TensorMixin):
 
         batch: list[Any] = []
         on_device: list[Any] = []
+        torch = sys.modules.get("torch")
+        torch_type = torch.Tensor if torch is not None else ()
+        capsule = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
         for u in updates:
             # numpy arrays go as they are; anything else (torch) through as_core_array, in a
             # copy of the update (the caller's dict is never changed). CUDA members go as they
@@ -270,7 +273,12 @@ class Store(TensorMixin):
                             if not _core.HAS_GPU_CODEC:
                                 v = _gpu.to_host(v)
                             else:
+                                if isinstance(v, torch_type) and not v.is_contiguous():
+                                    v = v.contiguous()  # on its stream: the bytes move anyway
                                 on_device.append(v)
+                                if capsule is not None and isinstance(v, torch_type) \
+                                        and not v.is_conj() and not v.is_neg():
+                                    v = capsule(v.detach())  # torch's C++ exporter: no Python checks
                         u[k] = as_core_array(v)
             batch.append(u)
         raw = self._core.put_sparse_objects(batch, _int(num_threads, "num_threads", minimum=0),

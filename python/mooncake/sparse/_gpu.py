@@ -55,13 +55,6 @@ def _require() -> None:
         raise Unavailable("no usable CUDA device for the GPU codec")
 
 
-def _stream_of(x: Any) -> int | None:
-    torch = torch_module()
-    if torch is not None and isinstance(x, torch.Tensor) and x.is_cuda:
-        return int(torch.cuda.current_stream(x.device).cuda_stream)
-    return None
-
-
 def _device_index(device: Any) -> int:
     if isinstance(device, int):
         return device
@@ -78,18 +71,25 @@ def _device_index(device: Any) -> int:
 
 
 def _out(a: Any) -> Any:
-    """A device array as a torch tensor (zero-copy through DLPack) when torch is in use."""
+    """A device array as a torch tensor (zero-copy through DLPack) when torch is in use. The
+    capsule goes to torch's C++ importer directly: the array is complete on its stream already
+    (the producing call synchronized it), and from_dlpack's Python-level stream handling would
+    cost more than the rest of a small object's batch call."""
     torch = torch_module()
-    return torch.from_dlpack(a) if torch is not None else a
+    if torch is None:
+        return a
+    from_capsule = getattr(getattr(torch, "_C", None), "_from_dlpack", None)
+    return from_capsule(a.__dlpack__()) if from_capsule is not None else torch.from_dlpack(a)
 
 
-def _contiguous(x: Any) -> Any:
-    """A torch view made contiguous (on its current stream): the encoder reads flat memory and
-    reads every element anyway. Other arrays go as they are (the core refuses strided ones)."""
-    torch = torch_module()
-    if torch is not None and isinstance(x, torch.Tensor) and not x.is_contiguous():
-        return x.contiguous()
-    return x
+def _capsules(xs: list[Any], destination: bool = False) -> tuple[list[Any], int | None]:
+    """CUDA arrays as the core borrows them fastest (torch tensors as DLPack capsules of torch's
+    C++ exporter, non-contiguous sources made contiguous on their stream), and the CUDA stream of
+    the first one (torch's current stream of its device)."""
+    from ._tensor import _prepare_all
+
+    objects, streams = _prepare_all(xs, destination=destination)
+    return objects, next((s for s in streams if s is not None), None)
 
 
 def encode_updates_gpu(pairs: list[tuple[Any, Any]], apply: str, threshold: float,
@@ -100,16 +100,15 @@ def encode_updates_gpu(pairs: list[tuple[Any, Any]], apply: str, threshold: floa
     for i, (new, old) in enumerate(pairs):
         if not is_cuda(old):
             raise InvalidArgument(f"pairs[{i}]: new is a CUDA tensor but old is not")
-    pairs = [(_contiguous(n), _contiguous(o)) for n, o in pairs]
     by_device: dict[int, list[int]] = {}
     for i, (new, _) in enumerate(pairs):
         by_device.setdefault(_device_of(new), []).append(i)
     out: list[Any] = [None] * len(pairs)
     shape = None if tile_shape is None else tuple(tile_shape)
     for items in by_device.values():
-        raw = _core._gpu_encode_updates([pairs[i][0] for i in items], [pairs[i][1] for i in items],
-                                        apply, float(threshold), shape,
-                                        _stream_of(pairs[items[0]][0]))
+        news, stream = _capsules([pairs[i][0] for i in items])
+        olds, _ = _capsules([pairs[i][1] for i in items])
+        raw = _core._gpu_encode_updates(news, olds, apply, float(threshold), shape, stream)
         for i, (idx, vals, _, _, _) in zip(items, raw):
             out[i] = (_out(idx), _out(vals))
     return out
@@ -219,9 +218,9 @@ def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
         host = [i for i in items if not isinstance(objs[i], DeviceSparseObject)]
         uploaded = dict(zip(host, upload([objs[i] for i in host], device))) if host else {}
         members = [_members(uploaded.get(i, objs[i])) for i in items]
-        _core._gpu_apply_batch([weights[i] for i in items], [m[0] for m in members],
-                               [m[1] for m in members], [str(objs[i].apply) for i in items],
-                               _stream_of(weights[items[0]]))
+        dests, stream = _capsules([weights[i] for i in items], destination=True)
+        _core._gpu_apply_batch(dests, [m[0] for m in members], [m[1] for m in members],
+                               [str(objs[i].apply) for i in items], stream)
 
 
 def apply_gpu(weight: Any, obj: Any) -> None:
