@@ -24,7 +24,8 @@
 # benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, TEST_FILES (the pytest files
 # to run), SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1, GPU_SYNC=1 (benchmarks/gpu_sync_bench.py with
 # GPU_SYNC_ARGS: OUTDIR/gpu_sync.jsonl), BATCH_BENCH=1 (benchmarks/batch_bench.py --device cuda
-# with BATCH_BENCH_ARGS: OUTDIR/batch.jsonl), NOSPIN=1 (the node points again with a client
+# with BATCH_BENCH_ARGS: OUTDIR/batch.jsonl), XNODE=1 (benchmarks/xnode_tensor_bench.py --device
+# cuda with XNODE_ARGS: OUTDIR/xnode.jsonl), NOSPIN=1 (the node points again with a client
 # that sleeps for its replies: OUTDIR/tensor_bench_nospin.jsonl),
 # NSYS=1 (profile 64 MiB puts/gets with nsys when present: OUTDIR/nsys_*.txt).
 set -uo pipefail
@@ -226,6 +227,15 @@ if [[ "${BATCH_BENCH:-0}" == 1 ]]; then
     rc=$?
     note "batch bench (cuda): rc=${rc}"
     [[ ${rc} != 0 ]] && { tail -20 "${out}/batch.log" >&2; status=1; }
+fi
+# ---- 5e. Tensors across nodes (two daemons on one master, XNODE=1) ------------------------------
+if [[ "${XNODE:-0}" == 1 ]] && "${py}" -c "import mooncake.store" > /dev/null 2>&1; then
+    # shellcheck disable=SC2086
+    "${py}" benchmarks/xnode_tensor_bench.py --device cuda --json "${out}/xnode.jsonl" ${XNODE_ARGS:-} \
+        > /dev/null 2> "${out}/xnode.log"
+    rc=$?
+    note "xnode bench (cuda): rc=${rc}"
+    [[ ${rc} != 0 ]] && { tail -20 "${out}/xnode.log" >&2; status=1; }
 fi
 # ---- 6. Side by side with upstream Mooncake's tensor calls -------------------------------------
 if [[ "${SKIP_UPSTREAM_BENCH:-0}" != 1 ]] && "${py}" -c "import mooncake.store" > /dev/null 2>&1; then

@@ -96,6 +96,23 @@ def main(argv=None) -> int:
         log("no CUDA device: --device cuda needs one")
         return 2
     emit = Emitter(args.json)
+    if device == "cuda":
+        # The pinned host-to-device ceiling of this host, same run: where a read lands after
+        # the network (the daemon's pinned memory -> the caller's CUDA tensor).
+        n = 256 * MiB
+        h = torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        d = torch.empty(n, dtype=torch.uint8, device="cuda")
+        d.copy_(h, non_blocking=True)
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            d.copy_(h, non_blocking=True)
+            torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        emit({"what": "xnode_pinned_ceiling", "device": device, "bytes": n,
+              "gbps": n / best / 1e9})
+        del h, d
     batches = []
     if args.batch:
         count, mib = (int(x) for x in args.batch.lower().split("x"))
