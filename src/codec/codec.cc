@@ -213,6 +213,24 @@ std::uint64_t FilterRebaseTyped(const std::byte* in_idx, const std::byte* in_val
     return kept;
 }
 
+/// The entries FilterRebase* may read: `count`, bounded by what the inputs hold; 0 for
+/// arguments no caller should pass (asserted in debug builds).
+std::uint64_t ReadableEntries(std::span<const std::byte> in_indices,
+                              std::span<const std::byte> in_values, std::uint64_t count,
+                              std::size_t rank, DType in_index_dtype, std::size_t value_bytes,
+                              const Box& overlap, bool filter, std::span<const Index> origin,
+                              DType out_index_dtype) {
+    const bool valid = rank >= 1 && rank <= kMaxRank && value_bytes >= 1 &&
+                       IsUnsignedIndexDType(in_index_dtype) &&
+                       IsUnsignedIndexDType(out_index_dtype) && origin.size() >= rank &&
+                       (!filter || overlap.rank() == rank);
+    assert(valid && "FilterRebase: bad rank, dtype, origin or overlap");
+    if (!valid || count == 0) return 0;
+    // Never read past what the caller handed in.
+    return std::min<std::uint64_t>({count, in_indices.size() / (rank * DTypeSize(in_index_dtype)),
+                                    in_values.size() / value_bytes});
+}
+
 }  // namespace
 
 std::uint64_t FilterRebaseInto(std::span<const std::byte> in_indices,
@@ -221,17 +239,9 @@ std::uint64_t FilterRebaseInto(std::span<const std::byte> in_indices,
                                const Box& overlap, bool filter, std::span<const Index> origin,
                                DType out_index_dtype, std::span<std::byte> out_indices,
                                std::span<std::byte> out_values) {
-    const std::size_t in_size = DTypeSize(in_index_dtype);
     const std::size_t out_size = DTypeSize(out_index_dtype);
-    const bool valid = rank >= 1 && rank <= kMaxRank && value_bytes >= 1 &&
-                       IsUnsignedIndexDType(in_index_dtype) &&
-                       IsUnsignedIndexDType(out_index_dtype) && origin.size() >= rank &&
-                       (!filter || overlap.rank() == rank);
-    assert(valid && "FilterRebase: bad rank, dtype, origin or overlap");
-    if (!valid || count == 0) return 0;
-    // Never read past what the caller handed in.
-    count = std::min<std::uint64_t>(
-        {count, in_indices.size() / (rank * in_size), in_values.size() / value_bytes});
+    count = ReadableEntries(in_indices, in_values, count, rank, in_index_dtype, value_bytes,
+                            overlap, filter, origin, out_index_dtype);
     if (count == 0) return 0;
     if (out_indices.size() < count * rank * out_size || out_values.size() < count * value_bytes) {
         return 0;
@@ -270,16 +280,9 @@ std::uint64_t FilterRebase(std::span<const std::byte> in_indices,
                            const Box& overlap, bool filter, std::span<const Index> origin,
                            DType out_index_dtype, std::vector<std::byte>& out_indices,
                            std::vector<std::byte>& out_values) {
-    const std::size_t in_size = DTypeSize(in_index_dtype);
     const std::size_t out_size = DTypeSize(out_index_dtype);
-    const bool valid = rank >= 1 && rank <= kMaxRank && value_bytes >= 1 &&
-                       IsUnsignedIndexDType(in_index_dtype) &&
-                       IsUnsignedIndexDType(out_index_dtype) && origin.size() >= rank &&
-                       (!filter || overlap.rank() == rank);
-    assert(valid && "FilterRebase: bad rank, dtype, origin or overlap");
-    if (!valid || count == 0) return 0;
-    count = std::min<std::uint64_t>(
-        {count, in_indices.size() / (rank * in_size), in_values.size() / value_bytes});
+    count = ReadableEntries(in_indices, in_values, count, rank, in_index_dtype, value_bytes,
+                            overlap, filter, origin, out_index_dtype);
     if (count == 0) return 0;
 
     const std::size_t idx_base = out_indices.size();
