@@ -75,8 +75,110 @@ struct Piece {
     const ReadData* data;
 };
 
+/// Filters and rebases a target's pieces and builds its tile index from its sources' tile
+/// indexes, with no pass over the entries of its own: when the target's origin lies on the
+/// sources' tile grid (and its tile shape is theirs, clamped to its extents), every source tile
+/// inside the box is one target tile, its entries in the same order, so the target's tiles are
+/// the pieces' tiles, rebased, each with the entries it keeps. Writes the kept entries at the
+/// start of `indices` / `values` and fills obj's tile index; returns the number kept, or nullopt
+/// (and the caller builds the object from its entries) when the pieces do not allow it: a source
+/// without a tile index here, another tile shape, an origin off the grid, a piece that does not
+/// start and end on tile bounds, or pieces whose tiles are not in the target's row-major order
+/// (several sources whose tiles interleave).
+std::optional<std::uint64_t> RebaseWithTileIndex(std::span<const SourceDescriptor> manifest,
+                                                 std::span<const TileIndex* const> indexes,
+                                                 const TargetDescriptor& target,
+                                                 std::span<const Piece> pieces,
+                                                 const Shape& target_tile, DType out_index,
+                                                 std::span<std::byte> indices,
+                                                 std::span<std::byte> values, SparseObject& obj) {
+    if (indexes.size() != manifest.size() || pieces.empty()) return std::nullopt;
+    const SourceDescriptor& first = manifest[pieces.front().source_index];
+    const std::size_t rank = first.rank();
+    const std::span<const Index> origin = target.box.origin();
+    const std::span<const Index> local = target.box.shape();
+    if (rank == 0 || rank > kMaxRank || origin.size() != rank) return std::nullopt;
+    std::array<std::uint64_t, kMaxRank> origin_tile{}, grid{};
+    for (std::size_t d = 0; d < rank; ++d) {
+        const Index ts = first.tile_shape[d];
+        if (ts <= 0 || origin[d] % ts != 0) return std::nullopt;
+        origin_tile[d] = static_cast<std::uint64_t>(origin[d] / ts);
+        grid[d] = static_cast<std::uint64_t>((local[d] + target_tile[d] - 1) / target_tile[d]);
+    }
+    const std::size_t osz = DTypeSize(out_index) * rank;
+    const std::size_t vsz = DTypeSize(first.value_dtype);
+    std::vector<TileCoord>& coords = obj.tile_coords;
+    std::vector<std::uint64_t>& ptr = obj.tile_ptr;
+    coords.clear();
+    ptr.assign(1, 0);
+    std::uint64_t nnz = 0;
+    std::uint64_t last_key = 0;
+    bool any = false;
+    for (const Piece& p : pieces) {
+        const SourceDescriptor& s = manifest[p.source_index];
+        const TileIndex* index = indexes[p.source_index];
+        if (index == nullptr || s.rank() != rank || s.tile_shape != first.tile_shape ||
+            s.value_dtype != first.value_dtype) {
+            return std::nullopt;
+        }
+        const TileIndexView view = index->view();
+        const std::span<const std::uint64_t> tp = view.tile_ptr;
+        if (tp.size() < 2) return std::nullopt;
+        // The piece's first tile: the one that starts at its first entry.
+        auto it = std::lower_bound(tp.begin(), tp.end() - 1, p.range.start);
+        if (it == tp.end() - 1 || *it != p.range.start) return std::nullopt;
+        const std::size_t isz = DTypeSize(s.index_dtype) * rank;
+        const std::uint64_t row = p.range.start - p.data->base;
+        if ((row + p.range.size()) * isz > p.data->indices.size() ||
+            (row + p.range.size()) * vsz > p.data->values.size()) {
+            return std::nullopt;
+        }
+        const std::uint64_t nnz_before = nnz;
+        for (auto t = static_cast<std::size_t>(it - tp.begin());
+             t + 1 < tp.size() && tp[t] < p.range.end; ++t) {
+            if (tp[t + 1] > p.range.end) return std::nullopt;  // not on a tile bound
+            std::uint64_t key = 0;
+            std::array<TileCoord, kMaxRank> tile{};
+            for (std::size_t d = 0; d < rank; ++d) {
+                const std::uint64_t c = view.tile_coords[t * rank + d];
+                if (c < origin_tile[d] || c - origin_tile[d] >= grid[d]) return std::nullopt;
+                tile[d] = static_cast<TileCoord>(c - origin_tile[d]);
+                key = key * grid[d] + tile[d];
+            }
+            if (any && key <= last_key) return std::nullopt;
+            std::uint64_t kept = tp[t + 1] - tp[t];
+            if (p.range.exact_coordinate_filter) {
+                // A boundary tile keeps what lies in the overlap, filtered on its own so that
+                // its kept count is known.
+                const std::uint64_t r = tp[t] - p.data->base;
+                kept = FilterRebaseInto(p.data->indices.subspan(r * isz, kept * isz),
+                                        p.data->values.subspan(r * vsz, kept * vsz), kept, rank,
+                                        s.index_dtype, vsz, p.overlap, true, origin, out_index,
+                                        indices.subspan(nnz * osz), values.subspan(nnz * vsz));
+                if (kept == 0) continue;
+            }
+            coords.insert(coords.end(), tile.begin(), tile.begin() + rank);
+            nnz += kept;
+            ptr.push_back(nnz);
+            last_key = key;
+            any = true;
+        }
+        if (!p.range.exact_coordinate_filter) {
+            // Every entry of an interior piece is kept: one rebase of the whole piece.
+            const std::uint64_t count = p.range.size();
+            if (nnz - nnz_before != count) return std::nullopt;
+            FilterRebaseInto(p.data->indices.subspan(row * isz, count * isz),
+                             p.data->values.subspan(row * vsz, count * vsz), count, rank,
+                             s.index_dtype, vsz, p.overlap, false, origin, out_index,
+                             indices.subspan(nnz_before * osz), values.subspan(nnz_before * vsz));
+        }
+    }
+    return nnz;
+}
+
 /// Filters, rebases and builds one target-local object from its pieces.
 Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifest,
+                                       std::span<const TileIndex* const> indexes,
                                        const TargetDescriptor& target,
                                        std::span<const SourceMatch> matches,
                                        std::span<const Piece> pieces, std::uint64_t& fanout_bytes) {
@@ -98,7 +200,6 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     std::uint64_t bound = 0;
     for (const Piece& p : pieces) bound += p.range.size();
     std::vector<std::byte> indices(bound * osz), values(bound * out_vsz);
-    std::uint64_t nnz = 0;
     for (const Piece& p : pieces) {
         const SourceDescriptor& s = manifest[p.source_index];
         const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
@@ -109,19 +210,7 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
             (row + count) * vsz > p.data->values.size()) {
             return Internal("range read does not hold the planned region");
         }
-        const std::span<const std::byte> in_idx = p.data->indices.subspan(row * isz, count * isz);
-        const std::span<const std::byte> in_val = p.data->values.subspan(row * vsz, count * vsz);
-        nnz += FilterRebaseInto(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
-                                p.range.exact_coordinate_filter, target.box.origin(), out_index,
-                                std::span(indices).subspan(nnz * osz),
-                                std::span(values).subspan(nnz * out_vsz));
         fanout_bytes += count * (isz + vsz);
-    }
-    if (nnz < bound) {
-        indices.resize(nnz * osz);
-        values.resize(nnz * out_vsz);
-        indices.shrink_to_fit();
-        values.shrink_to_fit();
     }
     SourceDescriptor desc;
     desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
@@ -131,9 +220,51 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     desc.generation = first.generation;
     desc.placement = target.placement;
     desc.apply = first.apply;
-    EncodeOptions enc;
     Shape tile(first.tile_shape);
     for (std::size_t d = 0; d < tile.size(); ++d) tile[d] = std::min(tile[d], local[d]);
+    const auto shrink = [&](std::uint64_t nnz) {
+        if (nnz < bound) {
+            indices.resize(nnz * osz);
+            values.resize(nnz * out_vsz);
+            indices.shrink_to_fit();
+            values.shrink_to_fit();
+        }
+    };
+
+    // The usual case: the tile index follows from the sources' (no pass over the entries).
+    SparseObject direct;
+    if (const std::optional<std::uint64_t> nnz = RebaseWithTileIndex(
+            manifest, indexes, target, pieces, tile, out_index, indices, values, direct)) {
+        shrink(*nnz);
+        desc.tile_shape = tile;
+        desc.index_dtype = out_index;
+        desc.value_dtype = first.value_dtype;
+        desc.nnz = *nnz;
+        desc.num_tiles = direct.tile_ptr.size() - 1;
+        MCS_ASSIGN_OR_RETURN(direct.desc, SourceDescriptor::Make(std::move(desc)));
+        direct.coordinate_space = "local";
+        direct.indices = std::move(indices);
+        direct.values = std::move(values);
+        UpdateChecksums(direct);
+        return TargetObject{target.target_id, target.node_id, target.box, std::move(direct)};
+    }
+
+    std::uint64_t nnz = 0;
+    for (const Piece& p : pieces) {
+        const SourceDescriptor& s = manifest[p.source_index];
+        const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
+        const std::size_t vsz = DTypeSize(s.value_dtype);
+        const std::uint64_t row = p.range.start - p.data->base;
+        const std::uint64_t count = p.range.size();
+        const std::span<const std::byte> in_idx = p.data->indices.subspan(row * isz, count * isz);
+        const std::span<const std::byte> in_val = p.data->values.subspan(row * vsz, count * vsz);
+        nnz += FilterRebaseInto(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
+                                p.range.exact_coordinate_filter, target.box.origin(), out_index,
+                                std::span(indices).subspan(nnz * osz),
+                                std::span(values).subspan(nnz * out_vsz));
+    }
+    shrink(nnz);
+    EncodeOptions enc;
     enc.tile_shape = tile;
     enc.num_threads = 1;
     // Rebased ranges of a sorted source usually are sorted for the target's tiles too: then the
@@ -404,7 +535,7 @@ Status SparseStore::ReadAndMaterializePerTarget(ReadCall& call) {
                                           match.Overlap(call.manifest, call.targets), &own[k]});
             }
         }
-        call.results[t] = MaterializeTarget(call.manifest, call.targets[t], matches,
+        call.results[t] = MaterializeTarget(call.manifest, call.lookup, call.targets[t], matches,
                                             call.pieces[t], call.fanout[t]);
     }
     m.read_seconds = Seconds(call.materialize_start);
@@ -421,7 +552,7 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
     constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
     const int threads = entries < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
     const auto build = [&](std::size_t t) {
-        call.results[t] = MaterializeTarget(call.manifest, call.targets[t],
+        call.results[t] = MaterializeTarget(call.manifest, call.lookup, call.targets[t],
                                             call.selection.matches_of(t), call.pieces[t],
                                             call.fanout[t]);
     };

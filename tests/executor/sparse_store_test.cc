@@ -470,4 +470,113 @@ TEST(SparseStoreTest, TileShapeLargerThanTheTensorIsStoredClamped) {
 }
 
 }  // namespace
+/// Every target object, whichever way it was built (its tile index taken from its sources' when
+/// its origin lies on their tile grid, otherwise built from its entries), is exactly the object
+/// BuildSparseObject makes from its entries: same entries, tile index, descriptor and checksums.
+TEST(SparseStoreTest, TargetObjectsAreThoseBuiltFromTheirEntries) {
+    struct Case {
+        Shape shape, tile;
+        std::vector<std::pair<Shape, Shape>> source_boxes;  // (offset, extents); empty: whole
+        std::vector<std::pair<Shape, Shape>> targets;       // (offset, extents)
+    };
+    const std::vector<Case> cases = {
+        // 2-D: tile-aligned halves and quarters, a box cut mid-tile at its far end, a box
+        // smaller than a tile, unaligned origins (built from the entries).
+        {{64, 96}, {8, 16}, {},
+         {{{0, 0}, {32, 96}}, {{32, 0}, {32, 96}}, {{0, 48}, {64, 48}}, {{8, 16}, {20, 37}},
+          {{16, 32}, {5, 7}}, {{3, 5}, {40, 60}}, {{0, 0}, {64, 96}}, {{60, 90}, {4, 6}}}},
+        // Two sources split by rows and by columns (their tiles interleave in a target's order).
+        {{48, 64}, {8, 8}, {{{0, 0}, {24, 64}}, {{24, 0}, {24, 64}}},
+         {{{0, 0}, {48, 64}}, {{16, 8}, {16, 32}}, {{20, 0}, {8, 64}}}},
+        {{48, 64}, {8, 8}, {{{0, 0}, {48, 32}}, {{0, 32}, {48, 32}}},
+         {{{0, 0}, {48, 64}}, {{8, 24}, {16, 16}}, {{0, 32}, {48, 32}}}},
+        // 1-D and 3-D.
+        {{1000}, {64}, {}, {{{0}, {512}}, {{512}, {488}}, {{100}, {300}}}},
+        {{8, 40, 24}, {2, 8, 8}, {},
+         {{{0, 0, 0}, {4, 40, 24}}, {{2, 8, 8}, {4, 20, 10}}, {{1, 3, 5}, {3, 30, 12}}}},
+    };
+    std::mt19937_64 rng(20261201);
+    for (std::size_t ci = 0; ci < cases.size(); ++ci) {
+        const Case& c = cases[ci];
+        SCOPED_TRACE("case " + std::to_string(ci));
+        SparseStore store(MakeEmbeddedStore());
+        std::size_t volume = 1;
+        for (Index e : c.shape) volume *= std::size_t(e);
+        const Coo coo = RandomCoo(rng, c.shape, volume / 20);
+        const std::string id = "t" + std::to_string(ci);
+        const std::size_t rank = c.shape.size();
+        auto boxes = c.source_boxes;
+        if (boxes.empty()) boxes.push_back({Shape(rank, 0), c.shape});
+        for (const auto& [offset, extents] : boxes) {
+            Coo part;
+            for (std::size_t e = 0; e < coo.val.size(); ++e) {
+                bool inside = true;
+                for (std::size_t d = 0; d < rank; ++d) {
+                    const auto x = coo.idx[e * rank + d];
+                    inside &= x >= offset[d] && x < offset[d] + extents[d];
+                }
+                if (!inside) continue;
+                part.idx.insert(part.idx.end(), coo.idx.begin() + e * rank,
+                                coo.idx.begin() + (e + 1) * rank);
+                part.val.push_back(coo.val[e]);
+            }
+            PutSparseRequest req = Request(id, c.shape, part, "none");
+            req.global_offset = offset;
+            req.local_shape = extents;
+            req.encode.tile_shape = c.tile;
+            ASSERT_OK(store.PutSparseObject(req).status());
+        }
+        ASSERT_OK_AND_ASSIGN(std::vector<SourceDescriptor> manifest, store.Manifest({0, 1}));
+        std::vector<TargetDescriptor> targets;
+        for (std::size_t t = 0; t < c.targets.size(); ++t) {
+            targets.push_back(Target("r" + std::to_string(t), id, "node0", c.targets[t].first,
+                                     c.targets[t].second));
+        }
+        ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> objs,
+                             store.ReadSparseObjects(manifest, targets));
+        ASSERT_EQ(objs.size(), targets.size());
+        for (std::size_t t = 0; t < objs.size(); ++t) {
+            SCOPED_TRACE("target " + std::to_string(t));
+            const SparseObject& got = objs[t].object;
+            const auto& [offset, extents] = c.targets[t];
+            // The brute-force filter of the source entries, rebased.
+            std::map<std::vector<std::int64_t>, float> expected;
+            for (std::size_t e = 0; e < coo.val.size(); ++e) {
+                std::vector<std::int64_t> p;
+                for (std::size_t d = 0; d < rank; ++d) {
+                    const auto x = coo.idx[e * rank + d];
+                    if (x < offset[d] || x >= offset[d] + extents[d]) break;
+                    p.push_back(x - offset[d]);
+                }
+                if (p.size() == rank) expected[p] = coo.val[e];
+            }
+            EXPECT_EQ(Entries(objs[t]), expected);
+            // The object BuildSparseObject makes of the same entries.
+            SourceDescriptor desc = got.desc;
+            const HostArray idx{got.desc.index_dtype, {Index(got.desc.nnz), Index(rank)},
+                                std::span(got.indices)};
+            const HostArray val{got.desc.value_dtype, {Index(got.desc.nnz)}, std::span(got.values)};
+            EncodeOptions enc;
+            enc.tile_shape = got.desc.tile_shape;
+            ASSERT_OK_AND_ASSIGN(SparseObject built, BuildSparseObject(desc, idx, val, enc));
+            EXPECT_EQ(got.desc.tile_shape, built.desc.tile_shape);
+            EXPECT_EQ(got.desc.num_tiles, built.desc.num_tiles);
+            EXPECT_EQ(got.desc.nnz, built.desc.nnz);
+            EXPECT_EQ(got.desc.index_dtype, built.desc.index_dtype);
+            EXPECT_EQ(got.tile_coords, built.tile_coords);
+            EXPECT_EQ(got.tile_ptr, built.tile_ptr);
+            EXPECT_EQ(got.indices, built.indices);
+            EXPECT_EQ(got.values, built.values);
+            EXPECT_EQ(got.checksum_indices, built.checksum_indices);
+            EXPECT_EQ(got.checksum_values, built.checksum_values);
+            EXPECT_EQ(got.checksum_tile_coords, built.checksum_tile_coords);
+            EXPECT_EQ(got.checksum_tile_ptr, built.checksum_tile_ptr);
+            EXPECT_EQ(got.coordinate_space, "local");
+            for (std::size_t d = 0; d < rank; ++d) {
+                EXPECT_EQ(got.desc.tile_shape[d], std::min(c.tile[d], extents[d]));
+            }
+        }
+    }
+}
+
 }  // namespace mooncake::sparse
