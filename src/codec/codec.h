@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -17,6 +19,31 @@
 #include "mooncake/sparse/status.h"
 
 namespace mooncake::sparse {
+
+/// An allocator whose value-initialization leaves bytes as they are: a buffer sized for what is
+/// written into it next is not zero-filled first (the zero fill of a read's target objects was a
+/// tenth of the read).
+template <typename T>
+struct DefaultInitAllocator : std::allocator<T> {
+    template <typename U>
+    struct rebind {
+        using other = DefaultInitAllocator<U>;
+    };
+    DefaultInitAllocator() = default;
+    template <typename U>
+    DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+    template <typename U>
+    void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
+        ::new (static_cast<void*>(p)) U;
+    }
+    template <typename U, typename... Args>
+    void construct(U* p, Args&&... args) {
+        ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+    }
+};
+
+/// The bytes of an object member: a vector that grows without zero-filling.
+using ByteBuffer = std::vector<std::byte, DefaultInitAllocator<std::byte>>;
 
 /// A read-only host array: element type, shape and its bytes (C-contiguous).
 struct HostArray {
@@ -58,8 +85,8 @@ struct EncodeOptions {
 struct SparseObject {
     SourceDescriptor desc;
     std::string coordinate_space = "global";
-    std::vector<std::byte> indices;      ///< [nnz, rank] of desc.index_dtype
-    std::vector<std::byte> values;       ///< [nnz] of desc.value_dtype
+    ByteBuffer indices;                  ///< [nnz, rank] of desc.index_dtype
+    ByteBuffer values;                   ///< [nnz] of desc.value_dtype
     std::vector<TileCoord> tile_coords;  ///< [num_tiles, rank]
     std::vector<std::uint64_t> tile_ptr; ///< [num_tiles + 1]
     std::uint64_t checksum_indices = 0;  ///< XXH3-64 of each member's bytes
@@ -98,8 +125,8 @@ struct OwnedCoo {
     DType index_dtype = DType::kUInt16;
     DType value_dtype = DType::kBFloat16;
     std::uint64_t nnz = 0;
-    std::vector<std::byte> indices;
-    std::vector<std::byte> values;
+    ByteBuffer indices;
+    ByteBuffer values;
 };
 
 /// BuildSparseObject on arrays it takes ownership of. The result, and every error, is exactly

@@ -199,7 +199,7 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     // keep fewer) and each piece is filtered straight into it.
     std::uint64_t bound = 0;
     for (const Piece& p : pieces) bound += p.range.size();
-    std::vector<std::byte> indices(bound * osz), values(bound * out_vsz);
+    ByteBuffer indices(bound * osz), values(bound * out_vsz);
     for (const Piece& p : pieces) {
         const SourceDescriptor& s = manifest[p.source_index];
         const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();

@@ -92,7 +92,7 @@ Result<TargetObject> MergeSteps(std::vector<TargetObject>& parts, Generation gen
     const std::size_t row = isz * rank;
     std::uint64_t total = 0;
     for (const TargetObject& p : parts) total += p.object.desc.nnz;
-    std::vector<std::byte> indices(total * row), values(total * vsz);
+    ByteBuffer indices(total * row), values(total * vsz);
     std::uint64_t out = 0;  // entries written
     const auto emit = [&](const SparseObject& o, std::uint64_t r, std::uint64_t n) {
         std::memcpy(indices.data() + out * row, o.indices.data() + r * row, n * row);

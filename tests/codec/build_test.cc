@@ -610,15 +610,16 @@ namespace {
 /// The sorted fast paths (views: BuildSparseObjectSortedFirst; owned: the OwnedCoo overload)
 /// give exactly what the general path gives, object or error, for canonical input and for every
 /// way it can stop being canonical.
-void ExpectSameAsGeneral(const SourceDescriptor& d, const std::vector<std::byte>& idx, DType idx_dtype,
-                         const std::vector<std::byte>& val, DType val_dtype, std::int64_t nnz,
+void ExpectSameAsGeneral(const SourceDescriptor& d, std::span<const std::byte> idx, DType idx_dtype,
+                         std::span<const std::byte> val, DType val_dtype, std::int64_t nnz,
                          const EncodeOptions& opts = {}) {
     const Index rank = Index(d.global_shape.size());
     const HostArray i{idx_dtype, {nnz, rank}, idx};
     const HostArray v{val_dtype, {nnz}, val};
     auto general = BuildSparseObject(d, i, v, opts);
     auto views = BuildSparseObjectSortedFirst(d, i, v, opts);
-    OwnedCoo coo{idx_dtype, val_dtype, std::uint64_t(nnz), idx, val};
+    OwnedCoo coo{idx_dtype, val_dtype, std::uint64_t(nnz), ByteBuffer(idx.begin(), idx.end()),
+                 ByteBuffer(val.begin(), val.end())};
     auto owned = BuildSparseObject(d, std::move(coo), opts);
     for (auto* r : {&views, &owned}) {
         ASSERT_EQ(r->ok(), general.ok()) << (general.ok() ? r->status().ToString() : general.status().ToString());
@@ -652,7 +653,7 @@ TEST(BuildSortedFastPathTest, CanonicalAndNonCanonicalInputsMatchTheGeneralPath)
     // The canonical form: what the general path makes of random input.
     ASSERT_OK_AND_ASSIGN(SparseObject canon,
                          BuildSparseObject(d, View(coords, {nnz, 2}), View(vals, {nnz}, DType::kBFloat16)));
-    const std::vector<std::byte> ci = canon.indices, cv = canon.values;
+    const ByteBuffer ci = canon.indices, cv = canon.values;
     ExpectSameAsGeneral(d, ci, DType::kUInt16, cv, DType::kBFloat16, nnz);
     // With a tile shape of the caller's and a source box holding every entry.
     EncodeOptions tiled;
@@ -661,11 +662,11 @@ TEST(BuildSortedFastPathTest, CanonicalAndNonCanonicalInputsMatchTheGeneralPath)
                                                                 View(vals, {nnz}, DType::kBFloat16), tiled));
     ExpectSameAsGeneral(d, canon2.indices, DType::kUInt16, canon2.values, DType::kBFloat16, nnz, tiled);
     // Two entries swapped: out of order, so sorted by the general path.
-    std::vector<std::byte> swapped = ci;
+    ByteBuffer swapped = ci;
     std::swap_ranges(swapped.begin(), swapped.begin() + 4, swapped.begin() + 4 * 7);
     ExpectSameAsGeneral(d, swapped, DType::kUInt16, cv, DType::kBFloat16, nnz);
     // A duplicate: entry 1 repeats entry 0 (an error either way).
-    std::vector<std::byte> dup = ci;
+    ByteBuffer dup = ci;
     std::copy(dup.begin(), dup.begin() + 4, dup.begin() + 4);
     ExpectSameAsGeneral(d, dup, DType::kUInt16, cv, DType::kBFloat16, nnz);
     // An entry outside the source box.

@@ -69,8 +69,8 @@ TEST(ChecksumTest, IsXxh3AndCoversEveryMember) {
     EXPECT_NE(Checksum(a), Checksum(b));
 
     SparseObject obj;
-    obj.indices = a;
-    obj.values = b;
+    obj.indices.assign(a.begin(), a.end());
+    obj.values.assign(b.begin(), b.end());
     obj.tile_coords = {1, 2};
     obj.tile_ptr = {0, 1};
     UpdateChecksums(obj);
@@ -119,7 +119,7 @@ TEST(BuildTileIndexTest, RejectsUnsortedAndRepeatedEntries) {
     SparseObject obj = BuiltObject({300, 200}, {16, 32}, 500, 2);
     SparseObject swapped = obj;
     // Swap the first and last entries (different tiles).
-    std::vector<std::byte>& idx = swapped.indices;
+    ByteBuffer& idx = swapped.indices;
     std::swap_ranges(idx.begin(), idx.begin() + 4, idx.end() - 4);
     EXPECT_THAT(BuildTileIndex(swapped), StatusIs(StatusCode::kInvalidArgument));
 

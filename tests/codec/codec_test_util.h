@@ -57,7 +57,7 @@ template <typename T>
 MutableHostArray MutableView(std::vector<T>& v, Shape shape, DType dtype = DTypeOf<T>()) {
     return MutableHostArray{dtype, std::move(shape), std::as_writable_bytes(std::span(v))};
 }
-inline HostArray ByteView(const std::vector<std::byte>& v, DType dtype, Shape shape) {
+inline HostArray ByteView(std::span<const std::byte> v, DType dtype, Shape shape) {
     return HostArray{dtype, std::move(shape), std::span<const std::byte>(v)};
 }
 
