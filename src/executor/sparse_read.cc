@@ -457,7 +457,7 @@ Status SparseStore::ReadUniqueRanges(ReadCall& call) {
                 m.range_bytes_read += ib + vb;
                 reads[k] = {*slab, idx, val, u.start};
             }
-            read_status = store_->ReadRanges(batch);
+            read_status = store_->ReadRangesParallel(batch, call.options.num_threads);
             if (!read_status.ok()) {
                 for (std::size_t k : claims.missing) reads[k] = {};
             }

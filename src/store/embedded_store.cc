@@ -110,7 +110,10 @@ public:
     Result<ObjectInfo> Stat(std::string_view key) override;
     Status ReadMember(std::string_view key, std::string_view member,
                       std::span<std::byte> dst) override;
-    Status ReadRanges(std::span<const RangeRead> reads) override;
+    Status ReadRanges(std::span<const RangeRead> reads) override {
+        return ReadRangesParallel(reads, 1);
+    }
+    Status ReadRangesParallel(std::span<const RangeRead> reads, int num_threads) override;
     Status Remove(std::string_view key) override;
     Result<std::vector<std::string>> List(std::string_view prefix) override;
     StoreCounters Counters() const override;
@@ -528,7 +531,7 @@ Status EmbeddedStore::ReadMember(std::string_view key, std::string_view member,
     return Status::Ok();
 }
 
-Status EmbeddedStore::ReadRanges(std::span<const RangeRead> reads) {
+Status EmbeddedStore::ReadRangesParallel(std::span<const RangeRead> reads, int num_threads) {
     if (reads.empty()) return Status::Ok();
 
     // 1. One shared lock: every key of the batch resolves against the same state of the store.
@@ -577,7 +580,7 @@ Status EmbeddedStore::ReadRanges(std::span<const RangeRead> reads) {
     }
 
     // 3. Copy, outside the lock: the snapshots are immutable and kept alive by `holders`.
-    for (std::size_t i = 0; i < reads.size(); ++i) CopyBytes(reads[i].dst, sources[i]);
+    internal::CopyRangeReads(reads, sources, total, num_threads);
     range_reads_.fetch_add(reads.size(), std::memory_order_relaxed);
     range_bytes_.fetch_add(total, std::memory_order_relaxed);
     return Status::Ok();

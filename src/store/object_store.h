@@ -175,6 +175,14 @@ public:
     /// Errors: NotFound; OutOfRange (rows past the member); InvalidArgument (dst size).
     virtual Status ReadRanges(std::span<const RangeRead> reads) = 0;
 
+    /// ReadRanges whose copies may run on up to `num_threads` threads (0: every hardware
+    /// thread; the caller's included) when the batch is large: the same validation against one
+    /// snapshot, the same errors, the same bytes. Stores that copy in this process override it;
+    /// the default is ReadRanges.
+    virtual Status ReadRangesParallel(std::span<const RangeRead> reads, int /*num_threads*/) {
+        return ReadRanges(reads);
+    }
+
     /// Errors: NotFound.
     virtual Status Remove(std::string_view key) = 0;
 
@@ -234,6 +242,16 @@ Result<std::uint64_t> ValidateMemberData(const MemberData& member);
 /// ValidateMemberData without the bytes: the byte size the member's shape and dtype need.
 /// Errors: InvalidArgument.
 Result<std::uint64_t> ValidateMemberSpec(const MemberSpec& member);
+
+/// Below this many bytes a batch of range copies runs on the calling thread alone.
+inline constexpr std::uint64_t kParallelCopyBytes = std::uint64_t{8} << 20;
+
+/// Copies sources[i] into reads[i].dst for every i (sizes already checked equal), `total` bytes
+/// in all: on the calling thread, or, from kParallelCopyBytes on with num_threads != 1, in runs
+/// of consecutive items of about equal bytes, one run per thread.
+void CopyRangeReads(std::span<const RangeRead> reads,
+                    std::span<const std::span<const std::byte>> sources, std::uint64_t total,
+                    int num_threads);
 
 }  // namespace internal
 

@@ -140,7 +140,10 @@ public:
     Result<ObjectInfo> Stat(std::string_view key) override;
     Status ReadMember(std::string_view key, std::string_view member,
                       std::span<std::byte> dst) override;
-    Status ReadRanges(std::span<const RangeRead> reads) override;
+    Status ReadRanges(std::span<const RangeRead> reads) override {
+        return ReadRangesParallel(reads, 1);
+    }
+    Status ReadRangesParallel(std::span<const RangeRead> reads, int num_threads) override;
     Status Remove(std::string_view key) override;
     Result<std::vector<std::string>> List(std::string_view prefix) override;
     StoreCounters Counters() const override;

@@ -105,7 +105,7 @@ Status ShmStore::ReadMember(std::string_view key, std::string_view member,
     }
 }
 
-Status ShmStore::ReadRanges(std::span<const RangeRead> reads) {
+Status ShmStore::ReadRangesParallel(std::span<const RangeRead> reads, int num_threads) {
     if (reads.empty()) return Status::Ok();
     ShmState& st = *state_;
     for (;;) {
@@ -170,7 +170,7 @@ Status ShmStore::ReadRanges(std::span<const RangeRead> reads) {
             if (o->extent->stamp != o->stamp) stale = true;
         }
         if (stale) continue;
-        for (std::size_t i = 0; i < reads.size(); ++i) CopyBytes(reads[i].dst, sources[i]);
+        internal::CopyRangeReads(reads, sources, total, num_threads);
         elocks.clear();
         for (const ObjectPtr& h : holders) Touch(*h, st);
         st.range_reads.fetch_add(reads.size(), std::memory_order_relaxed);

@@ -172,6 +172,11 @@ TEST(EmbeddedStoreTest, PutCopiesTheCallersBytes) {
     EXPECT_EQ(out, original);
 }
 
+TEST(EmbeddedStoreTest, ParallelRangeReadsReadWhatRangeReadsRead) {
+    auto store = MakeEmbeddedStore();
+    testing::ExpectParallelRangeReadsMatch(*store);
+}
+
 TEST(EmbeddedStoreTest, EmptyBatchOfRangeReadsIsOk) {
     auto store = MakeEmbeddedStore();
     MCS_EXPECT_OK(store->ReadRanges({}));

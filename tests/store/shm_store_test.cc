@@ -213,6 +213,12 @@ TEST(ShmStoreTest, RoundTripStatReadMemberAndRanges) {
     EXPECT_EQ(store->Stat("obj")->version, 2u);
 }
 
+TEST(ShmStoreTest, ParallelRangeReadsReadWhatRangeReadsRead) {
+    auto store = MakeStore(32 * 1024 * kKiB);
+    ASSERT_NE(store, nullptr);
+    testing::ExpectParallelRangeReadsMatch(*store);
+}
+
 TEST(ShmStoreTest, MetadataOnlyObjectsTakeNoSegmentMemory) {
     auto store = MakeStore(4 * kKiB);
     ASSERT_NE(store, nullptr);

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -86,5 +87,61 @@ public:
 private:
     std::shared_ptr<ObjectStore> inner_;
 };
+
+
+/// ReadRangesParallel on `store`: a batch over the parallel-copy threshold (four objects of
+/// 3 MiB, 600 ranges) reads the bytes ReadRanges reads, for 1, 2, 4 and all threads; a batch
+/// with one bad item fails as ReadRanges does and writes no destination.
+inline void ExpectParallelRangeReadsMatch(ObjectStore& store) {
+    std::vector<std::vector<OwnedMember>> objects;
+    for (std::uint8_t o = 0; o < 4; ++o) {
+        objects.push_back({PatternMember("indices", DType::kUInt16, {786432, 2}, o),
+                           PatternMember("values", DType::kUInt32, {786432}, std::uint8_t(o + 9))});
+        MCS_ASSERT_OK(store.Put("par/" + std::to_string(o), "", Views(objects.back()), Create()));
+    }
+    std::vector<std::string> keys = {"par/0", "par/1", "par/2", "par/3"};
+    struct Item {
+        std::size_t object;
+        bool values;
+        std::uint64_t start, end;
+    };
+    std::vector<Item> items;
+    std::uint64_t state = 12345;
+    const auto next = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull; };
+    for (int i = 0; i < 600; ++i) {
+        const std::uint64_t a = (next() >> 33) % 786432, n = (next() >> 33) % 12000;
+        items.push_back({std::size_t(next() >> 62), (next() >> 63) != 0, a, std::min<std::uint64_t>(786432, a + n)});
+    }
+    const auto run = [&](int threads, bool bad, std::vector<std::vector<std::byte>>& out) {
+        std::vector<RangeRead> reads;
+        out.assign(items.size() + (bad ? 1 : 0), {});
+        for (std::size_t i = 0; i < items.size(); ++i) {
+            const Item& it = items[i];
+            out[i].assign((it.end - it.start) * 4, std::byte{0xEE});
+            reads.push_back({keys[it.object], it.values ? "values" : "indices", it.start, it.end, out[i]});
+        }
+        if (bad) {
+            out.back().assign(4, std::byte{0xEE});
+            reads.push_back({keys[0], "values", 786432, 786433, out.back()});
+        }
+        return threads < 0 ? store.ReadRanges(reads) : store.ReadRangesParallel(reads, threads);
+    };
+    std::vector<std::vector<std::byte>> expected, got;
+    MCS_ASSERT_OK(run(-1, false, expected));
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const Item& it = items[i];
+        const OwnedMember& m = objects[it.object][it.values ? 1 : 0];
+        ASSERT_TRUE(std::equal(expected[i].begin(), expected[i].end(), m.bytes.begin() + it.start * 4)) << i;
+    }
+    for (int threads : {1, 2, 4, 0}) {
+        MCS_ASSERT_OK(run(threads, false, got));
+        EXPECT_EQ(got, expected) << threads << " threads";
+        EXPECT_THAT(run(threads, true, got), StatusIs(StatusCode::kOutOfRange));
+        for (const auto& dst : got) {
+            ASSERT_TRUE(std::all_of(dst.begin(), dst.end(), [](std::byte b) { return b == std::byte{0xEE}; }))
+                << "a failed batch wrote a destination (" << threads << " threads)";
+        }
+    }
+}
 
 }  // namespace mooncake::sparse::testing
