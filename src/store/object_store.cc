@@ -3,12 +3,12 @@
 // Out-of-line helpers of the ObjectStore value types.
 #include "store/object_store.h"
 
+#include "transport/host_copy.h"
 #include "transport/parallel_for.h"
 #include "transport/pinned_pool.h"
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -104,29 +104,16 @@ Result<std::uint64_t> ValidateMemberData(const MemberData& m) {
 void CopyRangeReads(std::span<const RangeRead> reads,
                     std::span<const std::span<const std::byte>> sources, std::uint64_t total,
                     int num_threads) {
-    const auto copy = [&](std::size_t i) {
-        if (!sources[i].empty()) std::memcpy(reads[i].dst.data(), sources[i].data(), sources[i].size());
-    };
-    const int threads = total < kParallelCopyBytes ? 1 : ResolveThreads(num_threads);
-    if (threads <= 1 || reads.size() < 2) {
-        for (std::size_t i = 0; i < reads.size(); ++i) copy(i);
-        return;
-    }
-    // Runs of about total / threads bytes: item boundaries, so a run never splits a copy.
-    std::vector<std::size_t> begin{0};
-    const std::uint64_t per_run = total / static_cast<std::uint64_t>(threads) + 1;
-    std::uint64_t acc = 0;
+    const unsigned threads =
+        total < kParallelCopyBytes ? 1u : static_cast<unsigned>(ResolveThreads(num_threads));
+    std::vector<HostCopy> copies;
+    copies.reserve(reads.size());
     for (std::size_t i = 0; i < reads.size(); ++i) {
-        acc += sources[i].size();
-        if (acc >= per_run && i + 1 < reads.size()) {
-            begin.push_back(i + 1);
-            acc = 0;
+        if (!sources[i].empty()) {
+            copies.push_back({reads[i].dst.data(), sources[i].data(), sources[i].size()});
         }
     }
-    begin.push_back(reads.size());
-    ParallelFor(threads, begin.size() - 1, [&](std::size_t run) {
-        for (std::size_t i = begin[run]; i < begin[run + 1]; ++i) copy(i);
-    });
+    ParallelCopies(copies, threads);
 }
 
 }  // namespace internal

@@ -247,8 +247,8 @@ Result<std::uint64_t> ValidateMemberSpec(const MemberSpec& member);
 inline constexpr std::uint64_t kParallelCopyBytes = std::uint64_t{8} << 20;
 
 /// Copies sources[i] into reads[i].dst for every i (sizes already checked equal), `total` bytes
-/// in all: on the calling thread, or, from kParallelCopyBytes on with num_threads != 1, in runs
-/// of consecutive items of about equal bytes, one run per thread.
+/// in all: on the calling thread, or, from kParallelCopyBytes on with num_threads != 1, on up to
+/// num_threads threads (0: the hardware's), as ParallelCopies cuts a batch.
 void CopyRangeReads(std::span<const RangeRead> reads,
                     std::span<const std::span<const std::byte>> sources, std::uint64_t total,
                     int num_threads);
