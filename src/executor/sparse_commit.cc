@@ -18,6 +18,7 @@
 #include "codec/object_metadata.h"
 #include "transport/parallel_for.h"
 #include "executor/sparse_store.h"
+#include "transport/host_copy.h"
 #include "executor/tensor_store.h"  // kReservedKeyPrefix
 
 namespace mooncake::sparse {
@@ -171,21 +172,19 @@ Status SparseStore::PrepareCommit(SparseObject& object, std::string& metadata) {
     return Status::Ok();
 }
 
-Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
-                                               const std::string& metadata, bool hard_pin,
-                                               CommitBatch& batch, const EntryViews& entries) {
+std::optional<Result<CommitResult>> SparseStore::CheckCommitLocked(
+    const SparseObject& object, CommitBatch& batch, std::optional<Generation>& head) {
     const SourceDescriptor& d = object.desc;
-    CommitResult result{d.source_ref, false, d.nnz,
-                        object.PayloadBytes() + entries.indices.size() + entries.values.size()};
     // Idempotence first: a retry of a committed step must succeed even after the tensor moved on.
     if (auto existing = store_->Stat(d.source_ref); existing.ok()) {
         if (!IsSameCommit(*existing, object)) {
-            return Conflict("a different payload is already committed for " + d.source_ref);
+            return Result<CommitResult>(
+                Conflict("a different payload is already committed for " + d.source_ref));
         }
         ++batch.idempotent;
-        return result;
+        return Result<CommitResult>(CommitResult{d.source_ref, false, d.nnz, 0});
     } else if (existing.status().code() != StatusCode::kNotFound) {
-        return existing.status();
+        return Result<CommitResult>(existing.status());
     }
 
     // Whether the step takes commits: checked once per step of a batch.
@@ -202,35 +201,41 @@ Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
         }();
     }
     if (!step->second.ok()) {
-        return Status(step->second.code(),
-                      step->second.message() + ": " + d.source_ref + " cannot join it");
+        return Result<CommitResult>(Status(step->second.code(), step->second.message() + ": " +
+                                                                    d.source_ref +
+                                                                    " cannot join it"));
     }
     auto [head_it, unread] = batch.heads.try_emplace(d.tensor_id);
     if (unread) {
-        MCS_ASSIGN_OR_RETURN(head_it->second, CurrentGeneration(d.tensor_id));
+        auto current = CurrentGeneration(d.tensor_id);
+        if (!current.ok()) return Result<CommitResult>(current.status());
+        head_it->second = *current;
     }
-    const std::optional<Generation> head = head_it->second;
+    head = head_it->second;
     // Fencing: the first writer of a step moves the head to (base, delta); the other writers
     // of the same step (other experts, other boxes) find it at exactly (base, delta). A tensor
     // left unchanged for steps commits a later step directly (base past its head); a base
     // older than the head's delta is stale.
     if (head && *head != d.generation && d.generation.base < head->delta) {
-        return StaleGeneration("tensor '" + d.tensor_id + "' is at generation " +
-                               head->ToString() + "; commit " + d.generation.ToString() +
-                               " does not extend it");
+        return Result<CommitResult>(StaleGeneration(
+            "tensor '" + d.tensor_id + "' is at generation " + head->ToString() + "; commit " +
+            d.generation.ToString() + " does not extend it"));
     }
+    return std::nullopt;
+}
 
-    const std::vector<MemberData> members = MembersOf(object, entries.indices, entries.values);
-    // Sources are found through manifests, never listed.
-    MCS_RETURN_IF_ERROR(
-        store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin, false}));
+Result<CommitResult> SparseStore::PublishCommitLocked(const SparseObject& object,
+                                                      const std::string& metadata,
+                                                      std::optional<Generation> head,
+                                                      CommitBatch& batch, std::uint64_t bytes) {
+    const SourceDescriptor& d = object.desc;
     const std::string manifest_key = ManifestKeyOf(d);
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
     if (s.ok() && (!head || *head != d.generation)) {
         Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
         s = store_->Put(keys_.Head() + d.tensor_id, h.dump(), {},
                         {PutMode::kUpsert, true});
-        if (s.ok()) head_it->second = d.generation;
+        if (s.ok()) batch.heads[d.tensor_id] = d.generation;
     }
     if (!s.ok()) {
         // Leave the store as it was: nothing of a failed commit stays visible.
@@ -238,10 +243,121 @@ Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
         (void)store_->Remove(d.source_ref);
         return s;
     }
-    result.created = true;
     ++batch.created;
-    batch.created_bytes += result.bytes;
-    return result;
+    batch.created_bytes += bytes;
+    return CommitResult{d.source_ref, true, d.nnz, bytes};
+}
+
+Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
+                                               const std::string& metadata, bool hard_pin,
+                                               CommitBatch& batch, const EntryViews& entries) {
+    const SourceDescriptor& d = object.desc;
+    const std::uint64_t bytes =
+        object.PayloadBytes() + entries.indices.size() + entries.values.size();
+    std::optional<Generation> head;
+    if (std::optional<Result<CommitResult>> done = CheckCommitLocked(object, batch, head)) {
+        if (done->ok()) (*done)->bytes = bytes;
+        return std::move(*done);
+    }
+    const std::vector<MemberData> members = MembersOf(object, entries.indices, entries.values);
+    // Sources are found through manifests, never listed.
+    MCS_RETURN_IF_ERROR(
+        store_->Put(d.source_ref, metadata, members, {PutMode::kCreate, hard_pin, false}));
+    return PublishCommitLocked(object, metadata, head, batch, bytes);
+}
+
+void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& objects,
+                                     const std::vector<std::string>& metadata,
+                                     const std::vector<bool>& hard_pin,
+                                     std::span<const EntryViews> entries,
+                                     std::vector<Result<CommitResult>>& results,
+                                     std::vector<const SparseObject*>& committed,
+                                     CommitBatch& batch, int num_threads) {
+    const auto entries_of = [&](std::size_t i) {
+        return entries.empty() ? EntryViews{} : entries[i];
+    };
+    // 1. Every object's checks. An object whose tensor already has another generation in this
+    //    batch is checked against the head the first one moves, so it is committed after them.
+    std::vector<std::size_t> write, later;
+    std::vector<std::optional<Generation>> heads(objects.size());
+    std::map<std::string_view, Generation, std::less<>> generation_of;
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+        if (!objects[i]) continue;
+        const SourceDescriptor& d = objects[i]->desc;
+        committed[i] = &*objects[i];
+        auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
+        if (!fresh && it->second != d.generation) {
+            later.push_back(i);
+            continue;
+        }
+        if (std::optional<Result<CommitResult>> done = CheckCommitLocked(*objects[i], batch, heads[i])) {
+            if (done->ok()) {
+                const EntryViews e = entries_of(i);
+                (*done)->bytes = objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
+            }
+            results[i] = std::move(*done);
+            continue;
+        }
+        write.push_back(i);
+    }
+    // 2. The source objects, in one PutFilled per pin class, their bytes copied in parallel.
+    std::vector<bool> written(objects.size(), false);
+    for (const bool pin : {true, false}) {
+        std::vector<std::size_t> items;
+        for (std::size_t i : write) {
+            if (hard_pin[i] == pin) items.push_back(i);
+        }
+        if (items.empty()) continue;
+        std::vector<std::vector<MemberData>> members(items.size());
+        std::vector<std::vector<MemberSpec>> specs(items.size());
+        std::vector<FilledPut> puts(items.size());
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::size_t i = items[k];
+            const EntryViews e = entries_of(i);
+            members[k] = MembersOf(*objects[i], e.indices, e.values);
+            for (const MemberData& m : members[k]) {
+                specs[k].push_back({m.name, m.dtype, m.shape, m.checksum});
+            }
+            puts[k] = {objects[i]->desc.source_ref, metadata[i], specs[k]};
+        }
+        const auto fill = [&](std::span<const FillTarget> targets) -> Status {
+            std::vector<HostCopy> copies;
+            for (const FillTarget& t : targets) {
+                const std::vector<MemberData>& from = members[t.index];
+                if (t.members.size() != from.size()) return Internal("filled member count");
+                for (std::size_t m = 0; m < from.size(); ++m) {
+                    if (t.members[m].size() != from[m].bytes.size()) {
+                        return Internal("filled member size");
+                    }
+                    if (!from[m].bytes.empty()) {
+                        copies.push_back({t.members[m].data(), from[m].bytes.data(),
+                                          from[m].bytes.size()});
+                    }
+                }
+            }
+            ParallelCopies(copies, num_threads == 0 ? DefaultCopyThreads()
+                                                    : static_cast<unsigned>(num_threads));
+            return Status::Ok();
+        };
+        // Sources are found through manifests, never listed.
+        if (store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill, nullptr).ok()) {
+            for (std::size_t i : items) written[i] = true;
+        }
+    }
+    // 3. Manifest entries and heads; an object whose batch write failed is committed alone.
+    for (std::size_t i : write) {
+        if (written[i]) {
+            const EntryViews e = entries_of(i);
+            results[i] = PublishCommitLocked(*objects[i], metadata[i], heads[i], batch,
+                                             objects[i]->PayloadBytes() + e.indices.size() +
+                                                 e.values.size());
+        } else {
+            results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
+        }
+    }
+    for (std::size_t i : later) {
+        results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
+    }
 }
 
 std::string SparseStore::ManifestKeyOf(const SourceDescriptor& d) const {
@@ -362,11 +478,16 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
     CommitBatch batch;
     {
         std::lock_guard lock(commit_mu_);
-        for (std::size_t i = 0; i < objects.size(); ++i) {
-            if (!objects[i]) continue;
-            results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch,
-                                      entries.empty() ? EntryViews{} : entries[i]);
-            committed[i] = &*objects[i];
+        if (store_->FillsInPlace() && objects.size() > 1) {
+            CommitFilledLocked(objects, metadata, hard_pin, entries, results, committed, batch,
+                               num_threads);
+        } else {
+            for (std::size_t i = 0; i < objects.size(); ++i) {
+                if (!objects[i]) continue;
+                results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch,
+                                          entries.empty() ? EntryViews{} : entries[i]);
+                committed[i] = &*objects[i];
+            }
         }
         UndoMissedCommits(committed, results, batch);
     }

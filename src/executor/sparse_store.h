@@ -276,6 +276,29 @@ private:
     Result<CommitResult> CommitLocked(const SparseObject& object, const std::string& metadata,
                                       bool hard_pin, CommitBatch& batch,
                                       const EntryViews& entries = {});
+    /// CommitLocked's checks: nullopt when the object is to be written (`head` is then its
+    /// tensor's head as this batch has it), else its result (an idempotent retry, or the error).
+    std::optional<Result<CommitResult>> CheckCommitLocked(const SparseObject& object,
+                                                          CommitBatch& batch,
+                                                          std::optional<Generation>& head);
+    /// CommitLocked's writes after the source object: its manifest entry and its tensor's head
+    /// (the source object is removed again when they fail).
+    Result<CommitResult> PublishCommitLocked(const SparseObject& object,
+                                             const std::string& metadata,
+                                             std::optional<Generation> head, CommitBatch& batch,
+                                             std::uint64_t bytes);
+    /// The commits of a batch with commit_mu_ held, on a store that fills objects in place: the
+    /// checks of every object, then every source object written by one PutFilled whose copies
+    /// run on `num_threads` threads, then the manifest entries and heads. When the PutFilled
+    /// fails as a whole (the store full) the objects are committed one by one, so that each
+    /// fails or succeeds alone. `committed[i]` is set for every object that was tried.
+    void CommitFilledLocked(std::vector<std::optional<SparseObject>>& objects,
+                            const std::vector<std::string>& metadata,
+                            const std::vector<bool>& hard_pin,
+                            std::span<const EntryViews> entries,
+                            std::vector<Result<CommitResult>>& results,
+                            std::vector<const SparseObject*>& committed, CommitBatch& batch,
+                            int num_threads);
     /// Undoes the created commits of `objects` (null: not committed) that a seal by another
     /// process missed, setting their results to Conflict.
     void UndoMissedCommits(std::span<const SparseObject* const> objects,

@@ -122,6 +122,7 @@ public:
     Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
                        PinnedHostPool* host_pool = nullptr) override;
     bool ViewsInPlace() const override { return true; }
+    bool FillsInPlace() const override { return true; }
 
 private:
     /// What Validate learns about a request.

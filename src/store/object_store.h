@@ -222,6 +222,10 @@ public:
     /// it copies whole objects, so a reader that needs part of an object (a box of a tensor)
     /// reads that part with ReadRanges instead.
     virtual bool ViewsInPlace() const { return false; }
+
+    /// Whether PutFilled fills the objects' own memory in this process, all or nothing (no
+    /// staging copy, no per-item visibility): then a batch of puts is cheaper as one PutFilled.
+    virtual bool FillsInPlace() const { return false; }
 };
 
 namespace internal {

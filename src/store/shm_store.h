@@ -158,6 +158,7 @@ public:
     Status ViewObjects(std::span<const std::string_view> keys, const ViewFn& fn,
                        PinnedHostPool* host_pool = nullptr) override;
     bool ViewsInPlace() const override { return true; }
+    bool FillsInPlace() const override { return true; }
 
     /// Leases the current version of `key` for zero-copy reads.
     /// Errors: NotFound.

@@ -579,4 +579,61 @@ TEST(SparseStoreTest, TargetObjectsAreThoseBuiltFromTheirEntries) {
     }
 }
 
+/// A batch whose source objects do not all fit: the batch write fails as a whole, and the
+/// objects are then committed one by one, each succeeding or failing alone, nothing of a failed
+/// one left behind. And a batch holding two steps of one tensor commits them in order.
+TEST(SparseStoreTest, ABatchOverCapacityCommitsWhatFitsAndEachFailureIsItsOwn) {
+    std::mt19937_64 rng(11);
+    const Shape shape{256, 256};
+    std::vector<Coo> coos;
+    for (int i = 0; i < 4; ++i) coos.push_back(RandomCoo(rng, shape, 4000));
+    // One object is about 4000 x (2 x 2 + 4) bytes of entries plus its tile index and metadata.
+    EmbeddedStoreOptions options;
+    options.capacity_bytes = 2 * 4000 * 8 + 24000;
+    SparseStore store(MakeEmbeddedStore(options));
+    std::vector<PutSparseRequest> reqs;
+    for (int i = 0; i < 4; ++i) reqs.push_back(Request("w" + std::to_string(i), shape, coos[i], "none"));
+    std::vector<Result<CommitResult>> results = store.PutSparseObjects(reqs);
+    ASSERT_EQ(results.size(), 4u);
+    std::size_t ok = 0;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+        if (results[i].ok()) {
+            ++ok;
+            EXPECT_TRUE(results[i]->created);
+            continue;
+        }
+        EXPECT_THAT(results[i].status(), StatusIs(StatusCode::kResourceExhausted)) << i;
+    }
+    EXPECT_EQ(ok, 2u);
+    ASSERT_OK_AND_ASSIGN(std::vector<SourceDescriptor> manifest, store.Manifest({0, 1}));
+    EXPECT_EQ(manifest.size(), ok);
+    for (const SourceDescriptor& d : manifest) {
+        const auto it = std::find_if(results.begin(), results.end(), [&](const auto& r) {
+            return r.ok() && r->source_ref == d.source_ref;
+        });
+        EXPECT_NE(it, results.end()) << d.source_ref;
+    }
+    EXPECT_EQ(store.Metrics().source_objects_put, ok);
+
+    // Two steps of one tensor (a worker catching up) and another tensor, in one batch.
+    SparseStore steps(MakeEmbeddedStore());
+    std::vector<PutSparseRequest> two = {Request("a", shape, coos[0], "none", {0, 1}),
+                                         Request("b", shape, coos[1], "none", {0, 1}),
+                                         Request("a", shape, coos[2], "none", {1, 2})};
+    std::vector<Result<CommitResult>> done = steps.PutSparseObjects(two);
+    for (std::size_t i = 0; i < done.size(); ++i) ASSERT_OK(done[i].status()) << i;
+    ASSERT_OK_AND_ASSIGN(std::optional<Generation> head, steps.CurrentGeneration("a"));
+    ASSERT_TRUE(head.has_value());
+    EXPECT_EQ(*head, (Generation{1, 2}));
+    ASSERT_OK_AND_ASSIGN(std::vector<SourceDescriptor> second, steps.Manifest({1, 2}));
+    ASSERT_EQ(second.size(), 1u);
+    EXPECT_EQ(second[0].tensor_id, "a");
+    // A stale step of "a" in a later batch fails alone.
+    std::vector<PutSparseRequest> stale = {Request("a", shape, coos[3], "none", {0, 1}),
+                                           Request("b", shape, coos[3], "none", {1, 2})};
+    done = steps.PutSparseObjects(stale);
+    EXPECT_THAT(done[0].status(), StatusIs(StatusCode::kConflict));  // a different payload
+    ASSERT_OK(done[1].status());
+}
+
 }  // namespace mooncake::sparse
