@@ -170,11 +170,18 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
                              sparse_->ReadSparseObjects(req.manifest, req.targets, options));
     }
 
-    // Publish each target-local object into segment memory, leased to this connection.
+    // Publish each target-local object into segment memory, leased to this connection: on the
+    // read's threads when there are many bytes to copy.
     wire::SparseReadReply reply;
-    std::vector<ObjectLease> leases;
-    leases.reserve(objects.size());
-    for (const TargetObject& t : objects) {
+    reply.objects.resize(objects.size());
+    std::vector<ObjectLease> leases(objects.size());
+    std::vector<Status> published(objects.size());
+    std::uint64_t bytes = 0;
+    for (const TargetObject& t : objects) bytes += t.object.PayloadBytes();
+    constexpr std::uint64_t kParallelPublishBytes = std::uint64_t{8} << 20;
+    const int threads = bytes < kParallelPublishBytes ? 1 : options.num_threads;
+    internal::ParallelFor(threads, objects.size(), [&](std::size_t i) {
+        const TargetObject& t = objects[i];
         const SparseObject& o = t.object;
         const SourceDescriptor& d = o.desc;
         const Index nnz = Index(d.nnz), rank = Index(d.rank()), tiles = Index(d.num_tiles);
@@ -185,13 +192,18 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
              o.checksum_tile_coords},
             {"tile_ptr", DType::kUInt64, {tiles + 1}, AsBytes(o.tile_ptr), o.checksum_tile_ptr},
         };
-        MCS_ASSIGN_OR_RETURN(ObjectLease lease,
-                             server_.store_->Publish("target/" + t.target_id, {}, members));
-        auto slice = [&](std::size_t i) -> wire::SegmentMember {
-            return {{lease.segment_id(), lease.member_offset(i), lease.info().members[i].size_bytes},
-                    lease.info().members[i].checksum};
+        Result<ObjectLease> lease = server_.store_->Publish("target/" + t.target_id, {}, members);
+        if (!lease.ok()) {
+            published[i] = lease.status();
+            return;
+        }
+        leases[i] = std::move(lease).value();
+        const ObjectLease& l = leases[i];
+        auto slice = [&](std::size_t m) -> wire::SegmentMember {
+            return {{l.segment_id(), l.member_offset(m), l.info().members[m].size_bytes},
+                    l.info().members[m].checksum};
         };
-        wire::TargetObjectLocation loc;
+        wire::TargetObjectLocation& loc = reply.objects[i];
         loc.target_id = t.target_id;
         loc.node_id = t.node_id;
         loc.target_box = t.target_box;
@@ -201,9 +213,9 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
         loc.values = slice(1);
         loc.tile_coords = slice(2);
         loc.tile_ptr = slice(3);
-        reply.objects.push_back(std::move(loc));
-        leases.push_back(std::move(lease));
-    }
+    });
+    // The first failure in target order (the leases taken so far go with `leases`).
+    for (const Status& s : published) MCS_RETURN_IF_ERROR(s);
     std::vector<std::uint64_t> ids;
     MCS_RETURN_IF_ERROR(AddLeases(std::move(leases), ids));
     for (std::size_t i = 0; i < ids.size(); ++i) reply.objects[i].lease_id = ids[i];
