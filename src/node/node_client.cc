@@ -255,9 +255,14 @@ Result<std::vector<std::uint64_t>> NodeClient::StageInBuffer(
     }
     MCS_RETURN_IF_ERROR(EnsureBuffer(total));
     std::byte* base = session_->buffer->data();
+    // A step's batch is hundreds of MB: copied on the host copy threads (ParallelCopies keeps
+    // small batches on this thread).
+    std::vector<HostCopy> copies;
+    copies.reserve(parts.size());
     for (std::size_t i = 0; i < parts.size(); ++i) {
-        if (!parts[i].empty()) std::memcpy(base + offsets[i], parts[i].data(), parts[i].size());
+        if (!parts[i].empty()) copies.push_back({base + offsets[i], parts[i].data(), parts[i].size()});
     }
+    ParallelCopies(copies, DefaultCopyThreads());
     return offsets;
 }
 
