@@ -583,17 +583,24 @@ TEST(SparseStoreTest, TargetObjectsAreThoseBuiltFromTheirEntries) {
 /// objects are then committed one by one, each succeeding or failing alone, nothing of a failed
 /// one left behind. And a batch holding two steps of one tensor commits them in order.
 TEST(SparseStoreTest, ABatchOverCapacityCommitsWhatFitsAndEachFailureIsItsOwn) {
-    std::mt19937_64 rng(11);
-    const Shape shape{256, 256};
-    std::vector<Coo> coos;
-    for (int i = 0; i < 4; ++i) coos.push_back(RandomCoo(rng, shape, 4000));
-    // One object is about 4000 x (2 x 2 + 4) bytes of entries plus its tile index and metadata.
+    // Four objects of 400,000 entries (3.2 MB each: a batch over the size from which it is
+    // written by one PutFilled on several threads), room for two and a half.
+    const Shape shape{2048, 2048};
+    constexpr std::int64_t kEntries = 400000;
+    std::vector<Coo> coos(4);
+    for (int i = 0; i < 4; ++i) {
+        for (std::int64_t k = 0; k < kEntries; ++k) {
+            const std::int64_t linear = (k * 13 + i) % (2048 * 2048);  // distinct for k < 2^22 / 13
+            coos[i].idx.insert(coos[i].idx.end(), {linear / 2048, linear % 2048});
+            coos[i].val.push_back(float(k % 1000) - 3.5f);
+        }
+    }
     EmbeddedStoreOptions options;
-    options.capacity_bytes = 2 * 4000 * 8 + 24000;
+    options.capacity_bytes = 2 * kEntries * 8 + 1'000'000;
     SparseStore store(MakeEmbeddedStore(options));
     std::vector<PutSparseRequest> reqs;
     for (int i = 0; i < 4; ++i) reqs.push_back(Request("w" + std::to_string(i), shape, coos[i], "none"));
-    std::vector<Result<CommitResult>> results = store.PutSparseObjects(reqs);
+    std::vector<Result<CommitResult>> results = store.PutSparseObjects(reqs, 2);
     ASSERT_EQ(results.size(), 4u);
     std::size_t ok = 0;
     for (std::size_t i = 0; i < results.size(); ++i) {
