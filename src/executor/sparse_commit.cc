@@ -479,8 +479,7 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
     {
         std::lock_guard lock(commit_mu_);
         // One PutFilled pays off when its copies can run on several threads; on one thread the
-        // object-by-object Put is as fast (and faster at scale: each object's memory is written
-        // right after it is mapped).
+        // object-by-object Put does the same work.
         std::uint64_t bytes = 0;
         for (std::size_t i = 0; i < objects.size(); ++i) {
             if (!objects[i]) continue;
