@@ -22,3 +22,14 @@ def test_demo_quick_overwrite(tmp_path):
 
 def test_demo_quick_scatter_add_numpy():
     assert demo.main(["--quick", "--no-progress", "--apply", "scatter_add", "--numpy"]) == 0
+
+
+def test_demo_quick_scatter_add_bfloat16(tmp_path):
+    # bfloat16 weights: old + (new - old) rounds twice, and the shards verify within that.
+    out = tmp_path / "r.json"
+    assert demo.main(["--quick", "--no-progress", "--apply", "scatter_add", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["dtype"] == "bfloat16"
+    for name in ("sparse_ranges", "full_source_per_target"):
+        assert r["strategies"][name]["verified"], name
+        assert 0 < r["strategies"][name]["max_abs_error"] < 0.1
