@@ -75,6 +75,29 @@ struct Piece {
     const ReadData* data;
 };
 
+/// A piece's entries in the range read that holds them, with the source's entry sizes; nullopt
+/// when the read does not hold the planned range.
+struct PieceEntries {
+    std::span<const std::byte> indices;
+    std::span<const std::byte> values;
+    std::uint64_t count;
+    std::size_t index_bytes;  ///< Bytes of one entry's coordinates.
+    std::size_t value_bytes;
+};
+
+std::optional<PieceEntries> EntriesOf(const SourceDescriptor& s, const Piece& p) {
+    const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
+    const std::size_t vsz = DTypeSize(s.value_dtype);
+    const std::uint64_t row = p.range.start - p.data->base;
+    const std::uint64_t count = p.range.size();
+    if (p.range.start < p.data->base || (row + count) * isz > p.data->indices.size() ||
+        (row + count) * vsz > p.data->values.size()) {
+        return std::nullopt;
+    }
+    return PieceEntries{p.data->indices.subspan(row * isz, count * isz),
+                        p.data->values.subspan(row * vsz, count * vsz), count, isz, vsz};
+}
+
 /// Filters and rebases a target's pieces and builds its tile index from its sources' tile
 /// indexes, with no pass over the entries of its own: when the target's origin lies on the
 /// sources' tile grid (and its tile shape is theirs, clamped to its extents), every source tile
@@ -127,12 +150,9 @@ std::optional<std::uint64_t> RebaseWithTileIndex(std::span<const SourceDescripto
         // The piece's first tile: the one that starts at its first entry.
         auto it = std::lower_bound(tp.begin(), tp.end() - 1, p.range.start);
         if (it == tp.end() - 1 || *it != p.range.start) return std::nullopt;
-        const std::size_t isz = DTypeSize(s.index_dtype) * rank;
-        const std::uint64_t row = p.range.start - p.data->base;
-        if ((row + p.range.size()) * isz > p.data->indices.size() ||
-            (row + p.range.size()) * vsz > p.data->values.size()) {
-            return std::nullopt;
-        }
+        const std::optional<PieceEntries> e = EntriesOf(s, p);
+        if (!e) return std::nullopt;
+        const std::size_t isz = e->index_bytes;
         const std::uint64_t nnz_before = nnz;
         for (auto t = static_cast<std::size_t>(it - tp.begin());
              t + 1 < tp.size() && tp[t] < p.range.end; ++t) {
@@ -150,9 +170,9 @@ std::optional<std::uint64_t> RebaseWithTileIndex(std::span<const SourceDescripto
             if (p.range.exact_coordinate_filter) {
                 // A boundary tile keeps what lies in the overlap, filtered on its own so that
                 // its kept count is known.
-                const std::uint64_t r = tp[t] - p.data->base;
-                kept = FilterRebaseInto(p.data->indices.subspan(r * isz, kept * isz),
-                                        p.data->values.subspan(r * vsz, kept * vsz), kept, rank,
+                const std::uint64_t r = tp[t] - p.range.start;
+                kept = FilterRebaseInto(e->indices.subspan(r * isz, kept * isz),
+                                        e->values.subspan(r * vsz, kept * vsz), kept, rank,
                                         s.index_dtype, vsz, p.overlap, true, origin, out_index,
                                         indices.subspan(nnz * osz), values.subspan(nnz * vsz));
                 if (kept == 0) continue;
@@ -165,12 +185,11 @@ std::optional<std::uint64_t> RebaseWithTileIndex(std::span<const SourceDescripto
         }
         if (!p.range.exact_coordinate_filter) {
             // Every entry of an interior piece is kept: one rebase of the whole piece.
-            const std::uint64_t count = p.range.size();
+            const std::uint64_t count = e->count;
             if (nnz - nnz_before != count) return std::nullopt;
-            FilterRebaseInto(p.data->indices.subspan(row * isz, count * isz),
-                             p.data->values.subspan(row * vsz, count * vsz), count, rank,
-                             s.index_dtype, vsz, p.overlap, false, origin, out_index,
-                             indices.subspan(nnz_before * osz), values.subspan(nnz_before * vsz));
+            FilterRebaseInto(e->indices, e->values, count, rank, s.index_dtype, vsz, p.overlap,
+                             false, origin, out_index, indices.subspan(nnz_before * osz),
+                             values.subspan(nnz_before * vsz));
         }
     }
     return nnz;
@@ -201,16 +220,9 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     for (const Piece& p : pieces) bound += p.range.size();
     ByteBuffer indices(bound * osz), values(bound * out_vsz);
     for (const Piece& p : pieces) {
-        const SourceDescriptor& s = manifest[p.source_index];
-        const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
-        const std::size_t vsz = DTypeSize(s.value_dtype);
-        const std::uint64_t row = p.range.start - p.data->base;
-        const std::uint64_t count = p.range.size();
-        if ((row + count) * isz > p.data->indices.size() ||
-            (row + count) * vsz > p.data->values.size()) {
-            return Internal("range read does not hold the planned region");
-        }
-        fanout_bytes += count * (isz + vsz);
+        const std::optional<PieceEntries> e = EntriesOf(manifest[p.source_index], p);
+        if (!e) return Internal("range read does not hold the planned region");
+        fanout_bytes += e->count * (e->index_bytes + e->value_bytes);
     }
     SourceDescriptor desc;
     desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
@@ -252,13 +264,9 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     std::uint64_t nnz = 0;
     for (const Piece& p : pieces) {
         const SourceDescriptor& s = manifest[p.source_index];
-        const std::size_t isz = DTypeSize(s.index_dtype) * s.rank();
-        const std::size_t vsz = DTypeSize(s.value_dtype);
-        const std::uint64_t row = p.range.start - p.data->base;
-        const std::uint64_t count = p.range.size();
-        const std::span<const std::byte> in_idx = p.data->indices.subspan(row * isz, count * isz);
-        const std::span<const std::byte> in_val = p.data->values.subspan(row * vsz, count * vsz);
-        nnz += FilterRebaseInto(in_idx, in_val, count, s.rank(), s.index_dtype, vsz, p.overlap,
+        const PieceEntries e = *EntriesOf(s, p);  // bounds checked above
+        nnz += FilterRebaseInto(e.indices, e.values, e.count, s.rank(), s.index_dtype,
+                                e.value_bytes, p.overlap,
                                 p.range.exact_coordinate_filter, target.box.origin(), out_index,
                                 std::span(indices).subspan(nnz * osz),
                                 std::span(values).subspan(nnz * out_vsz));
