@@ -162,6 +162,11 @@ bool NodeClient::SpinForReply(int fd, std::uint64_t bytes) const {
     }
 }
 
+void NodeClient::TrimFrameBuffer(std::vector<std::byte>& buffer) {
+    constexpr std::size_t kKeepBytes = std::size_t{16} << 20;
+    if (buffer.capacity() > kKeepBytes) std::vector<std::byte>().swap(buffer);
+}
+
 Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::span<const int> fds,
                                           std::vector<std::byte>& storage,
                                           std::uint64_t spin_bytes) {
@@ -172,7 +177,8 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
                            " was dropped during the call");
     }
     const std::uint64_t id = next_request_id_++;
-    MCS_ASSIGN_OR_RETURN(auto frame_bytes, wire::EncodeFrame(request, id));
+    MCS_RETURN_IF_ERROR(wire::EncodeFrameInto(request, id, send_frame_));
+    const std::vector<std::byte>& frame_bytes = send_frame_;
     {
         std::lock_guard lock(stats_mu_);
         ++stats_.calls;
@@ -183,19 +189,19 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
         DropSessionLocked("send");
         return Unavailable(where + ": " + s.message());
     }
+    TrimFrameBuffer(send_frame_);
     const bool spun = SpinForReply(session_->conn.fd(), spin_bytes);
     {
         std::lock_guard lock(stats_mu_);
         ++(spun ? stats_.replies_spun : stats_.replies_slept);
     }
-    auto bytes = session_->conn.RecvFrame(wire::kMaxFrameBytes, nullptr, deadline);
-    if (!bytes.ok()) {
+    if (Status r = session_->conn.RecvFrameInto(storage, wire::kMaxFrameBytes, nullptr, deadline);
+        !r.ok()) {
         DropSessionLocked("receive");
-        return Unavailable(where + ": " + bytes.status().message() +
+        return Unavailable(where + ": " + r.message() +
                            " (the connection was dropped; the call may or may not have taken "
                            "effect, and the next call reconnects)");
     }
-    storage = std::move(bytes).value();
     auto frame = wire::DecodeFrame(storage);
     if (!frame.ok()) {
         DropSessionLocked("decode");

@@ -252,6 +252,8 @@ private:
     /// One request/reply round trip on the current connection; on a transport failure the
     /// connection is dropped. Needs mu_.
     /// `spin_bytes`: the bytes the daemon moves for this call (extends the reply spin).
+    /// Frees a frame buffer that one large call grew past what calls usually need.
+    static void TrimFrameBuffer(std::vector<std::byte>& buffer);
     Result<wire::Frame> RoundTrip(const wire::Message& request, std::span<const int> fds,
                                   std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
     template <typename Reply>
@@ -283,6 +285,10 @@ private:
     std::shared_ptr<NodeClient> waiter_;  // Guarded by waiter_mu_.
     std::shared_ptr<Session> session_;  // Guarded by mu_.
     std::uint64_t next_request_id_ = 1;  // Guarded by mu_.
+    /// The frames of the calls, encoded and received into the same memory call after call
+    /// (a step's read is megabytes each way: fresh buffers would fault in every page).
+    std::vector<std::byte> send_frame_;  // Guarded by mu_.
+    std::vector<std::byte> recv_frame_;  // Guarded by mu_.
     std::uint64_t epoch_ = 0;            // Guarded by mu_.
 
     mutable std::mutex release_mu_;  ///< Only guards the queue (taken by view destructors).
@@ -297,9 +303,10 @@ private:
 template <typename Reply>
 Result<Reply> NodeClient::Call(const wire::Message& request, std::uint64_t spin_bytes) {
     MCS_RETURN_IF_ERROR(FlushReleasesLocked());
-    std::vector<std::byte> storage;
-    MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, storage, spin_bytes));
-    return wire::DecodeReplyAs<Reply>(frame);
+    MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, recv_frame_, spin_bytes));
+    Result<Reply> reply = wire::DecodeReplyAs<Reply>(frame);
+    TrimFrameBuffer(recv_frame_);
+    return reply;
 }
 
 }  // namespace mooncake::sparse

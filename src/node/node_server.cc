@@ -36,6 +36,12 @@ void NodeServer::Session::Run() {
     const auto after = [](std::chrono::milliseconds t) {
         return t.count() > 0 ? Deadline::After(t) : Deadline::Never();
     };
+    // Every frame of the connection is received into `in` and encoded into `out`: a step's
+    // read is megabytes each way, and fresh buffers would fault in every page of them.
+    std::vector<std::byte> in, out;
+    const auto trim = [](std::vector<std::byte>& b) {
+        if (b.capacity() > (std::size_t{16} << 20)) std::vector<std::byte>().swap(b);
+    };
     for (;;) {
         const bool has_state = buffer_.has_value() || !leases_.empty();
         connection_.MarkIdle(has_state);
@@ -56,32 +62,33 @@ void NodeServer::Session::Run() {
         connection_.busy.store(true, std::memory_order_release);
         std::vector<UniqueFd> fds;
         const Deadline frame_deadline = after(o.frame_timeout);
-        auto bytes = conn.RecvFrame(wire::kMaxFrameBytes, &fds, frame_deadline, /*max_fds=*/1);
-        if (!bytes.ok()) {
-            if (bytes.status().code() == StatusCode::kUnavailable && frame_deadline.Expired()) {
+        Status received =
+            conn.RecvFrameInto(in, wire::kMaxFrameBytes, &fds, frame_deadline, /*max_fds=*/1);
+        if (!received.ok()) {
+            if (received.code() == StatusCode::kUnavailable && frame_deadline.Expired()) {
                 // Whatever part of the frame arrived is freed with this return.
                 server_.frame_timeouts_.fetch_add(1, std::memory_order_relaxed);
                 MCS_LOG(kWarning) << "connection " << connection_.id << " (pid "
                                   << connection_.peer.pid << "): closing, a frame was not "
                                   << "completed within frame_timeout: "
-                                  << bytes.status().ToString();
-            } else if (bytes.status().code() == StatusCode::kUnavailable) {
-                MCS_LOG(kDebug) << "connection " << connection_.id << ": " << bytes.status().ToString();
+                                  << received.ToString();
+            } else if (received.code() == StatusCode::kUnavailable) {
+                MCS_LOG(kDebug) << "connection " << connection_.id << ": " << received.ToString();
             } else {
                 // The framing is broken (bad header, oversized frame): nothing more can be
                 // read reliably from this peer. Tell it why, then close.
                 server_.protocol_errors_.fetch_add(1, std::memory_order_relaxed);
                 MCS_LOG(kWarning) << "connection " << connection_.id << " (pid " << connection_.peer.pid
                              << "): closing after a malformed frame: "
-                             << bytes.status().ToString();
-                auto err = wire::EncodeFrame(wire::ErrorReply::FromStatus(bytes.status()), 0);
+                             << received.ToString();
+                auto err = wire::EncodeFrame(wire::ErrorReply::FromStatus(received), 0);
                 if (err.ok()) {
                     (void)conn.SendFrame(*err, {}, Deadline::After(std::chrono::milliseconds(100)));
                 }
             }
             return;
         }
-        auto frame = wire::DecodeFrame(*bytes);
+        auto frame = wire::DecodeFrame(in);
         if (!frame.ok()) {  // RecvFrame validated the header; this is a length mismatch.
             server_.protocol_errors_.fetch_add(1, std::memory_order_relaxed);
             MCS_LOG(kWarning) << "connection " << connection_.id
@@ -96,26 +103,29 @@ void NodeServer::Session::Run() {
         // being kept (never evicted for being stateless).
         connection_.stateful.store(buffer_.has_value() || !leases_.empty(),
                                    std::memory_order_relaxed);
-        Result<std::vector<std::byte>> out = Internal("unset");
+        const wire::MessageType request_type = frame->header.type;
+        trim(in);  // `frame` views `in`: not used below.
         if (reply.ok()) {
-            out = wire::EncodeFrame(reply->message, request_id);
-            if (!out.ok()) reply = out.status().WithContext("encoding the reply");
+            Status encoded = wire::EncodeFrameInto(reply->message, request_id, out);
+            if (!encoded.ok()) reply = encoded.WithContext("encoding the reply");
         }
         if (!reply.ok()) {
             server_.request_errors_.fetch_add(1, std::memory_order_relaxed);
             MCS_LOG(kDebug) << "connection " << connection_.id << " "
-                    << wire::MessageTypeName(frame->header.type) << ": "
+                    << wire::MessageTypeName(request_type) << ": "
                     << reply.status().ToString();
-            out = wire::EncodeFrame(wire::ErrorReply::FromStatus(reply.status()), request_id);
-        }
-        if (!out.ok()) {
-            MCS_LOG(kError) << "connection " << connection_.id
-                       << ": cannot encode a reply: " << out.status().ToString();
-            return;
+            Status encoded = wire::EncodeFrameInto(
+                wire::ErrorReply::FromStatus(reply.status()), request_id, out);
+            if (!encoded.ok()) {
+                MCS_LOG(kError) << "connection " << connection_.id
+                                << ": cannot encode a reply: " << encoded.ToString();
+                return;
+            }
         }
         const std::span<const int> reply_fds =
             reply.ok() ? std::span<const int>(reply->fds) : std::span<const int>();
-        Status sent = conn.SendFrame(*out, reply_fds, Deadline::After(server_.options_.send_timeout));
+        Status sent = conn.SendFrame(out, reply_fds, Deadline::After(server_.options_.send_timeout));
+        trim(out);
         if (!sent.ok()) {
             MCS_LOG(kDebug) << "connection " << connection_.id << ": " << sent.ToString();
             return;

@@ -307,6 +307,15 @@ Result<std::size_t> UnixConnection::RecvPacket(std::span<std::byte> buf,
 Result<std::vector<std::byte>> UnixConnection::RecvFrame(std::size_t max_bytes,
                                                          std::vector<UniqueFd>* fds,
                                                          Deadline deadline, std::size_t max_fds) {
+    std::vector<std::byte> buf;
+    MCS_RETURN_IF_ERROR(RecvFrameInto(buf, max_bytes, fds, deadline, max_fds));
+    return buf;
+}
+
+Status UnixConnection::RecvFrameInto(std::vector<std::byte>& buf, std::size_t max_bytes,
+                                     std::vector<UniqueFd>* fds, Deadline deadline,
+                                     std::size_t max_fds) {
+    buf.clear();
     if (!fd_.valid()) return FailedPrecondition("receive on a closed connection");
     max_bytes = std::min(max_bytes, wire::kMaxFrameBytes);
     if (max_bytes < wire::kFrameHeaderBytes) {
@@ -316,8 +325,16 @@ Result<std::vector<std::byte>> UnixConnection::RecvFrame(std::size_t max_bytes,
     if (fds == nullptr) max_fds = 0;
     std::vector<UniqueFd> got;  // Closed on every error return.
 
-    // First packet: the header (and maybe the whole frame).
-    std::vector<std::byte> buf(std::min(max_bytes, kMaxPacketBytes));
+    // First packet: the header (and maybe the whole frame). Every error below leaves `buf`
+    // empty (the guard), so no caller mistakes a partial frame for one.
+    struct ClearOnError {
+        std::vector<std::byte>& b;
+        bool done = false;
+        ~ClearOnError() {
+            if (!done) b.clear();
+        }
+    } guard{buf};
+    buf.resize(std::min(max_bytes, kMaxPacketBytes));
     MCS_ASSIGN_OR_RETURN(std::size_t n, RecvPacket(buf, got, deadline));
     if (n < wire::kFrameHeaderBytes) {
         return InvalidArgument(peer_name_ + " sent a " + std::to_string(n) +
@@ -370,7 +387,8 @@ Result<std::vector<std::byte>> UnixConnection::RecvFrame(std::size_t max_bytes,
     if (fds != nullptr) {
         for (UniqueFd& fd : got) fds->push_back(std::move(fd));
     }
-    return buf;
+    guard.done = true;
+    return Status::Ok();
 }
 
 Status UnixConnection::WaitReadable(Deadline deadline) const {

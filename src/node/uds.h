@@ -139,6 +139,12 @@ public:
     Result<std::vector<std::byte>> RecvFrame(std::size_t max_bytes, std::vector<UniqueFd>* fds,
                                              Deadline deadline = Deadline::Never(),
                                              std::size_t max_fds = wire::kMaxFdsPerFrame);
+    /// RecvFrame into `buf` (replaced; its capacity is reused, so a connection receives every
+    /// frame into the same memory). On an error `buf` holds no frame.
+    /// Errors: as RecvFrame.
+    Status RecvFrameInto(std::vector<std::byte>& buf, std::size_t max_bytes,
+                         std::vector<UniqueFd>* fds, Deadline deadline = Deadline::Never(),
+                         std::size_t max_fds = wire::kMaxFdsPerFrame);
 
     /// Waits until something can be read: a frame, or EOF or an error (which RecvFrame then
     /// reports). A server waits here with its idle deadline, then gives RecvFrame the deadline

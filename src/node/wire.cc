@@ -81,22 +81,34 @@ Result<std::vector<std::byte>> EncodePayload(const Message& message) {
     return std::move(w).Take();
 }
 
-Result<std::vector<std::byte>> EncodeFrame(const Message& message, std::uint64_t request_id) {
-    WireWriter w;
+Status EncodeFrameInto(const Message& message, std::uint64_t request_id,
+                       std::vector<std::byte>& out) {
+    WireWriter w(std::move(out));
+    out.clear();
     for (std::size_t i = 0; i < kFrameHeaderBytes; ++i) w.WriteU8(0);
-    MCS_RETURN_IF_ERROR(EncodeInto(w, message));
+    Status s = EncodeInto(w, message);
     const std::size_t payload = w.size() - kFrameHeaderBytes;
-    if (payload > kMaxPayloadBytes) {
-        return ResourceExhausted(std::string(MessageTypeName(TypeOf(message))) + " payload of " +
-                                 Num(payload) + " bytes exceeds the frame limit of " +
-                                 Num(kMaxPayloadBytes));
+    if (s.ok() && payload > kMaxPayloadBytes) {
+        s = ResourceExhausted(std::string(MessageTypeName(TypeOf(message))) + " payload of " +
+                              Num(payload) + " bytes exceeds the frame limit of " +
+                              Num(kMaxPayloadBytes));
     }
-    std::vector<std::byte> out = std::move(w).Take();
+    out = std::move(w).Take();
+    if (!s.ok()) {
+        out.clear();
+        return s;
+    }
     FrameHeader h;
     h.type = TypeOf(message);
     h.request_id = request_id;
     h.payload_len = static_cast<std::uint32_t>(payload);
     EncodeFrameHeader(h, std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
+    return Status::Ok();
+}
+
+Result<std::vector<std::byte>> EncodeFrame(const Message& message, std::uint64_t request_id) {
+    std::vector<std::byte> out;
+    MCS_RETURN_IF_ERROR(EncodeFrameInto(message, request_id, out));
     return out;
 }
 

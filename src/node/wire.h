@@ -120,6 +120,11 @@ MessageType TypeOf(const Message& message);
 /// kMaxFrameBytes).
 Result<std::vector<std::byte>> EncodeFrame(const Message& message, std::uint64_t request_id);
 
+/// EncodeFrame into `out` (replaced; its capacity is reused).
+/// Errors: as EncodeFrame (`out` is then empty).
+Status EncodeFrameInto(const Message& message, std::uint64_t request_id,
+                       std::vector<std::byte>& out);
+
 template <typename M>
 Result<std::vector<std::byte>> EncodeFrame(const M& message, std::uint64_t request_id) {
     return EncodeFrame(Message(message), request_id);

@@ -166,6 +166,9 @@ Result<Frame> DecodeFrame(std::span<const std::byte> bytes);
 class WireWriter {
 public:
     WireWriter() = default;
+    /// Writes into `reuse` (cleared, its capacity kept): a connection encodes every frame into
+    /// the same memory instead of faulting in a fresh buffer for each.
+    explicit WireWriter(std::vector<std::byte> reuse) : buf_(std::move(reuse)) { buf_.clear(); }
 
     template <std::integral T>
     void WriteInt(T v) {

@@ -165,6 +165,34 @@ TEST(UdsTest, LargeFramesSpanManyPacketsAndStayInSync) {
     sender.join();
 }
 
+TEST(UdsTest, FramesReceivedIntoOneBufferReuseItsMemory) {
+    auto [a, b] = MakePair();
+    // A large frame, then a small one, then a large one again, into the same buffer: each
+    // arrives whole, the buffer holds exactly it, and the second large one needs no new memory.
+    const std::vector<std::vector<std::byte>> frames = {
+        BigFrame(3 << 20, 1), FrameOf(wire::OkReply{}, 2), BigFrame(2 << 20, 3)};
+    std::thread sender([&, &a = a] {
+        for (const auto& f : frames) MCS_EXPECT_OK(a.SendFrame(f, {}, Deadline::After(30s)));
+    });
+    std::vector<std::byte> buf;
+    const std::byte* first = nullptr;
+    for (std::size_t i = 0; i < frames.size(); ++i) {
+        MCS_ASSERT_OK(b.RecvFrameInto(buf, wire::kMaxFrameBytes, nullptr, Deadline::After(30s)));
+        EXPECT_TRUE(buf == frames[i]) << "frame " << i;
+        if (i == 0) first = buf.data();
+    }
+    EXPECT_EQ(buf.data(), first);
+    sender.join();
+
+    // A failed receive leaves no partial frame behind.
+    const auto frame = BigFrame(1 << 20, 4);
+    ASSERT_EQ(::send(a.fd(), frame.data(), kMaxPacketBytes, MSG_NOSIGNAL),
+              static_cast<ssize_t>(kMaxPacketBytes));
+    EXPECT_THAT(b.RecvFrameInto(buf, wire::kMaxFrameBytes, nullptr, Deadline::After(100ms)),
+                StatusIsWithMessage(StatusCode::kUnavailable, "in the middle of a"));
+    EXPECT_TRUE(buf.empty());
+}
+
 TEST(UdsTest, SendFrameRejectsInvalidFrames) {
     auto [a, b] = MakePair();
     std::vector<std::byte> garbage(40, std::byte{0x55});

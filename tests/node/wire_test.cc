@@ -339,6 +339,26 @@ TEST(WireTest, EveryMessageRoundTripsThroughAFrame) {
     }
 }
 
+TEST(WireTest, FramesEncodedIntoOneBufferAreTheFramesEncodedAlone) {
+    // Each message encoded into the buffer the previous one left (larger or smaller): the
+    // bytes are exactly EncodeFrame's, with nothing of the previous frame left over.
+    std::vector<std::byte> out;
+    std::uint64_t id = 7;
+    for (const Message& m : SampleMessages()) {
+        SCOPED_TRACE(NameOf(m));
+        auto alone = EncodeFrame(m, id);
+        ASSERT_TRUE(alone.ok());
+        MCS_ASSERT_OK(EncodeFrameInto(m, id, out));
+        EXPECT_TRUE(out == *alone);
+        ++id;
+    }
+    // A message that does not encode leaves no frame behind.
+    PutRequest bad;
+    bad.key.assign(kMaxKeyBytes + 1, 'k');
+    EXPECT_THAT(EncodeFrameInto(bad, 1, out), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_TRUE(out.empty());
+}
+
 TEST(WireTest, TypedEncodeAndDecode) {
     PutRequest p;
     p.key = "k";
