@@ -526,6 +526,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
         case T::kLease: return T::kLeaseReply;
         case T::kSparseCommit: return T::kSparseCommitReply;
         case T::kSparseCommitBatch: return T::kSparseCommitBatchReply;
+        case T::kSparseCommitDevice: return T::kSparseCommitBatchReply;
         case T::kSparseAdmit: return T::kSparseAdmitReply;
         case T::kSparseManifest: return T::kSparseManifestReply;
         case T::kSparseCurrentGeneration: return T::kSparseCurrentGenerationReply;
@@ -543,7 +544,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
 bool Mutates(w::MessageType request) {
     using T = w::MessageType;
     return request == T::kPut || request == T::kRemove || request == T::kSparseCommit ||
-           request == T::kSparseCommitBatch ||
+           request == T::kSparseCommitBatch || request == T::kSparseCommitDevice ||
            request == T::kSparseAdmit || request == T::kTensorPut || request == T::kSparseSeal ||
            request == T::kSparseRetention || request == T::kSparseAnchor;
 }
@@ -912,6 +913,52 @@ w::Message SparseCommitBatchOf(Choices& c, const World& world) {
     return r;
 }
 
+/// A device commit of up to three updates drawn from the pending objects, their members in a
+/// fuzzed CUDA allocation (no GPU here: every update is refused alone, typed).
+w::Message SparseCommitDeviceOf(Choices& c, const World& world) {
+    w::SparseCommitDeviceRequest r;
+    for (std::size_t n = c.Range("device items", 0, 3), i = 0; i < n; ++i) {
+        const w::SparseCommitRequest& pending =
+            world.commits[c.Pick("commit.object", world.commits.size())];
+        const SourceDescriptor d = DescriptorOf(c, world, pending.desc);
+        w::DeviceUpdate u;
+        u.tensor_id = d.tensor_id;
+        u.global_shape = d.global_shape;
+        if (c.Flag("device.box")) {
+            u.global_offset = Shape(d.box.origin().begin(), d.box.origin().end());
+            u.local_shape = Shape(d.box.shape().begin(), d.box.shape().end());
+        }
+        u.source_placement = d.placement;
+        u.policy = d.policy;
+        u.generation = d.generation;
+        u.apply = d.apply;
+        if (c.Flag("device.tile_shape")) u.tile_shape = d.tile_shape;
+        u.duplicates = static_cast<DuplicatePolicy>(c.Range("duplicates", 0, 2));
+        u.hard_pin = !c.Flag("hard_pin");
+        const auto member = [&](std::string_view label, DType dtype, Shape shape) {
+            w::DeviceMember m;
+            m.dtype = DTypeOf(c, label, dtype);
+            m.shape = ShapeOf(c, label, shape);
+            std::uint64_t bytes = DTypeSize(m.dtype);
+            for (Index e : m.shape) bytes *= static_cast<std::uint64_t>(e < 0 ? 0 : e);
+            m.location.ref.kind = w::BufferKind::kCudaIpc;
+            m.location.ref.offset = U64(c, label, 0);
+            m.location.ref.size = U64(c, label, bytes);
+            m.location.ref.cuda_ipc_handle = c.Text(label, w::kCudaIpcHandleBytes);
+            m.location.ref.cuda_ipc_handle.resize(w::kCudaIpcHandleBytes, '\0');
+            m.location.ref.device = static_cast<std::int32_t>(c.Range(label, 0, 8));
+            m.location.cuda_base = U64(c, label, std::uint64_t{1} << 40);
+            m.location.cuda_alloc_size = U64(c, label, std::uint64_t{64} << 20);
+            return m;
+        };
+        const Index nnz = static_cast<Index>(d.nnz), rank = static_cast<Index>(d.rank());
+        u.indices = member("device.indices", d.index_dtype, {nnz, rank});
+        u.values = member("device.values", d.value_dtype, {nnz});
+        r.items.push_back(std::move(u));
+    }
+    return r;
+}
+
 w::Message SparseAdmitOf(Choices& c, const World& world) {
     const SourceDescriptor& s = world.sources[c.Pick("source", world.sources.size())];
     w::SparseAdmitRequest r;
@@ -1045,6 +1092,7 @@ enum Op : std::uint64_t {
     kSparseRetention,
     kSparseAnchor,
     kSparseCommitBatch,
+    kSparseCommitDevice,
     kNumOps,
 };
 
@@ -1091,6 +1139,7 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
                 break;
             case kSparseSeal: request = SparseSealOf(c, world); break;
             case kSparseCommitBatch: request = SparseCommitBatchOf(c, world); break;
+            case kSparseCommitDevice: request = SparseCommitDeviceOf(c, world); break;
             case kSparseWait: request = SparseWaitOf(c); break;
             case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
             case kSparseAnchor: {
@@ -1185,7 +1234,8 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "put", "sparse_commit", "sparse_admit", "sparse_manifest", "sparse_current_generation",
         "sparse_read", "metrics", "clear_caches", "tensor_put", "tensor_get", "hello_again",
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
-        "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch"};
+        "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch",
+        "sparse_commit_device"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 

@@ -170,13 +170,12 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
             errors[i] = InvalidArgument(what + ": " + e.what());
         }
     }
-    // CUDA members (a batch encoded on the GPU) reach host memory in a few large copies.
     std::vector<ParsedPut*> on_device;
+    bool all_on_device = true;
     for (auto& p : parsed) {
         if (p && p->on_device()) on_device.push_back(&*p);
+        if (p && !(p->device_indices && p->device_values)) all_on_device = false;
     }
-    std::shared_ptr<void> staged;
-    if (!on_device.empty()) staged = StageDeviceMembers(on_device, stream);
     std::vector<PutSparseRequest> requests;
     std::vector<std::size_t> of;  // request -> update
     requests.reserve(n);
@@ -186,7 +185,32 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         of.push_back(i);
     }
     std::vector<Result<CommitResult>> results;
-    {
+    NodeClient* node = s.node();
+    bool device_commit = !on_device.empty() && all_on_device && node != nullptr;
+    if (device_commit) {
+        pyb::gil_scoped_release nogil;
+        device_commit = node->CanCommitFromDevice();
+    }
+    if (device_commit) {
+        // Through the daemon, a batch that is all on the GPU stays there: the daemon copies
+        // its members by CUDA IPC into its own pinned memory.
+        std::vector<NodeClient::DeviceMember> indices, values;
+        indices.reserve(requests.size());
+        values.reserve(requests.size());
+        const auto member = [](const DeviceMember& m) {
+            return NodeClient::DeviceMember{m.dtype, m.shape, {m.address, m.bytes, m.device}};
+        };
+        for (std::size_t i : of) {
+            indices.push_back(member(*parsed[i]->device_indices));
+            values.push_back(member(*parsed[i]->device_values));
+        }
+        pyb::gil_scoped_release nogil;
+        results = node->PutSparseObjectsFromDevice(requests, indices, values, stream);
+    } else {
+        // CUDA members (a batch encoded on the GPU) reach host memory in a few large copies.
+        std::shared_ptr<void> staged;
+        if (!on_device.empty()) staged = StageDeviceMembers(on_device, stream);
+        for (std::size_t k = 0; k < of.size(); ++k) requests[k] = parsed[of[k]]->request;
         pyb::gil_scoped_release nogil;
         results = s.service().PutSparseObjects(requests, num_threads);
     }

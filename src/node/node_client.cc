@@ -76,7 +76,11 @@ Result<std::shared_ptr<NodeClient>> NodeClient::Connect(const NodeClientOptions&
 
 NodeClient::NodeClient(NodeClientOptions options) : options_(std::move(options)) {}
 
-NodeClient::~NodeClient() = default;
+NodeClient::~NodeClient() {
+    for (const DeviceArena& a : arenas_) {
+        if (a.address != 0) (void)cuda::DeviceFree(a.address, a.device);
+    }
+}
 
 void NodeClient::DropSessionLocked(std::string_view why) {
     if (!session_) return;

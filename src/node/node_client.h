@@ -21,6 +21,7 @@
 //   daemon; their ids are discarded.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,6 +39,8 @@
 #include "executor/sparse_service.h"
 #include "executor/sparse_store.h"
 #include "node/wire.h"
+#include "transport/cuda_ipc.h"
+#include "transport/cuda_runtime.h"
 
 namespace mooncake::sparse {
 
@@ -195,6 +198,26 @@ public:
     /// daemon's to choose.
     std::unique_ptr<TensorStore> MakeTensorStore(const LocalTensorStoreOptions& options) override;
 
+    /// A member of a commit in this process's CUDA memory (C-contiguous).
+    struct DeviceMember {
+        DType dtype = DType::kUInt8;
+        Shape shape;
+        DeviceMemory memory;
+    };
+    /// Whether PutSparseObjectsFromDevice can run here: CUDA IPC in this process and in the
+    /// daemon, and a daemon that speaks SparseCommitDevice. Asked once per client.
+    bool CanCommitFromDevice();
+    /// PutSparseObjects of updates whose indices and values are in this process's CUDA memory
+    /// (indices[i], values[i] for requests[i]; the requests' own host arrays are ignored): the
+    /// members are gathered by device-to-device copies into an allocation this client keeps
+    /// per device and exports once, and the daemon copies them by CUDA IPC into its own pinned
+    /// memory, then validates, encodes and commits them (SparseCommitDevice). Nothing passes
+    /// through host memory of this process. `stream`: the members' producing stream, waited for
+    /// first. Same results as PutSparseObjects; each update fails alone.
+    std::vector<Result<CommitResult>> PutSparseObjectsFromDevice(
+        std::span<const PutSparseRequest> requests, std::span<const DeviceMember> indices,
+        std::span<const DeviceMember> values, CudaStream stream);
+
     // ---- The sparse layer at the level of the protocol. -----------------------------------
     /// Commits an object encoded by the caller (codec BuildSparseObject).
     /// One SparseCommitBatch request of objects[chunk[k]]; their outcomes into out[chunk[k]].
@@ -252,6 +275,22 @@ private:
     /// One request/reply round trip on the current connection; on a transport failure the
     /// connection is dropped. Needs mu_.
     /// `spin_bytes`: the bytes the daemon moves for this call (extends the reply spin).
+    /// Device memory this client gathers device commits into (one per device, grown on
+    /// demand, exported by CUDA IPC once per allocation so the daemon maps it once).
+    struct DeviceArena {
+        std::uintptr_t address = 0;
+        std::uint64_t bytes = 0;
+        int device = -1;
+        CudaIpcExport exported;
+    };
+    /// The arena of `device`, at least `bytes`. Needs mu_.
+    Result<const DeviceArena*> ArenaLocked(int device, std::uint64_t bytes);
+    /// One SparseCommitDevice request of the updates `chunk` (all on one device).
+    Status CommitDeviceChunk(std::span<const PutSparseRequest> requests,
+                             std::span<const DeviceMember> indices,
+                             std::span<const DeviceMember> values,
+                             std::span<const std::size_t> chunk,
+                             std::vector<Result<CommitResult>>& out);
     /// Frees a frame buffer that one large call grew past what calls usually need.
     static void TrimFrameBuffer(std::vector<std::byte>& buffer);
     Result<wire::Frame> RoundTrip(const wire::Message& request, std::span<const int> fds,
@@ -289,6 +328,9 @@ private:
     /// (a step's read is megabytes each way: fresh buffers would fault in every page).
     std::vector<std::byte> send_frame_;  // Guarded by mu_.
     std::vector<std::byte> recv_frame_;  // Guarded by mu_.
+    std::vector<DeviceArena> arenas_;    // Guarded by mu_.
+    /// CanCommitFromDevice: -1 not asked yet, else 0 / 1.
+    std::atomic<int> device_commit_{-1};
     std::uint64_t epoch_ = 0;            // Guarded by mu_.
 
     mutable std::mutex release_mu_;  ///< Only guards the queue (taken by view destructors).

@@ -434,6 +434,217 @@ Status NodeClient::CommitChunk(std::span<const PutSparseRequest> requests,
     return Status::Ok();
 }
 
+bool NodeClient::CanCommitFromDevice() {
+    int known = device_commit_.load(std::memory_order_acquire);
+    if (known >= 0) return known == 1;
+    bool ok = cuda::GetSupport().ipc_available;
+    if (ok) {
+        Result<wire::HelloReply> hello = Hello();
+        ok = hello.ok() && hello->protocol_version >= 5;
+    }
+    if (ok) {
+        Result<MetricItems> metrics = Metrics(/*reset=*/false);
+        ok = false;
+        if (metrics.ok()) {
+            for (const auto& [name, value] : *metrics) {
+                if (name == "cuda_ipc_available") ok = value != 0;
+            }
+        }
+    }
+    device_commit_.store(ok ? 1 : 0, std::memory_order_release);
+    return ok;
+}
+
+Result<const NodeClient::DeviceArena*> NodeClient::ArenaLocked(int device, std::uint64_t bytes) {
+    DeviceArena* arena = nullptr;
+    for (DeviceArena& a : arenas_) {
+        if (a.device == device) arena = &a;
+    }
+    if (arena == nullptr) {
+        arena = &arenas_.emplace_back();
+        arena->device = device;
+    }
+    if (arena->bytes >= bytes && arena->address != 0) return arena;
+    if (arena->address != 0) {
+        MCS_RETURN_IF_ERROR(cuda::DeviceFree(arena->address, device));
+        *arena = DeviceArena{0, 0, device, {}};
+    }
+    // Grown in steps of 64 MiB (at least twice the old size), so that a run that commits
+    // steps of about the same size allocates, and the daemon maps, once.
+    constexpr std::uint64_t kStep = std::uint64_t{64} << 20;
+    const std::uint64_t size = std::max((bytes + kStep - 1) / kStep * kStep, 2 * arena->bytes);
+    MCS_ASSIGN_OR_RETURN(const std::uintptr_t address, cuda::DeviceAlloc(size, device));
+    auto exported = ExportCudaIpc(DeviceMemory{address, size, device});
+    if (!exported.ok()) {
+        (void)cuda::DeviceFree(address, device);
+        return exported.status().WithContext("exporting the device commit arena");
+    }
+    arena->address = address;
+    arena->bytes = size;
+    arena->exported = std::move(exported).value();
+    return arena;
+}
+
+std::vector<Result<CommitResult>> NodeClient::PutSparseObjectsFromDevice(
+    std::span<const PutSparseRequest> requests, std::span<const DeviceMember> indices,
+    std::span<const DeviceMember> values, CudaStream stream) {
+    const std::size_t n = requests.size();
+    std::vector<Result<CommitResult>> out(n, Internal("unset"));
+    if (indices.size() != n || values.size() != n) {
+        for (auto& r : out) r = InvalidArgument("one indices and one values array per update");
+        return out;
+    }
+    // The producer's work on the members comes before every copy of them.
+    std::vector<int> devices;
+    std::vector<bool> rejected(n, false);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (indices[i].memory.device != values[i].memory.device) {
+            rejected[i] = true;
+            out[i] = InvalidArgument("indices and values of update " + std::to_string(i) +
+                                     " are on different CUDA devices");
+            continue;
+        }
+        const int d = indices[i].memory.device;
+        if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+    }
+    for (int d : devices) {
+        if (Status s = cuda::StreamSynchronize(stream, d); !s.ok()) {
+            for (auto& r : out) r = s;
+            return out;
+        }
+    }
+    // Per device, chunks of at most kBatchItems updates and kBatchBytes of members.
+    constexpr std::size_t kBatchItems = 8192;
+    constexpr std::uint64_t kBatchBytes = std::uint64_t{256} << 20;
+    for (int d : devices) {
+        std::vector<std::size_t> chunk;
+        std::uint64_t chunk_bytes = 0;
+        const auto send = [&]() {
+            if (chunk.empty()) return;
+            if (Status s = CommitDeviceChunk(requests, indices, values, chunk, out); !s.ok()) {
+                for (std::size_t i : chunk) out[i] = s;
+            }
+            chunk.clear();
+            chunk_bytes = 0;
+        };
+        for (std::size_t i = 0; i < n; ++i) {
+            if (rejected[i] || indices[i].memory.device != d) continue;
+            const std::uint64_t bytes = indices[i].memory.bytes + values[i].memory.bytes + 128;
+            if (!chunk.empty() && (chunk.size() == kBatchItems || chunk_bytes + bytes > kBatchBytes)) {
+                send();
+            }
+            chunk.push_back(i);
+            chunk_bytes += bytes;
+        }
+        send();
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!out[i].ok()) {
+            out[i] = out[i].status().WithContext("update " + std::to_string(i) + " ('" +
+                                                 requests[i].tensor_id + "')");
+        }
+    }
+    return out;
+}
+
+Status NodeClient::CommitDeviceChunk(std::span<const PutSparseRequest> requests,
+                                     std::span<const DeviceMember> indices,
+                                     std::span<const DeviceMember> values,
+                                     std::span<const std::size_t> chunk,
+                                     std::vector<Result<CommitResult>>& out) {
+    // The arena layout: every update's indices, then every update's values (a batch encode
+    // lays each member kind out back to back, so) a member whose bytes follow the previous
+    // one's in the caller's memory follows it here too, and one copy moves the run; others
+    // start 64-byte aligned. The daemon then reads the arena's used span in one copy.
+    const int device = indices[chunk.front()].memory.device;
+    const std::size_t m = chunk.size();
+    const auto mem = [&](std::size_t x) -> const DeviceMemory& {  // x: indices 0..m, values m..2m
+        return x < m ? indices[chunk[x]].memory : values[chunk[x - m]].memory;
+    };
+    std::vector<std::uint64_t> at(2 * m);
+    std::uint64_t total = 0;
+    for (std::size_t x = 0; x < 2 * m; ++x) {
+        const bool follows = x > 0 && mem(x - 1).address + mem(x - 1).bytes == mem(x).address;
+        at[x] = follows ? total : (total + 63) / 64 * 64;
+        total = at[x] + mem(x).bytes;
+    }
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(const DeviceArena* arena, ArenaLocked(device, std::max<std::uint64_t>(total, 1)));
+    // Device-to-device copies into the arena, runs of adjacent members as one copy.
+    for (std::size_t j = 0; j < at.size();) {
+        std::size_t end = j + 1;
+        std::uint64_t bytes = mem(j).bytes;
+        while (end < at.size() && mem(end).address == mem(j).address + bytes &&
+               at[end] == at[j] + bytes) {
+            bytes += mem(end).bytes;
+            ++end;
+        }
+        MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(reinterpret_cast<void*>(arena->address + at[j]),
+                                              reinterpret_cast<const void*>(mem(j).address),
+                                              bytes, cuda::CopyKind::kDeviceToDevice,
+                                              kCudaPerThreadStream, device));
+        j = end;
+    }
+    MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
+
+    wire::SparseCommitDeviceRequest request;
+    request.items.resize(chunk.size());
+    const CudaIpcExport& e = arena->exported;
+    const auto member = [&](const DeviceMember& m, std::uint64_t offset) {
+        wire::DeviceMember w;
+        w.dtype = m.dtype;
+        w.shape = m.shape;
+        w.location.ref.kind = wire::BufferKind::kCudaIpc;
+        w.location.ref.offset = e.offset + offset;
+        w.location.ref.size = m.memory.bytes;
+        w.location.ref.cuda_ipc_handle.assign(reinterpret_cast<const char*>(e.handle.data()),
+                                              e.handle.size());
+        w.location.ref.device = e.device;
+        w.location.cuda_base = e.base;
+        w.location.cuda_alloc_size = e.alloc_size;
+        w.location.pci_bus_id = e.pci_bus_id;
+        return w;
+    };
+    std::uint64_t bytes = 0;
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+        const PutSparseRequest& r = requests[chunk[k]];
+        wire::DeviceUpdate& u = request.items[k];
+        u.tensor_id = r.tensor_id;
+        u.global_shape = r.global_shape;
+        u.global_offset = r.global_offset;
+        u.local_shape = r.local_shape;
+        u.source_placement = r.source_placement;
+        u.policy = r.placement_policy;
+        u.generation = r.generation;
+        u.apply = r.apply;
+        u.tile_shape = r.encode.tile_shape;
+        u.duplicates = r.encode.duplicates;
+        u.hard_pin = r.hard_pin;
+        u.indices = member(indices[chunk[k]], at[k]);
+        u.values = member(values[chunk[k]], at[m + k]);
+        bytes += indices[chunk[k]].memory.bytes + values[chunk[k]].memory.bytes;
+    }
+    MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCommitBatchReply>(request, total));
+    if (reply.items.size() != chunk.size()) {
+        return DataLoss("the daemon answered " + std::to_string(reply.items.size()) +
+                        " items of a batch of " + std::to_string(chunk.size()));
+    }
+    for (std::size_t k = 0; k < chunk.size(); ++k) {
+        wire::SparseCommitOutcome& r = reply.items[k];
+        if (r.code != 0) {
+            out[chunk[k]] = Status(static_cast<StatusCode>(r.code), std::move(r.message));
+        } else {
+            out[chunk[k]] = CommitResult{std::move(r.result.source_ref), r.result.created,
+                                         r.result.nnz, r.result.bytes};
+        }
+    }
+    std::lock_guard slock(stats_mu_);
+    counters_.puts += chunk.size();
+    counters_.bytes_put += bytes;
+    return Status::Ok();
+}
+
 Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
     std::span<const SourceDescriptor> manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {

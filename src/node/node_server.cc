@@ -164,6 +164,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kRelease, Release)
         MCS_DISPATCH_(kSparseCommit, SparseCommit)
         MCS_DISPATCH_(kSparseCommitBatch, SparseCommitBatch)
+        MCS_DISPATCH_(kSparseCommitDevice, SparseCommitDevice)
         MCS_DISPATCH_(kSparseAdmit, SparseAdmit)
         MCS_DISPATCH_(kSparseManifest, SparseManifest)
         MCS_DISPATCH_(kSparseCurrentGeneration, SparseCurrentGeneration)
@@ -407,6 +408,7 @@ NodeServer::NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> stor
         tensor_options.backend = "node";  // Segment memory: pinned by the store's own quota.
         tensors_ = MakeLocalTensorStore(store_, tensor_options);
     }
+    commit_staging_ = PinnedHostPool::Make(options_.commit_staging_pinned_bytes);
 }
 
 NodeServer::~NodeServer() { Stop(); }
@@ -628,6 +630,10 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"cuda_ipc_available", cuda::GetSupport().ipc_available ? 1.0 : 0.0},
         {"cuda_ipc_opens", double(cuda_ipc_opens_.load(std::memory_order_relaxed))},
         {"cuda_ipc_hits", double(cuda_ipc_hits_.load(std::memory_order_relaxed))},
+        {"sparse_device_commit_items", double(device_commit_items_.load(std::memory_order_relaxed))},
+        {"sparse_device_commit_bytes", double(device_commit_bytes_.load(std::memory_order_relaxed))},
+        {"sparse_device_commit_copies",
+         double(device_commit_copies_.load(std::memory_order_relaxed))},
         {"tensors_put", double(tensors.tensors_put)},
         {"tensor_bytes_put", double(tensors.bytes_put)},
         {"tensors_read", double(tensors.tensors_read)},

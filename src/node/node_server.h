@@ -36,6 +36,7 @@
 #include "executor/tensor_store.h"
 #include "mooncake/sparse/status.h"
 #include "store/shm_store.h"
+#include "transport/pinned_pool.h"
 #include "node/uds.h"
 
 namespace mooncake::sparse {
@@ -65,6 +66,9 @@ struct NodeServerOptions {
     /// Host bytes the tensor path may pin for tensor_objects (landing and sending memory); 0:
     /// none.
     std::uint64_t tensor_pinned_quota_bytes = 0;
+    /// Host bytes the daemon may pin for the commits it copies from clients' CUDA memory
+    /// (SparseCommitDevice); beyond it they land in pageable memory (slower device copies).
+    std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
     /// A reply that the client does not read within this time closes the connection.
@@ -148,6 +152,8 @@ private:
     std::mutex namespaces_mu_;
     std::map<std::string, std::unique_ptr<SparseStore>> namespaces_;  // Guarded by namespaces_mu_.
     std::unique_ptr<TensorStore> tensors_;
+    /// Landing memory of SparseCommitDevice (pinned up to commit_staging_pinned_bytes).
+    std::shared_ptr<PinnedHostPool> commit_staging_;
     UnixListener listener_;
     /// eventfd: a finished connection wakes the accept loop, which joins its thread at once.
     UniqueFd wake_;
@@ -168,6 +174,9 @@ private:
     std::atomic<std::uint64_t> connections_evicted_{0};
     std::atomic<std::uint64_t> cuda_ipc_opens_{0};  ///< Mappings opened (all connections).
     std::atomic<std::uint64_t> cuda_ipc_hits_{0};   ///< Mapping cache hits.
+    std::atomic<std::uint64_t> device_commit_items_{0};  ///< SparseCommitDevice updates.
+    std::atomic<std::uint64_t> device_commit_bytes_{0};  ///< ... and their entries' bytes.
+    std::atomic<std::uint64_t> device_commit_copies_{0};  ///< ... in this many D2H copies.
 };
 
 }  // namespace mooncake::sparse

@@ -97,6 +97,7 @@ private:
     Result<Reply> Release(const wire::ReleaseRequest& req);
     Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
     Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);
+    Result<Reply> SparseCommitDevice(const wire::SparseCommitDeviceRequest& req);
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
     Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
     Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);

@@ -4,12 +4,15 @@
 // (src/node/wire_sparse.h): commits, admission, manifests, reads published into segments,
 // seals, waits, retention, anchors.
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <utility>
 
 #include "codec/codec.h"
 #include "node/node_session.h"
 #include "transport/parallel_for.h"
 #include "node/wire.h"
+#include "transport/cuda_runtime.h"
 
 namespace mooncake::sparse {
 
@@ -122,6 +125,194 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitBatch(
         if (!results[k].ok()) {
             out.code = static_cast<std::int32_t>(results[k].status().code());
             out.message = results[k].status().message();
+            continue;
+        }
+        const CommitResult& c = *results[k];
+        out.result = {c.source_ref, c.created, c.nnz, c.bytes};
+    }
+    return Reply{std::move(reply), {}};
+}
+
+namespace {
+
+/// A device member's bytes from its dtype and shape, checked against what the client exported.
+Result<std::uint64_t> DeviceMemberBytes(const wire::DeviceMember& m, std::string_view what) {
+    std::uint64_t bytes = DTypeSize(m.dtype);
+    for (const Index e : m.shape) {
+        if (e < 0 || __builtin_mul_overflow(bytes, static_cast<std::uint64_t>(e), &bytes)) {
+            return InvalidArgument(std::string(what) + ": an extent of " + std::to_string(e) +
+                                   " is negative or too large");
+        }
+    }
+    if (bytes != m.location.ref.size) {
+        return InvalidArgument(std::string(what) + " of " + std::to_string(bytes) +
+                               " bytes (dtype and shape) is exported as " +
+                               std::to_string(m.location.ref.size) + " bytes");
+    }
+    return bytes;
+}
+
+PutSparseRequest RequestOf(const wire::DeviceUpdate& u) {
+    PutSparseRequest r;
+    r.tensor_id = u.tensor_id;
+    r.global_shape = u.global_shape;
+    r.global_offset = u.global_offset;
+    r.local_shape = u.local_shape;
+    r.source_placement = u.source_placement;
+    r.placement_policy = u.policy;
+    r.generation = u.generation;
+    r.apply = u.apply;
+    r.encode.tile_shape = u.tile_shape;
+    r.encode.duplicates = u.duplicates;
+    r.encode.num_threads = 1;  // The batch runs its updates side by side.
+    r.hard_pin = u.hard_pin;
+    return r;
+}
+
+}  // namespace
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
+    const wire::SparseCommitDeviceRequest& req) {
+    // 1. Every member mapped (CUDA IPC, cached per allocation); an update whose members cannot
+    //    be mapped fails alone.
+    const std::size_t n = req.items.size();
+    std::vector<Status> failed(n);
+    std::vector<PutSparseRequest> requests(n);
+    struct Piece {
+        DeviceMemory src;
+        const CudaIpcMapping* mapping;
+        std::size_t slot;  ///< 2 * item + member
+    };
+    std::vector<Piece> pieces;
+    pieces.reserve(2 * n);
+    std::vector<std::shared_ptr<const CudaIpcMapping>> holders;
+    const CudaIpcCacheStats before = ipc_cache_.Stats();
+    for (std::size_t i = 0; i < n; ++i) {
+        const wire::DeviceUpdate& u = req.items[i];
+        requests[i] = RequestOf(u);
+        const wire::DeviceMember* members[2] = {&u.indices, &u.values};
+        // Sizes first (a malformed update is refused without touching the GPU), then the maps.
+        Status s;
+        for (int k = 0; k < 2 && s.ok(); ++k) {
+            s = DeviceMemberBytes(*members[k], k == 0 ? "indices" : "values").status();
+        }
+        std::array<Piece, 2> mapped{};
+        for (int k = 0; k < 2 && s.ok(); ++k) {
+            const wire::TensorLocation& loc = members[k]->location;
+            CudaIpcExport e;
+            std::memcpy(e.handle.data(), loc.ref.cuda_ipc_handle.data(), e.handle.size());
+            e.base = loc.cuda_base;
+            e.alloc_size = loc.cuda_alloc_size;
+            e.offset = loc.ref.offset;
+            e.bytes = loc.ref.size;
+            e.device = loc.ref.device;
+            e.pci_bus_id = loc.pci_bus_id;
+            auto m = ipc_cache_.Map(e);
+            if (!m.ok()) {
+                s = m.status().WithContext(k == 0 ? "indices" : "values");
+                break;
+            }
+            mapped[k] = {m->first, m->second.get(), 2 * i + k};
+            holders.push_back(std::move(m->second));
+        }
+        if (!s.ok()) {
+            failed[i] = s;
+            continue;
+        }
+        pieces.push_back(mapped[0]);
+        pieces.push_back(mapped[1]);
+    }
+    const CudaIpcCacheStats after = ipc_cache_.Stats();
+    server_.cuda_ipc_opens_.fetch_add(after.opens - before.opens, std::memory_order_relaxed);
+    server_.cuda_ipc_hits_.fetch_add(after.hits - before.hits, std::memory_order_relaxed);
+
+    // 2. The device-to-host copies: members of one mapping that lie close together (the
+    //    client's arena holds a batch densely) move as one copy of their span, so a batch of
+    //    thousands of updates takes a few copies, not two per update.
+    constexpr std::uint64_t kMaxGap = 4096;
+    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+        return a.mapping != b.mapping ? a.mapping < b.mapping : a.src.address < b.src.address;
+    });
+    struct Run {
+        DeviceMemory src;  ///< The span copied.
+        std::uint64_t at;  ///< Its place in the landing buffer.
+    };
+    std::vector<Run> runs;
+    std::vector<std::uint64_t> landing_at(2 * n);
+    std::uint64_t total = 0;
+    for (std::size_t k = 0; k < pieces.size();) {
+        const Piece& first = pieces[k];
+        std::uintptr_t end = first.src.address + first.src.bytes;
+        std::size_t last = k + 1;
+        while (last < pieces.size() && pieces[last].mapping == first.mapping &&
+               pieces[last].src.address <= end + kMaxGap) {
+            end = std::max<std::uintptr_t>(end, pieces[last].src.address + pieces[last].src.bytes);
+            ++last;
+        }
+        total = (total + 63) / 64 * 64;
+        runs.push_back({{first.src.address, end - first.src.address, first.src.device}, total});
+        for (std::size_t x = k; x < last; ++x) {
+            landing_at[pieces[x].slot] = total + (pieces[x].src.address - first.src.address);
+        }
+        total += end - first.src.address;
+        k = last;
+    }
+    HostBuffer landing;
+    if (total > 0) {
+        MCS_ASSIGN_OR_RETURN(landing, server_.commit_staging_->Allocate(total));
+        std::vector<int> devices;
+        for (const Run& r : runs) {
+            MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(landing.data() + r.at,
+                                                  reinterpret_cast<const void*>(r.src.address),
+                                                  r.src.bytes, cuda::CopyKind::kDeviceToHost,
+                                                  kCudaPerThreadStream, r.src.device));
+            if (std::find(devices.begin(), devices.end(), r.src.device) == devices.end()) {
+                devices.push_back(r.src.device);
+            }
+        }
+        for (int device : devices) {
+            MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
+        }
+    }
+    holders.clear();
+    server_.device_commit_copies_.fetch_add(runs.size(), std::memory_order_relaxed);
+
+    // 3. The updates as an in-process batch commit takes them (validated, encoded, committed
+    //    together; each fails alone).
+    std::vector<PutSparseRequest> valid;
+    std::vector<std::size_t> of;
+    valid.reserve(n);
+    std::uint64_t bytes = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!failed[i].ok()) continue;
+        const wire::DeviceUpdate& u = req.items[i];
+        PutSparseRequest& r = requests[i];
+        r.indices = {u.indices.dtype, u.indices.shape,
+                     {landing.data() + landing_at[2 * i],
+                      static_cast<std::size_t>(u.indices.location.ref.size)}};
+        r.values = {u.values.dtype, u.values.shape,
+                    {landing.data() + landing_at[2 * i + 1],
+                     static_cast<std::size_t>(u.values.location.ref.size)}};
+        bytes += u.indices.location.ref.size + u.values.location.ref.size;
+        valid.push_back(std::move(r));
+        of.push_back(i);
+    }
+    std::vector<Result<CommitResult>> results = sparse_->PutSparseObjects(valid, 0);
+    server_.device_commit_items_.fetch_add(valid.size(), std::memory_order_relaxed);
+    server_.device_commit_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    wire::SparseCommitBatchReply reply;
+    reply.items.resize(n);
+    const auto fail = [](wire::SparseCommitOutcome& out, const Status& s) {
+        out.code = static_cast<std::int32_t>(s.code());
+        out.message = s.message();
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!failed[i].ok()) fail(reply.items[i], failed[i]);
+    }
+    for (std::size_t k = 0; k < results.size(); ++k) {
+        wire::SparseCommitOutcome& out = reply.items[of[k]];
+        if (!results[k].ok()) {
+            fail(out, results[k].status());
             continue;
         }
         const CommitResult& c = *results[k];

@@ -107,7 +107,8 @@ using Message = std::variant<
     SparseReadReply, MetricsRequest, MetricsReply, TensorPutRequest, TensorGetRequest,
     ClearCachesRequest, SparseStepManifestRequest, SparseStepManifestReply, SparseSealRequest,
     SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
-    SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply>;
+    SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply,
+    SparseCommitDeviceRequest>;
 
 MessageType TypeOf(const Message& message);
 

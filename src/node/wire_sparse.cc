@@ -15,6 +15,13 @@ Status SparseReadOptions::Validate() const {
     return Status::Ok();
 }
 
+Status DeviceMember::Validate() const {
+    if (location.ref.kind != BufferKind::kCudaIpc) {
+        return InvalidArgument("a device member is not in CUDA memory");
+    }
+    return location.Validate();
+}
+
 Status SparseWaitRequest::Validate() const {
     if (!(timeout_seconds >= 0 && timeout_seconds <= kMaxWaitSeconds)) {
         return InvalidArgument("wait timeout " + std::to_string(timeout_seconds) +

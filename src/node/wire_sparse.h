@@ -4,6 +4,8 @@
 // by the daemon, whose node-local caches then serve every process of the node):
 //
 //     SparseCommitRequest            -> SparseCommitReply
+//     SparseCommitBatchRequest       -> SparseCommitBatchReply
+//     SparseCommitDeviceRequest      -> SparseCommitBatchReply   (entries in client CUDA memory)
 //     SparseAdmitRequest             -> SparseAdmitReply
 //     SparseManifestRequest          -> SparseManifestReply
 //     SparseCurrentGenerationRequest -> SparseCurrentGenerationReply
@@ -29,8 +31,10 @@
 #include <string>
 #include <vector>
 
+#include "codec/codec.h"
 #include "mooncake/sparse/planner.h"
 #include "node/wire_common.h"
+#include "node/wire_tensor.h"
 
 namespace mooncake::sparse::wire {
 
@@ -125,6 +129,76 @@ struct SparseCommitBatchReply {
     static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
     friend bool operator==(const SparseCommitBatchReply&,
                            const SparseCommitBatchReply&) = default;
+};
+
+template <>
+struct EnumTraits<DuplicatePolicy>
+    : EnumRange<std::uint8_t, 0, static_cast<std::uint8_t>(DuplicatePolicy::kLast)> {
+    static constexpr std::string_view kUnknown = "unknown duplicate policy";
+};
+
+/// One array of an update in the client's CUDA memory (C-contiguous), exported by IPC.
+struct DeviceMember {
+    DType dtype = DType::kUInt8;
+    Shape shape;
+    TensorLocation location;  ///< kCudaIpc; ref.size is the array's bytes.
+
+    static void Fields(auto& v, auto& m) {
+        v("dtype", m.dtype);
+        v("member shape", m.shape, kMaxRank);
+        v("location", m.location);
+    }
+    Status Validate() const;
+    friend bool operator==(const DeviceMember&, const DeviceMember&) = default;
+};
+
+/// One put_sparse_object update as the caller gave it (executor PutSparseRequest), its entries
+/// in the client's CUDA memory: the daemon copies them from the device and encodes them itself.
+struct DeviceUpdate {
+    std::string tensor_id;
+    Shape global_shape;
+    std::optional<Shape> global_offset;
+    std::optional<Shape> local_shape;
+    NamedAxes source_placement;
+    PlacementPolicy policy;
+    Generation generation;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    std::optional<Shape> tile_shape;
+    DuplicatePolicy duplicates = DuplicatePolicy::kError;
+    bool hard_pin = true;
+    DeviceMember indices;  ///< [nnz, rank], any integer dtype.
+    DeviceMember values;   ///< [nnz].
+
+    static void Fields(auto& v, auto& m) {
+        v("tensor_id", m.tensor_id, kMaxNameBytes);
+        v("global_shape", m.global_shape, kMaxRank);
+        v("global_offset", m.global_offset, kMaxRank);
+        v("local_shape", m.local_shape, kMaxRank);
+        v("source_placement", m.source_placement);
+        v("policy", m.policy);
+        v("generation", m.generation);
+        v("apply", m.apply);
+        v("tile_shape", m.tile_shape, kMaxRank);
+        v("duplicates", m.duplicates);
+        v("hard_pin", m.hard_pin);
+        v("indices", m.indices);
+        v("values", m.values);
+    }
+    friend bool operator==(const DeviceUpdate&, const DeviceUpdate&) = default;
+};
+
+/// SparseStore::PutSparseObjects of updates whose entries are in the client's CUDA memory
+/// (e.g. a batch encoded on the GPU): the daemon copies them from the device into its own
+/// (pinned) memory by CUDA IPC, in a few large copies, then validates, encodes and commits them
+/// as an in-process batch commit does. Each update fails alone. Replied by
+/// SparseCommitBatchReply, per item in order.
+struct SparseCommitDeviceRequest {
+    static constexpr MessageType kType = MessageType::kSparseCommitDevice;
+    std::vector<DeviceUpdate> items;
+
+    static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
+    friend bool operator==(const SparseCommitDeviceRequest&,
+                           const SparseCommitDeviceRequest&) = default;
 };
 
 /// SparseStore::Admit.

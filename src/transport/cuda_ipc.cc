@@ -2,6 +2,7 @@
 #include "transport/cuda_ipc.h"
 
 #include <cstdio>
+#include <optional>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -121,7 +122,21 @@ Result<std::pair<DeviceMemory, std::shared_ptr<const CudaIpcMapping>>> CudaIpcCa
     }
     int device = e.device;
     if (!e.pci_bus_id.empty()) {
-        MCS_ASSIGN_OR_RETURN(device, cuda::DeviceByPciBusId(e.pci_bus_id));
+        // Resolved once per bus id: the runtime's lookup costs far more than a mapping hit.
+        std::optional<int> known;
+        {
+            std::lock_guard lock(mu_);
+            for (const auto& [bus, ordinal] : bus_devices_) {
+                if (bus == e.pci_bus_id) known = ordinal;
+            }
+        }
+        if (!known) {
+            MCS_ASSIGN_OR_RETURN(const int resolved, cuda::DeviceByPciBusId(e.pci_bus_id));
+            std::lock_guard lock(mu_);
+            bus_devices_.emplace_back(e.pci_bus_id, resolved);
+            known = resolved;
+        }
+        device = *known;
     }
     std::shared_ptr<const CudaIpcMapping> mapping;
     std::vector<std::shared_ptr<const CudaIpcMapping>> closed;  // Closed after the lock.

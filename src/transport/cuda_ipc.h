@@ -23,6 +23,8 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "mooncake/sparse/status.h"
 #include "transport/cuda_runtime.h"
@@ -110,6 +112,7 @@ private:
     const std::size_t max_entries_;
     mutable std::mutex mu_;
     std::list<Entry> lru_;  // Most recent first. Guarded by mu_.
+    std::vector<std::pair<std::string, int>> bus_devices_;  // PCI bus id -> ordinal. Guarded by mu_.
     CudaIpcCacheStats stats_;  // Guarded by mu_.
 };
 

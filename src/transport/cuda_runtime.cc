@@ -39,6 +39,8 @@ using GetLastErrorFn = int (*)();
 using VersionFn = int (*)(int*);
 using DeviceGetPciBusIdFn = int (*)(char*, int, int);
 using DeviceGetByPciBusIdFn = int (*)(int*, const char*);
+using MallocFn = int (*)(void**, std::size_t);
+using FreeFn = int (*)(void*);
 // Driver API.
 using CuMemGetAddressRangeFn = int (*)(unsigned long long*, std::size_t*, unsigned long long);
 
@@ -66,6 +68,8 @@ struct Runtime {
     GetLastErrorFn get_last_error = nullptr;
     DeviceGetPciBusIdFn pci_bus_id = nullptr;
     DeviceGetByPciBusIdFn by_pci_bus_id = nullptr;
+    MallocFn malloc = nullptr;
+    FreeFn free = nullptr;
     CuMemGetAddressRangeFn mem_get_address_range = nullptr;
     CuPointerGetAttributeFn pointer_get_attribute = nullptr;
 
@@ -142,6 +146,8 @@ Runtime LoadRuntime() {
                      Load(lib, "cudaIpcCloseMemHandle", rt.ipc_close);
     Load(lib, "cudaDeviceGetPCIBusId", rt.pci_bus_id);
     Load(lib, "cudaDeviceGetByPCIBusId", rt.by_pci_bus_id);
+    Load(lib, "cudaMalloc", rt.malloc);
+    Load(lib, "cudaFree", rt.free);
     if (Load(lib, "cudaRuntimeGetVersion", runtime_version)) {
         (void)runtime_version(&rt.support.runtime_version);
     }
@@ -338,6 +344,33 @@ Status FreeHost(void* ptr) {
         // At process exit the runtime may be unloading: the memory goes with the process.
         if (err == kErrorCudartUnloading) return Status::Ok();
         return Fail(StatusCode::kInternal, "cudaFreeHost", err);
+    }
+    return Status::Ok();
+}
+
+Result<std::uintptr_t> DeviceAlloc(std::uint64_t bytes, int device) {
+    MCS_RETURN_IF_ERROR(RequireCuda("cudaMalloc"));
+    if (Rt().malloc == nullptr || Rt().free == nullptr) {
+        return Unimplemented("cudaMalloc: not in the loaded CUDA runtime");
+    }
+    MCS_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::Make(device));
+    void* ptr = nullptr;
+    if (const int err = Rt().malloc(&ptr, bytes); err != 0) {
+        return Fail(StatusCode::kResourceExhausted,
+                    "cudaMalloc(" + std::to_string(bytes) + " bytes) on device " +
+                        std::to_string(device),
+                    err);
+    }
+    return reinterpret_cast<std::uintptr_t>(ptr);
+}
+
+Status DeviceFree(std::uintptr_t address, int device) {
+    MCS_RETURN_IF_ERROR(RequireCuda("cudaFree"));
+    if (Rt().free == nullptr) return Unimplemented("cudaFree: not in the loaded CUDA runtime");
+    MCS_ASSIGN_OR_RETURN(DeviceGuard guard, DeviceGuard::Make(device));
+    if (const int err = Rt().free(reinterpret_cast<void*>(address)); err != 0) {
+        if (err == kErrorCudartUnloading) return Status::Ok();
+        return Fail(StatusCode::kInternal, "cudaFree on device " + std::to_string(device), err);
     }
     return Status::Ok();
 }

@@ -122,6 +122,11 @@ Status IpcCloseMemHandle(std::uintptr_t base, int device);
 Result<void*> HostAlloc(std::uint64_t bytes);
 Status FreeHost(void* ptr);
 
+/// cudaMalloc / cudaFree on `device` (made current for the call): memory that legacy CUDA IPC
+/// can export. Errors: Unimplemented; ResourceExhausted (DeviceAlloc); Internal.
+Result<std::uintptr_t> DeviceAlloc(std::uint64_t bytes, int device);
+Status DeviceFree(std::uintptr_t address, int device);
+
 /// cudaHostRegister(cudaHostRegisterPortable) / cudaHostUnregister.
 Status HostRegister(void* ptr, std::uint64_t bytes);
 Status HostUnregister(void* ptr);

@@ -467,6 +467,15 @@ public:
         }
         return Status::Ok();
     }
+    /// A request and its typed reply.
+    template <typename Reply, typename M>
+    Result<Reply> Call(const M& message) {
+        auto frame = wire::EncodeFrame(message, ++id_);
+        if (!frame.ok()) return frame.status();
+        MCS_RETURN_IF_ERROR(Send(*frame));
+        MCS_ASSIGN_OR_RETURN(wire::Frame reply, Receive());
+        return wire::DecodeReplyAs<Reply>(reply);
+    }
     UnixConnection& conn() { return conn_; }
 
 private:
@@ -485,6 +494,68 @@ TEST_F(NodeServerTest, RequestsBeforeHelloAreRefused) {
     // Segment fds are read-only: no writable mapping of daemon memory.
     EXPECT_EQ(::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0].get(), 0),
               MAP_FAILED);
+}
+
+/// A device commit whose members the daemon cannot reach: each update fails alone with its
+/// typed error (its sizes first, then the CUDA mapping), nothing is committed, and the
+/// connection and the daemon go on serving.
+TEST_F(NodeServerTest, DeviceCommitsThatCannotBeMappedFailEachUpdateAlone) {
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    const auto member = [](DType dtype, Shape shape, std::uint64_t bytes) {
+        wire::DeviceMember m;
+        m.dtype = dtype;
+        m.shape = std::move(shape);
+        m.location.ref.kind = wire::BufferKind::kCudaIpc;
+        m.location.ref.offset = 0;
+        m.location.ref.size = bytes;
+        m.location.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x11');
+        m.location.ref.device = 0;
+        m.location.cuda_base = std::uint64_t{1} << 40;
+        m.location.cuda_alloc_size = 64 << 20;
+        return m;
+    };
+    wire::DeviceUpdate good;
+    good.tensor_id = "w";
+    good.global_shape = {64, 64};
+    good.generation = {0, 1};
+    good.indices = member(DType::kUInt8, {10, 2}, 20);
+    good.values = member(DType::kFloat32, {10}, 40);
+    wire::DeviceUpdate sized = good;
+    sized.tensor_id = "v";
+    sized.values = member(DType::kFloat32, {10}, 44);  // shape says 40 bytes
+    wire::SparseCommitDeviceRequest req;
+    req.items = {good, sized};
+    auto reply = peer.Call<wire::SparseCommitBatchReply>(req);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    ASSERT_EQ(reply->items.size(), 2u);
+    // No CUDA here: Unimplemented; with CUDA, a handle that opens nothing is InvalidArgument.
+    EXPECT_TRUE(reply->items[0].code == int(StatusCode::kUnimplemented) ||
+                reply->items[0].code == int(StatusCode::kInvalidArgument))
+        << reply->items[0].message;
+    EXPECT_EQ(reply->items[1].code, int(StatusCode::kInvalidArgument)) << reply->items[1].message;
+    EXPECT_NE(reply->items[1].message.find("exported as 44 bytes"), std::string::npos)
+        << reply->items[1].message;
+    // Nothing committed; the connection still serves.
+    auto manifest = peer.Call<wire::SparseManifestReply>(wire::SparseManifestRequest{{0, 1}});
+    ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+    EXPECT_TRUE(manifest->sources.empty());
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    EXPECT_FALSE(client->CanCommitFromDevice() && !cuda::GetSupport().ipc_available);
+    // The client side refuses the same way when it cannot reach CUDA: typed, per update.
+    if (!cuda::GetSupport().available) {
+        EXPECT_FALSE(client->CanCommitFromDevice());
+        std::vector<PutSparseRequest> requests(2);
+        requests[0].tensor_id = "w";
+        requests[0].global_shape = {64, 64};
+        requests[1] = requests[0];
+        const std::vector<NodeClient::DeviceMember> idx(2, {DType::kUInt8, {10, 2}, {4096, 20, 0}});
+        const std::vector<NodeClient::DeviceMember> val(2, {DType::kFloat32, {10}, {8192, 40, 0}});
+        const auto out = client->PutSparseObjectsFromDevice(requests, idx, val, 0);
+        ASSERT_EQ(out.size(), 2u);
+        for (const auto& r : out) EXPECT_THAT(r, StatusIs(StatusCode::kUnimplemented));
+    }
 }
 
 TEST_F(NodeServerTest, MalformedAndTruncatedPayloadsGetErrorsAndTheDaemonStaysUp) {

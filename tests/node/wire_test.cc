@@ -277,6 +277,34 @@ std::vector<Message> SampleMessages() {
                                {}, {0, 256}});
         out.push_back(boxes);
     }
+    {
+        // A step's updates committed from the client's GPU: two updates in one exported
+        // allocation (one of them a box of its tensor with its own tile shape).
+        SparseCommitDeviceRequest d;
+        DeviceUpdate a;
+        a.tensor_id = "layers.3.mlp.experts.7.w1";
+        a.global_shape = {2048, 7168};
+        a.source_placement = Axes({{"ep", 3}});
+        a.policy = PlacementPolicy::Owner("ep").value();
+        a.generation = {3, 4};
+        a.indices = {DType::kUInt16, {41, 2},
+                     {CudaRef(0, 41 * 2 * 2), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"}};
+        a.values = {DType::kBFloat16, {41},
+                    {CudaRef(256, 41 * 2), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"}};
+        DeviceUpdate b = a;
+        b.tensor_id = "layers.3.self_attn.q_proj";
+        b.global_offset = Shape{1024, 0};
+        b.local_shape = Shape{1024, 7168};
+        b.tile_shape = Shape{128, 896};
+        b.apply = ApplyMode::kScatterAdd;
+        b.duplicates = DuplicatePolicy::kSum;
+        b.hard_pin = false;
+        b.values.dtype = DType::kFloat32;
+        b.values.location.ref.size = 41 * 4;
+        d.items = {a, b};
+        out.push_back(d);
+        out.push_back(SparseCommitDeviceRequest{});
+    }
     return out;
 }
 

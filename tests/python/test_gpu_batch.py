@@ -142,6 +142,33 @@ def test_commit_of_device_members_equals_host_commit(store):
         assert np.array_equal(bits(torch.as_tensor(a.values)), bits(torch.as_tensor(b.values)))
 
 
+def test_device_commit_through_the_daemon_goes_by_cuda_ipc(store):
+    if "sparse_device_commit_items" not in store.metrics():
+        pytest.skip("the embedded store stages device members itself")
+    pairs = pairs_of(MIXED)
+    coo = mcs.encode_updates(pairs)
+    r = commit_all(store, pairs, "ipc")
+    assert all(isinstance(x, dict) for x in r)
+    m = store.metrics()
+    # Every update's members were copied by the daemon from this process's GPU memory.
+    assert m["sparse_device_commit_items"] == len(pairs)
+    assert m["sparse_device_commit_bytes"] == sum(
+        i.numel() * i.element_size() + v.numel() * v.element_size() for i, v in coo)
+    assert m["cuda_ipc_opens"] >= 1
+    # The batch lies densely in the client's commit arena: one device-to-host copy for all.
+    assert m["sparse_device_commit_copies"] == 1
+    # A second step reuses the client's commit arena: no new mapping in the daemon.
+    opens = m["cuda_ipc_opens"]
+    stepped = pairs_of(MIXED, seed=SEED + 1)
+    commit_all(store, stepped, "ipc", generation=(1, 2))
+    assert store.metrics()["cuda_ipc_opens"] == opens
+    objs = store.read_sparse_objects(store.manifest((1, 2)), whole_targets(pairs, "ipc"))
+    for (new, old), obj in zip(stepped, objs):
+        w = old.clone()
+        mcs.apply_sparse_object(w, obj)
+        assert np.array_equal(bits(w), bits(new))
+
+
 def test_single_commit_of_device_members(store):
     (new, old), = pairs_of([((128, 96), torch.bfloat16)])
     idx, vals = mcs.encode_update(new, old)
