@@ -23,7 +23,9 @@ PY
     # its scripts (mooncake_sparse_node) land in the user base's bin/, which a non-login shell
     # may not have on PATH.
     local user_bin
-    user_bin="$(python3 -m site --user-base)/bin"
+    # site.getuserbase(), not `python -m site --user-base`: that exits 1 inside a venv (user
+    # site-packages disabled), which would stop a `set -e` script.
+    user_bin="$(python3 -c 'import site; print(site.getuserbase())')/bin"
     case ":${PATH}:" in
         *":${user_bin}:"*) ;;
         *) export PATH="${user_bin}:${PATH}" ;;
