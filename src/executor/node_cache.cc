@@ -63,52 +63,91 @@ void NodeCache::AddIndex(const std::string& ref, std::shared_ptr<const SourceInd
 
 // ---- Range reads -------------------------------------------------------------------------------
 
+namespace {
+
+/// Whether two keys name the same source: the same string, or equal ones.
+bool SameSource(const std::string* a, const std::string* b) {
+    return a == b || (a != nullptr && b != nullptr && *a == *b);
+}
+
+}  // namespace
+
 NodeCache::RangeClaims NodeCache::ClaimRanges(std::span<const RangeKey> ranges,
                                               const void* caller, std::span<ReadData> reads) {
     RangeClaims claims;
+    claims.batch = std::make_shared<RangeBatch>();
+    claims.batch->done = claims.flight.get_future().share();
     std::lock_guard lock(mu_);
+    const std::string* ref = nullptr;
+    RangeMap* cached = nullptr;                // The cached ranges of `ref`, if any.
+    std::vector<RangeFlight>* flights = nullptr;  // Its reads in progress, if any.
     for (std::size_t r = 0; r < ranges.size(); ++r) {
         const RangeKey& key = ranges[r];
-        if (auto hit = FindRange(*key.source_ref, key.start, key.end)) {
-            reads[r] = *hit;
-            ++claims.hits;
-        } else if (auto flight = FindFlight(*key.source_ref, key.start, key.end, caller)) {
-            claims.waits.emplace_back(r, std::move(*flight));
-        } else {
-            claims.missing.push_back(r);
-            claims.flights.emplace_back();
-            range_flights_[*key.source_ref].push_back(
-                {key.start, key.end, caller, claims.flights.back().get_future().share()});
+        if (ref == nullptr || !SameSource(key.source_ref, ref)) {
+            ref = key.source_ref;
+            auto c = ranges_.find(*ref);
+            cached = c == ranges_.end() ? nullptr : &c->second;
+            auto f = range_flights_.find(*ref);
+            flights = f == range_flights_.end() ? nullptr : &f->second;
         }
+        if (cached != nullptr) {
+            if (auto hit = FindRange(*cached, key.start, key.end)) {
+                reads[r] = *hit;
+                ++claims.hits;
+                continue;
+            }
+        }
+        if (flights != nullptr) {
+            if (RangeFlight* f = FindFlight(*flights, key.start, key.end, caller)) {
+                f->batch->waited = true;
+                claims.waits.push_back({r, f->batch->done, f->slot});
+                continue;
+            }
+        }
+        // Elements of an unordered_map keep their address while others are inserted.
+        if (flights == nullptr) flights = &range_flights_[*ref];
+        flights->push_back({key.start, key.end, caller, claims.batch, claims.missing.size()});
+        claims.missing.push_back(r);
     }
     return claims;
 }
 
-void NodeCache::FinishRanges(std::span<const RangeKey> ranges, const void* caller,
+void NodeCache::FinishRanges(std::span<const RangeKey> ranges, const void* /*caller*/,
                              const Status& status, std::span<const ReadData> reads,
                              RangeClaims& claims) {
+    if (claims.missing.empty()) return;  // No flight was registered.
+    bool waited = false;
     {
         // Cache and retire the flights under one lock: a later request finds one or the other.
         std::lock_guard lock(mu_);
+        const std::string* ref = nullptr;
+        RangeSource* source = nullptr;
         for (std::size_t r : claims.missing) {
             const RangeKey& key = ranges[r];
-            if (status.ok()) {
-                AddRange(*key.source_ref, key.start, key.end, reads[r]);
+            if (ref == nullptr || !SameSource(key.source_ref, ref)) {
+                ref = key.source_ref;
+                EraseFlights(*ref, claims.batch.get());
+                // Not erased while we add to it: eviction spares the range added last.
+                if (status.ok()) source = &*ranges_.try_emplace(*ref).first;
             }
-            EraseFlight(*key.source_ref, key.start, key.end, caller);
+            if (status.ok()) AddRange(*source, key.start, key.end, reads[r]);
         }
+        waited = claims.batch->waited;
     }
-    for (std::size_t k = 0; k < claims.missing.size(); ++k) {
-        claims.flights[k].set_value(status.ok() ? RangeResult(reads[claims.missing[k]])
-                                                : RangeResult(status));
+    if (!waited) {
+        claims.flight.set_value(RangeBatchResult(std::shared_ptr<const std::vector<ReadData>>()));
+    } else if (!status.ok()) {
+        claims.flight.set_value(RangeBatchResult(status));
+    } else {
+        auto data = std::make_shared<std::vector<ReadData>>();
+        data->reserve(claims.missing.size());
+        for (std::size_t r : claims.missing) data->push_back(reads[r]);
+        claims.flight.set_value(RangeBatchResult(std::shared_ptr<const std::vector<ReadData>>(
+            std::move(data))));
     }
 }
 
-std::optional<ReadData> NodeCache::FindRange(const std::string& ref, std::uint64_t start,
-                                             std::uint64_t end) {
-    auto it = ranges_.find(ref);
-    if (it == ranges_.end()) return std::nullopt;
-    auto& m = it->second;
+std::optional<ReadData> NodeCache::FindRange(RangeMap& m, std::uint64_t start, std::uint64_t end) {
     auto e = m.upper_bound(start);
     if (e == m.begin()) return std::nullopt;
     --e;
@@ -131,44 +170,40 @@ void NodeCache::UnpinSlab(const ReadSlab* slab) {
     }
 }
 
-void NodeCache::AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end,
+void NodeCache::AddRange(RangeSource& source, std::uint64_t start, std::uint64_t end,
                          const ReadData& data) {
-    auto& m = ranges_[ref];
-    if (m.count(start)) return;
-    range_lru_.emplace_front(ref, start);
-    m.emplace(start, RangeEntry{end, data, range_lru_.begin()});
+    RangeMap& m = source.second;
+    auto [it, added] = m.try_emplace(start);
+    if (!added) return;
+    range_lru_.emplace_front(&source, start);
+    it->second = RangeEntry{end, data, range_lru_.begin()};
     PinSlab(data.slab.get());
     // The slab memory goes back to the pool once no cached range and no call holds it.
     while (range_bytes_ > range_capacity_bytes_ && range_lru_.size() > 1) {
-        auto [vref, vstart] = range_lru_.back();
-        auto vm = ranges_.find(vref);
-        auto ve = vm->second.find(vstart);
+        auto [victim, vstart] = range_lru_.back();
+        auto ve = victim->second.find(vstart);
         UnpinSlab(ve->second.data.slab.get());
-        vm->second.erase(ve);
-        if (vm->second.empty()) ranges_.erase(vm);
+        victim->second.erase(ve);
         range_lru_.pop_back();
+        if (victim->second.empty()) ranges_.erase(ranges_.find(victim->first));
     }
 }
 
-std::optional<std::shared_future<NodeCache::RangeResult>> NodeCache::FindFlight(
-    const std::string& ref, std::uint64_t start, std::uint64_t end, const void* caller) const {
-    auto it = range_flights_.find(ref);
-    if (it == range_flights_.end()) return std::nullopt;
-    for (const RangeFlight& f : it->second) {
-        if (f.owner != caller && f.start <= start && end <= f.end) return f.done;
+NodeCache::RangeFlight* NodeCache::FindFlight(std::vector<RangeFlight>& flights,
+                                              std::uint64_t start, std::uint64_t end,
+                                              const void* caller) {
+    for (RangeFlight& f : flights) {
+        if (f.owner != caller && f.start <= start && end <= f.end) return &f;
     }
-    return std::nullopt;
+    return nullptr;
 }
 
-void NodeCache::EraseFlight(const std::string& ref, std::uint64_t start, std::uint64_t end,
-                            const void* owner) {
+void NodeCache::EraseFlights(const std::string& ref, const RangeBatch* batch) {
     auto it = range_flights_.find(ref);
     if (it == range_flights_.end()) return;
     auto& v = it->second;
     v.erase(std::remove_if(v.begin(), v.end(),
-                           [&](const RangeFlight& f) {
-                               return f.start == start && f.end == end && f.owner == owner;
-                           }),
+                           [&](const RangeFlight& f) { return f.batch.get() == batch; }),
             v.end());
     if (v.empty()) range_flights_.erase(it);
 }

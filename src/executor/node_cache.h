@@ -49,7 +49,6 @@ struct SourceIndex {
 class NodeCache {
 public:
     using IndexResult = Result<std::shared_ptr<const SourceIndex>>;
-    using RangeResult = Result<ReadData>;
 
     /// Each cache evicts least recently used entries beyond its capacity, keeping at least one.
     /// The range cache charges each read slab its cached ranges pin, whole, so that its capacity
@@ -92,26 +91,46 @@ public:
         std::uint64_t end = 0;
     };
 
+    /// The data of one claim's missing reads (in the order of RangeClaims::missing) as the calls
+    /// that waited on them get it, or the error of their read.
+    using RangeBatchResult = Result<std::shared_ptr<const std::vector<ReadData>>>;
+
+    /// The reads of one claim that other calls may wait on: they complete together.
+    struct RangeBatch {
+        std::shared_future<RangeBatchResult> done;
+        bool waited = false;  ///< Another call waits on one of them (guarded by the cache's lock).
+    };
+
+    /// A read that waits on another call's: its batch and its place in the batch.
+    struct RangeWait {
+        std::size_t read = 0;  ///< Into the claimed ranges.
+        std::shared_future<RangeBatchResult> batch;
+        std::size_t slot = 0;  ///< Into the batch's data.
+    };
+
     /// How a call gets its unique reads: each is a cache hit, a wait on another call's read
     /// that contains it, or a read of the caller's own that other calls may wait on.
     struct RangeClaims {
         std::uint64_t hits = 0;  ///< Served from the cache.
-        /// (read, the concurrent read that will hold it).
-        std::vector<std::pair<std::size_t, std::shared_future<RangeResult>>> waits;
-        std::vector<std::size_t> missing;                ///< The caller's to read.
-        std::vector<std::promise<RangeResult>> flights;  ///< One per `missing`.
+        std::vector<RangeWait> waits;
+        std::vector<std::size_t> missing;  ///< The caller's to read.
+        /// One flight for every read of `missing`: completed by FinishRanges.
+        std::promise<RangeBatchResult> flight;
+        std::shared_ptr<RangeBatch> batch;
     };
 
     /// Claims every read of `ranges` under one lock; writes the data of each hit to
     /// `reads[r]`. `caller` identifies the call: its own flights are never merged here, since
     /// the planner already deduplicated the batch per node, and what it kept separate (e.g. the
-    /// same range for two nodes) stays separate.
+    /// same range for two nodes) stays separate. A source is looked up once for a run of
+    /// adjacent ranges of it, so ranges sorted by source cost one lookup per source.
     RangeClaims ClaimRanges(std::span<const NodeCache::RangeKey> ranges, const void* caller,
                             std::span<ReadData> reads);
 
     /// Ends the caller's reads of `claims.missing`: caches them (`reads[r]`, when `status` is
     /// ok) and retires their flights under one lock, so that a later request finds one or the
-    /// other, then completes the flights with the data or with `status`.
+    /// other, then completes the flights with the data or with `status` (the data is gathered
+    /// only when another call waits on it).
     void FinishRanges(std::span<const NodeCache::RangeKey> ranges, const void* caller,
                       const Status& status, std::span<const ReadData> reads,
                       RangeClaims& claims);
@@ -127,36 +146,40 @@ private:
         std::uint64_t bytes = 0;
         std::list<std::string>::iterator lru;
     };
+    struct RangeEntry;
+    using RangeMap = std::map<std::uint64_t, RangeEntry>;
+    /// An element of ranges_: its address stays valid until it is erased (which happens only
+    /// once its map is empty, so no LRU entry points to it any more).
+    using RangeSource = std::pair<const std::string, RangeMap>;
     struct RangeEntry {
         std::uint64_t end = 0;
         ReadData data;
-        std::list<std::pair<std::string, std::uint64_t>>::iterator lru;
+        std::list<std::pair<RangeSource*, std::uint64_t>>::iterator lru;
     };
     struct RangeFlight {
         std::uint64_t start = 0;
         std::uint64_t end = 0;
         const void* owner = nullptr;  ///< The call reading it.
-        std::shared_future<RangeResult> done;
+        std::shared_ptr<RangeBatch> batch;
+        std::size_t slot = 0;  ///< Into the batch.
     };
 
     // All below hold mu_.
     std::shared_ptr<const SourceIndex> FindIndexLocked(const std::string& ref);
     void AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx);
-    /// A cached read of `ref` containing [start, end), if any.
-    std::optional<ReadData> FindRange(const std::string& ref, std::uint64_t start,
-                                      std::uint64_t end);
-    void AddRange(const std::string& ref, std::uint64_t start, std::uint64_t end,
+    /// A cached read of the source `ranges` containing [start, end), if any.
+    std::optional<ReadData> FindRange(RangeMap& ranges, std::uint64_t start, std::uint64_t end);
+    void AddRange(RangeSource& source, std::uint64_t start, std::uint64_t end,
                   const ReadData& data);
     /// Counts a cached range's reference to its slab (charging the slab on its first).
     void PinSlab(const ReadSlab* slab);
     void UnpinSlab(const ReadSlab* slab);
-    /// A read in progress by another call than `caller` of `ref` that contains [start, end).
-    std::optional<std::shared_future<RangeResult>> FindFlight(const std::string& ref,
-                                                              std::uint64_t start,
-                                                              std::uint64_t end,
-                                                              const void* caller) const;
-    void EraseFlight(const std::string& ref, std::uint64_t start, std::uint64_t end,
-                     const void* owner);
+    /// A read in progress of a source (`flights`, its reads in progress) by another call than
+    /// `caller` that contains [start, end), or nullptr.
+    static RangeFlight* FindFlight(std::vector<RangeFlight>& flights, std::uint64_t start,
+                                   std::uint64_t end, const void* caller);
+    /// Retires the flights of `batch` of the source `ref`.
+    void EraseFlights(const std::string& ref, const RangeBatch* batch);
 
     const std::uint64_t index_capacity_bytes_;
     const std::uint64_t range_capacity_bytes_;
@@ -165,8 +188,8 @@ private:
     std::unordered_map<std::string, IndexEntry> index_;
     std::list<std::string> index_lru_;
     std::uint64_t index_bytes_ = 0;
-    std::unordered_map<std::string, std::map<std::uint64_t, RangeEntry>> ranges_;
-    std::list<std::pair<std::string, std::uint64_t>> range_lru_;
+    std::unordered_map<std::string, RangeMap> ranges_;
+    std::list<std::pair<RangeSource*, std::uint64_t>> range_lru_;
     std::uint64_t range_bytes_ = 0;  ///< Capacity of the slabs cached ranges pin.
     std::unordered_map<const ReadSlab*, std::uint32_t> slab_pins_;  ///< Cached ranges per slab.
     std::unordered_map<std::string, std::shared_future<IndexResult>> index_flights_;

@@ -475,10 +475,13 @@ Status SparseStore::ReadUniqueRanges(ReadCall& call) {
     cache_->FinishRanges(keys, &call, read_status, reads, claims);
     if (!read_status.ok()) return read_status.WithContext("range reads");
     m.range_gets += claims.missing.size();
-    for (auto& [k, flight] : claims.waits) {
-        const NodeCache::RangeResult& got = flight.get();
+    for (const NodeCache::RangeWait& w : claims.waits) {
+        const NodeCache::RangeBatchResult& got = w.batch.get();
         if (!got.ok()) return got.status().WithContext("a concurrent request's range read");
-        reads[k] = *got;
+        if (*got == nullptr || w.slot >= (*got)->size()) {
+            return Internal("a concurrent request's range read did not keep its data");
+        }
+        reads[w.read] = (**got)[w.slot];
         ++m.single_flight_waits;
     }
     for (std::size_t k = 0; k < which.size(); ++k) call.reads[which[k]] = std::move(reads[k]);
@@ -620,6 +623,9 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
             ++end;
         }
         if (!call.pending_reads.empty()) {
+            // In plan order each source's reads are adjacent (the plan groups them by source):
+            // the node cache and the store then resolve a source once for all of its reads.
+            std::sort(call.pending_reads.begin(), call.pending_reads.end());
             const auto read_start = Clock::now();
             call.read_status = ReadUniqueRanges(call);
             call.interleaved_read_seconds += Seconds(read_start);

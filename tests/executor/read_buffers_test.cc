@@ -116,6 +116,73 @@ TEST(NodeCacheSlabTest, CachedRangesPinAtMostTheCapacityInSlabs) {
     EXPECT_EQ(cache.slabs().stats().free_slabs, stats.free_slabs + 4);
 }
 
+TEST(NodeCacheFlightTest, AWaiterGetsTheDataOfTheReadThatHoldsItsRange) {
+    NodeCache cache(1 << 20, 1 << 20);
+    const std::string a = "a", b = "b";
+    const std::string a_again = "a";  // Another string naming the same source.
+    // The owner claims two ranges of each source, sorted by source.
+    const std::vector<NodeCache::RangeKey> owned = {
+        {&a, 0, 10}, {&a, 20, 30}, {&b, 0, 5}, {&b, 100, 200}};
+    std::vector<ReadData> owner_reads(owned.size());
+    const int owner = 0, waiter = 1;
+    NodeCache::RangeClaims mine = cache.ClaimRanges(owned, &owner, owner_reads);
+    ASSERT_EQ(mine.missing.size(), 4u);
+    // The waiter needs parts of the second read of `b` and the second of `a`, and one range
+    // nobody reads.
+    const std::vector<NodeCache::RangeKey> wanted = {
+        {&b, 120, 150}, {&a_again, 22, 30}, {&a_again, 10, 20}};
+    std::vector<ReadData> waiter_reads(wanted.size());
+    NodeCache::RangeClaims theirs = cache.ClaimRanges(wanted, &waiter, waiter_reads);
+    ASSERT_EQ(theirs.waits.size(), 2u);
+    ASSERT_EQ(theirs.missing, std::vector<std::size_t>{2});
+    auto slab = cache.slabs().Acquire(4 * 64);
+    ASSERT_TRUE(slab.ok());
+    for (std::size_t k = 0; k < owned.size(); ++k) {
+        owner_reads[k] = {*slab, {(*slab)->data() + 64 * k, 32},
+                          {(*slab)->data() + 64 * k + 32, 32}, owned[k].start};
+    }
+    cache.FinishRanges(owned, &owner, Status::Ok(), owner_reads, mine);
+    for (const NodeCache::RangeWait& w : theirs.waits) {
+        const NodeCache::RangeBatchResult& got = w.batch.get();
+        ASSERT_TRUE(got.ok());
+        ASSERT_NE(*got, nullptr);
+        ASSERT_LT(w.slot, (*got)->size());
+        const ReadData& data = (**got)[w.slot];
+        const std::size_t expected = w.read == 0 ? 3 : 1;  // b[100, 200) and a[20, 30)
+        EXPECT_EQ(data.base, owned[expected].start);
+        EXPECT_EQ(data.indices.data(), owner_reads[expected].indices.data());
+    }
+    cache.FinishRanges(wanted, &waiter, InvalidArgument("not read"), waiter_reads, theirs);
+    // The owner's reads are cached now; the waiter's failed one is not.
+    std::vector<ReadData> again(wanted.size());
+    const int third = 2;
+    NodeCache::RangeClaims later = cache.ClaimRanges(wanted, &third, again);
+    EXPECT_EQ(later.hits, 2u);
+    EXPECT_EQ(later.missing, std::vector<std::size_t>{2});
+    EXPECT_EQ(again[0].base, 100u);
+    EXPECT_EQ(again[1].base, 20u);
+    cache.FinishRanges(wanted, &third, InvalidArgument("not read"), again, later);
+}
+
+TEST(NodeCacheFlightTest, AFailedReadFailsItsWaiters) {
+    NodeCache cache(1 << 20, 1 << 20);
+    const std::string a = "a";
+    const std::vector<NodeCache::RangeKey> keys = {{&a, 0, 10}};
+    std::vector<ReadData> owner_reads(1), waiter_reads(1);
+    const int owner = 0, waiter = 1;
+    NodeCache::RangeClaims mine = cache.ClaimRanges(keys, &owner, owner_reads);
+    NodeCache::RangeClaims theirs = cache.ClaimRanges(keys, &waiter, waiter_reads);
+    ASSERT_EQ(theirs.waits.size(), 1u);
+    cache.FinishRanges(keys, &owner, Unavailable("store down"), owner_reads, mine);
+    const NodeCache::RangeBatchResult& got = theirs.waits[0].batch.get();
+    EXPECT_EQ(got.status().code(), StatusCode::kUnavailable);
+    // Nothing was cached, and no flight is left: the next claim reads it itself.
+    NodeCache::RangeClaims next = cache.ClaimRanges(keys, &waiter, waiter_reads);
+    EXPECT_EQ(next.missing.size(), 1u);
+    EXPECT_TRUE(next.waits.empty());
+    cache.FinishRanges(keys, &waiter, Unavailable("store down"), waiter_reads, next);
+}
+
 // ---- Through SparseStore: reuse across calls keeps results identical. ----------------------
 
 std::map<std::vector<std::uint64_t>, std::uint32_t> Entries(const TargetObject& o) {
