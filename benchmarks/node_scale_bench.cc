@@ -27,7 +27,7 @@
 // Usage: node_scale_bench [--layers N] [--density D] [--layout ep4tp2|ep8] [--seed S]
 //                         [--commit_batch N] [--commit_threads N] [--synth_threads N]
 //                         [--read_threads N] [--verify_targets N] [--range_cache_mib M]
-//                         [--steps N] [--json PATH]
+//                         [--view_in_place 0|1] [--steps N] [--json PATH]
 
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -216,6 +216,7 @@ struct Options {
     std::size_t verify_targets = 256;
     std::uint64_t floor_chunk_mib = 256;
     std::uint64_t range_cache_mib = 256;
+    bool view_in_place = true;
     int steps = 2;
     std::string json_path;
 };
@@ -237,6 +238,10 @@ void Usage() {
                  "  --floor_chunk_mib M memcpy floor: buffers of M MiB, copied until the read's "
                  "bytes are (default 256)\n"
                  "  --range_cache_mib M the node range cache's capacity (default 256)\n"
+                 "  --view_in_place B   1: ReadOptions::view_in_place (materialize from the "
+                 "store's\n"
+                 "                      memory); 0: copy the ranges out through the node "
+                 "cache (default 1)\n"
                  "  --steps N           reads of the step: the first into fresh memory, each "
                  "later one\n"
                  "                      after the last one's objects are freed and the node "
@@ -291,6 +296,10 @@ Options ParseArgs(int argc, char** argv) {
             o.floor_chunk_mib = count();
         } else if (arg == "--range_cache_mib") {
             o.range_cache_mib = count();
+        } else if (arg == "--view_in_place") {
+            const std::uint64_t v = count();
+            if (v > 1) Die("--view_in_place must be 0 or 1");
+            o.view_in_place = v == 1;
         } else if (arg == "--steps") {
             o.steps = static_cast<int>(count());
         } else if (arg == "--json") {
@@ -680,6 +689,7 @@ int Run(const Options& opt) {
         store.ResetMetrics();
         mcs::ReadOptions options;
         options.num_threads = opt.read_threads;
+        options.view_in_place = opt.view_in_place;
         const std::uint64_t faults0 = MinorFaults();
         const double cpu0 = ThreadCpuSeconds();
         const auto tr = Clock::now();
@@ -713,7 +723,8 @@ int Run(const Options& opt) {
             j.Add("read_threads", opt.read_threads)
                 .Add("step", step)
                 .Add("memory", memory)
-                .Add("range_cache_bytes", opt.range_cache_mib << 20);
+                .Add("range_cache_bytes", opt.range_cache_mib << 20)
+                .Add("view_in_place", opt.view_in_place);
             extra(j);
             emit.Emit(j);
         };

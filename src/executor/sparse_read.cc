@@ -571,6 +571,10 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
         internal::ParallelFor(threads, call.targets.size(), build);
         return;
     }
+    if (call.options.view_in_place && store_->ViewsInPlace()) {
+        call.read_status = MaterializeInPlace(call, threads);
+        return;
+    }
     // The plan's unique reads are read in chunks of about kChunkBytes, each just before the
     // targets that need it are built, and each is dropped once the last target that needs it
     // is built (the node cache keeps what it caches). Targets are built in the order of the
@@ -641,6 +645,70 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
         });
         begin = end;
     }
+}
+
+Status SparseStore::MaterializeInPlace(ReadCall& call, int threads) {
+    const BatchPlan& plan = *call.plan;
+    SparseMetrics& m = call.metrics;
+    const auto read_start = Clock::now();
+    // Every source the plan reads, once: a source has one group of reads per node.
+    constexpr std::uint32_t kUnset = ~std::uint32_t{0};
+    std::vector<std::uint32_t> view_of(call.manifest.size(), kUnset);
+    std::vector<std::string_view> keys;
+    for (const ReadGroup& g : plan.read_groups) {
+        if (view_of[g.source_index] != kUnset) continue;
+        view_of[g.source_index] = static_cast<std::uint32_t>(keys.size());
+        keys.push_back(call.manifest[g.source_index].source_ref);
+    }
+    const auto materialize = [&](std::span<const ObjectView> views) -> Status {
+        // Each unique read's rows where the store holds them, checked as ReadRanges checks a
+        // read: against the object as it is now (LoadIndex checked the descriptor earlier).
+        for (const ReadGroup& g : plan.read_groups) {
+            const SourceDescriptor& s = call.manifest[g.source_index];
+            const ObjectView& view = views[view_of[g.source_index]];
+            const MemberInfo* mi = view.info->FindMember("indices");
+            const MemberInfo* mv = view.info->FindMember("values");
+            const std::uint64_t isz = s.rank() * DTypeSize(s.index_dtype);
+            const std::uint64_t vsz = DTypeSize(s.value_dtype);
+            if (mi == nullptr || mv == nullptr || mi->RowBytes() != isz ||
+                mv->RowBytes() != vsz) {
+                return DataLoss("stored object " + s.source_ref +
+                                " has no indices and values members of its descriptor's dtypes");
+            }
+            const std::span<const std::byte> indices =
+                view.members[static_cast<std::size_t>(mi - view.info->members.data())];
+            const std::span<const std::byte> values =
+                view.members[static_cast<std::size_t>(mv - view.info->members.data())];
+            for (std::size_t r = g.begin; r < g.end; ++r) {
+                const UniqueRead& u = plan.reads[r];
+                if (u.start > u.end || u.end > indices.size() / isz ||
+                    u.end > values.size() / vsz) {
+                    return OutOfRange("stored object " + s.source_ref + " holds no entries [" +
+                                      std::to_string(u.start) + ", " + std::to_string(u.end) +
+                                      ")");
+                }
+                call.reads[r] = {nullptr, indices.subspan(u.start * isz, u.size() * isz),
+                                 values.subspan(u.start * vsz, u.size() * vsz), u.start};
+                m.range_bytes_read += u.size() * (isz + vsz);
+            }
+        }
+        m.range_gets += plan.reads.size();
+        const double read_seconds = Seconds(read_start);
+        m.read_seconds += read_seconds;
+        call.interleaved_read_seconds += read_seconds;
+        internal::ParallelFor(threads, call.targets.size(), [&](std::size_t t) {
+            call.results[t] = MaterializeTarget(call.manifest, call.lookup, call.targets[t],
+                                                call.selection.matches_of(t), call.pieces[t],
+                                                call.fanout[t]);
+        });
+        // The views end with this call: no target keeps a piece of them.
+        for (auto& pieces : call.pieces) pieces.clear();
+        call.reads.clear();
+        return Status::Ok();
+    };
+    if (keys.empty()) return materialize({});
+    MCS_RETURN_IF_ERROR(store_->ViewObjects(keys, materialize).WithContext("viewing sources"));
+    return Status::Ok();
 }
 
 Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {

@@ -82,6 +82,15 @@ struct ReadOptions {
     /// manifest is fixed for a generation, so every read call of that generation can share it.
     /// nullptr builds one per call. It must have been built from the manifest passed.
     const ManifestIndex* manifest_index = nullptr;
+    /// With a store that views its objects in place (ObjectStore::ViewsInPlace: the embedded
+    /// store, the node's shared-memory store), the planned ranges are materialized straight from
+    /// the stored bytes, viewed under one snapshot of every source the plan reads, instead of
+    /// being copied out into read buffers first: the same target objects without the copy. The
+    /// node range cache is then neither used nor filled (range_cache_hits and
+    /// single_flight_waits stay 0; range_gets and range_bytes_read count the ranges viewed), and
+    /// a store that leases what it views (the shared-memory store) keeps those objects from
+    /// being evicted or rewritten until the call returns. Ignored for other stores.
+    bool view_in_place = false;
 };
 
 /// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the

@@ -351,6 +351,11 @@ private:
     Status ReadAndMaterializePerTarget(ReadCall& call);
     /// Steps 7-8: filter, rebase and build each target's object from its pieces.
     void MaterializeTargets(ReadCall& call);
+    /// Steps 6-8 with ReadOptions::view_in_place: each unique range viewed where the store
+    /// holds it, then every target built from those views while they last.
+    /// Errors: as ViewObjects (NotFound); DataLoss or OutOfRange when a stored object no
+    /// longer holds a planned range as its descriptor says.
+    Status MaterializeInPlace(ReadCall& call, int threads);
     /// The targets' objects in target order, or the first target's error.
     Result<std::vector<TargetObject>> PublishTargets(ReadCall& call);
     /// Adds a successful call's metrics to the store's.
