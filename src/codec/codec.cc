@@ -181,7 +181,24 @@ std::uint64_t FilterRebaseTyped(const std::byte* in_idx, const std::byte* in_val
                 std::memcpy(out_idx, in_idx, count * kRank * sizeof(InT));
                 return count;
             }
-            for (std::uint64_t i = 0; i < count; ++i) {
+            // Blocks of kBlock entries through local arrays, against the origin repeated per
+            // entry: fixed-size loops the compiler turns into vector subtractions (an
+            // entry-by-entry loop stays scalar, one entry per iteration).
+            constexpr std::size_t kBlock = 64;
+            constexpr std::size_t kLanes = kBlock * kRank;
+            std::array<OutT, kLanes> pattern{};
+            for (std::size_t j = 0; j < kLanes; ++j) pattern[j] = o[j % kRank];
+            std::uint64_t i = 0;
+            for (; i + kBlock <= count; i += kBlock) {
+                InT c[kLanes];
+                OutT r[kLanes];
+                std::memcpy(c, in_idx + i * kRank * sizeof(InT), sizeof(c));
+                for (std::size_t j = 0; j < kLanes; ++j) {
+                    r[j] = static_cast<OutT>(static_cast<OutT>(c[j]) - pattern[j]);
+                }
+                std::memcpy(out_idx + i * kRank * sizeof(OutT), r, sizeof(r));
+            }
+            for (; i < count; ++i) {
                 InT c[kRank];
                 OutT r[kRank];
                 std::memcpy(c, in_idx + i * kRank * sizeof(InT), sizeof(c));
