@@ -132,8 +132,23 @@ std::optional<std::uint64_t> RebaseWithTileIndex(std::span<const SourceDescripto
     const std::size_t vsz = DTypeSize(first.value_dtype);
     std::vector<TileCoord>& coords = obj.tile_coords;
     std::vector<std::uint64_t>& ptr = obj.tile_ptr;
+    // Sized once for the tiles the pieces span (an upper bound: a boundary tile may keep
+    // nothing), not grown tile by tile.
+    std::size_t max_tiles = 0;
+    for (const Piece& p : pieces) {
+        const TileIndex* index = indexes[p.source_index];
+        if (index == nullptr) return std::nullopt;
+        const std::span<const std::uint64_t> tp = index->view().tile_ptr;
+        if (tp.size() < 2) return std::nullopt;
+        max_tiles += static_cast<std::size_t>(
+            std::lower_bound(tp.begin(), tp.end() - 1, p.range.end) -
+            std::lower_bound(tp.begin(), tp.end() - 1, p.range.start));
+    }
     coords.clear();
-    ptr.assign(1, 0);
+    coords.reserve(max_tiles * rank);
+    ptr.clear();
+    ptr.reserve(max_tiles + 1);
+    ptr.push_back(0);
     std::uint64_t nnz = 0;
     std::uint64_t last_key = 0;
     bool any = false;
