@@ -24,7 +24,17 @@ namespace mooncake::sparse {
 using codec_internal::LoadAs;
 using codec_internal::StoreAs;
 
+#if defined(MOONCAKE_SPARSE_CHECKSUM_AVX2)
+namespace codec_internal {
+std::uint64_t ChecksumAvx2(const void* data, std::size_t size);  // checksum_avx2.cc
+}  // namespace codec_internal
+#endif
+
 std::uint64_t Checksum(std::span<const std::byte> bytes) {
+#if defined(MOONCAKE_SPARSE_CHECKSUM_AVX2)
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2) return codec_internal::ChecksumAvx2(bytes.data(), bytes.size());
+#endif
     return XXH3_64bits(bytes.data(), bytes.size());
 }
 

@@ -16,6 +16,10 @@
 #include "codec/codec_internal.h"
 #include "codec_test_util.h"
 
+#define XXH_INLINE_ALL
+#define XXH_VECTOR 0  // XXH_SCALAR: the reference the library's kernels must match
+#include <xxhash.h>
+
 namespace mooncake::sparse {
 namespace {
 
@@ -78,6 +82,21 @@ TEST(ChecksumTest, IsXxh3AndCoversEveryMember) {
     EXPECT_EQ(obj.checksum_values, Checksum(b));
     EXPECT_EQ(obj.checksum_tile_coords, Checksum(std::as_bytes(std::span(obj.tile_coords))));
     EXPECT_EQ(obj.checksum_tile_ptr, Checksum(std::as_bytes(std::span(obj.tile_ptr))));
+}
+
+TEST(ChecksumTest, EqualsThePortableXxh3AtEverySizeAndAlignment) {
+    // Checksum may run a vector kernel (AVX2 where the CPU has it); XXH3 is defined by its
+    // scalar form, which this file builds (XXH_VECTOR 0).
+    std::mt19937_64 rng(64);
+    std::vector<std::byte> bytes(300000);
+    for (auto& b : bytes) b = static_cast<std::byte>(rng());
+    for (std::size_t size : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1023, 1024, 1025, 4096, 65537,
+                             299990}) {
+        for (std::size_t offset : {0, 1, 7}) {
+            const std::span<const std::byte> s(bytes.data() + offset, size);
+            ASSERT_EQ(Checksum(s), XXH3_64bits(s.data(), s.size())) << size << " at " << offset;
+        }
+    }
 }
 
 SparseObject BuiltObject(const Shape& shape, const Shape& tile, std::int64_t nnz,
