@@ -4,9 +4,10 @@
 // commits one source object per tensor (the whole model: 69,608 tensors at 61 layers) into a
 // SparseStore on the embedded store, with batch commits; then one inference node (EP4 x TP2 by
 // default: 142,144 targets) reads and materializes all of its targets in one
-// SparseStore::ReadSparseObjects call on one thread. The memcpy floor of the bytes that read
-// moves is measured in the same run, and a sample of targets is checked against a brute-force
-// filter of its source's entries.
+// SparseStore::ReadSparseObjects call on one thread, materializing from the store's memory
+// (ReadOptions::view_in_place; --view_in_place 0 copies the ranges out through the node cache
+// first). The memcpy floor of the bytes that read moves is measured in the same run, and a
+// sample of targets is checked against a brute-force filter of its source's entries.
 //
 // The update is synthetic and drawn as COO directly (no dense tensor is ever materialised):
 // every element changes with probability `--density`, independently (a Bernoulli process
