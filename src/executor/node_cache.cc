@@ -79,7 +79,7 @@ NodeCache::RangeClaims NodeCache::ClaimRanges(std::span<const RangeKey> ranges,
     claims.batch->done = claims.flight.get_future().share();
     std::lock_guard lock(mu_);
     const std::string* ref = nullptr;
-    RangeMap* cached = nullptr;                // The cached ranges of `ref`, if any.
+    RangeMap* cached = nullptr;                   // The cached ranges of `ref`, if any.
     std::vector<RangeFlight>* flights = nullptr;  // Its reads in progress, if any.
     for (std::size_t r = 0; r < ranges.size(); ++r) {
         const RangeKey& key = ranges[r];
