@@ -336,7 +336,9 @@ def main() -> int:
             seg = 1 << 30
             with tempfile.TemporaryDirectory(prefix="mcs-gs-") as tmp, \
                     start_node_daemon(tmp, segment_size=f"{seg >> 20}MiB",
-                                      num_segments=max(2, -(-store_bytes // seg))) as d:
+                                      num_segments=max(2, -(-store_bytes // seg)),
+                                      # Its segments pinned as the embedded store's memory is.
+                                      pinned_quota_bytes=str(store_bytes)) as d:
                 store = mcs.connect(d.url)
                 out += run_backend(store, backend, args, device, dtype, seed)
                 store.close()

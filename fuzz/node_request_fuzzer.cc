@@ -854,6 +854,28 @@ w::Message ReleaseOf(Choices& c, const Held& held) {
     return r;
 }
 
+/// Members of held leases (or fuzzed ids and names) into a fuzzed CUDA destination (no GPU
+/// here: refused, typed, after the items are checked).
+w::Message LeasesToDeviceOf(Choices& c, const Held& held) {
+    w::LeasesToDeviceRequest r;
+    static const std::string kMembers[] = {"indices", "values", "tile_coords", "tile_ptr"};
+    for (std::size_t n = c.Range("copies", 0, 4), i = 0; i < n; ++i) {
+        const std::size_t pick = c.Range("lease", 0, 7);
+        const std::uint64_t real = held.leases.empty() ? 1 : held.leases[pick % held.leases.size()];
+        r.items.push_back({U64(c, "lease", real), StringOf(c, "member", kMembers, 16),
+                           U64(c, "offset", 4096 * i)});
+    }
+    r.destination.ref.kind = w::BufferKind::kCudaIpc;
+    r.destination.ref.offset = U64(c, "destination", 0);
+    r.destination.ref.size = U64(c, "destination", std::uint64_t{1} << 20);
+    r.destination.ref.cuda_ipc_handle = c.Text("destination", w::kCudaIpcHandleBytes);
+    r.destination.ref.cuda_ipc_handle.resize(w::kCudaIpcHandleBytes, '\0');
+    r.destination.ref.device = static_cast<std::int32_t>(c.Range("destination", 0, 8));
+    r.destination.cuda_base = U64(c, "destination", std::uint64_t{1} << 40);
+    r.destination.cuda_alloc_size = U64(c, "destination", std::uint64_t{1} << 20);
+    return r;
+}
+
 w::Message PutOf(Choices& c, const World& world) {
     w::PutRequest r;
     r.key = c.Flag("put.existing") ? world.keys[c.Pick("key", world.keys.size())]
@@ -1093,6 +1115,7 @@ enum Op : std::uint64_t {
     kSparseAnchor,
     kSparseCommitBatch,
     kSparseCommitDevice,
+    kLeasesToDevice,
     kNumOps,
 };
 
@@ -1140,6 +1163,7 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
             case kSparseSeal: request = SparseSealOf(c, world); break;
             case kSparseCommitBatch: request = SparseCommitBatchOf(c, world); break;
             case kSparseCommitDevice: request = SparseCommitDeviceOf(c, world); break;
+            case kLeasesToDevice: request = LeasesToDeviceOf(c, held); break;
             case kSparseWait: request = SparseWaitOf(c); break;
             case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
             case kSparseAnchor: {
@@ -1235,7 +1259,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "sparse_read", "metrics", "clear_caches", "tensor_put", "tensor_get", "hello_again",
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
         "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch",
-        "sparse_commit_device"};
+        "sparse_commit_device", "leases_to_device"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 

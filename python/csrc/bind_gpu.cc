@@ -17,7 +17,9 @@
 #include "arrays.h"
 #include "transport/host_copy.h"
 #include "bind_common.h"
+#include "node/node_client.h"
 #include "sparse_object.h"
+#include "store.h"
 #include "tensor_args.h"
 
 #if MCS_PY_WITH_GPU_CODEC
@@ -148,6 +150,37 @@ std::vector<std::pair<DeviceArray, DeviceArray>> UploadBatch(
     return out;
 }
 
+/// UploadBatch through the node daemon: the daemon copies the objects' members from its
+/// segments straight into this process's device memory (CUDA IPC). nullopt where it cannot
+/// (no CUDA IPC, objects of another connection): the caller uploads through the host.
+std::optional<std::vector<std::pair<DeviceArray, DeviceArray>>> UploadThroughDaemon(
+    NodeClient& node, const std::vector<std::shared_ptr<SparseObjectView>>& objs, int device,
+    std::uintptr_t stream) {
+    std::vector<const TargetObjectView*> views;
+    views.reserve(objs.size());
+    for (const auto& o : objs) views.push_back(o.get());
+    Result<NodeClient::DeviceCopy> copied = node.CopyViewsToDevice(views, device, stream);
+    if (!copied.ok()) {
+        const StatusCode code = copied.status().code();
+        if (code == StatusCode::kUnimplemented || code == StatusCode::kFailedPrecondition) {
+            return std::nullopt;
+        }
+        throw StatusError(copied.status());
+    }
+    auto owner = std::const_pointer_cast<void>(copied->owner);
+    std::vector<std::pair<DeviceArray, DeviceArray>> out;
+    out.reserve(objs.size());
+    for (std::size_t i = 0; i < objs.size(); ++i) {
+        const auto& d = objs[i]->desc;
+        const Index nnz = Index(d.nnz), rank = Index(d.rank());
+        out.emplace_back(View({copied->base + copied->offsets[2 * i], device}, objs[i]->indices.size(),
+                              d.index_dtype, {nnz, rank}, owner),
+                         View({copied->base + copied->offsets[2 * i + 1], device},
+                              objs[i]->values.size(), d.value_dtype, {nnz}, owner));
+    }
+    return out;
+}
+
 DeviceArray DeviceOf(const pyb::handle& o, const char* what, int device, std::uintptr_t stream) {
     if (pyb::isinstance<DeviceArray>(o)) return o.cast<DeviceArray>();
     if (IsCudaArray(o)) {
@@ -238,18 +271,24 @@ void RegisterGpu(pyb::module_& m) {
 
     m.def(
         "_gpu_upload_batch",
-        [](const std::vector<std::shared_ptr<SparseObjectView>>& objs, int device, std::uintptr_t stream) {
+        [](const std::vector<std::shared_ptr<SparseObjectView>>& objs, int device, std::uintptr_t stream,
+           const pyb::object& store) {
+            NodeClient* node =
+                pyb::isinstance<PyStore>(store) ? store.cast<PyStore&>().node() : nullptr;
             std::vector<std::pair<DeviceArray, DeviceArray>> r;
             {
                 pyb::gil_scoped_release nogil;
-                r = UploadBatch(objs, device, stream);
+                std::optional<std::vector<std::pair<DeviceArray, DeviceArray>>> direct;
+                if (node != nullptr && !objs.empty()) direct = UploadThroughDaemon(*node, objs, device, stream);
+                r = direct ? std::move(*direct) : UploadBatch(objs, device, stream);
             }
             pyb::list out;
             for (auto& [i, v] : r) out.append(pyb::make_tuple(i, v));
             return out;
         },
-        pyb::arg("objs"), pyb::arg("device"), pyb::arg("stream"),
-        "Target objects' indices and values in one device allocation (a few large copies).");
+        pyb::arg("objs"), pyb::arg("device"), pyb::arg("stream"), pyb::arg("store") = pyb::none(),
+        "Target objects' indices and values in one device allocation (a few large copies); with "
+        "the node daemon's `store`, copied there by the daemon itself (CUDA IPC).");
 
     m.def(
         "_gpu_apply_batch",

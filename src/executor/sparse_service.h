@@ -128,6 +128,10 @@ struct TargetObjectView {
     std::uint64_t checksum_tile_ptr = 0;
     /// Owns (or leases) the bytes the members view.
     std::shared_ptr<const void> keepalive;
+    /// A node daemon's read: the lease of the members and the connection that holds it (an
+    /// address the keepalive keeps alive, compared, never dereferenced). 0 / null otherwise.
+    std::uint64_t lease_id = 0;
+    const void* lease_scope = nullptr;
 
     std::uint64_t nbytes() const {
         return indices.size() + values.size() + tile_coords.size() + tile_ptr.size();

@@ -204,9 +204,27 @@ public:
         Shape shape;
         DeviceMemory memory;
     };
-    /// Whether PutSparseObjectsFromDevice can run here: CUDA IPC in this process and in the
-    /// daemon, and a daemon that speaks SparseCommitDevice. Asked once per client.
+    /// Whether PutSparseObjectsFromDevice and CopyViewsToDevice can run here: CUDA IPC in this
+    /// process and in the daemon, and a daemon that speaks SparseCommitDevice and
+    /// LeasesToDevice (protocol 6). Asked once per client.
     bool CanCommitFromDevice();
+    /// The indices and values of `views` in one device allocation: where each view's members
+    /// start (`offsets[2 * i]`, `offsets[2 * i + 1]`, from `base`), and what keeps it.
+    struct DeviceCopy {
+        std::shared_ptr<const void> owner;
+        std::uintptr_t base = 0;
+        std::vector<std::uint64_t> offsets;
+    };
+    /// read_sparse_objects(..., device=...) through the daemon: the daemon copies the members
+    /// of `views` (target objects this client read on its current connection, still leased)
+    /// from its segments straight into device memory of this client (LeasesToDevice), into an
+    /// allocation this client keeps in a pool per device, exported once, so the daemon maps it
+    /// once. An allocation is reused once nothing views it; `stream` is waited for first, so
+    /// work queued there on the previous views is done before the daemon writes.
+    /// Errors: FailedPrecondition (a view of another connection or not leased: read again, or
+    /// copy through the host); Unimplemented (no CUDA IPC); Unavailable; as LeasesToDevice.
+    Result<DeviceCopy> CopyViewsToDevice(std::span<const TargetObjectView* const> views,
+                                         int device, CudaStream stream);
     /// PutSparseObjects of updates whose indices and values are in this process's CUDA memory
     /// (indices[i], values[i] for requests[i]; the requests' own host arrays are ignored): the
     /// members are gathered by device-to-device copies into an allocation this client keeps
@@ -329,6 +347,9 @@ private:
     std::vector<std::byte> send_frame_;  // Guarded by mu_.
     std::vector<std::byte> recv_frame_;  // Guarded by mu_.
     std::vector<DeviceArena> arenas_;    // Guarded by mu_.
+    /// Allocations that reads are copied into (CopyViewsToDevice); one is free to reuse when
+    /// the pool holds its only reference.
+    std::vector<std::shared_ptr<DeviceArena>> read_arenas_;  // Guarded by mu_.
     /// CanCommitFromDevice: -1 not asked yet, else 0 / 1.
     std::atomic<int> device_commit_{-1};
     std::uint64_t epoch_ = 0;            // Guarded by mu_.

@@ -276,6 +276,8 @@ Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(wire::SparseReadReq
         t.checksum_tile_coords = o.tile_coords.checksum;
         t.checksum_tile_ptr = o.tile_ptr.checksum;
         t.keepalive = std::move(keepalives[i]);
+        t.lease_id = o.lease_id;
+        t.lease_scope = session_.get();
         out.push_back(std::move(t));
     }
     return out;
@@ -440,7 +442,7 @@ bool NodeClient::CanCommitFromDevice() {
     bool ok = cuda::GetSupport().ipc_available;
     if (ok) {
         Result<wire::HelloReply> hello = Hello();
-        ok = hello.ok() && hello->protocol_version >= 5;
+        ok = hello.ok() && hello->protocol_version >= 6;
     }
     if (ok) {
         Result<MetricItems> metrics = Metrics(/*reset=*/false);
@@ -483,6 +485,107 @@ Result<const NodeClient::DeviceArena*> NodeClient::ArenaLocked(int device, std::
     arena->bytes = size;
     arena->exported = std::move(exported).value();
     return arena;
+}
+
+Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
+    std::span<const TargetObjectView* const> views, int device, CudaStream stream) {
+    if (!CanCommitFromDevice()) {
+        return Unimplemented("CUDA IPC with the node daemon is not available here");
+    }
+    std::lock_guard lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    // The destination mirrors the segments: members that lie a few KiB apart there keep their
+    // distance here, so the daemon moves each run of them in one copy.
+    struct Member {
+        const std::byte* at;
+        std::uint64_t bytes;
+        std::size_t slot;  ///< 2 * view + (0 indices, 1 values)
+    };
+    std::vector<Member> members;
+    members.reserve(2 * views.size());
+    for (std::size_t i = 0; i < views.size(); ++i) {
+        const TargetObjectView& v = *views[i];
+        if (v.lease_id == 0 || v.lease_scope != session_.get()) {
+            return FailedPrecondition("target " + v.target_id +
+                                      " is not a read of this connection to the node daemon");
+        }
+        if (!v.indices.empty()) members.push_back({v.indices.data(), v.indices.size(), 2 * i});
+        if (!v.values.empty()) members.push_back({v.values.data(), v.values.size(), 2 * i + 1});
+    }
+    std::vector<std::size_t> order(members.size());
+    for (std::size_t k = 0; k < order.size(); ++k) order[k] = k;
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return members[a].at < members[b].at; });
+    constexpr std::uint64_t kMaxGap = 4096;
+    DeviceCopy out;
+    out.offsets.assign(2 * views.size(), 0);
+    std::uint64_t total = 0;
+    const std::byte* run_at = nullptr;
+    std::uint64_t run_offset = 0;
+    const std::byte* run_end = nullptr;
+    for (std::size_t k : order) {
+        const Member& m = members[k];
+        if (run_at == nullptr || m.at < run_end || m.at > run_end + kMaxGap) {
+            run_offset = (total + 63) / 64 * 64;
+            run_at = m.at;
+            run_end = m.at;
+        }
+        out.offsets[m.slot] = run_offset + static_cast<std::uint64_t>(m.at - run_at);
+        run_end = std::max(run_end, m.at + m.bytes);
+        total = std::max(total, out.offsets[m.slot] + m.bytes);
+    }
+    // A free allocation of the pool large enough, else a new one (a free one too small goes).
+    std::shared_ptr<DeviceArena> arena;
+    for (auto it = read_arenas_.begin(); it != read_arenas_.end();) {
+        DeviceArena& a = **it;
+        if (it->use_count() == 1 && a.device == device) {
+            if (a.bytes >= total && !arena) {
+                arena = *it;
+            } else if (a.bytes < total) {
+                it = read_arenas_.erase(it);
+                continue;
+            }
+        }
+        ++it;
+    }
+    if (!arena) {
+        constexpr std::uint64_t kStep = std::uint64_t{64} << 20;
+        const std::uint64_t size = std::max<std::uint64_t>((total + kStep - 1) / kStep * kStep, kStep);
+        MCS_ASSIGN_OR_RETURN(const std::uintptr_t address, cuda::DeviceAlloc(size, device));
+        auto fresh = std::shared_ptr<DeviceArena>(new DeviceArena{address, size, device, {}},
+                                                  [](DeviceArena* a) {
+                                                      (void)cuda::DeviceFree(a->address, a->device);
+                                                      delete a;
+                                                  });
+        auto exported = ExportCudaIpc(DeviceMemory{address, size, device});
+        if (!exported.ok()) return exported.status().WithContext("exporting a read's device memory");
+        fresh->exported = std::move(exported).value();
+        read_arenas_.push_back(fresh);
+        arena = std::move(fresh);
+    }
+    // Whatever the caller queued on the previous views of this allocation runs first.
+    MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
+    wire::LeasesToDeviceRequest request;
+    request.items.reserve(members.size());
+    for (std::size_t k : order) {
+        const Member& m = members[k];
+        request.items.push_back({views[m.slot / 2]->lease_id, m.slot % 2 == 0 ? "indices" : "values",
+                                 out.offsets[m.slot]});
+    }
+    const CudaIpcExport& e = arena->exported;
+    wire::TensorLocation& d = request.destination;
+    d.ref.kind = wire::BufferKind::kCudaIpc;
+    d.ref.offset = e.offset;
+    d.ref.size = arena->bytes;
+    d.ref.cuda_ipc_handle.assign(reinterpret_cast<const char*>(e.handle.data()), e.handle.size());
+    d.ref.device = e.device;
+    d.cuda_base = e.base;
+    d.cuda_alloc_size = e.alloc_size;
+    d.pci_bus_id = e.pci_bus_id;
+    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request, total).status());
+    out.base = arena->address;
+    out.owner = std::move(arena);
+    return out;
 }
 
 std::vector<Result<CommitResult>> NodeClient::PutSparseObjectsFromDevice(

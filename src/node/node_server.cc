@@ -165,6 +165,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kSparseCommit, SparseCommit)
         MCS_DISPATCH_(kSparseCommitBatch, SparseCommitBatch)
         MCS_DISPATCH_(kSparseCommitDevice, SparseCommitDevice)
+        MCS_DISPATCH_(kLeasesToDevice, LeasesToDevice)
         MCS_DISPATCH_(kSparseAdmit, SparseAdmit)
         MCS_DISPATCH_(kSparseManifest, SparseManifest)
         MCS_DISPATCH_(kSparseCurrentGeneration, SparseCurrentGeneration)
@@ -634,6 +635,9 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"sparse_device_commit_bytes", double(device_commit_bytes_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_copies",
          double(device_commit_copies_.load(std::memory_order_relaxed))},
+        {"leases_to_device_bytes", double(leases_to_device_bytes_.load(std::memory_order_relaxed))},
+        {"leases_to_device_copies",
+         double(leases_to_device_copies_.load(std::memory_order_relaxed))},
         {"tensors_put", double(tensors.tensors_put)},
         {"tensor_bytes_put", double(tensors.bytes_put)},
         {"tensors_read", double(tensors.tensors_read)},

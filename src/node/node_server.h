@@ -177,6 +177,8 @@ private:
     std::atomic<std::uint64_t> device_commit_items_{0};  ///< SparseCommitDevice updates.
     std::atomic<std::uint64_t> device_commit_bytes_{0};  ///< ... and their entries' bytes.
     std::atomic<std::uint64_t> device_commit_copies_{0};  ///< ... in this many D2H copies.
+    std::atomic<std::uint64_t> leases_to_device_bytes_{0};   ///< LeasesToDevice members' bytes.
+    std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies.
 };
 
 }  // namespace mooncake::sparse

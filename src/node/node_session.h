@@ -98,6 +98,7 @@ private:
     Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
     Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);
     Result<Reply> SparseCommitDevice(const wire::SparseCommitDeviceRequest& req);
+    Result<Reply> LeasesToDevice(const wire::LeasesToDeviceRequest& req);
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
     Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
     Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);

@@ -13,6 +13,7 @@
 #include "transport/parallel_for.h"
 #include "node/wire.h"
 #include "transport/cuda_runtime.h"
+#include "transport/host_copy.h"
 
 namespace mooncake::sparse {
 
@@ -319,6 +320,127 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
         out.result = {c.source_ref, c.created, c.nnz, c.bytes};
     }
     return Reply{std::move(reply), {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
+    const wire::LeasesToDeviceRequest& req) {
+    // Every item checked before any byte moves: a lease of this connection, a member of its
+    // object, a range inside the destination the client exported.
+    struct Copy {
+        const std::byte* src;
+        std::uint64_t offset;
+        std::uint64_t bytes;
+        std::uint32_t segment;
+    };
+    std::vector<Copy> copies;
+    copies.reserve(req.items.size());
+    const std::uint64_t limit = req.destination.ref.size;
+    std::uint64_t total = 0;
+    for (std::size_t i = 0; i < req.items.size(); ++i) {
+        const wire::LeaseMemberCopy& item = req.items[i];
+        const std::string what = "item " + std::to_string(i);
+        auto it = leases_.find(item.lease_id);
+        if (it == leases_.end()) {
+            return InvalidArgument(what + ": lease " + std::to_string(item.lease_id) +
+                                   " is not held by this connection");
+        }
+        const ObjectLease& lease = it->second;
+        const std::vector<MemberInfo>& members = lease.info().members;
+        std::size_t m = members.size();
+        for (std::size_t k = 0; k < members.size(); ++k) {
+            if (members[k].name == item.member) m = k;
+        }
+        if (m == members.size()) {
+            return InvalidArgument(what + ": the leased object has no member '" +
+                                   item.member.substr(0, 64) + "'");
+        }
+        const std::span<const std::byte> bytes = lease.Bytes(m);
+        if (item.offset > limit || bytes.size() > limit - item.offset) {
+            return InvalidArgument(what + ": " + std::to_string(bytes.size()) + " bytes at " +
+                                   std::to_string(item.offset) +
+                                   " run past the destination of " + std::to_string(limit));
+        }
+        copies.push_back({bytes.data(), item.offset, bytes.size(), lease.segment_id()});
+        total += bytes.size();
+    }
+    const wire::TensorLocation& loc = req.destination;
+    CudaIpcExport e;
+    std::memcpy(e.handle.data(), loc.ref.cuda_ipc_handle.data(), e.handle.size());
+    e.base = loc.cuda_base;
+    e.alloc_size = loc.cuda_alloc_size;
+    e.offset = loc.ref.offset;
+    e.bytes = loc.ref.size;
+    e.device = loc.ref.device;
+    e.pci_bus_id = loc.pci_bus_id;
+    const CudaIpcCacheStats before = ipc_cache_.Stats();
+    auto mapped = ipc_cache_.Map(e);
+    const CudaIpcCacheStats after = ipc_cache_.Stats();
+    server_.cuda_ipc_opens_.fetch_add(after.opens - before.opens, std::memory_order_relaxed);
+    server_.cuda_ipc_hits_.fetch_add(after.hits - before.hits, std::memory_order_relaxed);
+    if (!mapped.ok()) return mapped.status().WithContext("the destination");
+    const DeviceMemory dst = mapped->first;
+    // Host-to-device copies from the segments. Members of one segment that the client placed
+    // as they lie there (same distance apart in the destination as in the segment, a few KiB at
+    // most: a read publishes its objects next to each other) move as one copy of their span.
+    // A span in pinned segment memory goes straight to the device; one in pageable memory is
+    // first gathered into pinned landing memory on the copy threads (a pageable copy runs at a
+    // fraction of the pinned rate).
+    constexpr std::uint64_t kMaxGap = 4096;
+    struct Run {
+        const std::byte* src;
+        std::uint64_t offset;
+        std::uint64_t bytes;
+    };
+    std::vector<Run> pinned, pageable;
+    std::uint64_t pageable_bytes = 0;
+    for (std::size_t k = 0; k < copies.size();) {
+        std::size_t end = k + 1;
+        std::uint64_t bytes = copies[k].bytes;
+        while (end < copies.size() && copies[end].segment == copies[k].segment &&
+               copies[end].src >= copies[k].src &&
+               static_cast<std::uint64_t>(copies[end].src - copies[k].src) ==
+                   copies[end].offset - copies[k].offset &&
+               copies[end].offset >= copies[k].offset &&
+               copies[end].offset <= copies[k].offset + bytes + kMaxGap) {
+            bytes = std::max(bytes, copies[end].offset + copies[end].bytes - copies[k].offset);
+            ++end;
+        }
+        if (bytes > 0) {
+            const auto first = cuda::DescribePointer(copies[k].src);
+            const auto last = cuda::DescribePointer(copies[k].src + bytes - 1);
+            const bool is_pinned = first.ok() && last.ok() &&
+                                   first->type == cuda::MemoryType::kHost &&
+                                   last->type == cuda::MemoryType::kHost;
+            (is_pinned ? pinned : pageable).push_back({copies[k].src, copies[k].offset, bytes});
+            if (!is_pinned) pageable_bytes += bytes;
+        }
+        k = end;
+    }
+    HostBuffer bounce;
+    std::vector<HostCopy> gathers;
+    if (pageable_bytes > 0) {
+        MCS_ASSIGN_OR_RETURN(bounce, server_.commit_staging_->Allocate(pageable_bytes));
+        std::uint64_t at = 0;
+        for (Run& r : pageable) {
+            gathers.push_back({bounce.data() + at, r.src, static_cast<std::size_t>(r.bytes)});
+            r.src = bounce.data() + at;
+            at += r.bytes;
+        }
+        ParallelCopies(gathers, DefaultCopyThreads());
+    }
+    std::uint64_t issued = 0;
+    for (const std::vector<Run>* runs : {&pinned, &pageable}) {
+        for (const Run& r : *runs) {
+            MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(reinterpret_cast<void*>(dst.address + r.offset),
+                                                  r.src, r.bytes, cuda::CopyKind::kHostToDevice,
+                                                  kCudaPerThreadStream, dst.device));
+            ++issued;
+        }
+    }
+    MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, dst.device));
+    server_.leases_to_device_bytes_.fetch_add(total, std::memory_order_relaxed);
+    server_.leases_to_device_copies_.fetch_add(issued, std::memory_order_relaxed);
+    return Reply{wire::OkReply{}, {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmit(

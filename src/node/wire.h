@@ -108,7 +108,7 @@ using Message = std::variant<
     ClearCachesRequest, SparseStepManifestRequest, SparseStepManifestReply, SparseSealRequest,
     SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
     SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply,
-    SparseCommitDeviceRequest>;
+    SparseCommitDeviceRequest, LeasesToDeviceRequest>;
 
 MessageType TypeOf(const Message& message);
 

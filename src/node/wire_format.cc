@@ -167,6 +167,7 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kSparseCommitBatch: return "SparseCommitBatch";
         case MessageType::kSparseCommitBatchReply: return "SparseCommitBatchReply";
         case MessageType::kSparseCommitDevice: return "SparseCommitDevice";
+        case MessageType::kLeasesToDevice: return "LeasesToDevice";
         case MessageType::kSparseAdmit: return "SparseAdmit";
         case MessageType::kSparseAdmitReply: return "SparseAdmitReply";
         case MessageType::kSparseManifest: return "SparseManifest";

@@ -55,8 +55,9 @@ namespace mooncake::sparse::wire {
 inline constexpr std::uint32_t kWireMagic = 0x5053434Du;  ///< "MCSP" read as little-endian.
 inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout version.
 /// Message set version (Hello). 2: TensorItem carries the strides of a CUDA view. 5: commits
-/// of updates in the client's CUDA memory (SparseCommitDevice).
-inline constexpr std::uint32_t kProtocolVersion = 5;
+/// of updates in the client's CUDA memory (SparseCommitDevice). 6: leased objects copied into
+/// the client's CUDA memory (LeasesToDevice).
+inline constexpr std::uint32_t kProtocolVersion = 6;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -122,6 +123,7 @@ enum class MessageType : std::uint16_t {
     kSparseCommitBatch = 70,
     kSparseCommitBatchReply = 71,
     kSparseCommitDevice = 72,  ///< Replied by kSparseCommitBatchReply.
+    kLeasesToDevice = 73,
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".

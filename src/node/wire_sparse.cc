@@ -22,6 +22,13 @@ Status DeviceMember::Validate() const {
     return location.Validate();
 }
 
+Status LeasesToDeviceRequest::Validate() const {
+    if (destination.ref.kind != BufferKind::kCudaIpc) {
+        return InvalidArgument("a LeasesToDevice destination is not in CUDA memory");
+    }
+    return destination.Validate();
+}
+
 Status SparseWaitRequest::Validate() const {
     if (!(timeout_seconds >= 0 && timeout_seconds <= kMaxWaitSeconds)) {
         return InvalidArgument("wait timeout " + std::to_string(timeout_seconds) +

@@ -10,6 +10,7 @@
 //     SparseManifestRequest          -> SparseManifestReply
 //     SparseCurrentGenerationRequest -> SparseCurrentGenerationReply
 //     SparseReadRequest              -> SparseReadReply (target objects in segments, leased)
+//     LeasesToDeviceRequest          -> OkReply   (leased members into client CUDA memory)
 //     MetricsRequest                 -> MetricsReply
 //     ClearCachesRequest             -> OkReply        drops the daemon's node-local caches
 //
@@ -199,6 +200,38 @@ struct SparseCommitDeviceRequest {
     static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
     friend bool operator==(const SparseCommitDeviceRequest&,
                            const SparseCommitDeviceRequest&) = default;
+};
+
+/// One member of an object this connection leases, copied to `offset` of the destination.
+struct LeaseMemberCopy {
+    std::uint64_t lease_id = 0;
+    std::string member;  ///< "indices", "values", ...
+    std::uint64_t offset = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("lease_id", m.lease_id);
+        v("member", m.member, kMaxNameBytes);
+        v("offset", m.offset);
+    }
+    friend bool operator==(const LeaseMemberCopy&, const LeaseMemberCopy&) = default;
+};
+
+/// Members of objects the connection leases (the target objects of its SparseReads) copied by
+/// the daemon from its segments straight into a CUDA allocation of the client, by CUDA IPC:
+/// read_sparse_objects(..., device="cuda") with no staging in the client. Every item is
+/// checked (a lease of this connection, a member it has, inside the destination) before any
+/// byte is written.
+struct LeasesToDeviceRequest {
+    static constexpr MessageType kType = MessageType::kLeasesToDevice;
+    std::vector<LeaseMemberCopy> items;
+    TensorLocation destination;  ///< kCudaIpc; ref covers the bytes the items may write.
+
+    static void Fields(auto& v, auto& m) {
+        v("items", m.items, kMaxBatchItems);
+        v("destination", m.destination);
+    }
+    Status Validate() const;
+    friend bool operator==(const LeasesToDeviceRequest&, const LeasesToDeviceRequest&) = default;
 };
 
 /// SparseStore::Admit.

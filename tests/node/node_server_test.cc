@@ -42,6 +42,7 @@ namespace {
 using namespace std::chrono_literals;
 
 using testing::StatusIs;
+using testing::StatusIsWithMessage;
 using testing::TempDir;
 
 NodeServerOptions SmallServer(const std::string& socket) {
@@ -555,6 +556,56 @@ TEST_F(NodeServerTest, DeviceCommitsThatCannotBeMappedFailEachUpdateAlone) {
         const auto out = client->PutSparseObjectsFromDevice(requests, idx, val, 0);
         ASSERT_EQ(out.size(), 2u);
         for (const auto& r : out) EXPECT_THAT(r, StatusIs(StatusCode::kUnimplemented));
+    }
+}
+
+/// Leased members copied into a client's CUDA memory: each item is checked (a lease of this
+/// connection, a member of its object, inside the destination) before the destination is
+/// mapped, and a refused request writes nothing and leaves the connection serving.
+TEST_F(NodeServerTest, LeasesToDeviceChecksEveryItemFirst) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const auto a = Pattern(3000, 1);
+    std::vector<MemberData> members = {{"indices", DType::kUInt16, {1500}, a, 11}};
+    ASSERT_OK(client->Put("k", "meta", members, {PutMode::kCreate, false}));
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    auto lease = peer.Call<wire::LeaseReply>(wire::LeaseRequest{"k"});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    wire::LeasesToDeviceRequest req;
+    req.destination.ref.kind = wire::BufferKind::kCudaIpc;
+    req.destination.ref.size = 4096;
+    req.destination.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
+    req.destination.ref.device = 0;
+    req.destination.cuda_base = std::uint64_t{1} << 40;
+    req.destination.cuda_alloc_size = 4096;
+    const auto ask = [&](wire::LeaseMemberCopy item) {
+        req.items = {item};
+        return peer.Request(req);
+    };
+    EXPECT_THAT(ask({lease->lease_id + 1000, "indices", 0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "not held by this connection"));
+    EXPECT_THAT(ask({lease->lease_id, "values", 0}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "no member 'values'"));
+    EXPECT_THAT(ask({lease->lease_id, "indices", 2000}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "run past the destination"));
+    // A well-formed copy reaches the mapping: no CUDA here; with CUDA, a handle that opens
+    // nothing.
+    const Status mapped = ask({lease->lease_id, "indices", 1000});
+    EXPECT_TRUE(mapped.code() == StatusCode::kUnimplemented ||
+                mapped.code() == StatusCode::kInvalidArgument)
+        << mapped.ToString();
+    // A destination outside CUDA memory does not decode.
+    req.destination = {wire::BufferRef::Client(0, 4096), 0, 0, ""};
+    req.items = {{lease->lease_id, "indices", 0}};
+    EXPECT_THAT(peer.Request(req), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_OK(peer.Request(wire::StatRequest{"k"}));
+    // The client refuses reads it cannot copy this way, typed.
+    if (!cuda::GetSupport().ipc_available) {
+        TargetObjectView v;
+        v.target_id = "t";
+        const TargetObjectView* views[] = {&v};
+        EXPECT_THAT(client->CopyViewsToDevice(views, 0, 0), StatusIs(StatusCode::kUnimplemented));
     }
 }
 

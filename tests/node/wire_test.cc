@@ -305,6 +305,13 @@ std::vector<Message> SampleMessages() {
         out.push_back(d);
         out.push_back(SparseCommitDeviceRequest{});
     }
+    {
+        // A read's target objects into one device allocation of the client.
+        LeasesToDeviceRequest l;
+        l.items = {{3, "indices", 0}, {3, "values", 4096}, {0xfeedfacecafebeefull, "values", 1 << 20}};
+        l.destination = {CudaRef(0, 64 << 20), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"};
+        out.push_back(l);
+    }
     return out;
 }
 

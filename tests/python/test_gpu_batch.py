@@ -169,6 +169,39 @@ def test_device_commit_through_the_daemon_goes_by_cuda_ipc(store):
         assert np.array_equal(bits(w), bits(new))
 
 
+def test_device_read_through_the_daemon_is_copied_by_it(store):
+    if "leases_to_device_bytes" not in store.metrics():
+        pytest.skip("the embedded store uploads through pinned staging")
+    pairs = pairs_of(MIXED)
+    assert all(isinstance(x, dict) for x in commit_all(store, pairs, "rd"))
+    m = store.manifest((0, 1))
+    targets = whole_targets(pairs, "rd")
+    host = store.read_sparse_objects(m, targets)
+    dev = store.read_sparse_objects(m, targets, device="cuda")
+    after = store.metrics()
+    # The daemon wrote every member straight into this process's GPU memory, a few copies in
+    # all (a read publishes its objects side by side in the daemon's segments).
+    def nbytes(x):
+        t = torch.as_tensor(x)
+        return t.numel() * t.element_size()
+    assert after["leases_to_device_bytes"] == sum(nbytes(h.indices) + nbytes(h.values)
+                                                  for h in host)
+    assert 1 <= after["leases_to_device_copies"] <= len(targets)
+    for h, d in zip(host, dev):
+        assert np.array_equal(np.asarray(h.indices), torch.as_tensor(d.indices).cpu().numpy())
+        assert np.array_equal(bits(torch.as_tensor(h.values)), bits(torch.as_tensor(d.values).cpu()))
+    for (new, old), d in zip(pairs, dev):
+        w = old.clone()
+        mcs.apply_sparse_object(w, d)
+        assert np.array_equal(bits(w), bits(new))
+    # The next read reuses the device memory once nothing views it: no new mapping.
+    opens = after["cuda_ipc_opens"]
+    del dev, d
+    again = store.read_sparse_objects(m, targets, device="cuda")
+    assert store.metrics()["cuda_ipc_opens"] == opens
+    assert len(again) == len(targets)
+
+
 def test_single_commit_of_device_members(store):
     (new, old), = pairs_of([((128, 96), torch.bfloat16)])
     idx, vals = mcs.encode_update(new, old)

@@ -419,7 +419,7 @@ class Store(TensorMixin):
             generation=None if step is None else step.generation,
             unchanged=[] if step is None else list(step.unchanged),
         )
-        return objs if device is None else _gpu.upload(objs, device)
+        return objs if device is None else _gpu.upload(objs, device, self._core)
 
     def metrics(self) -> dict[str, float]:
         """The §4 counters (source_objects_put, range_gets, full_gets, ...)."""

@@ -182,14 +182,15 @@ class DeviceSparseObject:
                 f"nnz={self._host.nnz} cuda:{self.device}>")
 
 
-def upload(objs: list, device: Any) -> list:
+def upload(objs: list, device: Any, store: Any = None) -> list:
     """Target objects onto a GPU: every object's indices and values in one device allocation,
-    moved by one host-to-device copy."""
+    moved by one host-to-device copy; objects read through the node daemon (`store`, its
+    backend) are copied there by the daemon from its memory, by CUDA IPC."""
     _require()
     index = _device_index(device)
     torch = torch_module()
     stream = int(torch.cuda.current_stream(index).cuda_stream) if torch is not None else 0
-    pairs = _core._gpu_upload_batch(list(objs), index, stream)
+    pairs = _core._gpu_upload_batch(list(objs), index, stream, store)
     return [DeviceSparseObject(o, idx, vals) for o, (idx, vals) in zip(objs, pairs)]
 
 
