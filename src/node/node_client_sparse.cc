@@ -35,6 +35,47 @@ wire::SparseReadOptions WireReadOptions(const ReadOptions& options) {
     return out;
 }
 
+/// Commits updates 0..n in order (those `take(i)` accepts) in chunks of at most 8,192 updates
+/// and 256 MiB of members (`bytes_of(i)`), one `commit(chunk)` each; a chunk whose call fails
+/// fails all its updates with that error.
+template <typename Take, typename BytesOf, typename Commit>
+void CommitInChunks(std::span<const PutSparseRequest> requests, Take take, BytesOf bytes_of,
+                    Commit commit, std::vector<Result<CommitResult>>& out) {
+    constexpr std::size_t kBatchItems = 8192;
+    constexpr std::uint64_t kBatchBytes = std::uint64_t{256} << 20;
+    std::vector<std::size_t> chunk;
+    std::uint64_t chunk_bytes = 0;
+    const auto send = [&]() {
+        if (chunk.empty()) return;
+        if (Status s = commit(std::span<const std::size_t>(chunk)); !s.ok()) {
+            for (std::size_t i : chunk) out[i] = s;
+        }
+        chunk.clear();
+        chunk_bytes = 0;
+    };
+    for (std::size_t i = 0; i < requests.size(); ++i) {
+        if (!take(i)) continue;
+        const std::uint64_t bytes = bytes_of(i);
+        if (!chunk.empty() && (chunk.size() == kBatchItems || chunk_bytes + bytes > kBatchBytes)) {
+            send();
+        }
+        chunk.push_back(i);
+        chunk_bytes += bytes;
+    }
+    send();
+}
+
+/// Each failed update's error, named by its index and tensor.
+void NameFailures(std::span<const PutSparseRequest> requests,
+                  std::vector<Result<CommitResult>>& out) {
+    for (std::size_t i = 0; i < out.size(); ++i) {
+        if (!out[i].ok()) {
+            out[i] = out[i].status().WithContext("update " + std::to_string(i) + " ('" +
+                                                 requests[i].tensor_id + "')");
+        }
+    }
+}
+
 template <typename T>
 std::span<const std::byte> AsBytes(const std::vector<T>& v) {
     return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};
@@ -330,7 +371,7 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjects(
     const std::size_t n = requests.size();
     std::vector<Result<CommitResult>> out(n, Internal("unset"));
     // Encoded here, in parallel (the daemon validates every object again), then sent in
-    // requests of at most kBatchItems objects and kBatchBytes of members each.
+    // requests of at most 8,192 objects and 256 MiB of members each (CommitInChunks).
     // Entries already in canonical order (what encode_update returns) are not copied: the
     // object holds their tile index and checksums, and the request's arrays are sent as they are.
     std::vector<std::optional<SparseObject>> objects(n);
@@ -346,38 +387,20 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjects(
             out[i] = built.status();
         }
     });
-    constexpr std::size_t kBatchItems = 8192;
-    constexpr std::uint64_t kBatchBytes = std::uint64_t{256} << 20;
-    std::vector<std::size_t> chunk;
-    std::uint64_t chunk_bytes = 0;
-    const auto send = [&]() {
-        if (chunk.empty()) return;
-        Status s = CommitChunk(requests, objects, chunk, out);
-        if (!s.ok()) {
-            for (std::size_t i : chunk) out[i] = s;
-        }
-        chunk.clear();
-        chunk_bytes = 0;
-    };
-    for (std::size_t i = 0; i < n; ++i) {
-        if (!objects[i]) continue;
-        const std::uint64_t bytes = objects[i]->PayloadBytes() +
-                                    (objects[i]->indices.empty() && objects[i]->values.empty()
-                                         ? requests[i].indices.data.size() + requests[i].values.data.size()
-                                         : 0);
-        if (!chunk.empty() && (chunk.size() == kBatchItems || chunk_bytes + bytes > kBatchBytes)) {
-            send();
-        }
-        chunk.push_back(i);
-        chunk_bytes += bytes;
-    }
-    send();
-    for (std::size_t i = 0; i < n; ++i) {
-        if (!out[i].ok()) {
-            out[i] = out[i].status().WithContext("update " + std::to_string(i) + " ('" +
-                                                 requests[i].tensor_id + "')");
-        }
-    }
+    CommitInChunks(
+        requests, [&](std::size_t i) { return objects[i].has_value(); },
+        [&](std::size_t i) {
+            const SparseObject& o = *objects[i];
+            return o.PayloadBytes() + (o.indices.empty() && o.values.empty()
+                                           ? requests[i].indices.data.size() +
+                                                 requests[i].values.data.size()
+                                           : 0);
+        },
+        [&](std::span<const std::size_t> chunk) {
+            return CommitChunk(requests, objects, chunk, out);
+        },
+        out);
+    NameFailures(requests, out);
     return out;
 }
 
@@ -572,16 +595,7 @@ Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
         request.items.push_back({views[m.slot / 2]->lease_id, m.slot % 2 == 0 ? "indices" : "values",
                                  out.offsets[m.slot]});
     }
-    const CudaIpcExport& e = arena->exported;
-    wire::TensorLocation& d = request.destination;
-    d.ref.kind = wire::BufferKind::kCudaIpc;
-    d.ref.offset = e.offset;
-    d.ref.size = arena->bytes;
-    d.ref.cuda_ipc_handle.assign(reinterpret_cast<const char*>(e.handle.data()), e.handle.size());
-    d.ref.device = e.device;
-    d.cuda_base = e.base;
-    d.cuda_alloc_size = e.alloc_size;
-    d.pci_bus_id = e.pci_bus_id;
+    request.destination = wire::CudaLocation(arena->exported, arena->exported.offset, arena->bytes);
     MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request, total).status());
     out.base = arena->address;
     out.owner = std::move(arena);
@@ -616,37 +630,17 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjectsFromDevice(
             return out;
         }
     }
-    // Per device, chunks of at most kBatchItems updates and kBatchBytes of members.
-    constexpr std::size_t kBatchItems = 8192;
-    constexpr std::uint64_t kBatchBytes = std::uint64_t{256} << 20;
+    // Per device, in chunks.
     for (int d : devices) {
-        std::vector<std::size_t> chunk;
-        std::uint64_t chunk_bytes = 0;
-        const auto send = [&]() {
-            if (chunk.empty()) return;
-            if (Status s = CommitDeviceChunk(requests, indices, values, chunk, out); !s.ok()) {
-                for (std::size_t i : chunk) out[i] = s;
-            }
-            chunk.clear();
-            chunk_bytes = 0;
-        };
-        for (std::size_t i = 0; i < n; ++i) {
-            if (rejected[i] || indices[i].memory.device != d) continue;
-            const std::uint64_t bytes = indices[i].memory.bytes + values[i].memory.bytes + 128;
-            if (!chunk.empty() && (chunk.size() == kBatchItems || chunk_bytes + bytes > kBatchBytes)) {
-                send();
-            }
-            chunk.push_back(i);
-            chunk_bytes += bytes;
-        }
-        send();
+        CommitInChunks(
+            requests, [&](std::size_t i) { return !rejected[i] && indices[i].memory.device == d; },
+            [&](std::size_t i) { return indices[i].memory.bytes + values[i].memory.bytes + 128; },
+            [&](std::span<const std::size_t> chunk) {
+                return CommitDeviceChunk(requests, indices, values, chunk, out);
+            },
+            out);
     }
-    for (std::size_t i = 0; i < n; ++i) {
-        if (!out[i].ok()) {
-            out[i] = out[i].status().WithContext("update " + std::to_string(i) + " ('" +
-                                                 requests[i].tensor_id + "')");
-        }
-    }
+    NameFailures(requests, out);
     return out;
 }
 
@@ -695,19 +689,8 @@ Status NodeClient::CommitDeviceChunk(std::span<const PutSparseRequest> requests,
     request.items.resize(chunk.size());
     const CudaIpcExport& e = arena->exported;
     const auto member = [&](const DeviceMember& m, std::uint64_t offset) {
-        wire::DeviceMember w;
-        w.dtype = m.dtype;
-        w.shape = m.shape;
-        w.location.ref.kind = wire::BufferKind::kCudaIpc;
-        w.location.ref.offset = e.offset + offset;
-        w.location.ref.size = m.memory.bytes;
-        w.location.ref.cuda_ipc_handle.assign(reinterpret_cast<const char*>(e.handle.data()),
-                                              e.handle.size());
-        w.location.ref.device = e.device;
-        w.location.cuda_base = e.base;
-        w.location.cuda_alloc_size = e.alloc_size;
-        w.location.pci_bus_id = e.pci_bus_id;
-        return w;
+        return wire::DeviceMember{m.dtype, m.shape,
+                                  wire::CudaLocation(e, e.offset + offset, m.memory.bytes)};
     };
     std::uint64_t bytes = 0;
     for (std::size_t k = 0; k < chunk.size(); ++k) {

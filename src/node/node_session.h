@@ -123,6 +123,11 @@ private:
         const std::vector<wire::TensorItem>& items, bool destination,
         std::vector<std::shared_ptr<const CudaIpcMapping>>& holders);
 
+    /// The client's CUDA range `location` names, mapped through this connection's IPC cache
+    /// (counted in the server's cuda_ipc_opens / hits); the holder keeps the mapping open.
+    Result<std::pair<DeviceMemory, std::shared_ptr<const CudaIpcMapping>>> MapCuda(
+        const wire::TensorLocation& location);
+
     /// The bytes `ref` names in the client's buffer, bounds-checked.
     /// Errors: FailedPrecondition (no buffer registered); OutOfRange; Unimplemented (CUDA IPC).
     Result<std::span<std::byte>> ClientBytes(const wire::BufferRef& ref, std::string_view what);

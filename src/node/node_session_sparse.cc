@@ -187,7 +187,6 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     std::vector<Piece> pieces;
     pieces.reserve(2 * n);
     std::vector<std::shared_ptr<const CudaIpcMapping>> holders;
-    const CudaIpcCacheStats before = ipc_cache_.Stats();
     for (std::size_t i = 0; i < n; ++i) {
         const wire::DeviceUpdate& u = req.items[i];
         requests[i] = RequestOf(u);
@@ -199,16 +198,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
         }
         std::array<Piece, 2> mapped{};
         for (int k = 0; k < 2 && s.ok(); ++k) {
-            const wire::TensorLocation& loc = members[k]->location;
-            CudaIpcExport e;
-            std::memcpy(e.handle.data(), loc.ref.cuda_ipc_handle.data(), e.handle.size());
-            e.base = loc.cuda_base;
-            e.alloc_size = loc.cuda_alloc_size;
-            e.offset = loc.ref.offset;
-            e.bytes = loc.ref.size;
-            e.device = loc.ref.device;
-            e.pci_bus_id = loc.pci_bus_id;
-            auto m = ipc_cache_.Map(e);
+            auto m = MapCuda(members[k]->location);
             if (!m.ok()) {
                 s = m.status().WithContext(k == 0 ? "indices" : "values");
                 break;
@@ -223,9 +213,6 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
         pieces.push_back(mapped[0]);
         pieces.push_back(mapped[1]);
     }
-    const CudaIpcCacheStats after = ipc_cache_.Stats();
-    server_.cuda_ipc_opens_.fetch_add(after.opens - before.opens, std::memory_order_relaxed);
-    server_.cuda_ipc_hits_.fetch_add(after.hits - before.hits, std::memory_order_relaxed);
 
     // 2. The device-to-host copies: members of one mapping that lie close together (the
     //    client's arena holds a batch densely) move as one copy of their span, so a batch of
@@ -363,20 +350,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
         copies.push_back({bytes.data(), item.offset, bytes.size(), lease.segment_id()});
         total += bytes.size();
     }
-    const wire::TensorLocation& loc = req.destination;
-    CudaIpcExport e;
-    std::memcpy(e.handle.data(), loc.ref.cuda_ipc_handle.data(), e.handle.size());
-    e.base = loc.cuda_base;
-    e.alloc_size = loc.cuda_alloc_size;
-    e.offset = loc.ref.offset;
-    e.bytes = loc.ref.size;
-    e.device = loc.ref.device;
-    e.pci_bus_id = loc.pci_bus_id;
-    const CudaIpcCacheStats before = ipc_cache_.Stats();
-    auto mapped = ipc_cache_.Map(e);
-    const CudaIpcCacheStats after = ipc_cache_.Stats();
-    server_.cuda_ipc_opens_.fetch_add(after.opens - before.opens, std::memory_order_relaxed);
-    server_.cuda_ipc_hits_.fetch_add(after.hits - before.hits, std::memory_order_relaxed);
+    auto mapped = MapCuda(req.destination);
     if (!mapped.ok()) return mapped.status().WithContext("the destination");
     const DeviceMemory dst = mapped->first;
     // Host-to-device copies from the segments. Members of one segment that the client placed

@@ -21,7 +21,6 @@ Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(
     std::vector<std::shared_ptr<const CudaIpcMapping>>& holders) {
     std::vector<TensorRef> refs;
     refs.reserve(items.size());
-    const CudaIpcCacheStats before = ipc_cache_.Stats();
     for (std::size_t i = 0; i < items.size(); ++i) {
         const wire::TensorItem& item = items[i];
         const std::string what = std::string(destination ? "destination " : "") + "tensor " +
@@ -46,15 +45,7 @@ Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(
             }
             span = *s;
         }
-        CudaIpcExport e;
-        std::memcpy(e.handle.data(), ref.cuda_ipc_handle.data(), e.handle.size());
-        e.base = item.location.cuda_base;
-        e.alloc_size = item.location.cuda_alloc_size;
-        e.offset = ref.offset;
-        e.bytes = ref.size;
-        e.device = ref.device;
-        e.pci_bus_id = item.location.pci_bus_id;
-        auto mapped = ipc_cache_.Map(e);
+        auto mapped = MapCuda(item.location);
         if (!mapped.ok()) return mapped.status().WithContext(what);
         holders.push_back(std::move(mapped->second));
         // Copies run on this thread's own stream: connections do not serialize on one stream.
@@ -70,10 +61,17 @@ Result<std::vector<TensorRef>> NodeServer::Session::ResolveTensors(
         t.strides = item.strides;
         refs.push_back(std::move(t));
     }
+    return refs;
+}
+
+Result<std::pair<DeviceMemory, std::shared_ptr<const CudaIpcMapping>>>
+NodeServer::Session::MapCuda(const wire::TensorLocation& location) {
+    const CudaIpcCacheStats before = ipc_cache_.Stats();
+    auto mapped = ipc_cache_.Map(wire::ExportOf(location));
     const CudaIpcCacheStats after = ipc_cache_.Stats();
     server_.cuda_ipc_opens_.fetch_add(after.opens - before.opens, std::memory_order_relaxed);
     server_.cuda_ipc_hits_.fetch_add(after.hits - before.hits, std::memory_order_relaxed);
-    return refs;
+    return mapped;
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::TensorPut(

@@ -152,18 +152,7 @@ private:
                 }
                 auto exported = ExportCudaIpc(region);
                 if (!exported.ok()) return exported.status().WithContext(what);
-                wire::TensorLocation loc;
-                loc.ref.kind = wire::BufferKind::kCudaIpc;
-                loc.ref.offset = exported->offset;
-                loc.ref.size = exported->bytes;
-                loc.ref.cuda_ipc_handle.assign(
-                    reinterpret_cast<const char*>(exported->handle.data()),
-                    exported->handle.size());
-                loc.ref.device = exported->device;
-                loc.cuda_base = exported->base;
-                loc.cuda_alloc_size = exported->alloc_size;
-                loc.pci_bus_id = exported->pci_bus_id;
-                item.cuda = std::move(loc);
+                item.cuda = wire::CudaLocation(*exported, exported->offset, exported->bytes);
                 bool seen = false;
                 for (const auto& [d, s] : streams) seen |= d == t.device.device && s == t.stream;
                 if (!seen) streams.emplace_back(t.device.device, t.stream);

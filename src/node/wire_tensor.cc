@@ -3,9 +3,38 @@
 // Rules of the tensor fast path messages; see wire_tensor.h.
 #include "node/wire_tensor.h"
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 namespace mooncake::sparse::wire {
+
+TensorLocation CudaLocation(const CudaIpcExport& e, std::uint64_t offset, std::uint64_t bytes) {
+    TensorLocation loc;
+    loc.ref.kind = BufferKind::kCudaIpc;
+    loc.ref.offset = offset;
+    loc.ref.size = bytes;
+    loc.ref.cuda_ipc_handle.assign(reinterpret_cast<const char*>(e.handle.data()),
+                                   e.handle.size());
+    loc.ref.device = e.device;
+    loc.cuda_base = e.base;
+    loc.cuda_alloc_size = e.alloc_size;
+    loc.pci_bus_id = e.pci_bus_id;
+    return loc;
+}
+
+CudaIpcExport ExportOf(const TensorLocation& loc) {
+    CudaIpcExport e;
+    std::memcpy(e.handle.data(), loc.ref.cuda_ipc_handle.data(),
+                std::min(e.handle.size(), loc.ref.cuda_ipc_handle.size()));
+    e.base = loc.cuda_base;
+    e.alloc_size = loc.cuda_alloc_size;
+    e.offset = loc.ref.offset;
+    e.bytes = loc.ref.size;
+    e.device = loc.ref.device;
+    e.pci_bus_id = loc.pci_bus_id;
+    return e;
+}
 
 Status TensorLocation::Validate() const {
     if (ref.kind == BufferKind::kCudaIpc) {

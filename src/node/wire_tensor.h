@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "node/wire_common.h"
+#include "transport/cuda_ipc.h"
 
 namespace mooncake::sparse::wire {
 
@@ -38,6 +39,12 @@ struct TensorLocation {
     Status Validate() const;
     friend bool operator==(const TensorLocation&, const TensorLocation&) = default;
 };
+
+/// The location of `bytes` at `offset` of the allocation `exported` names (its handle, base,
+/// size, device), and the export a location names (what the daemon maps).
+TensorLocation CudaLocation(const CudaIpcExport& exported, std::uint64_t offset,
+                            std::uint64_t bytes);
+CudaIpcExport ExportOf(const TensorLocation& location);
 
 /// One tensor of a TensorPut (the source) or TensorGet (the destination, whose dtype and shape
 /// the stored tensor must match, or the box of it at `box_origin`).
