@@ -234,9 +234,18 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
 std::vector<std::shared_ptr<SparseObjectView>> Read(
     PyStore& s, const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
     const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
-    const std::optional<GenerationArg>& generation, const std::vector<std::string>& unchanged) {
+    const std::optional<GenerationArg>& generation, const std::vector<std::string>& unchanged,
+    const std::optional<bool>& view_in_place) {
     std::vector<TargetDescriptor> tds = TargetsFrom(targets);
     ReadOptions options = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
+    if (view_in_place) {
+        if (s.node() != nullptr) {
+            // The daemon's reads are its own to make: its read_in_place setting decides.
+            ThrowIfError(InvalidArgument(
+                "view_in_place is the node daemon's setting (--read_in_place), not a read's"));
+        }
+        options.view_in_place = *view_in_place;
+    }
     std::optional<StepManifest> step;
     if (generation) step = StepManifestFrom(manifest, *generation, unchanged);
     std::vector<TargetObjectView> views = NoGil([&] {
@@ -383,7 +392,8 @@ void RegisterStore(pyb::module_& m) {
         .def("read_sparse_objects", &Read, pyb::arg("manifest"), pyb::arg("targets"),
              pyb::arg("strategy") = "sparse", pyb::arg("read_coalesce_gap") = -1,
              pyb::arg("num_threads") = 0, pyb::arg("generation") = pyb::none(),
-             pyb::arg("unchanged") = std::vector<std::string>{})
+             pyb::arg("unchanged") = std::vector<std::string>{},
+             pyb::arg("view_in_place") = pyb::none())
         .def("step_manifest",
              [](Store& s, GenerationArg g) {
                  return StepManifestTuple(

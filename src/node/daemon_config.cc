@@ -154,16 +154,19 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
         auto v = ParseDuration(value);
         if (!v.ok()) return v.status().WithContext(key);
         (key == "frame_timeout" ? c.frame_timeout : c.idle_timeout) = *v;
-    } else if (key == "prefault_segments") {
+    } else if (key == "prefault_segments" || key == "read_in_place") {
+        bool& flag = key == "prefault_segments" ? c.prefault_segments : c.read_in_place;
         const std::string v = Lower(Trim(value));
         if (v == "true" || v == "1" || v == "yes" || v == "on") {
-            c.prefault_segments = true;
+            flag = true;
         } else if (v == "false" || v == "0" || v == "no" || v == "off") {
-            c.prefault_segments = false;
+            flag = false;
         } else {
-            return InvalidArgument("prefault_segments: '" + std::string(value) +
+            return InvalidArgument(std::string(key) + ": '" + std::string(value) +
                                    "' is not true or false");
         }
+    } else if (key == "commit_staging_pinned_bytes") {
+        return bytes(c.commit_staging_pinned_bytes);
     } else if (key == "prepare_threads") {
         MCS_ASSIGN_OR_RETURN(c.prepare_threads, ParseU32(value, key));
         if (c.prepare_threads == 0 || c.prepare_threads > 256) {
@@ -241,6 +244,8 @@ Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
     o.read_threads = c.read_threads != 0
                          ? c.read_threads
                          : std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 1, 8);
+    o.read_in_place = c.read_in_place;
+    o.commit_staging_pinned_bytes = c.commit_staging_pinned_bytes;
     if (c.max_connections == 0) return InvalidArgument("max_connections must be positive");
     o.max_connections = c.max_connections;
     return o;
@@ -253,7 +258,7 @@ std::span<const std::string_view> ConfigKeys() {
         "cache_capacity_bytes", "client_buffer_max_bytes", "metadata_capacity_bytes",
         "read_threads",         "max_connections",  "frame_timeout",
         "idle_timeout",         "prefault_segments", "prepare_threads",
-        "log_level"};
+        "log_level",            "read_in_place",    "commit_staging_pinned_bytes"};
     return kKeys;
 }
 
@@ -310,6 +315,8 @@ std::string ConfigToJson(const NodeDaemonConfig& c) {
     j["client_buffer_max_bytes"] = c.client_buffer_max_bytes;
     j["metadata_capacity_bytes"] = c.metadata_capacity_bytes;
     j["read_threads"] = c.read_threads;
+    j["read_in_place"] = c.read_in_place;
+    j["commit_staging_pinned_bytes"] = c.commit_staging_pinned_bytes;
     j["max_connections"] = c.max_connections;
     j["frame_timeout"] = std::to_string(c.frame_timeout.count()) + "ms";
     j["idle_timeout"] = std::to_string(c.idle_timeout.count()) + "ms";

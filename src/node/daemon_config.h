@@ -31,6 +31,10 @@ struct NodeDaemonConfig {
     std::uint64_t metadata_capacity_bytes = std::uint64_t{256} << 20;
     /// Materialization threads of one read call; 0: the hardware's threads, at most 8.
     std::uint32_t read_threads = 0;
+    /// Reads build targets straight from the segments (no range copies, no range cache).
+    bool read_in_place = false;
+    /// Host bytes pinned for the commits copied from clients' CUDA memory.
+    std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
     std::uint32_t max_connections = 1024;
     /// A started frame must be complete (and a new connection must say Hello) within this.
     std::chrono::milliseconds frame_timeout{10000};

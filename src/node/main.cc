@@ -41,6 +41,12 @@ DEFINE_string(client_buffer_max_bytes, "1GiB", "Largest buffer a client may regi
 DEFINE_string(metadata_capacity_bytes, "256MiB", "Bound on keys, metadata and member tables.");
 DEFINE_uint32(read_threads, 0,
               "Materialization threads per read_sparse_objects call (0: the hardware's, at most 8).");
+DEFINE_bool(read_in_place, false,
+            "Reads build their targets straight from the segments: no copy of the planned "
+            "ranges and no node range cache (range_gets counts each call's ranges viewed).");
+DEFINE_string(commit_staging_pinned_bytes, "1GiB",
+              "Host bytes pinned for commits copied from clients' CUDA memory by CUDA IPC; "
+              "beyond it they land in pageable memory.");
 DEFINE_uint32(max_connections, 1024,
               "Connections served at once; when full, a new one evicts the longest-idle "
               "connection that holds no client buffer and no lease.");

@@ -71,6 +71,11 @@ struct NodeServerOptions {
     std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
+    /// Reads build their targets straight from the stored bytes (ReadOptions::view_in_place)
+    /// when the sparse objects are the node's own shared memory: no copy of the planned ranges,
+    /// and no node range cache (range_gets then counts each call's ranges viewed). Off: ranges
+    /// are copied into the range cache, each read once for the node.
+    bool read_in_place = false;
     /// A reply that the client does not read within this time closes the connection.
     std::chrono::milliseconds send_timeout{30000};
     /// A frame whose first packet has arrived must be complete within this time, or the

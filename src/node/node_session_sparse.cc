@@ -447,6 +447,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
     options.num_threads = static_cast<int>(
         req.options.num_threads == 0 ? server_.options_.read_threads
                                      : std::min(req.options.num_threads, kMaxReadThreads));
+    options.view_in_place = server_.options_.read_in_place;
     std::vector<TargetObject> objects;
     if (req.step) {
         StepManifest step{*req.step, req.manifest, req.unchanged, true};

@@ -279,6 +279,16 @@ TEST(DaemonConfigTest, TimeoutsAndPreparationKeys) {
     EXPECT_FALSE(o->store.prefault);
     EXPECT_EQ(o->store.prepare_threads, 8u);
     EXPECT_TRUE(o->store.prepare_in_background);
+    EXPECT_FALSE(o->read_in_place);
+    EXPECT_EQ(o->commit_staging_pinned_bytes, std::uint64_t{1} << 30);
+    ASSERT_TRUE(ApplyYamlConfig("read_in_place: on\ncommit_staging_pinned_bytes: 64MiB\n", c).ok());
+    o = ToServerOptions(c);
+    ASSERT_TRUE(o.ok());
+    EXPECT_TRUE(o->read_in_place);
+    EXPECT_EQ(o->commit_staging_pinned_bytes, std::uint64_t{64} << 20);
+    EXPECT_NE(ConfigToJson(c).find("\"read_in_place\":true"), std::string::npos);
+    EXPECT_FALSE(SetConfigKey(c, "read_in_place", "perhaps").ok());
+    EXPECT_FALSE(SetConfigKey(c, "commit_staging_pinned_bytes", "lots").ok());
     EXPECT_FALSE(SetConfigKey(c, "prefault_segments", "maybe").ok());
     EXPECT_FALSE(SetConfigKey(c, "prepare_threads", "0").ok());
     EXPECT_FALSE(SetConfigKey(c, "frame_timeout", "soon").ok());

@@ -433,6 +433,56 @@ TEST_F(NodeServerTest, ConcurrentClientsReadEachUniqueRangeOnceForTheNode) {
     EXPECT_EQ(m["target_objects_published"], kClients);
 }
 
+TEST_F(NodeServerTest, ReadsInPlaceBuildTheSameTargetsFromTheSegments) {
+    // --read_in_place: each read views its ranges in the segments instead of copying them into
+    // the range cache; the targets are those of the copying read, byte for byte.
+    NodeServerOptions options = SmallServer(dir_.Path("in_place.sock"));
+    options.read_in_place = true;
+    auto in_place_server = NodeServer::Start(options);
+    ASSERT_TRUE(in_place_server.ok()) << in_place_server.status().ToString();
+    const Coo coo = RandomCoo(512, 256, 20000, 12);
+    const auto targets = EpTpTargets("w", 512, 256, 2, 4);
+    std::vector<std::vector<LeasedTargetObject>> reads;
+    std::vector<std::map<std::string, double>> metrics;
+    for (const std::string& socket : {socket_, options.socket_path}) {
+        auto client = Client(socket);
+        ASSERT_NE(client, nullptr);
+        auto object = BuildSourceObject(Request("w", coo, 512, 256));
+        ASSERT_TRUE(object.ok());
+        ASSERT_TRUE(client->CommitSparseObject(object->desc, "global", Members(*object), true).ok());
+        auto manifest = client->Manifest({0, 1});
+        ASSERT_TRUE(manifest.ok());
+        ASSERT_TRUE(client->Metrics(/*reset=*/true).ok());
+        for (int pass = 0; pass < 2; ++pass) {  // the second pass: cached, or viewed again
+            auto objs = client->ReadSparseObjects(*manifest, targets, {});
+            ASSERT_TRUE(objs.ok()) << objs.status().ToString();
+            ASSERT_EQ(objs->size(), targets.size());
+            if (pass == 0) reads.push_back(std::move(objs).value());
+        }
+        auto m = client->Metrics();
+        ASSERT_TRUE(m.ok());
+        metrics.emplace_back(m->begin(), m->end());
+    }
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+        const LeasedTargetObject& copied = reads[0][i];
+        const LeasedTargetObject& viewed = reads[1][i];
+        EXPECT_EQ(viewed.desc.nnz, copied.desc.nnz);
+        EXPECT_TRUE(std::equal(viewed.indices.begin(), viewed.indices.end(),
+                               copied.indices.begin(), copied.indices.end()));
+        EXPECT_TRUE(std::equal(viewed.values.begin(), viewed.values.end(),
+                               copied.values.begin(), copied.values.end()));
+        EXPECT_EQ(viewed.checksum_values, copied.checksum_values);
+    }
+    // Copying: 4 TP boxes read once, then served by the cache. In place: viewed in both passes.
+    EXPECT_EQ(metrics[0]["range_gets"], 4);
+    EXPECT_EQ(metrics[0]["range_cache_hits"], 4);
+    EXPECT_EQ(metrics[1]["range_gets"], 8);
+    EXPECT_EQ(metrics[1]["range_cache_hits"], 0);
+    EXPECT_EQ(metrics[1]["full_gets"], 0);
+    EXPECT_EQ(metrics[1]["target_objects_published"], 2 * targets.size());
+    (*in_place_server)->Stop();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Hostile input on a raw connection.
 // ---------------------------------------------------------------------------------------------

@@ -224,6 +224,36 @@ def test_clear_caches_and_reset_metrics_reach_the_daemon(store, rng):
     assert store.metrics()["range_gets"] == 1
 
 
+def test_a_daemon_that_reads_in_place_builds_the_same_targets(tmp_path, rng):
+    shape = (384, 256)
+    idx, vals = random_coo(rng, shape, 4000)
+    t = [mcs.Target("w", f"r{i}", "node0", {}, (0, 64 * i), (384, 64)) for i in range(4)]
+    embedded = mcs.connect()
+    embedded.put_sparse_object("w", shape, idx, vals, generation=GEN)
+    want = embedded.read_sparse_objects(embedded.manifest(GEN), t)
+    with start_node_daemon(tmp_path / "in_place", read_in_place="true") as daemon:
+        s = mcs.connect(daemon.url)
+        s.put_sparse_object("w", shape, idx, vals, generation=GEN)
+        man = s.manifest(GEN)
+        s.reset_metrics()
+        per_read = []
+        for _ in range(2):
+            got = s.read_sparse_objects(man, t)
+            for a, b in zip(want, got):
+                assert a.nnz == b.nnz
+                np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
+                assert np.asarray(a.values).tobytes() == np.asarray(b.values).tobytes()
+            per_read.append(s.metrics())
+        # Viewed in both reads, nothing cached.
+        first, both = per_read
+        assert first["range_gets"] >= len(t) and both["range_gets"] == 2 * first["range_gets"]
+        assert both["range_cache_hits"] == 0 and both["full_gets"] == 0
+        with pytest.raises(mcs.InvalidArgument, match="read_in_place"):
+            s.read_sparse_objects(man, t, view_in_place=True)
+        del got
+        s.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Many processes.
 # ---------------------------------------------------------------------------------------------

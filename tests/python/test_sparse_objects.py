@@ -122,6 +122,30 @@ def test_node_cache_hits(store, rng):
 
 
 @pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
+def test_read_in_place_builds_the_same_targets(store, rng, apply):
+    shape = (512, 384)
+    idx, vals = random_coo(rng, shape, 5000)
+    store.put_sparse_object("w", shape, idx, vals, apply=apply, generation=GEN)
+    manifest = store.manifest(GEN)
+    targets = targets_ep_tp("w", shape, 2, 3, split_dim=1)
+    copied = store.read_sparse_objects(manifest, targets)
+    store.clear_caches()
+    store.reset_metrics()
+    viewed = store.read_sparse_objects(manifest, targets, view_in_place=True)
+    m = store.metrics()
+    assert m["range_cache_hits"] == 0 and m["full_gets"] == 0 and m["range_gets"] >= 3
+    for a, b in zip(copied, viewed):
+        assert (a.target_id, a.nnz, a.apply) == (b.target_id, b.nnz, b.apply)
+        np.testing.assert_array_equal(np.asarray(a.indices), np.asarray(b.indices))
+        assert np.asarray(a.values).tobytes() == np.asarray(b.values).tobytes()
+    # Viewed again: nothing was cached, the ranges are viewed again.
+    store.read_sparse_objects(manifest, targets, view_in_place=True)
+    assert store.metrics()["range_gets"] == 2 * m["range_gets"]
+    with pytest.raises(mcs.InvalidArgument):
+        store.read_sparse_objects(manifest, targets, view_in_place="yes")
+
+
+@pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
 @pytest.mark.parametrize("ndim", [1, 2, 3])
 def test_random_boxes_match_numpy(store, rng, apply, ndim):
     for trial in range(6):

@@ -107,10 +107,11 @@ def read_sparse_objects(
     read_coalesce_gap: int = -1,
     num_threads: int = 0,
     device: Any = None,
+    view_in_place: bool | None = None,
 ) -> list[Any]:
     return default_store().read_sparse_objects(
         manifest, targets, strategy=strategy, read_coalesce_gap=read_coalesce_gap,
-        num_threads=num_threads, device=device)
+        num_threads=num_threads, device=device, view_in_place=view_in_place)
 
 
 def manifest(generation: tuple[int, int]) -> Manifest:

@@ -65,7 +65,8 @@ class _Backend(Protocol):
     def read_sparse_objects(self, manifest: list, targets: list, strategy: str,
                             read_coalesce_gap: int, num_threads: int, *,
                             generation: tuple[int, int] | None = None,
-                            unchanged: list[str] | None = None) -> list: ...
+                            unchanged: list[str] | None = None,
+                            view_in_place: bool | None = None) -> list: ...
     def step_manifest(self, generation: tuple[int, int]) -> tuple[list, list, bool]: ...
     def wait_generation(self, generation: tuple[int, int],
                         timeout: float) -> tuple[list, list, bool]: ...
@@ -406,11 +407,19 @@ class Store(TensorMixin):
         read_coalesce_gap: int = -1,
         num_threads: int = 0,
         device: Any = None,
+        view_in_place: bool | None = None,
     ) -> list[Any]:
         """One target-local object per target, same order (docs/design.md §4 steps 1-8).
         strategy="full_source" is the baseline that GETs complete sources per target.
         device="cuda" / "cuda:N": the objects' indices and values are copied into that GPU's
-        memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights."""
+        memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights.
+        view_in_place=True (the embedded store): targets are built straight from the stored
+        bytes, without copying the planned ranges out first and without the node range cache
+        (range_cache_hits stays 0; range_gets counts the ranges viewed, per call). Through the
+        node daemon its --read_in_place setting decides (passing it raises InvalidArgument);
+        a mooncake:// store ignores it."""
+        if view_in_place is not None and not isinstance(view_in_place, bool):
+            raise InvalidArgument(f"view_in_place must be a bool or None, got {view_in_place!r}")
         step = manifest if isinstance(manifest, Manifest) else None
         objs = self._core.read_sparse_objects(
             _manifest(manifest), _targets(targets), _str(strategy, "strategy"),
@@ -418,6 +427,7 @@ class Store(TensorMixin):
             _int(num_threads, "num_threads", minimum=0),
             generation=None if step is None else step.generation,
             unchanged=[] if step is None else list(step.unchanged),
+            view_in_place=view_in_place,
         )
         return objs if device is None else _gpu.upload(objs, device, self._core)
 

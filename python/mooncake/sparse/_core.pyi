@@ -122,6 +122,7 @@ class _Store:
         self, manifest: list[SourceInfo], targets: Iterable[Any], strategy: str = "sparse",
         read_coalesce_gap: int = -1, num_threads: int = 0,
         generation: tuple[int, int] | None = None, unchanged: list[str] = ...,
+        view_in_place: bool | None = None,
     ) -> list[SparseObject]: ...
     def step_manifest(self, generation: tuple[int, int]
                       ) -> tuple[list[SourceInfo], list[str], bool]: ...
