@@ -60,10 +60,13 @@ pyb::tuple ShapeTuple(std::span<const Index> s) {
 
 TargetDescriptor TargetFrom(const pyb::handle& obj) {
     auto get = [&](const char* name) -> pyb::object {
-        if (!pyb::hasattr(obj, name)) {
+        // One lookup (hasattr and attr would make two per field of every target).
+        PyObject* v = PyObject_GetAttrString(obj.ptr(), name);
+        if (v == nullptr) {
+            PyErr_Clear();
             ThrowIfError(InvalidArgument(std::string("target lacks attribute '") + name + "'"));
         }
-        return obj.attr(name);
+        return pyb::reinterpret_steal<pyb::object>(v);
     };
     // Exactly str: pyb::str() would turn None into the id "None".
     auto id = [&](const char* name) -> std::string {
@@ -83,6 +86,7 @@ TargetDescriptor TargetFrom(const pyb::handle& obj) {
 
 std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets) {
     std::vector<TargetDescriptor> out;
+    if (pyb::isinstance<pyb::list>(targets)) out.reserve(pyb::len(targets));
     for (auto t : targets) out.push_back(TargetFrom(t));
     return out;
 }
@@ -209,12 +213,12 @@ pyb::tuple StepManifestTuple(StepManifest m) {
                            m.sealed);
 }
 
-StepManifest StepManifestFrom(const std::vector<SourceDescriptor>& sources,
+StepManifest StepManifestFrom(std::vector<SourceDescriptor> sources,
                               std::pair<std::uint64_t, std::uint64_t> generation,
                               const std::vector<std::string>& unchanged) {
     StepManifest m;
     m.generation = ValueOrThrow(Generation::Make(generation.first, generation.second));
-    m.sources = sources;
+    m.sources = std::move(sources);
     m.unchanged = unchanged;
     std::sort(m.unchanged.begin(), m.unchanged.end());
     m.sealed = true;

@@ -86,7 +86,7 @@ pyb::object GenerationOrNone(const std::optional<Generation>& g);
 /// A step manifest as Python gets it: (sources, unchanged tensor ids, sealed).
 pyb::tuple StepManifestTuple(StepManifest m);
 /// The StepManifest of a Python Manifest's parts.
-StepManifest StepManifestFrom(const std::vector<SourceDescriptor>& sources,
+StepManifest StepManifestFrom(std::vector<SourceDescriptor> sources,
                               std::pair<std::uint64_t, std::uint64_t> generation,
                               const std::vector<std::string>& unchanged);
 

@@ -232,7 +232,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
 }
 
 std::vector<std::shared_ptr<SparseObjectView>> Read(
-    PyStore& s, const std::vector<SourceDescriptor>& manifest, const pyb::iterable& targets,
+    PyStore& s, std::vector<SourceDescriptor> manifest, const pyb::iterable& targets,
     const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
     const std::optional<GenerationArg>& generation, const std::vector<std::string>& unchanged,
     const std::optional<bool>& view_in_place) {
@@ -247,7 +247,8 @@ std::vector<std::shared_ptr<SparseObjectView>> Read(
         options.view_in_place = *view_in_place;
     }
     std::optional<StepManifest> step;
-    if (generation) step = StepManifestFrom(manifest, *generation, unchanged);
+    // The converted manifest moves into the step: one copy of the sources, not two.
+    if (generation) step = StepManifestFrom(std::move(manifest), *generation, unchanged);
     std::vector<TargetObjectView> views = NoGil([&] {
         return step ? s.service().ReadViews(*step, tds, options)
                     : s.service().ReadViews(manifest, tds, options);

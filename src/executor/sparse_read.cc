@@ -768,7 +768,9 @@ void SparseStore::AddReadMetrics(const SparseMetrics& m) {
 // ---------------------------------------------------------------------------------------------
 Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& claimed) {
     MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", claimed.source_ref));
-    MCS_ASSIGN_OR_RETURN(ObjectInfo info, store_->Stat(claimed.source_ref));
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat,
+                         store_->StatShared(claimed.source_ref));
+    const ObjectInfo& info = *stat;
     MCS_ASSIGN_OR_RETURN(SourceDescriptor stored,
                          DecodeObjectMetadata(claimed.source_ref, info.metadata));
     MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));

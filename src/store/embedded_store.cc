@@ -108,6 +108,7 @@ public:
     Status Put(std::string_view key, std::string_view metadata,
                std::span<const MemberData> members, const PutOptions& options) override;
     Result<ObjectInfo> Stat(std::string_view key) override;
+    Result<std::shared_ptr<const ObjectInfo>> StatShared(std::string_view key) override;
     Status ReadMember(std::string_view key, std::string_view member,
                       std::span<std::byte> dst) override;
     Status ReadRanges(std::span<const RangeRead> reads) override {
@@ -510,6 +511,13 @@ Result<ObjectInfo> EmbeddedStore::Stat(std::string_view key) {
     ObjectPtr object = Snapshot(key);
     if (!object) return NotFound("object " + Quote(key) + " not found");
     return object->info;
+}
+
+Result<std::shared_ptr<const ObjectInfo>> EmbeddedStore::StatShared(std::string_view key) {
+    ObjectPtr object = Snapshot(key);
+    if (!object) return NotFound("object " + Quote(key) + " not found");
+    // An object version never changes: its info lives as long as the snapshot.
+    return std::shared_ptr<const ObjectInfo>(object, &object->info);
 }
 
 Status EmbeddedStore::ReadMember(std::string_view key, std::string_view member,

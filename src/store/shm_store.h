@@ -138,6 +138,7 @@ public:
     Status Put(std::string_view key, std::string_view metadata,
                std::span<const MemberData> members, const PutOptions& options) override;
     Result<ObjectInfo> Stat(std::string_view key) override;
+    Result<std::shared_ptr<const ObjectInfo>> StatShared(std::string_view key) override;
     Status ReadMember(std::string_view key, std::string_view member,
                       std::span<std::byte> dst) override;
     Status ReadRanges(std::span<const RangeRead> reads) override {

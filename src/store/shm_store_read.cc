@@ -77,6 +77,14 @@ Result<ObjectInfo> ShmStore::Stat(std::string_view key) {
     return object->info;
 }
 
+Result<std::shared_ptr<const ObjectInfo>> ShmStore::StatShared(std::string_view key) {
+    ObjectPtr object = Snapshot(key);
+    if (!object) return NotFound("object " + Quote(key) + " not found");
+    Touch(*object, *state_);
+    // A snapshot's info never changes (a rewrite makes a new object): it lives as long as it.
+    return std::shared_ptr<const ObjectInfo>(object, &object->info);
+}
+
 Status ShmStore::ReadMember(std::string_view key, std::string_view member,
                             std::span<std::byte> dst) {
     ShmState& st = *state_;

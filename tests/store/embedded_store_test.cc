@@ -150,6 +150,27 @@ TEST(EmbeddedStoreTest, ObjectWithNoMembersAndEmptyMetadata) {
     EXPECT_THAT(store->ReadMember("empty", "x", {}), StatusIs(StatusCode::kNotFound));
 }
 
+TEST(EmbeddedStoreTest, StatSharedIsTheVersionItSawAfterAnUpsertOrRemove) {
+    auto store = MakeEmbeddedStore();
+    std::vector<OwnedMember> members = {PatternMember("values", DType::kBFloat16, {40}, 1)};
+    MCS_ASSERT_OK(store->Put("k", "first", Views(members), Create()));
+    auto shared = store->StatShared("k");
+    MCS_ASSERT_OK(shared);
+    auto copied = store->Stat("k");
+    MCS_ASSERT_OK(copied);
+    EXPECT_EQ((*shared)->metadata, copied->metadata);
+    EXPECT_EQ((*shared)->version, copied->version);
+    ASSERT_EQ((*shared)->members.size(), 1u);
+    EXPECT_EQ((*shared)->members[0].size_bytes, 80u);
+    // A new version and a remove leave the shared info as it was (it holds its version).
+    std::vector<OwnedMember> bigger = {PatternMember("values", DType::kBFloat16, {64}, 2)};
+    MCS_ASSERT_OK(store->Put("k", "second", Views(bigger), Upsert()));
+    MCS_ASSERT_OK(store->Remove("k"));
+    EXPECT_EQ((*shared)->metadata, "first");
+    EXPECT_EQ((*shared)->members[0].size_bytes, 80u);
+    EXPECT_THAT(store->StatShared("k"), StatusIs(StatusCode::kNotFound));
+}
+
 TEST(EmbeddedStoreTest, EmptyMemberReadsWithEmptyDestination) {
     auto store = MakeEmbeddedStore();
     std::vector<OwnedMember> members = {PatternMember("values", DType::kBFloat16, {0}, 1)};

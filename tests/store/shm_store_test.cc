@@ -213,6 +213,27 @@ TEST(ShmStoreTest, RoundTripStatReadMemberAndRanges) {
     EXPECT_EQ(store->Stat("obj")->version, 2u);
 }
 
+TEST(ShmStoreTest, StatSharedIsTheVersionItSawAfterAnUpsertOrRemove) {
+    auto store = MakeStore(64 * kKiB);
+    ASSERT_NE(store, nullptr);
+    std::vector<OwnedMember> members = {PatternMember("values", DType::kBFloat16, {40}, 1, 7)};
+    MCS_ASSERT_OK(store->Put("k", "first", Views(members), {}));
+    auto shared = store->StatShared("k");
+    MCS_ASSERT_OK(shared);
+    auto copied = store->Stat("k");
+    MCS_ASSERT_OK(copied);
+    EXPECT_EQ((*shared)->metadata, copied->metadata);
+    EXPECT_EQ((*shared)->version, copied->version);
+    // Rewritten in place (same size) and then removed: the shared info is still the first one.
+    std::vector<OwnedMember> same = {PatternMember("values", DType::kBFloat16, {40}, 2, 8)};
+    MCS_ASSERT_OK(store->Put("k", "second", Views(same), {PutMode::kUpsert, false}));
+    EXPECT_EQ((*store->StatShared("k"))->metadata, "second");
+    MCS_ASSERT_OK(store->Remove("k"));
+    EXPECT_EQ((*shared)->metadata, "first");
+    EXPECT_EQ((*shared)->version, copied->version);
+    EXPECT_THAT(store->StatShared("k"), StatusIs(StatusCode::kNotFound));
+}
+
 TEST(ShmStoreTest, ParallelRangeReadsReadWhatRangeReadsRead) {
     auto store = MakeStore(32 * 1024 * kKiB);
     ASSERT_NE(store, nullptr);
