@@ -163,8 +163,9 @@ public:
     /// Errors: NotFound.
     virtual Result<ObjectInfo> Stat(std::string_view key) = 0;
 
-    /// Stat without the copy where the store can share its own immutable copy (the embedded
-    /// store); the base implementation wraps Stat. The info stays valid as long as the pointer.
+    /// Stat without the copy where the store can share its own immutable copy (the embedded and
+    /// shared-memory stores); the base implementation wraps Stat. The info stays valid as long
+    /// as the pointer.
     /// Errors: NotFound.
     virtual Result<std::shared_ptr<const ObjectInfo>> StatShared(std::string_view key) {
         MCS_ASSIGN_OR_RETURN(ObjectInfo info, Stat(key));
