@@ -20,6 +20,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,22 +57,37 @@ void Member(Writer& w, std::string_view name, DType dtype, std::initializer_list
 }
 
 // The parse of one metadata text: a document whose allocators start in buffers of its own, so
-// that a typical object's metadata parses without a heap allocation. Anything but white space
-// after the document is an error.
+// that a typical object's metadata parses without a heap allocation. It parses a NUL-terminated
+// copy of the text in place (RapidJSON's in-situ mode: strings are not copied out, and the
+// input is read through a plain pointer, not a bounds-checked stream), about twice as fast.
+// Anything but white space after the document is an error, and so is a NUL anywhere in the
+// text (which would end an in-situ parse early; JSON has no place for one).
 class Parsed {
 public:
     explicit Parsed(std::string_view text)
         : values_(value_buffer_.data(), value_buffer_.size()),
           stack_(stack_buffer_.data(), stack_buffer_.size()),
           doc_(&values_, 1024, &stack_) {
-        doc_.Parse(text.data(), text.size());
+        if (std::memchr(text.data(), '\0', text.size()) != nullptr) return;
+        char* copy = text_buffer_.data();
+        if (text.size() >= text_buffer_.size()) {
+            large_text_.assign(text.size() + 1, '\0');
+            copy = large_text_.data();
+        }
+        std::memcpy(copy, text.data(), text.size());
+        copy[text.size()] = '\0';
+        doc_.ParseInsitu(copy);
         ok_ = !doc_.HasParseError() && doc_.IsObject();
     }
+    Parsed(const Parsed&) = delete;
+    Parsed& operator=(const Parsed&) = delete;
     bool ok() const { return ok_; }
     const rapidjson::Value& root() const { return doc_; }
 
 private:
     using Allocator = rapidjson::MemoryPoolAllocator<>;
+    std::array<char, 2048> text_buffer_;  ///< The text, parsed in place (strings point into it).
+    std::string large_text_;              ///< Where a longer text is parsed.
     std::array<char, 8192> value_buffer_;
     std::array<char, 2048> stack_buffer_;
     Allocator values_;

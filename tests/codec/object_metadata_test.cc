@@ -75,6 +75,18 @@ TEST(ObjectMetadataTest, EveryFieldIsCheckedAndStringsRoundTrip) {
     EXPECT_EQ(j.dump(), json);
 
     EXPECT_THAT(DecodeObjectMetadata("x", json + " x"), StatusIs(StatusCode::kInvalidArgument));
+    // The text is parsed from a NUL-terminated copy: a NUL in it is an error, never the end of
+    // the document (whatever follows it would be ignored), and a text longer than the parser's
+    // own buffer parses the same.
+    EXPECT_THAT(DecodeObjectMetadata("x", json + std::string(1, '\0') + " x"),
+                StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_THAT(DecodeObjectMetadata("x", std::string(1, '\0') + json),
+                StatusIs(StatusCode::kInvalidArgument));
+    ASSERT_OK_AND_ASSIGN(SourceDescriptor padded,
+                         DecodeObjectMetadata("mcs/src/w", json + std::string(5000, ' ')));
+    EXPECT_EQ(padded, obj.desc);
+    EXPECT_THAT(DecodeObjectMetadata("x", std::string(5000, ' ') + "{"),
+                StatusIs(StatusCode::kInvalidArgument));
     for (const char* field : {"schema", "version", "tensor_id", "global_shape", "global_offset",
                               "local_shape", "base_generation", "delta_generation",
                               "source_placement", "placement_policy", "tile_shape", "nnz",
