@@ -17,12 +17,14 @@
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/geometry.h"
 #include "mooncake/sparse/status.h"
+#include "transport/host_blocks.h"
 
 namespace mooncake::sparse {
 
 /// An allocator whose value-initialization leaves bytes as they are: a buffer sized for what is
 /// written into it next is not zero-filled first (the zero fill of a read's target objects was a
-/// tenth of the read).
+/// tenth of the read). Large buffers come from the host block cache (transport/host_blocks.h):
+/// the next step's objects reuse this step's memory instead of faulting in new pages.
 template <typename T>
 struct DefaultInitAllocator : std::allocator<T> {
     template <typename U>
@@ -32,6 +34,15 @@ struct DefaultInitAllocator : std::allocator<T> {
     DefaultInitAllocator() = default;
     template <typename U>
     DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+    T* allocate(std::size_t n) {
+        static_assert(alignof(T) <= alignof(std::max_align_t));
+        if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
+        if (n == 0) return nullptr;
+        void* p = AllocateHostBlock(n * sizeof(T));
+        if (p == nullptr) throw std::bad_alloc();
+        return static_cast<T*>(p);
+    }
+    void deallocate(T* p, std::size_t n) noexcept { FreeHostBlock(p, n * sizeof(T)); }
     template <typename U>
     void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
         ::new (static_cast<void*>(p)) U;

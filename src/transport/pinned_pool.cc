@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "transport/cuda_runtime.h"
+#include "transport/host_blocks.h"
 
 namespace mooncake::sparse {
 namespace internal {
@@ -45,7 +46,7 @@ constexpr std::uint64_t kPinnedGranule = std::uint64_t{2} << 20;
 Result<HostBuffer> HostBuffer::Pageable(std::uint64_t bytes) {
     HostBuffer b;
     if (bytes == 0) return b;
-    b.data_ = new (std::nothrow) std::byte[bytes];
+    b.data_ = static_cast<std::byte*>(AllocateHostBlock(bytes));
     if (b.data_ == nullptr) {
         return ResourceExhausted("cannot allocate " + std::to_string(bytes) + " bytes of host memory");
     }
@@ -65,7 +66,7 @@ void HostBuffer::Reset() {
             pool_->free_blocks.emplace(capacity_, data_);
         }
     } else {
-        delete[] data_;
+        FreeHostBlock(data_, size_);
         if (pool_) {
             std::lock_guard lock(pool_->mu);
             pool_->stats.pageable_bytes -= size_;

@@ -1,0 +1,188 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+#include "transport/host_blocks.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define MCS_HOST_BLOCKS_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define MCS_HOST_BLOCKS_ASAN 1
+#endif
+#endif
+#ifdef MCS_HOST_BLOCKS_ASAN
+#include <sanitizer/asan_interface.h>
+#endif
+
+namespace mooncake::sparse {
+namespace {
+
+void Poison([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) {
+#ifdef MCS_HOST_BLOCKS_ASAN
+    ASAN_POISON_MEMORY_REGION(p, n);
+#endif
+}
+
+void Unpoison([[maybe_unused]] void* p, [[maybe_unused]] std::size_t n) {
+#ifdef MCS_HOST_BLOCKS_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
+#endif
+}
+
+std::uint64_t DefaultLimit() {
+    if (const char* env = std::getenv("MOONCAKE_SPARSE_HOST_CACHE_BYTES"); env != nullptr && *env) {
+        char* end = nullptr;
+        const unsigned long long v = std::strtoull(env, &end, 10);
+        if (end != env && *end == '\0') return v;
+    }
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGESIZE);
+    const std::uint64_t phys =
+        pages > 0 && page > 0 ? static_cast<std::uint64_t>(pages) * static_cast<std::uint64_t>(page) : 0;
+    return std::min<std::uint64_t>(phys / 8, std::uint64_t{4} << 30);
+}
+
+/// The free blocks, by capacity, each with the sequence number of its free (the oldest goes
+/// first when the limit is reached).
+class Cache {
+public:
+    Cache() : limit_(DefaultLimit()) {}
+
+    void* Allocate(std::size_t capacity) {
+        {
+            std::lock_guard lock(mu_);
+            ++allocations_;
+            auto it = free_.find(capacity);
+            if (it != free_.end()) {
+                void* p = it->second.back().second;
+                it->second.pop_back();
+                if (it->second.empty()) free_.erase(it);
+                free_bytes_ -= capacity;
+                --free_blocks_;
+                ++reuses_;
+                Unpoison(p, capacity);
+                return p;
+            }
+        }
+        return std::malloc(capacity);
+    }
+
+    void Free(void* p, std::size_t capacity) {
+        std::vector<std::pair<void*, std::size_t>> release;
+        {
+            std::lock_guard lock(mu_);
+            if (capacity > limit_) {
+                release.emplace_back(p, capacity);
+            } else {
+                EvictLocked(limit_ - capacity, release);
+                Poison(p, capacity);
+                free_[capacity].emplace_back(++seq_, p);
+                free_bytes_ += capacity;
+                ++free_blocks_;
+            }
+        }
+        for (auto [q, n] : release) std::free(q);
+    }
+
+    void SetLimit(std::uint64_t bytes) {
+        std::vector<std::pair<void*, std::size_t>> release;
+        {
+            std::lock_guard lock(mu_);
+            limit_ = bytes;
+            EvictLocked(limit_, release);
+        }
+        for (auto [q, n] : release) std::free(q);
+    }
+
+    /// Frees every free block; the limit stays.
+    void Trim() {
+        std::vector<std::pair<void*, std::size_t>> release;
+        {
+            std::lock_guard lock(mu_);
+            EvictLocked(0, release);
+        }
+        for (auto [q, n] : release) std::free(q);
+    }
+
+    HostBlockCacheStats Stats() {
+        std::lock_guard lock(mu_);
+        return {limit_, free_bytes_, free_blocks_, allocations_, reuses_};
+    }
+
+private:
+    /// Takes the oldest free blocks out until at most `keep` free bytes remain.
+    void EvictLocked(std::uint64_t keep, std::vector<std::pair<void*, std::size_t>>& release) {
+        while (free_bytes_ > keep) {
+            auto oldest = free_.end();
+            for (auto it = free_.begin(); it != free_.end(); ++it) {
+                if (oldest == free_.end() || it->second.front().first < oldest->second.front().first) {
+                    oldest = it;
+                }
+            }
+            const std::size_t capacity = oldest->first;
+            void* p = oldest->second.front().second;
+            oldest->second.pop_front();
+            if (oldest->second.empty()) free_.erase(oldest);  // no empty lists are kept
+            free_bytes_ -= capacity;
+            --free_blocks_;
+            Unpoison(p, capacity);
+            release.emplace_back(p, capacity);
+        }
+    }
+
+    std::mutex mu_;
+    std::uint64_t limit_;
+    std::uint64_t seq_ = 0;
+    std::map<std::size_t, std::deque<std::pair<std::uint64_t, void*>>> free_;  // capacity -> blocks, oldest first
+    std::uint64_t free_bytes_ = 0;
+    std::uint64_t free_blocks_ = 0;
+    std::uint64_t allocations_ = 0;
+    std::uint64_t reuses_ = 0;
+};
+
+Cache& TheCache() {
+    static Cache* cache = new Cache();  // Never destroyed: blocks may be freed at exit.
+    return *cache;
+}
+
+}  // namespace
+
+std::size_t HostBlockCapacity(std::size_t bytes) noexcept {
+    if (bytes < kMinCachedBlockBytes) return bytes;
+    // Eight classes per power of two: at most 1/8 over the request.
+    const int e = std::bit_width(bytes) - 1;
+    const std::size_t step = std::size_t{1} << (e - 3);
+    return (bytes + step - 1) / step * step;
+}
+
+void* AllocateHostBlock(std::size_t bytes) noexcept {
+    if (bytes == 0) return nullptr;
+    if (bytes < kMinCachedBlockBytes) return std::malloc(bytes);
+    return TheCache().Allocate(HostBlockCapacity(bytes));
+}
+
+void FreeHostBlock(void* ptr, std::size_t bytes) noexcept {
+    if (ptr == nullptr) return;
+    if (bytes < kMinCachedBlockBytes) {
+        std::free(ptr);
+        return;
+    }
+    TheCache().Free(ptr, HostBlockCapacity(bytes));
+}
+
+void TrimHostBlockCache() noexcept { TheCache().Trim(); }
+
+void SetHostBlockCacheLimit(std::uint64_t bytes) noexcept { TheCache().SetLimit(bytes); }
+
+HostBlockCacheStats GetHostBlockCacheStats() noexcept { return TheCache().Stats(); }
+
+}  // namespace mooncake::sparse
