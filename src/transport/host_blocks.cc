@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -77,11 +78,11 @@ public:
     }
 
     void Free(void* p, std::size_t capacity) {
-        std::vector<std::pair<void*, std::size_t>> release;
+        std::vector<void*> release;
         {
             std::lock_guard lock(mu_);
             if (capacity > limit_) {
-                release.emplace_back(p, capacity);
+                release.push_back(p);
             } else {
                 EvictLocked(limit_ - capacity, release);
                 Poison(p, capacity);
@@ -90,27 +91,19 @@ public:
                 ++free_blocks_;
             }
         }
-        for (auto [q, n] : release) std::free(q);
+        for (void* q : release) std::free(q);
     }
 
-    void SetLimit(std::uint64_t bytes) {
-        std::vector<std::pair<void*, std::size_t>> release;
+    /// Sets the limit (nullopt: keeps it) and frees the oldest blocks until at most `keep`
+    /// free bytes remain (at most the limit).
+    void Shrink(std::optional<std::uint64_t> limit, std::uint64_t keep) {
+        std::vector<void*> release;
         {
             std::lock_guard lock(mu_);
-            limit_ = bytes;
-            EvictLocked(limit_, release);
+            if (limit) limit_ = *limit;
+            EvictLocked(std::min(keep, limit_), release);
         }
-        for (auto [q, n] : release) std::free(q);
-    }
-
-    /// Frees every free block; the limit stays.
-    void Trim() {
-        std::vector<std::pair<void*, std::size_t>> release;
-        {
-            std::lock_guard lock(mu_);
-            EvictLocked(0, release);
-        }
-        for (auto [q, n] : release) std::free(q);
+        for (void* q : release) std::free(q);
     }
 
     HostBlockCacheStats Stats() {
@@ -120,7 +113,7 @@ public:
 
 private:
     /// Takes the oldest free blocks out until at most `keep` free bytes remain.
-    void EvictLocked(std::uint64_t keep, std::vector<std::pair<void*, std::size_t>>& release) {
+    void EvictLocked(std::uint64_t keep, std::vector<void*>& release) {
         while (free_bytes_ > keep) {
             auto oldest = free_.end();
             for (auto it = free_.begin(); it != free_.end(); ++it) {
@@ -135,7 +128,7 @@ private:
             free_bytes_ -= capacity;
             --free_blocks_;
             Unpoison(p, capacity);
-            release.emplace_back(p, capacity);
+            release.push_back(p);
         }
     }
 
@@ -179,9 +172,9 @@ void FreeHostBlock(void* ptr, std::size_t bytes) noexcept {
     TheCache().Free(ptr, HostBlockCapacity(bytes));
 }
 
-void TrimHostBlockCache() noexcept { TheCache().Trim(); }
+void TrimHostBlockCache() noexcept { TheCache().Shrink(std::nullopt, 0); }
 
-void SetHostBlockCacheLimit(std::uint64_t bytes) noexcept { TheCache().SetLimit(bytes); }
+void SetHostBlockCacheLimit(std::uint64_t bytes) noexcept { TheCache().Shrink(bytes, bytes); }
 
 HostBlockCacheStats GetHostBlockCacheStats() noexcept { return TheCache().Stats(); }
 
