@@ -108,8 +108,16 @@ cuda::DeviceArray CudaArg(const ParsedTensor& p, const std::string& what) {
 
 std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 
+/// The host threads that gather uploads into pinned staging, kept for the process's life
+/// (starting threads per chunk would cost more than the chunk's copy).
+HostCopyPool& GatherPool() {
+    static HostCopyPool* pool = new HostCopyPool(DefaultCopyThreads());  // never destroyed
+    return *pool;
+}
+
 /// Target objects' indices and values in one device allocation: gathered into pinned staging
-/// by host copies across threads, then one host-to-device copy.
+/// by host copies across threads, chunk by chunk, each chunk's host-to-device copy running
+/// while the next chunk is gathered.
 std::vector<std::pair<DeviceArray, DeviceArray>> UploadBatch(
     const std::vector<std::shared_ptr<SparseObjectView>>& objs, int device, std::uintptr_t stream) {
     std::vector<std::uint64_t> at(objs.size() * 2);
@@ -127,15 +135,29 @@ std::vector<std::pair<DeviceArray, DeviceArray>> UploadBatch(
         auto lease = cuda::PinnedStaging::Acquire(total);
         if (!lease.ok()) throw StatusError(lease.status());
         std::byte* host = lease->bytes().data();
+        // Chunks of whole objects of about kChunkBytes: small enough that the last chunk's
+        // copy (the one nothing hides) is short, large enough that each keeps the threads busy.
+        constexpr std::uint64_t kChunkBytes = std::uint64_t{32} << 20;
         std::vector<HostCopy> copies;
-        copies.reserve(objs.size() * 2);
-        for (std::size_t i = 0; i < objs.size(); ++i) {
-            copies.push_back({host + at[2 * i], objs[i]->indices.data(), objs[i]->indices.size()});
-            copies.push_back({host + at[2 * i + 1], objs[i]->values.data(), objs[i]->values.size()});
+        Status issued = Status::Ok();
+        std::size_t i = 0;
+        while (i < objs.size() && issued.ok()) {
+            const std::uint64_t begin = at[2 * i];
+            copies.clear();
+            for (; i < objs.size() && (copies.empty() || at[2 * i] - begin < kChunkBytes); ++i) {
+                copies.push_back({host + at[2 * i], objs[i]->indices.data(), objs[i]->indices.size()});
+                copies.push_back({host + at[2 * i + 1], objs[i]->values.data(), objs[i]->values.size()});
+            }
+            const std::uint64_t end = i < objs.size() ? at[2 * i] : total;
+            GatherPool().Run(copies);
+            const cuda::HostDeviceCopy up{{owner->ptr().address + begin, device},
+                                          {host + begin, static_cast<std::size_t>(end - begin)}};
+            issued = cuda::EnqueueCopiesToDevice({&up, 1}, stream);
         }
-        ParallelCopies(copies, DefaultCopyThreads());
-        const cuda::HostDeviceCopy up{owner->ptr(), {host, static_cast<std::size_t>(total)}};
-        ThrowIfError(cuda::CopyBatchToDevice({&up, 1}, stream));
+        // Every enqueued copy has finished before the staging lease is given back.
+        const Status waited = cuda::Synchronize(stream);
+        ThrowIfError(issued);
+        ThrowIfError(waited);
     }
     std::vector<std::pair<DeviceArray, DeviceArray>> out;
     out.reserve(objs.size());

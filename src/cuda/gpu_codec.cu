@@ -997,7 +997,8 @@ Status ApplySparse(const DeviceArray& w, const DeviceArray& idx, const DeviceArr
 namespace {
 
 /// Merges copies adjacent on both sides (after sorting by device address) and issues them.
-Status CopyBatch(std::span<const HostDeviceCopy> copies, std::uintptr_t stream_handle, bool to_host) {
+Status CopyBatch(std::span<const HostDeviceCopy> copies, std::uintptr_t stream_handle, bool to_host,
+                 bool wait = true) {
     std::vector<HostDeviceCopy> sorted;
     sorted.reserve(copies.size());
     for (const HostDeviceCopy& c : copies) {
@@ -1034,7 +1035,7 @@ Status CopyBatch(std::span<const HostDeviceCopy> copies, std::uintptr_t stream_h
         bytes = c.host.size();
     }
     MCS_RETURN_IF_ERROR(issue(dev, host, bytes));
-    MCS_CUDA(cudaStreamSynchronize(stream));
+    if (wait) MCS_CUDA(cudaStreamSynchronize(stream));
     return Status::Ok();
 }
 
@@ -1057,6 +1058,10 @@ Status CopyBatchToHost(std::span<const HostDeviceCopy> copies, std::uintptr_t st
 
 Status CopyBatchToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream) {
     return CopyBatch(copies, stream, false);
+}
+
+Status EnqueueCopiesToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream) {
+    return CopyBatch(copies, stream, false, false);
 }
 
 PinnedStaging::Lease::Lease(Lease&& o) noexcept : owner_(o.owner_), bytes_(o.bytes_) { o.owner_ = nullptr; }

@@ -153,6 +153,11 @@ Status CopyBatchToHost(std::span<const HostDeviceCopy> copies, std::uintptr_t st
 /// merges them; complete when the call returns.
 Status CopyBatchToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream);
 
+/// CopyBatchToDevice without the wait: the copies are ordered on `stream` and may still run
+/// when the call returns (Synchronize(stream) waits); the host ranges must stay unchanged until
+/// then. Copies from page-locked memory so overlap with the caller's next host work.
+Status EnqueueCopiesToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream);
+
 /// Page-locked host memory for staging copies at the copy engine's full speed: one buffer per
 /// process, grown on demand and kept (pinning memory is slow; reusing it is free). A lease
 /// holds the buffer exclusively until it is destroyed; a second caller waits.
