@@ -212,8 +212,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             t_read_host = None
             if device.type == "cuda":
                 store.clear_caches()  # as cold as the timed read (a new step's ranges)
-                t_read_host, host_objs = timed(lambda: store.read_sparse_objects(manifest, targets),
-                                               device)
+                # The host read of the same kind as the device read (the embedded store views
+                # in place for a device read).
+                host_kw = {"view_in_place": True} if backend == "embedded" else {}
+                t_read_host, host_objs = timed(
+                    lambda: store.read_sparse_objects(manifest, targets, **host_kw), device)
                 del host_objs
             # Check every shard: bit for bit (overwrite) or within one bf16 rounding.
             worst = 0.0

@@ -202,6 +202,36 @@ def test_device_read_through_the_daemon_is_copied_by_it(store):
     assert len(again) == len(targets)
 
 
+def test_device_read_on_the_embedded_store_views_in_place(store):
+    if "leases_to_device_bytes" in store.metrics():
+        pytest.skip("through the daemon its --read_in_place setting decides")
+    pairs = pairs_of(MIXED)
+    assert all(isinstance(x, dict) for x in commit_all(store, pairs, "vp"))
+    m = store.manifest((0, 1))
+    targets = whole_targets(pairs, "vp")
+    store.clear_caches()
+    store.reset_metrics()
+    copied = store.read_sparse_objects(m, targets, device="cuda", view_in_place=False)
+    first = store.metrics()
+    store.reset_metrics()
+    viewed = store.read_sparse_objects(m, targets, device="cuda")
+    second = store.metrics()
+    # The default device read viewed the stored bytes: the range cache that the copying read
+    # filled was neither used nor filled again.
+    assert first["range_gets"] > 0 and second["range_gets"] > 0
+    assert second["range_cache_hits"] == 0
+    store.reset_metrics()
+    store.read_sparse_objects(m, targets, device="cuda", view_in_place=False)
+    assert store.metrics()["range_cache_hits"] > 0  # a copying read finds them cached
+    for c, v in zip(copied, viewed):
+        assert torch.equal(torch.as_tensor(c.indices), torch.as_tensor(v.indices))
+        assert np.array_equal(bits(torch.as_tensor(c.values)), bits(torch.as_tensor(v.values)))
+    for (new, old), v in zip(pairs, viewed):
+        w = old.clone()
+        mcs.apply_sparse_object(w, v)
+        assert np.array_equal(bits(w), bits(new))
+
+
 def test_single_commit_of_device_members(store):
     (new, old), = pairs_of([((128, 96), torch.bfloat16)])
     idx, vals = mcs.encode_update(new, old)

@@ -417,9 +417,14 @@ class Store(TensorMixin):
         bytes, without copying the planned ranges out first and without the node range cache
         (range_cache_hits stays 0; range_gets counts the ranges viewed, per call). Through the
         node daemon its --read_in_place setting decides (passing it raises InvalidArgument);
-        a mooncake:// store ignores it."""
+        a mooncake:// store ignores it. A device read on the embedded store views in place
+        unless view_in_place=False: its objects are copied to the GPU anyway, so the copy of
+        the planned ranges out of the stored objects would be one more pass over the bytes."""
         if view_in_place is not None and not isinstance(view_in_place, bool):
             raise InvalidArgument(f"view_in_place must be a bool or None, got {view_in_place!r}")
+        if (device is not None and view_in_place is None and self.url is None
+                and self._upstream is None):
+            view_in_place = True
         step = manifest if isinstance(manifest, Manifest) else None
         objs = self._core.read_sparse_objects(
             _manifest(manifest), _targets(targets), _str(strategy, "strategy"),
