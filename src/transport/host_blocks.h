@@ -7,7 +7,7 @@
 // took about half of the commit and of the read. Freed large blocks are therefore kept, within a
 // byte limit, and handed to the next allocation of the same size class.
 //
-// - Only blocks of at least kMinCachedBlockBytes are cached; smaller ones are plain new/delete.
+// - Only blocks of at least kMinCachedBlockBytes are cached; smaller ones are plain malloc/free.
 // - A block's capacity is its size class: sizes rounded up to at most 1/8 more, so that the
 //   slightly different sizes of one tensor's objects from step to step share blocks.
 // - The limit (default: an eighth of physical memory, at most 4 GiB; the environment variable
