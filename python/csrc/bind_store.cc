@@ -339,6 +339,7 @@ std::unique_ptr<PyStore> PyStore::Connect(const std::string& socket_path,
                                           const std::string& client_name,
                                           std::uint64_t initial_buffer_bytes,
                                           std::optional<double> reply_spin_max_s,
+                                          std::optional<double> reply_spin_s,
                                           const std::string& name_space) {
     ThrowIfError(ValidateNamespace(name_space));
     NodeClientOptions options;
@@ -358,6 +359,11 @@ std::unique_ptr<PyStore> PyStore::Connect(const std::string& socket_path,
         options.reply_spin_max =
             std::chrono::microseconds(static_cast<std::int64_t>(*reply_spin_max_s * 1e6));
     }
+    if (reply_spin_s) {
+        CheckSeconds(*reply_spin_s, "reply_spin", /*allow_zero=*/true);
+        options.reply_spin =
+            std::chrono::microseconds(static_cast<std::int64_t>(*reply_spin_s * 1e6));
+    }
     std::shared_ptr<NodeClient> client = NoGil([&] { return NodeClient::Connect(options); });
     return std::unique_ptr<PyStore>(new PyStore(client, client));
 }
@@ -373,7 +379,8 @@ void RegisterStore(pyb::module_& m) {
         .def_static("connect", &Store::Connect, pyb::arg("socket_path"),
                     pyb::arg("connect_timeout") = 5.0, pyb::arg("call_timeout") = 120.0,
                     pyb::arg("client_name") = "", pyb::arg("initial_buffer_bytes") = 0,
-                    pyb::arg("reply_spin_max") = pyb::none(), pyb::arg("name_space") = "")
+                    pyb::arg("reply_spin_max") = pyb::none(), pyb::arg("reply_spin") = pyb::none(),
+                    pyb::arg("name_space") = "")
         .def_property_readonly("remote", [](Store& s) { return s.node() != nullptr; },
                                "Whether the work runs in a node daemon.")
         .def("put_sparse_object", &PutSparseObject, pyb::arg("tensor_id"),

@@ -36,6 +36,7 @@ public:
                                             const std::string& client_name,
                                             std::uint64_t initial_buffer_bytes,
                                             std::optional<double> reply_spin_max_s,
+                                            std::optional<double> reply_spin_s,
                                             const std::string& name_space);
 
     SparseService& service() { return *service_; }

@@ -568,8 +568,9 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
     - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH ("unix://":
       at its default path, mooncake.sparse.node.default_socket_path()); kwargs
       connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes,
-      reply_spin_max (seconds a tensor call may poll for its reply before sleeping; 0 never
-      polls; default 0.02). Raises
+      reply_spin (seconds any call polls for its reply before sleeping; default 0.0002; a
+      tensor call polls longer, for as long as its bytes take at 8 GB/s) and reply_spin_max
+      (the most seconds a call polls; 0 never polls; default 0.02). Raises
       Unavailable when no daemon runs there. A call that loses the daemon raises Unavailable
       and the next call reconnects (e.g. to a restarted daemon).
     - "mooncake://HOST:PORT?protocol=tcp&metadata=URL&local_hostname=H&segment_bytes=N":
@@ -589,16 +590,16 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
 
             path = default_socket_path()  # where mooncake_sparse_node listens by default
         unknown = set(kwargs) - {"connect_timeout", "call_timeout", "client_name",
-                                 "initial_buffer_bytes", "reply_spin_max"}
+                                 "initial_buffer_bytes", "reply_spin_max", "reply_spin"}
         if unknown:
             raise InvalidArgument(f"unknown option(s) for a node store: {sorted(unknown)}")
         kwargs.setdefault("client_name", f"pid {os.getpid()}")
         for key in ("connect_timeout", "call_timeout"):
             if key in kwargs:
                 kwargs[key] = _seconds(kwargs[key], key, allow_zero=False)
-        if kwargs.get("reply_spin_max") is not None:
-            kwargs["reply_spin_max"] = _seconds(kwargs["reply_spin_max"], "reply_spin_max",
-                                                allow_zero=True)
+        for key in ("reply_spin_max", "reply_spin"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = _seconds(kwargs[key], key, allow_zero=True)
         if "initial_buffer_bytes" in kwargs:
             kwargs["initial_buffer_bytes"] = _int(kwargs["initial_buffer_bytes"],
                                                   "initial_buffer_bytes", minimum=0)

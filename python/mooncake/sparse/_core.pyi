@@ -110,7 +110,8 @@ class _Store:
     @staticmethod
     def connect(socket_path: str, connect_timeout: float = 5.0, call_timeout: float = 120.0,
                 client_name: str = "", initial_buffer_bytes: int = 0,
-                reply_spin_max: float | None = None, name_space: str = "") -> _Store: ...
+                reply_spin_max: float | None = None, reply_spin: float | None = None,
+                name_space: str = "") -> _Store: ...
     @property
     def remote(self) -> bool:
         """Whether the work runs in a node daemon."""
@@ -155,7 +156,8 @@ class _Store:
 # The former name of _Store.connect.
 def _NodeStore(socket_path: str, connect_timeout: float = 5.0, call_timeout: float = 120.0,
                client_name: str = "", initial_buffer_bytes: int = 0,
-               reply_spin_max: float | None = None, name_space: str = "") -> _Store: ...
+               reply_spin_max: float | None = None, reply_spin: float | None = None,
+                name_space: str = "") -> _Store: ...
 class _ObjectStore: ...
 class _TensorStore:
     def __init__(self, backend: _Store, pinned_quota_bytes: int = 0) -> None: ...
