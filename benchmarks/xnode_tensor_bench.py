@@ -15,7 +15,15 @@ node B three ways, in the same run:
                 reports) into registered memory on node B: one batch_transfer_sync_read per
                 batch. The ceiling of this run (`ceiling_gbps` on every line).
 
-Each size runs the three paths in turn, `--iters` rounds (after one warm-up each), and reports
+and on node A itself:
+
+  local         a client of node A's daemon reading A's own replicas into the same destinations
+                (no transfer: the replica is in A's segment, which is page-locked where CUDA is
+                present, so a CUDA read is one pinned host-to-device copy). Its ceiling is the
+                same run's pinned host-to-device copy (--device cuda) or host memcpy (cpu) of
+                the same bytes (`xnode_local_get` lines).
+
+Each size runs the four paths in turn, `--iters` rounds (after one warm-up each), and reports
 each path's median.
 
 One JSON object per result line on stdout (and in --json PATH); human text on stderr.
@@ -113,6 +121,20 @@ def main(argv=None) -> int:
         emit({"what": "xnode_pinned_ceiling", "device": device, "bytes": n,
               "gbps": n / best / 1e9})
         del h, d
+    else:
+        # The host memcpy ceiling of this host, same run: a local read's copy out of the segment.
+        n = 256 * MiB
+        h, d = torch.ones(n, dtype=torch.uint8), torch.empty(n, dtype=torch.uint8)
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            d.copy_(h)
+            best = min(best, time.perf_counter() - t)
+        emit({"what": "xnode_memcpy_ceiling", "device": device, "bytes": n,
+              "gbps": n / best / 1e9})
+        del h, d
+    local_ceiling = {"what": "xnode_pinned_ceiling" if device == "cuda" else
+                     "xnode_memcpy_ceiling", "gbps": n / best / 1e9}
     batches = []
     if args.batch:
         count, mib = (int(x) for x in args.batch.lower().split("x"))
@@ -180,6 +202,12 @@ def main(argv=None) -> int:
                     else:
                         b.batch_get_tensor_into(keys, dsts)
 
+                def local_get():
+                    if n == 1:
+                        a.get_tensor_into(keys[0], dsts[0])
+                    else:
+                        a.batch_get_tensor_into(keys, dsts)
+
                 def upstream_get():
                     ptrs = [up_buf.data_ptr() + o for o in offs]
                     if n == 1:
@@ -192,7 +220,8 @@ def main(argv=None) -> int:
                             d.copy_(t.view(d.dtype).reshape(d.shape), non_blocking=False)
 
                 medians = timed_round_robin({"te_ceiling": te_read, "daemon": daemon_get,
-                                             "upstream": upstream_get}, args.iters, sync)
+                                             "upstream": upstream_get, "local": local_get},
+                                            args.iters, sync)
                 ceiling = total_bytes / medians["te_ceiling"] / 1e9
                 for path in ("daemon", "upstream", "te_ceiling"):
                     s = medians[path]
@@ -203,10 +232,27 @@ def main(argv=None) -> int:
                     emit(rec)
                     log(f"{what:16s} {n:3d} x {mib:4d} MiB  {path:10s} {gbps:6.2f} GB/s "
                         f"({gbps / ceiling:4.2f} of the TE ceiling {ceiling:5.2f})")
-                # Bit-exact check of the last daemon read.
-                daemon_get()
-                for t, d in zip(src, dsts):
-                    assert torch.equal(d.cpu().view(torch.int16), t.view(torch.int16))
+                s = medians["local"]
+                gbps = total_bytes / s / 1e9
+                emit({"what": "xnode_local_get", "path": "local", "tensors": n,
+                      "tensor_bytes": nbytes, "bytes": total_bytes, "seconds": s, "gbps": gbps,
+                      "ceiling": local_ceiling["what"], "ceiling_gbps": local_ceiling["gbps"],
+                      "ratio": gbps / local_ceiling["gbps"], "device": device,
+                      "nodes": "127.0.0.1 (its own replica)"})
+                log(f"{'xnode_local_get':16s} {n:3d} x {mib:4d} MiB  {'local':10s} "
+                    f"{gbps:6.2f} GB/s ({gbps / local_ceiling['gbps']:4.2f} of the "
+                    f"{'pinned H2D' if device == 'cuda' else 'memcpy'} ceiling "
+                    f"{local_ceiling['gbps']:5.2f})")
+                # Bit-exact check of the last daemon read, and of the last local one.
+                for get in (local_get, daemon_get):
+                    get()
+                    for t, d in zip(src, dsts):
+                        assert torch.equal(d.cpu().view(torch.int16), t.view(torch.int16))
+                ma = a.metrics()
+                emit({"what": "xnode_local_counters", "tensors": n, "tensor_bytes": nbytes,
+                      "local_views": ma["tensor_store_local_views"],
+                      "pinned_copies": ma["tensor_pinned_copies"],
+                      "pageable_copies": ma["tensor_pageable_copies"]})
                 m = b.metrics()
                 emit({"what": "xnode_counters", "tensors": n, "tensor_bytes": nbytes,
                       "local_views": m["tensor_store_local_views"],

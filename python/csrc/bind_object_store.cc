@@ -6,6 +6,7 @@
 #include "bind_common.h"
 #include "codec/codec.h"
 #include "object_store_handle.h"
+#include "store/pinned_memory.h"
 
 namespace mooncake::sparse::py {
 namespace {
@@ -153,6 +154,37 @@ void RegisterObjectStore(pyb::module_& m) {
         .def("checksum", [](ObjectStoreHandle&, const pyb::object& array) {
             BorrowedArray a = Borrow(array, "array");
             return Checksum({a.data, a.nbytes});
+        });
+
+    // Host memory this process did not allocate with the pinned pool (an upstream store's
+    // segment, mapped by upstream) page-locked for the CUDA copy engine, for as long as the
+    // handle is open.
+    struct PinnedHostRange {
+        PinnedRegion region;
+        std::uintptr_t address = 0;
+    };
+    pyb::class_<PinnedHostRange>(
+        m, "_PinnedHostRange",
+        "_PinnedHostRange(address, nbytes): cudaHostRegister of host memory mapped in this "
+        "process until close(). Raises Unimplemented without CUDA, Unavailable when the driver "
+        "refuses.")
+        .def(pyb::init([](std::uintptr_t address, std::uint64_t nbytes) {
+                 if (address == 0 || nbytes == 0) {
+                     ThrowIfError(InvalidArgument("a pinned host range needs an address and bytes"));
+                 }
+                 Result<PinnedRegion> r = Internal("unset");
+                 {
+                     pyb::gil_scoped_release nogil;
+                     r = PinnedRegion::Register(reinterpret_cast<void*>(address), nbytes);
+                 }
+                 return PinnedHostRange{ValueOrThrow(std::move(r)), address};
+             }),
+             pyb::arg("address"), pyb::arg("nbytes"))
+        .def_property_readonly("nbytes", [](const PinnedHostRange& p) { return p.region.size(); })
+        .def_property_readonly("address", [](const PinnedHostRange& p) { return p.address; })
+        .def("close", [](PinnedHostRange& p) {
+            pyb::gil_scoped_release nogil;
+            p.region = PinnedRegion();
         });
 }
 

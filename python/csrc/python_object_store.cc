@@ -3,9 +3,11 @@
 
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -340,6 +342,7 @@ public:
         std::unique_lock lock(landing_.mu);
         std::vector<std::uint64_t> sizes(unique.size()), local(unique.size());
         std::vector<const std::byte*> data(unique.size());
+        std::pair<std::uintptr_t, std::uintptr_t> segment{0, 0};  // pinned [begin, end)
         bool all_tensors = true;
         constexpr int kAttempts = 2;  // a value replaced between the lookup and the read: again
         for (int attempt = 0;; ++attempt) {
@@ -385,6 +388,10 @@ public:
                                         : landing_.data() + offsets[k];
                 all_tensors &= IsTensorValue(data[k], sizes[k]);
             }
+            if (std::any_of(local.begin(), local.end(), [](std::uint64_t a) { return a != 0; })) {
+                st = PinnedSegment(segment);
+                if (!st.ok()) return st;
+            }
             break;
         }
         if (!all_tensors) {
@@ -403,15 +410,38 @@ public:
         std::vector<ObjectView> views(keys.size());
         for (std::size_t i = 0; i < keys.size(); ++i) {
             const std::size_t k = slot[i];
-            // A local replica is upstream's segment memory (pageable); a remote one landed in
-            // the registered region (pinned when the pool had room).
+            // A local replica is in this client's segment (pinned when the adapter mounted and
+            // page-locked it); a remote one landed in the registered region (pinned when the
+            // pool had room).
+            const bool pinned = local[k] != 0
+                                    ? local[k] >= segment.first && local[k] + sizes[k] <= segment.second
+                                    : landing_.pinned();
             views[i] = {&infos[k], std::span<const std::span<const std::byte>>(&spans[k], 1),
-                        local[k] == 0 && landing_.pinned()};
+                        pinned};
         }
         return fn(views);
     }
 
 private:
+    /// The address range of this client's segment when it is page-locked ({0, 0} when not, or
+    /// when upstream allocated it). Needs the GIL.
+    Status PinnedSegment(std::pair<std::uintptr_t, std::uintptr_t>& out) {
+        out = {0, 0};
+        if (!pyb::hasattr(impl_, "segment_region")) return Status::Ok();
+        try {
+            pyb::object r = impl_.attr("segment_region")();
+            if (r.is_none()) return Status::Ok();
+            auto [address, bytes, pinned] = r.cast<std::tuple<std::uintptr_t, std::uint64_t, bool>>();
+            if (pinned) out = {address, address + bytes};
+        } catch (pyb::error_already_set& e) {
+            return StatusOf(e, "segment_region");
+        } catch (const pyb::cast_error& e) {
+            return Internal(std::string("segment_region must return (address, bytes, pinned): ") +
+                            e.what());
+        }
+        return Status::Ok();
+    }
+
     /// sizes[k] and, for a replica in this process, its address (local[k]; 0: another node's).
     /// Needs the GIL.
     Status Locate(const std::vector<std::string>& keys, std::vector<std::uint64_t>& sizes,

@@ -73,6 +73,29 @@ def test_url_parsing():
         parse_mooncake_url("mooncake://h:1?colour=blue")
     with pytest.raises(mcs.InvalidArgument):
         parse_mooncake_url("mooncake://h:1?segment_bytes=lots")
+    assert c.pin_segment is True
+    assert parse_mooncake_url("mooncake://h:1?pin_segment=0").pin_segment is False
+    assert parse_mooncake_url("mooncake://h:1", pin_segment=False).pin_segment is False
+    with pytest.raises(mcs.InvalidArgument, match="pin_segment"):
+        parse_mooncake_url("mooncake://h:1?pin_segment=maybe")
+
+
+def test_own_segment_holds_the_local_replicas(node_a):
+    """The client's segment is memory the adapter created and upstream mounted: its bounds are
+    known, every replica this client keeps lies inside, and it is page-locked exactly where
+    CUDA is present (a CUDA read of a local replica is then one pinned copy)."""
+    region = node_a.upstream.segment_region()
+    assert region is not None
+    address, nbytes, pinned = region
+    assert nbytes == NODE_A["segment_bytes"] and address % 4096 == 0
+    assert pinned is mcs.connect().capabilities()["cuda_available"]
+    keys = [unique_key("segment.") for _ in range(3)]
+    node_a.batch_put_tensor(keys, [np.arange(1000 * (i + 1), dtype=np.float32) for i in range(3)])
+    for size, where in node_a.upstream.locate_tensors(keys):
+        assert address <= where and where + size <= address + nbytes
+    out = np.empty(2000, np.float32)
+    node_a.get_tensor_into(keys[1], out)
+    assert np.array_equal(out, np.arange(2000, dtype=np.float32))
 
 
 def test_unreachable_master_is_unavailable():
@@ -585,9 +608,15 @@ def test_cuda_tensors_across_nodes(daemons):
     local1, remote1, batches1 = tensor_counts(b)
     assert (local1 - local0, remote1 - remote0, batches1 - batches0) == (0, len(keys), 1)
     assert b.metrics()["tensor_cuda_copies"] - copies0 >= len(keys)
-    # On node A the replicas are local: read in place, no transfer.
+    # On node A the replicas are local: read in place, no transfer, and copied to the GPU in
+    # one pinned copy (A's segment is page-locked), not through the pageable pipeline.
     local_a, remote_a, _ = tensor_counts(a)
+    m0 = a.metrics()
     again = torch.empty_like(ts[0])
     a.get_tensor_into(keys[0], again)
+    torch.cuda.synchronize()
     assert torch.equal(again.view(torch.int16), ts[0].view(torch.int16))
     assert tensor_counts(a)[:2] == (local_a + 1, remote_a)
+    m1 = a.metrics()
+    assert m1["tensor_pinned_copies"] - m0["tensor_pinned_copies"] == 1
+    assert m1["tensor_pageable_copies"] == m0["tensor_pageable_copies"]

@@ -44,7 +44,10 @@ mixes two versions. Hard pin maps to ``ReplicateConfig.with_hard_pin``.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
+import logging
+import os
 import secrets
 import struct
 import threading
@@ -93,7 +96,8 @@ class UpstreamConfig:
     def __init__(self, master: str, *, protocol: str = "tcp", metadata: str | None = None,
                  local_hostname: str = "127.0.0.1", segment_bytes: int = 512 << 20,
                  buffer_bytes: int = 64 << 20, rdma_devices: str = "",
-                 node_id: str | None = None, replicas: int = 1) -> None:
+                 node_id: str | None = None, replicas: int = 1,
+                 pin_segment: bool = True) -> None:
         self.master = master
         self.protocol = protocol
         host = master.rsplit(":", 1)[0]
@@ -104,12 +108,15 @@ class UpstreamConfig:
         self.rdma_devices = rdma_devices
         self.node_id = node_id or local_hostname
         self.replicas = int(replicas)
+        # Page-lock the segment for CUDA copies where CUDA is present (it is then resident).
+        self.pin_segment = bool(pin_segment)
 
 
 def parse_mooncake_url(url: str, **overrides: Any) -> UpstreamConfig:
     """``mooncake://HOST:PORT?protocol=tcp&metadata=URL&local_hostname=H&segment_bytes=N&
-    buffer_bytes=N&rdma_devices=D&node_id=ID&replicas=N``. HOST:PORT is the mooncake_master's
-    RPC address; metadata defaults to the master's HTTP metadata server on port 8080."""
+    buffer_bytes=N&rdma_devices=D&node_id=ID&replicas=N&pin_segment=1``. HOST:PORT is the
+    mooncake_master's RPC address; metadata defaults to the master's HTTP metadata server on
+    port 8080; pin_segment=0 leaves the segment pageable where CUDA is present."""
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme != "mooncake" or not parsed.netloc:
         raise InvalidArgument(f"store URL {url!r} is not mooncake://HOST:PORT[?options]")
@@ -118,15 +125,25 @@ def parse_mooncake_url(url: str, **overrides: Any) -> UpstreamConfig:
     query = dict(urllib.parse.parse_qsl(parsed.query, keep_blank_values=True))
     query.update({k: v for k, v in overrides.items() if v is not None})
     known = {"protocol", "metadata", "local_hostname", "segment_bytes", "buffer_bytes",
-             "rdma_devices", "node_id", "replicas"}
+             "rdma_devices", "node_id", "replicas", "pin_segment"}
     unknown = set(query) - known
     if unknown:
         raise InvalidArgument(f"unknown option(s) for a mooncake:// store: {sorted(unknown)}")
     ints = {"segment_bytes", "buffer_bytes", "replicas"}
     try:
-        kwargs = {k: (int(v) if k in ints else str(v)) for k, v in query.items()}
+        kwargs: dict[str, Any] = {k: (int(v) if k in ints else str(v))
+                                  for k, v in query.items() if k != "pin_segment"}
     except ValueError as e:
         raise InvalidArgument(f"store URL {url!r}: {e}") from None
+    if "pin_segment" in query:
+        v = query["pin_segment"]
+        flags = {"1": True, "true": True, "0": False, "false": False}
+        if isinstance(v, bool):
+            kwargs["pin_segment"] = v
+        elif str(v).lower() in flags:
+            kwargs["pin_segment"] = flags[str(v).lower()]
+        else:
+            raise InvalidArgument(f"store URL {url!r}: pin_segment must be 0 or 1, got {v!r}")
     return UpstreamConfig(parsed.netloc, **kwargs)
 
 
@@ -230,6 +247,72 @@ def _decode_head(key: str, data: bytes, object_bytes: int) -> _Head:
                           "nor an upstream tensor")
 
 
+_segment_serial = itertools.count()
+_log = logging.getLogger("mooncake.sparse")
+
+
+class _Segment:
+    """This client's share of the store: memory this adapter creates (an anonymous memfd) and
+    upstream maps and mounts (``mount_segment``), so that its bounds are known here. Where CUDA
+    is present it is page-locked (``cudaHostRegister``) for as long as it is mounted: a CUDA read
+    of a replica in it is one pinned host-to-device copy, as from the daemon's own segments.
+    Upstream's ``setup(global_segment_size=N)`` maps its segment itself and tells no one where."""
+
+    def __init__(self, client: Any, nbytes: int, protocol: str) -> None:
+        self.name = f"mooncake-sparse-segment-{os.getpid()}-{next(_segment_serial)}"
+        self._fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
+        self._pin: Any = None
+        try:
+            os.ftruncate(self._fd, nbytes)
+            r = client.mount_segment(f"/proc/self/fd/{self._fd}", nbytes, 0, protocol, "")
+            if not isinstance(r, dict) or r.get("ret", -1) != 0:
+                raise Unavailable(f"mounting a {nbytes}-byte segment failed: {r}")
+            self.segment_ids = list(r.get("segment_ids", []))
+            self.address, self.nbytes = self._mapping(self.name)
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    @staticmethod
+    def _mapping(name: str) -> tuple[int, int]:
+        """The address range upstream mapped the memfd `name` at (/proc/self/maps)."""
+        ranges = []
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if f"/memfd:{name} " in line or line.rstrip().endswith(f"/memfd:{name}"):
+                    lo, hi = line.split(None, 1)[0].split("-")
+                    ranges.append((int(lo, 16), int(hi, 16)))
+        if len(ranges) != 1:
+            raise Unavailable(f"segment {name} is mapped {len(ranges)} times, expected once")
+        lo, hi = ranges[0]
+        return lo, hi - lo
+
+    def pin(self) -> bool:
+        """Page-locks the segment when CUDA is present; False (and it stays pageable) when not."""
+        from . import _core
+        try:
+            self._pin = _core._PinnedHostRange(self.address, self.nbytes)
+        except (Unimplemented, Unavailable) as e:
+            _log.info("segment %s stays pageable: %s", self.name, e)
+            return False
+        return True
+
+    @property
+    def pinned(self) -> bool:
+        return self._pin is not None
+
+    def unpin(self) -> None:
+        if self._pin is not None:
+            self._pin.close()
+            self._pin = None
+
+    def close(self) -> None:
+        self.unpin()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class UpstreamObjectStore:
     """The ObjectStore contract (src/store/object_store.h) on a MooncakeDistributedStore.
 
@@ -238,8 +321,10 @@ class UpstreamObjectStore:
     """
 
     def __init__(self, client: Any, *, replicas: int = 1, local_segment: str | None = None,
-                 staging_bytes: int = 16 << 20, owns_client: bool = False) -> None:
+                 staging_bytes: int = 16 << 20, owns_client: bool = False,
+                 segment: _Segment | None = None) -> None:
         self._client = client
+        self._segment = segment
         self._owns_client = owns_client
         self._replicas = replicas
         self._local_segment = local_segment
@@ -264,13 +349,44 @@ class UpstreamObjectStore:
                 "mooncake:// needs upstream Mooncake's Python store module: pip install "
                 f"mooncake-transfer-engine-non-cuda (or a CUDA variant) ({e})") from None
         client = MooncakeDistributedStore()
-        rc = client.setup(config.local_hostname, config.metadata, config.segment_bytes,
-                          config.buffer_bytes, config.protocol, config.rdma_devices, config.master)
+        # The segment is this adapter's own memory where upstream can mount one (its bounds
+        # known, so it can be page-locked for CUDA); else upstream allocates it in setup().
+        own = config.segment_bytes > 0 and hasattr(client, "mount_segment")
+        rc = client.setup(config.local_hostname, config.metadata,
+                          0 if own else config.segment_bytes, config.buffer_bytes,
+                          config.protocol, config.rdma_devices, config.master)
         if rc != 0:
             raise Unavailable(f"could not set up a Mooncake client against master {config.master} "
                               f"(metadata {config.metadata}, protocol {config.protocol}): error {rc}")
+        segment = None
+        if own:
+            try:
+                try:
+                    segment = _Segment(client, config.segment_bytes, config.protocol)
+                except (TypeError, OSError, Unavailable) as e:
+                    # An upstream that cannot mount this memory: it allocates the segment.
+                    _log.info("mounting an own segment failed (%s); upstream allocates it", e)
+                    r = client.allocate_and_mount_segment(config.segment_bytes,
+                                                          config.protocol, "")
+                    if not isinstance(r, dict) or r.get("ret", -1) != 0:
+                        raise Unavailable(f"could not mount a {config.segment_bytes}-byte "
+                                          f"segment with master {config.master}: {r}") from e
+            except BaseException:
+                client.close()
+                raise
+            if segment is not None and config.pin_segment:
+                segment.pin()
         local = client.get_hostname() if config.segment_bytes > 0 else None
-        return cls(client, replicas=config.replicas, local_segment=local, owns_client=True)
+        return cls(client, replicas=config.replicas, local_segment=local, owns_client=True,
+                   segment=segment)
+
+    def segment_region(self) -> tuple[int, int, bool] | None:
+        """(address, bytes, pinned) of this client's own segment, None when upstream allocated
+        it (or there is none): the native tensor path copies a local replica to CUDA directly
+        when it lies in a pinned segment."""
+        if self._segment is None:
+            return None
+        return self._segment.address, self._segment.nbytes, self._segment.pinned
 
     @property
     def client(self) -> Any:
@@ -282,8 +398,13 @@ class UpstreamObjectStore:
         self._put_staging.close()
         for address in list(self._regions):
             self.unregister_region(address)
+        if self._segment is not None:
+            self._segment.unpin()  # before upstream unmaps it
         if self._owns_client:
             self._client.close()
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
 
     # -- helpers --------------------------------------------------------------------------------
     def _config(self, hard_pin: bool) -> Any:
