@@ -5,7 +5,10 @@ For N small tensors (one step of a model with many tensors: the cost per object 
 the bytes), on the embedded store and through the node daemon, it times:
 
 - encode: N x encode_update vs one encode_updates;
-- commit: N x put_sparse_object vs one put_sparse_objects;
+- commit: N x put_sparse_object vs one put_sparse_objects (the first batch of a fresh store,
+  `commit_batch_s`), then `--steps` more batch commits, one generation each, with the store's
+  retention keeping the last 2 (a training run's steady state: each step's objects reuse the
+  memory the retired ones freed; `commit_steady_s`, their median);
 - read: one read_sparse_objects of N targets (already a batch), after the step's manifest
   (timed apart: `manifest_s`); the node caches are cleared and the last read's objects freed
   before each run, outside the timing; on the embedded store also in place
@@ -106,8 +109,26 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     r["commit_batch_s"] = time.perf_counter() - t
     assert all(isinstance(x, dict) and x["created"] for x in results), results[:3]
     store.seal_generation((1, 2), names)
+    # The steady state of a run: more steps, the store keeping the last 2 generations.
+    store.set_retention(2)
+    steady = []
+    last = (1, 2)
+    for k in range(2, 2 + args.steps):
+        gen = (k, k + 1)
+        for u in ups:
+            u["generation"] = gen
+        sync(DEVICE)
+        t = time.perf_counter()
+        results = store.put_sparse_objects(ups)
+        steady.append(time.perf_counter() - t)
+        assert all(isinstance(x, dict) and x["created"] for x in results), results[:3]
+        store.seal_generation(gen, names)
+        last = gen
+    if steady:
+        r["commit_steady_s"] = statistics.median(steady)
+        r["commit_steps"] = [round(x, 6) for x in steady]
 
-    # read (a batch already), of step 2's manifest
+    # read (a batch already), of the last step's manifest
     targets = [mcs.Target(name, f"r/{name}", "node0", {}, (0, 0), shape) for name in names]
     objs = []
 
@@ -123,7 +144,7 @@ def run(store, backend: str, n: int, args, rng) -> dict:
             objs.clear()
             sync(DEVICE)
             t0 = time.perf_counter()
-            m = store.manifest((1, 2))
+            m = store.manifest(last)
             t1 = time.perf_counter()
             objs[:] = store.read_sparse_objects(m, targets, **kw, **extra)
             sync(DEVICE)
@@ -163,7 +184,8 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     flat_dense = np.concatenate([o.ravel() for o in olds])
     dst_dense = np.empty_like(flat_dense)
     r["memcpy_dense_s"] = best(lambda: np.copyto(dst_dense, flat_dense), args.repeats)
-    for k in ("encode_single", "encode_batch", "commit_single", "commit_batch", "manifest",
+    for k in ("encode_single", "encode_batch", "commit_single", "commit_batch", "commit_steady",
+              "manifest",
               "read", "read_in_place", "apply_single", "apply_batch"):
         if f"{k}_s" in r:
             r[f"{k}_us_per_object"] = r[f"{k}_s"] / n * 1e6
@@ -180,6 +202,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--backends", default="embedded,node")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=6,
+                    help="batch commits after the first, the store keeping the last 2 steps")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the tensors live on the GPU (GPU encode, CUDA commits, "
                          "device reads, GPU apply)")
@@ -220,7 +244,8 @@ def main(argv: list[str]) -> int:
                     s.close()
             emit(rec)
             log(f"[{backend} n={n}] per object: commit {rec['commit_single_us_per_object']:.1f}"
-                f" -> {rec['commit_batch_us_per_object']:.1f} us, read "
+                f" -> {rec['commit_batch_us_per_object']:.1f} us (steady "
+                f"{rec.get('commit_steady_us_per_object', float('nan')):.1f}), read "
                 f"{rec['read_us_per_object']:.1f} us (manifest "
                 f"{rec['manifest_us_per_object']:.1f}"
                 + (f", in place {rec['read_in_place_us_per_object']:.1f}"
