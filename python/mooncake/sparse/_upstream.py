@@ -268,10 +268,14 @@ class _Segment:
             if not isinstance(r, dict) or r.get("ret", -1) != 0:
                 raise Unavailable(f"mounting a {nbytes}-byte segment failed: {r}")
             self.segment_ids = list(r.get("segment_ids", []))
-            self.address, self.nbytes = self._mapping(self.name)
         except BaseException:
             os.close(self._fd)
             raise
+        try:
+            self.address, self.nbytes = self._mapping(self.name)
+        except (OSError, Unavailable) as e:  # mounted, but where is not known: never pinned
+            _log.info("segment %s: %s", self.name, e)
+            self.address, self.nbytes = 0, 0
 
     @staticmethod
     def _mapping(name: str) -> tuple[int, int]:
@@ -290,6 +294,8 @@ class _Segment:
     def pin(self) -> bool:
         """Page-locks the segment when CUDA is present; False (and it stays pageable) when not."""
         from . import _core
+        if not self.nbytes:
+            return False
         try:
             self._pin = _core._PinnedHostRange(self.address, self.nbytes)
         except (Unimplemented, Unavailable) as e:
@@ -384,7 +390,7 @@ class UpstreamObjectStore:
         """(address, bytes, pinned) of this client's own segment, None when upstream allocated
         it (or there is none): the native tensor path copies a local replica to CUDA directly
         when it lies in a pinned segment."""
-        if self._segment is None:
+        if self._segment is None or not self._segment.nbytes:
             return None
         return self._segment.address, self._segment.nbytes, self._segment.pinned
 
