@@ -36,9 +36,10 @@ def main(argv: list[str]) -> int:
             labels.append(name)
             single.append(r[f"{s_key}_us_per_object"])
             batch.append(r[f"{b_key}_us_per_object"])
-        for label, key in (("manifest", "manifest"), ("read", "read"),
+        for label, key in (("commit\nsteady", "commit_steady"), ("manifest", "manifest"),
+                           ("read", "read"),
                            ("read\nin place", "read_in_place")):
-            if f"{key}_us_per_object" in r:  # older results lack the manifest and in-place reads
+            if f"{key}_us_per_object" in r:  # older results lack some of these
                 labels.append(label)
                 single.append(float("nan"))
                 batch.append(r[f"{key}_us_per_object"])
