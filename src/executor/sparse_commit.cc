@@ -12,6 +12,8 @@
 #endif
 
 #include <nlohmann/json.hpp>
+
+#include <charconv>
 #include <string>
 #include <vector>
 
@@ -145,18 +147,50 @@ Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
     return CommitSparseObject(std::move(object), req.hard_pin);
 }
 
+namespace {
+
+std::string HeadMetadata(Generation g) {
+    // What nlohmann::json {{"base", b}, {"delta", d}}.dump() writes (keys sorted, no spaces),
+    // written directly: every commit that moves a head writes one.
+    return "{\"base\":" + std::to_string(g.base) + ",\"delta\":" + std::to_string(g.delta) + "}";
+}
+
+std::optional<Generation> ParseHeadMetadata(std::string_view text) {
+    // The form HeadMetadata writes, parsed directly; anything else through the JSON parser.
+    const auto number = [&](std::string_view prefix, char end) -> std::optional<std::uint64_t> {
+        if (!text.starts_with(prefix)) return std::nullopt;
+        text.remove_prefix(prefix.size());
+        std::uint64_t v = 0;
+        const auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (ec != std::errc() || p == text.data() || p == text.data() + text.size() || *p != end) {
+            return std::nullopt;
+        }
+        text.remove_prefix(static_cast<std::size_t>(p - text.data()) + 1);
+        return v;
+    };
+    const std::string_view all = text;
+    const std::optional<std::uint64_t> base = number("{\"base\":", ',');
+    const std::optional<std::uint64_t> delta = base ? number("\"delta\":", '}') : std::nullopt;
+    if (base && delta && text.empty()) return Generation{*base, *delta};
+    Json j = Json::parse(all, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("base") || !j.contains("delta") ||
+        !j["base"].is_number_unsigned() || !j["delta"].is_number_unsigned()) {
+        return std::nullopt;
+    }
+    return Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()};
+}
+
+}  // namespace
+
 Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_view tensor_id) {
-    auto info = store_->Stat(keys_.Head() + std::string(tensor_id));
+    auto info = store_->StatShared(keys_.Head() + std::string(tensor_id));
     if (!info.ok()) {
         if (info.status().code() == StatusCode::kNotFound) return std::optional<Generation>();
         return info.status();
     }
-    Json j = Json::parse(info->metadata, nullptr, false);
-    if (j.is_discarded() || !j.contains("base") || !j.contains("delta")) {
-        return DataLoss("generation head of " + std::string(tensor_id) + " is corrupt");
-    }
-    return std::optional<Generation>(
-        Generation{j["base"].get<std::uint64_t>(), j["delta"].get<std::uint64_t>()});
+    std::optional<Generation> head = ParseHeadMetadata((*info)->metadata);
+    if (!head) return DataLoss("generation head of " + std::string(tensor_id) + " is corrupt");
+    return std::optional<Generation>(*head);
 }
 
 Status SparseStore::PrepareCommit(SparseObject& object, std::string& metadata) {
@@ -167,7 +201,7 @@ Status SparseStore::PrepareCommit(SparseObject& object, std::string& metadata) {
     d.source_ref = keys_.Source() +
                    SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box)
                        .substr(kSourcePrefix.size());
-    MCS_RETURN_IF_ERROR(SourceDescriptor::Make(d).status());
+    MCS_RETURN_IF_ERROR(SourceDescriptor::Validate(d));
     metadata = EncodeObjectMetadata(object);
     return Status::Ok();
 }
@@ -232,8 +266,7 @@ Result<CommitResult> SparseStore::PublishCommitLocked(const SparseObject& object
     const std::string manifest_key = ManifestKeyOf(d);
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
     if (s.ok() && (!head || *head != d.generation)) {
-        Json h = {{"base", d.generation.base}, {"delta", d.generation.delta}};
-        s = store_->Put(keys_.Head() + d.tensor_id, h.dump(), {},
+        s = store_->Put(keys_.Head() + d.tensor_id, HeadMetadata(d.generation), {},
                         {PutMode::kUpsert, true});
         if (s.ok()) batch.heads[d.tensor_id] = d.generation;
     }

@@ -643,4 +643,27 @@ TEST(SparseStoreTest, ABatchOverCapacityCommitsWhatFitsAndEachFailureIsItsOwn) {
     ASSERT_OK(done[1].status());
 }
 
+TEST(SparseStoreTest, GenerationHeadsOfOtherWritersAreReadAndCorruptOnesAreDataLoss) {
+    std::shared_ptr<ObjectStore> objects = MakeEmbeddedStore();
+    SparseStore store(objects);
+    const auto head = [&](const std::string& tensor, const std::string& text) {
+        ASSERT_OK(objects->Put("mcs/head/" + tensor, text, {}, {PutMode::kUpsert, true}));
+    };
+    // The form this library writes, and JSON of the same meaning formatted otherwise.
+    head("a", R"({"base":4,"delta":5})");
+    head("b", R"({ "delta": 9, "base": 7 })");
+    head("c", R"({"base":18446744073709551614,"delta":18446744073709551615})");
+    EXPECT_EQ(**store.CurrentGeneration("a"), (Generation{4, 5}));
+    EXPECT_EQ(**store.CurrentGeneration("b"), (Generation{7, 9}));
+    EXPECT_EQ(**store.CurrentGeneration("c"),
+              (Generation{18446744073709551614ull, 18446744073709551615ull}));
+    for (const std::string& bad : {std::string(R"({"base":4})"), std::string(R"({"base":"4","delta":5})"),
+                                   std::string(R"({"base":-1,"delta":5})"), std::string("[4,5]"),
+                                   std::string(R"({"base":4,"delta":5}x)"), std::string("")}) {
+        head("d", bad);
+        EXPECT_THAT(store.CurrentGeneration("d"), StatusIs(StatusCode::kDataLoss)) << bad;
+    }
+    EXPECT_FALSE(store.CurrentGeneration("none")->has_value());
+}
+
 }  // namespace mooncake::sparse

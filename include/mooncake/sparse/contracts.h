@@ -183,6 +183,12 @@ struct SourceDescriptor {
     /// Validates every field against the others.
     /// Errors: InvalidArgument.
     static Result<SourceDescriptor> Make(SourceDescriptor d) {
+        MCS_RETURN_IF_ERROR(Validate(d));
+        return d;
+    }
+
+    /// Make's checks, of a descriptor in place. Errors: InvalidArgument.
+    static Status Validate(const SourceDescriptor& d) {
         MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", d.source_ref));
         MCS_RETURN_IF_ERROR(internal::ValidateId("tensor_id", d.tensor_id));
         if (Status s = ValidateShape(d.global_shape); !s.ok()) {
@@ -216,7 +222,7 @@ struct SourceDescriptor {
         if (d.num_tiles > d.nnz) {
             return InvalidArgument("source " + d.tensor_id + " has more tiles than entries");
         }
-        return d;
+        return Status::Ok();
     }
 
     std::size_t rank() const { return global_shape.size(); }
