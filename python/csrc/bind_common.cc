@@ -209,20 +209,51 @@ pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items) 
 }
 
 pyb::tuple StepManifestTuple(StepManifest m) {
-    return pyb::make_tuple(pyb::cast(std::move(m.sources)), pyb::cast(std::move(m.unchanged)),
+    return pyb::make_tuple(SourcesList(std::move(m.sources)), pyb::cast(std::move(m.unchanged)),
                            m.sealed);
 }
 
-StepManifest StepManifestFrom(std::vector<SourceDescriptor> sources,
-                              std::pair<std::uint64_t, std::uint64_t> generation,
-                              const std::vector<std::string>& unchanged) {
-    StepManifest m;
-    m.generation = ValueOrThrow(Generation::Make(generation.first, generation.second));
-    m.sources = std::move(sources);
-    m.unchanged = unchanged;
-    std::sort(m.unchanged.begin(), m.unchanged.end());
-    m.sealed = true;
-    return m;
+pyb::list SourcesList(std::vector<SourceDescriptor> sources) {
+    // Each SourceInfo shares the ownership of the array (an aliasing holder), so the array
+    // lives while any of them does.
+    auto all = std::make_shared<std::vector<SourceDescriptor>>(std::move(sources));
+    pyb::list out(all->size());
+    for (std::size_t i = 0; i < all->size(); ++i) {
+        out[i] = pyb::cast(std::shared_ptr<SourceDescriptor>(all, &(*all)[i]));
+    }
+    return out;
+}
+
+ManifestArg ManifestFrom(const pyb::list& sources) {
+    ManifestArg out;
+    const std::size_t n = sources.size();
+    std::vector<std::shared_ptr<SourceDescriptor>> held;
+    held.reserve(n);
+    bool viewed = n > 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        pyb::handle item = sources[i];
+        if (!pyb::isinstance<SourceDescriptor>(item)) {
+            ThrowIfError(InvalidArgument("manifest entries must be SourceInfo, got " +
+                                         std::string(pyb::repr(item))));
+        }
+        held.push_back(item.cast<std::shared_ptr<SourceDescriptor>>());
+        // One array, in its order: every entry shares the first one's owner and lies right
+        // after the one before.
+        if (viewed && i > 0) {
+            const auto& first = held.front();
+            viewed = !first.owner_before(held[i]) && !held[i].owner_before(first) &&
+                     held[i].get() == held[i - 1].get() + 1;
+        }
+    }
+    if (viewed) {
+        out.sources = {held.front().get(), n};
+        out.owner = held.front();
+        return out;
+    }
+    out.copied.reserve(n);
+    for (const auto& d : held) out.copied.push_back(*d);
+    out.sources = out.copied;
+    return out;
 }
 
 pyb::object GenerationOrNone(const std::optional<Generation>& g) {

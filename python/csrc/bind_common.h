@@ -85,9 +85,18 @@ pyb::object GenerationOrNone(const std::optional<Generation>& g);
 
 /// A step manifest as Python gets it: (sources, unchanged tensor ids, sealed).
 pyb::tuple StepManifestTuple(StepManifest m);
-/// The StepManifest of a Python Manifest's parts.
-StepManifest StepManifestFrom(std::vector<SourceDescriptor> sources,
-                              std::pair<std::uint64_t, std::uint64_t> generation,
-                              const std::vector<std::string>& unchanged);
+/// Sources as a list of SourceInfo: views of one shared array, in its order (what
+/// ManifestFrom passes to a read as it lies).
+pyb::list SourcesList(std::vector<SourceDescriptor> sources);
+
+/// The sources of a read. A list of SourceInfo that views one array of SourcesList, in its
+/// order (a step's manifest as the store gave it, or a slice of it), is read where it lies;
+/// any other list (filtered, reordered, joined) is copied.
+struct ManifestArg {
+    std::span<const SourceDescriptor> sources;
+    std::shared_ptr<const void> owner;     ///< Keeps a viewed array alive.
+    std::vector<SourceDescriptor> copied;  ///< Otherwise the copy `sources` views.
+};
+ManifestArg ManifestFrom(const pyb::list& sources);
 
 }  // namespace mooncake::sparse::py

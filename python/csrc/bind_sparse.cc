@@ -15,7 +15,9 @@
 namespace mooncake::sparse::py {
 
 void RegisterSparse(pyb::module_& m) {
-    pyb::class_<SourceDescriptor>(m, "SourceInfo", "One committed source object of a manifest.")
+    // Held by shared_ptr: the SourceInfo of a manifest view one array (SourcesList), which a read
+    // then takes as it lies.
+    pyb::class_<SourceDescriptor, std::shared_ptr<SourceDescriptor>>(m, "SourceInfo", "One committed source object of a manifest.")
         .def_property_readonly("source_ref", [](const SourceDescriptor& d) { return d.source_ref; })
         .def_property_readonly("tensor_id", [](const SourceDescriptor& d) { return d.tensor_id; })
         .def_property_readonly("global_shape", [](const SourceDescriptor& d) { return ShapeTuple(d.global_shape); })

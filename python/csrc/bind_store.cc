@@ -232,10 +232,11 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
 }
 
 std::vector<std::shared_ptr<SparseObjectView>> Read(
-    PyStore& s, std::vector<SourceDescriptor> manifest, const pyb::iterable& targets,
+    PyStore& s, const pyb::list& manifest_list, const pyb::iterable& targets,
     const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
     const std::optional<GenerationArg>& generation, const std::vector<std::string>& unchanged,
     const std::optional<bool>& view_in_place) {
+    const ManifestArg manifest = ManifestFrom(manifest_list);
     std::vector<TargetDescriptor> tds = TargetsFrom(targets);
     ReadOptions options = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
     if (view_in_place) {
@@ -246,12 +247,17 @@ std::vector<std::shared_ptr<SparseObjectView>> Read(
         }
         options.view_in_place = *view_in_place;
     }
-    std::optional<StepManifest> step;
-    // The converted manifest moves into the step: one copy of the sources, not two.
-    if (generation) step = StepManifestFrom(std::move(manifest), *generation, unchanged);
+    std::optional<StepManifestView> step;
+    std::vector<std::string> unchanged_sorted;
+    if (generation) {
+        unchanged_sorted = unchanged;
+        std::sort(unchanged_sorted.begin(), unchanged_sorted.end());
+        step.emplace(ValueOrThrow(Generation::Make(generation->first, generation->second)),
+                     manifest.sources, unchanged_sorted, true);
+    }
     std::vector<TargetObjectView> views = NoGil([&] {
         return step ? s.service().ReadViews(*step, tds, options)
-                    : s.service().ReadViews(manifest, tds, options);
+                    : s.service().ReadViews(manifest.sources, tds, options);
     });
     std::vector<std::shared_ptr<SparseObjectView>> out;
     out.reserve(views.size());
@@ -394,7 +400,8 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("num_threads") = 0, pyb::arg("stream") = 0)
         .def("manifest",
              [](Store& s, GenerationArg g) {
-                 return NoGil([&] { return s.service().Manifest(GenerationOf(g)); });
+                 return SourcesList(
+                     NoGil([&] { return s.service().Manifest(GenerationOf(g)); }));
              },
              pyb::arg("generation"))
         .def("read_sparse_objects", &Read, pyb::arg("manifest"), pyb::arg("targets"),

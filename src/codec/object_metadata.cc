@@ -28,19 +28,21 @@
 namespace mooncake::sparse {
 namespace {
 
-using Writer = rapidjson::Writer<rapidjson::StringBuffer>;
-
+template <typename Writer>
 void Key(Writer& w, std::string_view k) { w.Key(k.data(), static_cast<rapidjson::SizeType>(k.size())); }
+template <typename Writer>
 void String(Writer& w, std::string_view s) {
     w.String(s.data(), static_cast<rapidjson::SizeType>(s.size()));
 }
 
+template <typename Writer>
 void IntArray(Writer& w, std::span<const Index> v) {
     w.StartArray();
     for (Index e : v) w.Int64(e);
     w.EndArray();
 }
 
+template <typename Writer>
 void Member(Writer& w, std::string_view name, DType dtype, std::initializer_list<std::uint64_t> shape,
             std::uint64_t checksum) {
     Key(w, name);
@@ -113,19 +115,18 @@ Result<Shape> ShapeFromJson(const rapidjson::Value& j, std::string_view what) {
     return s;
 }
 
-}  // namespace
-
-std::string EncodeObjectMetadata(const SparseObject& o) {
-    const SourceDescriptor& d = o.desc;
-    rapidjson::StringBuffer buffer;
-    Writer w(buffer);
+/// The metadata of an object: the one writer of both EncodeObjectMetadata and
+/// IsMetadataOf, so that what one writes the other compares.
+template <typename Writer>
+void WriteMetadata(Writer& w, const SourceDescriptor& d, std::string_view coordinate_space,
+                   const MemberChecksums& c) {
     w.StartObject();
     Key(w, "apply");
     String(w, ApplyModeName(d.apply));
     Key(w, "base_generation");
     w.Uint64(d.generation.base);
     Key(w, "coordinate_space");
-    String(w, o.coordinate_space);
+    String(w, coordinate_space);
     Key(w, "delta_generation");
     w.Uint64(d.generation.delta);
     Key(w, "global_offset");
@@ -138,10 +139,10 @@ std::string EncodeObjectMetadata(const SparseObject& o) {
     IntArray(w, d.box.shape());
     Key(w, "members");
     w.StartObject();
-    Member(w, "indices", d.index_dtype, {d.nnz, d.rank()}, o.checksum_indices);
-    Member(w, "tile_coords", DType::kUInt32, {d.num_tiles, d.rank()}, o.checksum_tile_coords);
-    Member(w, "tile_ptr", DType::kUInt64, {d.num_tiles + 1}, o.checksum_tile_ptr);
-    Member(w, "values", d.value_dtype, {d.nnz}, o.checksum_values);
+    Member(w, "indices", d.index_dtype, {d.nnz, d.rank()}, c.indices);
+    Member(w, "tile_coords", DType::kUInt32, {d.num_tiles, d.rank()}, c.tile_coords);
+    Member(w, "tile_ptr", DType::kUInt64, {d.num_tiles + 1}, c.tile_ptr);
+    Member(w, "values", d.value_dtype, {d.nnz}, c.values);
     w.EndObject();
     Key(w, "nnz");
     w.Uint64(d.nnz);
@@ -167,7 +168,47 @@ std::string EncodeObjectMetadata(const SparseObject& o) {
     Key(w, "version");
     w.Int(kSparseObjectVersion);
     w.EndObject();
+}
+
+/// A RapidJSON output stream that compares what is written with an expected text.
+class CompareStream {
+public:
+    using Ch = char;
+    explicit CompareStream(std::string_view expected) : p_(expected.data()), end_(p_ + expected.size()) {}
+    void Put(char c) {
+        if (p_ == end_ || *p_ != c) {
+            same_ = false;
+            p_ = end_;
+            return;
+        }
+        ++p_;
+    }
+    void Flush() {}
+    bool Same() const { return same_ && p_ == end_; }
+
+private:
+    const char* p_;
+    const char* end_;
+    bool same_ = true;
+};
+
+}  // namespace
+
+std::string EncodeObjectMetadata(const SparseObject& o) {
+    rapidjson::StringBuffer buffer(nullptr, 1024);
+    rapidjson::Writer<rapidjson::StringBuffer> w(buffer);
+    WriteMetadata(w, o.desc, o.coordinate_space,
+                  {o.checksum_indices, o.checksum_values, o.checksum_tile_coords,
+                   o.checksum_tile_ptr});
     return std::string(buffer.GetString(), buffer.GetSize());
+}
+
+bool IsMetadataOf(std::string_view text, const SourceDescriptor& d,
+                  std::string_view coordinate_space, const MemberChecksums& checksums) {
+    CompareStream out(text);
+    rapidjson::Writer<CompareStream> w(out);
+    WriteMetadata(w, d, coordinate_space, checksums);
+    return out.Same();
 }
 
 Result<SourceDescriptor> DecodeObjectMetadata(std::string_view source_ref, std::string_view text) {

@@ -771,9 +771,22 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat,
                          store_->StatShared(claimed.source_ref));
     const ObjectInfo& info = *stat;
-    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored,
-                         DecodeObjectMetadata(claimed.source_ref, info.metadata));
-    MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
+    // A manifest entry of this store names the object with exactly its metadata: written
+    // again from the entry and compared, several times cheaper than decoding it. Anything else
+    // (another writer's formatting, another object) is decoded and compared field by field.
+    const auto checksum = [&](std::string_view member) {
+        const MemberInfo* m = info.FindMember(member);
+        return m == nullptr ? std::uint64_t{0} : m->checksum;
+    };
+    SourceDescriptor stored;
+    if (IsMetadataOf(info.metadata, claimed, "global",
+                     {checksum("indices"), checksum("values"), checksum("tile_coords"),
+                      checksum("tile_ptr")})) {
+        stored = claimed;
+    } else {
+        MCS_ASSIGN_OR_RETURN(stored, DecodeObjectMetadata(claimed.source_ref, info.metadata));
+        MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
+    }
     // The members must hold what the metadata says: every later allocation is sized from it.
     const struct {
         const char* name;

@@ -41,15 +41,16 @@ std::vector<Result<CommitResult>> SparseService::PutSparseObjects(
 
 TargetObjectView TargetObjectView::Owning(TargetObject&& object) {
     // The members move with the vectors that hold them, so the spans are taken from the copy
-    // the keepalive owns.
-    auto owned = std::make_shared<const TargetObject>(std::move(object));
-    const SparseObject& o = owned->object;
+    // the keepalive owns; the rest (ids, box, descriptor) moves into the view, the keepalive
+    // only has to hold the bytes.
+    auto owned = std::make_shared<TargetObject>(std::move(object));
+    SparseObject& o = owned->object;
     TargetObjectView view;
-    view.target_id = owned->target_id;
-    view.node_id = owned->node_id;
-    view.target_box = owned->target_box;
-    view.desc = o.desc;
-    view.coordinate_space = o.coordinate_space;
+    view.target_id = std::move(owned->target_id);
+    view.node_id = std::move(owned->node_id);
+    view.target_box = std::move(owned->target_box);
+    view.desc = std::move(o.desc);
+    view.coordinate_space = std::move(o.coordinate_space);
     view.indices = o.indices;
     view.values = o.values;
     view.tile_coords = AsBytes(o.tile_coords);
@@ -58,7 +59,7 @@ TargetObjectView TargetObjectView::Owning(TargetObject&& object) {
     view.checksum_values = o.checksum_values;
     view.checksum_tile_coords = o.checksum_tile_coords;
     view.checksum_tile_ptr = o.checksum_tile_ptr;
-    view.keepalive = std::move(owned);
+    view.keepalive = std::shared_ptr<const void>(std::move(owned));
     return view;
 }
 
@@ -71,7 +72,7 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadViews(
 }
 
 Result<std::vector<TargetObjectView>> SparseStore::ReadViews(
-    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
     MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
                          ReadSparseObjects(manifest, targets, options));

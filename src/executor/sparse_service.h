@@ -106,6 +106,23 @@ struct StepManifest {
     bool sealed = false;
 };
 
+/// A step manifest viewed where it lies (a StepManifest's arrays, or a caller's): what a read
+/// of a step takes, so that a manifest handed to a read is never copied for it.
+struct StepManifestView {
+    Generation generation;
+    std::span<const SourceDescriptor> sources;
+    std::span<const std::string> unchanged;  ///< Sorted.
+    bool sealed = false;
+
+    StepManifestView() = default;
+    StepManifestView(Generation g, std::span<const SourceDescriptor> s,
+                     std::span<const std::string> u, bool sealed_in)
+        : generation(g), sources(s), unchanged(u), sealed(sealed_in) {}
+    // NOLINTNEXTLINE(google-explicit-constructor): a StepManifest is read as it is.
+    StepManifestView(const StepManifest& m)
+        : generation(m.generation), sources(m.sources), unchanged(m.unchanged), sealed(m.sealed) {}
+};
+
 /// (name, value) pairs in a stable order: the §4 counters (SparseMetrics::Items), and from the
 /// node daemon its gauges too.
 using MetricItems = std::vector<std::pair<std::string, double>>;
@@ -183,7 +200,7 @@ public:
         const ReadOptions& options) = 0;
     /// The same on a step manifest (unchanged tensors read as empty objects; folds merged).
     virtual Result<std::vector<TargetObjectView>> ReadViews(
-        const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+        const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
         const ReadOptions& options) = 0;
 
     // ---- Observability and upkeep. --------------------------------------------------------

@@ -663,13 +663,21 @@ Result<std::unique_ptr<SparseStore::StepLease>> SparseStore::LeaseSteps(
 // ---------------------------------------------------------------------------------------------
 
 Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
-    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
-    // The steps the manifest's sources belong to, oldest first.
-    std::map<std::uint64_t, std::vector<SourceDescriptor>> by_step;
-    for (const SourceDescriptor& s : manifest.sources) by_step[s.generation.delta].push_back(s);
-    std::vector<Generation> steps;
-    for (const auto& [delta, sources] : by_step) steps.push_back(sources.front().generation);
+    // The steps the manifest's sources belong to, oldest first (a step's manifest has one: its
+    // sources are read where they lie, a fold's are grouped per step).
+    std::vector<Generation> steps;  // the first source's generation of each step (delta)
+    for (const SourceDescriptor& s : manifest.sources) {
+        if (!steps.empty() && steps.back().delta == s.generation.delta) continue;
+        if (std::none_of(steps.begin(), steps.end(), [&](const Generation& g) {
+                return g.delta == s.generation.delta;
+            })) {
+            steps.push_back(s.generation);
+        }
+    }
+    std::sort(steps.begin(), steps.end(),
+              [](const Generation& a, const Generation& b) { return a.delta < b.delta; });
     MCS_ASSIGN_OR_RETURN(std::unique_ptr<StepLease> lease, LeaseSteps(steps));
 
     const auto unchanged = [&](const std::string& id) {
@@ -678,10 +686,12 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     const bool any_unchanged =
         std::any_of(targets.begin(), targets.end(),
                     [&](const TargetDescriptor& t) { return unchanged(t.tensor_id); });
-    if (by_step.size() <= 1 && !any_unchanged) {
+    if (steps.size() <= 1 && !any_unchanged) {
         return ReadSparseObjects(std::span<const SourceDescriptor>(manifest.sources), targets,
                                  options);
     }
+    std::map<std::uint64_t, std::vector<SourceDescriptor>> by_step;
+    for (const SourceDescriptor& s : manifest.sources) by_step[s.generation.delta].push_back(s);
     ReadOptions step_options = options;
     step_options.manifest_index = nullptr;  // built for the whole manifest, not for one step
     std::vector<std::vector<TargetObject>> parts(targets.size());

@@ -177,7 +177,7 @@ public:
 
     /// ReadSparseObjects on a step manifest: targets of unchanged tensors get empty objects,
     /// and a fold's steps are merged per target. Holds a lease on the steps while it reads.
-    Result<std::vector<TargetObject>> ReadSparseObjects(const StepManifest& manifest,
+    Result<std::vector<TargetObject>> ReadSparseObjects(const StepManifestView& manifest,
                                                         std::span<const TargetDescriptor> targets,
                                                         const ReadOptions& options = {});
 
@@ -194,7 +194,7 @@ public:
     Result<std::vector<TargetObjectView>> ReadViews(std::span<const SourceDescriptor> manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
-    Result<std::vector<TargetObjectView>> ReadViews(const StepManifest& manifest,
+    Result<std::vector<TargetObjectView>> ReadViews(const StepManifestView& manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
 

@@ -183,7 +183,7 @@ public:
     Result<std::vector<TargetObjectView>> ReadViews(std::span<const SourceDescriptor> manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
-    Result<std::vector<TargetObjectView>> ReadViews(const StepManifest& manifest,
+    Result<std::vector<TargetObjectView>> ReadViews(const StepManifestView& manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
     /// The daemon's metrics (the §4 counters and its gauges); `reset` zeroes the §4 counters.
@@ -252,7 +252,7 @@ public:
         const wire::SparseReadOptions& options);
     /// ReadSparseObjects of a step manifest (unchanged tensors, folds), run by the daemon.
     Result<std::vector<LeasedTargetObject>> ReadSparseObjects(
-        const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+        const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
         const wire::SparseReadOptions& options);
     /// One bounded wait on this client's own connection.
     Result<StepManifest> WaitOnce(Generation generation, double timeout_seconds);

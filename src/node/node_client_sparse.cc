@@ -154,14 +154,14 @@ Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
 }
 
 Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
-    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const wire::SparseReadOptions& options) {
     wire::SparseReadRequest request;
-    request.manifest = manifest.sources;
+    request.manifest.assign(manifest.sources.begin(), manifest.sources.end());
     request.targets.assign(targets.begin(), targets.end());
     request.options = options;
     request.step = manifest.generation;
-    request.unchanged = manifest.unchanged;
+    request.unchanged.assign(manifest.unchanged.begin(), manifest.unchanged.end());
     return CallRead(std::move(request), targets.size());
 }
 
@@ -738,7 +738,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
 }
 
 Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
-    const StepManifest& manifest, std::span<const TargetDescriptor> targets,
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
     return ReadSparseObjects(manifest, targets, WireReadOptions(options));
 }

@@ -450,8 +450,10 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
     options.view_in_place = server_.options_.read_in_place;
     std::vector<TargetObject> objects;
     if (req.step) {
-        StepManifest step{*req.step, req.manifest, req.unchanged, true};
-        std::sort(step.unchanged.begin(), step.unchanged.end());
+        // The request's sources are read where they lie; only the unchanged ids are sorted.
+        std::vector<std::string> unchanged = req.unchanged;
+        std::sort(unchanged.begin(), unchanged.end());
+        const StepManifestView step(*req.step, req.manifest, unchanged, true);
         MCS_ASSIGN_OR_RETURN(objects, sparse_->ReadSparseObjects(step, req.targets, options));
     } else {
         MCS_ASSIGN_OR_RETURN(objects,

@@ -38,6 +38,48 @@ TEST(ObjectMetadataTest, DecodesToTheDescriptorItWasEncodedFrom) {
     EXPECT_EQ(decoded, obj.desc);
 }
 
+TEST(ObjectMetadataTest, IsMetadataOfHoldsExactlyForTheDescriptorDecodedFromIt) {
+    SourceDescriptor d = MakeDesc({40, 50, 60}, ApplyMode::kScatterAdd);
+    d.source_ref = "mcs/src/fused";
+    d.generation = {2, 3};
+    d.box = Box::Make({8, 0, 0}, {32, 50, 60}).value();
+    d.placement = NamedAxes::Make({{"expert", 3}, {"tp", 1}}).value();
+    d.policy = PlacementPolicy::Owner("expert").value();
+    const std::vector<std::int64_t> idx = {8, 1, 2, 39, 49, 59};
+    const std::vector<float> val = {1.0f, 2.0f};
+    ASSERT_OK_AND_ASSIGN(SparseObject obj, BuildSparseObject(d, View(idx, {2, 3}), View(val, {2})));
+    const std::string text = EncodeObjectMetadata(obj);
+    const MemberChecksums sums{obj.checksum_indices, obj.checksum_values,
+                               obj.checksum_tile_coords, obj.checksum_tile_ptr};
+    ASSERT_OK_AND_ASSIGN(SourceDescriptor decoded, DecodeObjectMetadata(d.source_ref, text));
+    // A manifest entry decoded from the text describes it, without decoding it again.
+    EXPECT_TRUE(IsMetadataOf(text, decoded, "global", sums));
+    EXPECT_TRUE(IsMetadataOf(text, obj.desc, "global", sums));
+    // Any field, checksum or byte that differs does not.
+    const auto differs = [&](auto change) {
+        SourceDescriptor other = decoded;
+        change(other);
+        return !IsMetadataOf(text, other, "global", sums);
+    };
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.nnz += 1; }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.generation = {3, 4}; }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.tensor_id += "x"; }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.box = Box::Make({0, 0, 0}, {32, 50, 60}).value(); }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.apply = ApplyMode::kOverwrite; }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.value_dtype = DType::kFloat16; }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) {
+        o.placement = NamedAxes::Make({{"expert", 4}, {"tp", 1}}).value();
+    }));
+    EXPECT_TRUE(differs([](SourceDescriptor& o) { o.tile_shape[0] += 1; }));
+    EXPECT_FALSE(IsMetadataOf(text, decoded, "local", sums));
+    MemberChecksums other_sums = sums;
+    other_sums.values ^= 1;
+    EXPECT_FALSE(IsMetadataOf(text, decoded, "global", other_sums));
+    EXPECT_FALSE(IsMetadataOf(text + " ", decoded, "global", sums));
+    EXPECT_FALSE(IsMetadataOf(text.substr(0, text.size() - 1), decoded, "global", sums));
+    EXPECT_FALSE(IsMetadataOf("", decoded, "global", sums));
+}
+
 TEST(ObjectMetadataTest, RejectsWhatIsNotASparseObjectV1) {
     EXPECT_THAT(DecodeObjectMetadata("x", "{"), StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(DecodeObjectMetadata("x", "[]"), StatusIs(StatusCode::kInvalidArgument));

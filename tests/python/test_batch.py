@@ -74,6 +74,45 @@ def test_a_step_through_the_batch_calls_is_bit_exact(store):
     assert all(isinstance(r, dict) and not r["created"] for r in again)
 
 
+def test_a_read_takes_its_manifest_in_every_form(store):
+    """A step's manifest as the store gave it is read where it lies; a slice, a reversed list,
+    entries of two manifests joined, or a plain list all read the same objects, and an entry
+    that is not a SourceInfo is a typed error."""
+    rng = np.random.default_rng(5)
+    names = [f"m{i}" for i in range(40)]
+    old = {n: rng.standard_normal((12, 10)).astype(np.float32) for n in names}
+    for k in (1, 2):
+        new = {n: changed(rng, w, 0.1) for n, w in old.items()}
+        store.put_sparse_objects(
+            [{"tensor_id": n, "global_shape": (12, 10), "indices": i, "values": v,
+              "generation": (k - 1, k)}
+             for n, (i, v) in zip(names, mcs.encode_updates([(new[n], old[n]) for n in names]))])
+        store.seal_generation((k - 1, k), names)
+    m1, m2 = store.manifest((0, 1)), store.manifest((1, 2))
+    targets = [mcs.Target(n, f"{n}/t", "node0", {}, (0, 0), (12, 10)) for n in names]
+
+    def contents(objs):
+        return [(o.target_id, o.nnz, np.asarray(o.indices).tobytes(),
+                 np.asarray(o.values).tobytes()) for o in objs]
+
+    whole = contents(store.read_sparse_objects(m2, targets))
+    assert contents(store.read_sparse_objects(list(m2), targets)) == whole
+    assert contents(store.read_sparse_objects(m2[::-1], targets)) == whole
+    half = len(names) // 2
+    by_id = {s.tensor_id: s for s in m2}
+    part = [by_id[n] for n in names[half:]]
+    assert contents(store.read_sparse_objects(part, targets[half:])) == whole[half:]
+    # The first half from step 1, the rest from step 2: each target reads its own step's source.
+    joined = [s for s in m1 if s.tensor_id in names[:half]] + part
+    mixed = contents(store.read_sparse_objects(joined, targets))
+    assert mixed[half:] == whole[half:]
+    assert mixed[:half] == contents(store.read_sparse_objects(m1, targets[:half]))
+    del m2, by_id  # the SourceInfo of `part` keep their step's array alive
+    assert contents(store.read_sparse_objects(part, targets[half:])) == whole[half:]
+    with pytest.raises(mcs.InvalidArgument):
+        store.read_sparse_objects(list(m1) + ["not a source"], targets)
+
+
 def test_a_bad_update_fails_alone_with_its_typed_error(store):
     rng = np.random.default_rng(4)
     w = rng.standard_normal((16, 8)).astype(np.float32)
