@@ -19,6 +19,7 @@
 #include <rapidjson/writer.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -206,7 +207,12 @@ std::string EncodeObjectMetadata(const SparseObject& o) {
 bool IsMetadataOf(std::string_view text, const SourceDescriptor& d,
                   std::string_view coordinate_space, const MemberChecksums& checksums) {
     CompareStream out(text);
-    rapidjson::Writer<CompareStream> w(out);
+    // The writer's level stack lives in a buffer of its own: no heap allocation per check.
+    alignas(std::max_align_t) std::array<char, 1024> stack_buffer;
+    rapidjson::MemoryPoolAllocator<> stack(stack_buffer.data(), stack_buffer.size());
+    rapidjson::Writer<CompareStream, rapidjson::UTF8<>, rapidjson::UTF8<>,
+                      rapidjson::MemoryPoolAllocator<>>
+        w(out, &stack);
     WriteMetadata(w, d, coordinate_space, checksums);
     return out.Same();
 }
