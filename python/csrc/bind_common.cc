@@ -5,6 +5,7 @@
 #include "transport/host_copy.h"
 
 #include <algorithm>
+#include <iterator>
 
 #include <pybind11/stl.h>
 
@@ -36,6 +37,21 @@ pyb::dict AxesToDict(const NamedAxes& axes) {
 
 Shape ShapeArg(const pyb::handle& obj, const char* what) {
     Shape s;
+    PyObject* const seq = obj.ptr();
+    if (PyTuple_Check(seq) || PyList_Check(seq)) {
+        // The usual forms, by index (a target's offset and shape, for every target of a batch).
+        // The size is read again each time: an element's __index__ may change a list.
+        s.reserve(static_cast<std::size_t>(PySequence_Fast_GET_SIZE(seq)));
+        try {
+            for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+                const auto e = pyb::reinterpret_borrow<pyb::object>(PySequence_Fast_GET_ITEM(seq, i));
+                s.push_back(e.cast<Index>());
+            }
+        } catch (const pyb::cast_error&) {
+            ThrowIfError(InvalidArgument(std::string(what) + " must be a sequence of ints"));
+        }
+        return s;
+    }
     if (pyb::isinstance<pyb::str>(obj) || !pyb::hasattr(obj, "__iter__")) {
         ThrowIfError(InvalidArgument(std::string(what) + " must be a sequence of ints"));
     }
@@ -59,28 +75,42 @@ pyb::tuple ShapeTuple(std::span<const Index> s) {
 }
 
 TargetDescriptor TargetFrom(const pyb::handle& obj) {
-    auto get = [&](const char* name) -> pyb::object {
+    // The field names, interned once (kept for the life of the process): the lookups of every
+    // target of a batch then make no strings.
+    enum Field { kTargetId, kNodeId, kTensorId, kPlacement, kGlobalOffset, kLocalShape };
+    static constexpr const char* kNames[] = {"target_id", "node_id", "tensor_id", "placement",
+                                             "global_offset", "local_shape"};
+    static PyObject* const* const kKeys = [] {
+        static PyObject* keys[std::size(kNames)];
+        for (std::size_t i = 0; i < std::size(kNames); ++i) {
+            keys[i] = PyUnicode_InternFromString(kNames[i]);
+        }
+        return keys;
+    }();
+    auto get = [&](Field f) -> pyb::object {
         // One lookup (hasattr and attr would make two per field of every target).
-        PyObject* v = PyObject_GetAttrString(obj.ptr(), name);
+        PyObject* v = kKeys[f] != nullptr ? PyObject_GetAttr(obj.ptr(), kKeys[f])
+                                          : PyObject_GetAttrString(obj.ptr(), kNames[f]);
         if (v == nullptr) {
             PyErr_Clear();
-            ThrowIfError(InvalidArgument(std::string("target lacks attribute '") + name + "'"));
+            ThrowIfError(InvalidArgument(std::string("target lacks attribute '") + kNames[f] +
+                                         "'"));
         }
         return pyb::reinterpret_steal<pyb::object>(v);
     };
     // Exactly str: pyb::str() would turn None into the id "None".
-    auto id = [&](const char* name) -> std::string {
-        pyb::object v = get(name);
+    auto id = [&](Field f) -> std::string {
+        pyb::object v = get(f);
         if (!pyb::isinstance<pyb::str>(v)) {
-            ThrowIfError(InvalidArgument(std::string("target ") + name + " must be a str, got " +
+            ThrowIfError(InvalidArgument(std::string("target ") + kNames[f] + " must be a str, got " +
                                          std::string(pyb::repr(v))));
         }
         return v.cast<std::string>();
     };
     auto target = TargetDescriptor::Make(
-        id("target_id"), id("node_id"), id("tensor_id"),
-        AxesFromDict(get("placement"), "target placement"),
-        ShapeArg(get("global_offset"), "global_offset"), ShapeArg(get("local_shape"), "local_shape"));
+        id(kTargetId), id(kNodeId), id(kTensorId),
+        AxesFromDict(get(kPlacement), "target placement"),
+        ShapeArg(get(kGlobalOffset), "global_offset"), ShapeArg(get(kLocalShape), "local_shape"));
     return ValueOrThrow(std::move(target));
 }
 

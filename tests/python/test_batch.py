@@ -113,6 +113,47 @@ def test_a_read_takes_its_manifest_in_every_form(store):
         store.read_sparse_objects(list(m1) + ["not a source"], targets)
 
 
+def test_targets_take_every_sequence_form_and_bad_ones_are_typed_errors(store):
+    """A target's offset and shape as a tuple, a list, numpy integers, a range or a generator
+    read the same object; a missing field, a non-str id or a non-integer extent is
+    InvalidArgument."""
+    import dataclasses
+
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((12, 10)).astype(np.float32)
+    idx, vals = mcs.encode_update(changed(rng, w, 0.2), w)
+    store.put_sparse_object("f", (12, 10), idx, vals, generation=(0, 1))
+    store.seal_generation((0, 1), ["f"])
+    m = store.manifest((0, 1))
+
+    def read(off, shape):
+        (o,) = store.read_sparse_objects(m, [mcs.Target("f", "t", "node0", {}, off, shape)])
+        return o.nnz, np.asarray(o.indices).tobytes(), np.asarray(o.values).tobytes()
+
+    want = read((4, 2), (6, 8))
+    assert read([4, 2], [6, 8]) == want
+    assert read((np.int64(4), np.int32(2)), np.array([6, 8])) == want
+    assert read((4, 2), range(6, 9, 2)) == want
+    assert read((x for x in (4, 2)), (x for x in (6, 8))) == want
+
+    @dataclasses.dataclass
+    class NoShape:
+        tensor_id: str = "f"
+        target_id: str = "t"
+        node_id: str = "node0"
+        placement: dict = dataclasses.field(default_factory=dict)
+        global_offset: tuple = (0, 0)
+
+    for bad in (NoShape(),
+                mcs.Target("f", 7, "node0", {}, (0, 0), (12, 10)),
+                mcs.Target("f", "t", "node0", {}, (0, 0.5), (12, 10)),
+                mcs.Target("f", "t", "node0", {}, (0, 0), [12, "10"]),
+                mcs.Target("f", "t", "node0", {}, (0, 0), "12"),
+                mcs.Target("f", "t", "node0", {}, (0, 0), (12, 11))):
+        with pytest.raises(mcs.InvalidArgument):
+            store.read_sparse_objects(m, [bad])
+
+
 def test_a_bad_update_fails_alone_with_its_typed_error(store):
     rng = np.random.default_rng(4)
     w = rng.standard_normal((16, 8)).astype(np.float32)
