@@ -224,8 +224,10 @@ def sparse_reader(url: str, writers: int, count: int, deadline: float, results) 
         results.put({"ok": False, "error": traceback.format_exc()})
 
 
-def looping_reader(url: str, stop, results) -> None:
-    """Calls the daemon in a loop across a daemon kill + restart; records error types."""
+def looping_reader(url: str, stop, results, connected=None, reconnected=None) -> None:
+    """Calls the daemon in a loop across a daemon kill + restart; records error types. Sets
+    `connected` after its first call answered, `reconnected` after its first call answered
+    after an error (so that the test waits for each, however slow the machine)."""
     try:
         import mooncake.sparse as mcs
 
@@ -237,8 +239,12 @@ def looping_reader(url: str, stop, results) -> None:
             try:
                 store.list_keys("")
                 ok += 1
+                if connected is not None:
+                    connected.set()
                 if errors:
                     ok_after_error += 1
+                    if reconnected is not None:
+                        reconnected.set()
             except mcs.Error as e:  # Unavailable while the daemon is down
                 errors[type(e).__name__] = errors.get(type(e).__name__, 0) + 1
                 time.sleep(0.02)

@@ -422,17 +422,18 @@ def _sigkill_during_commits(node):
 def test_daemon_restart_with_client_reconnect(node):
     store = mcs.connect(node.url, call_timeout=5.0)
     store.objects.put("before", {"a": np.arange(10)})
-    stop = CTX.Event()
+    stop, connected, reconnected = CTX.Event(), CTX.Event(), CTX.Event()
     results = CTX.Queue()
-    looper = CTX.Process(target=nw.looping_reader, args=(node.url, stop, results))
+    looper = CTX.Process(target=nw.looping_reader,
+                         args=(node.url, stop, results, connected, reconnected))
     looper.start()
-    time.sleep(0.5)
+    connected.wait(60)  # the worker's start (a new interpreter) may take seconds on a busy host
     node.kill()  # in-flight and later calls fail with Unavailable, never hang
     time.sleep(0.5)
     with pytest.raises(mcs.Unavailable):
         store.list_keys("")
     node.start()
-    time.sleep(0.5)
+    reconnected.wait(60)
     stop.set()
     (r,) = drain(results, 1)
     join_all([looper])
