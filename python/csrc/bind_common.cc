@@ -257,8 +257,10 @@ pyb::list SourcesList(std::vector<SourceDescriptor> sources) {
 ManifestArg ManifestFrom(const pyb::list& sources) {
     ManifestArg out;
     const std::size_t n = sources.size();
-    std::vector<std::shared_ptr<SourceDescriptor>> held;
-    held.reserve(n);
+    // The list holds its entries while this runs (under the GIL); the first entry's holder
+    // keeps a viewed array alive after it.
+    std::vector<const SourceDescriptor*> entries(n);
+    std::shared_ptr<SourceDescriptor> first;
     bool viewed = n > 0;
     for (std::size_t i = 0; i < n; ++i) {
         pyb::handle item = sources[i];
@@ -266,22 +268,24 @@ ManifestArg ManifestFrom(const pyb::list& sources) {
             ThrowIfError(InvalidArgument("manifest entries must be SourceInfo, got " +
                                          std::string(pyb::repr(item))));
         }
-        held.push_back(item.cast<std::shared_ptr<SourceDescriptor>>());
-        // One array, in its order: every entry shares the first one's owner and lies right
-        // after the one before.
-        if (viewed && i > 0) {
-            const auto& first = held.front();
-            viewed = !first.owner_before(held[i]) && !held[i].owner_before(first) &&
-                     held[i].get() == held[i - 1].get() + 1;
+        auto held = item.cast<std::shared_ptr<SourceDescriptor>>();
+        entries[i] = held.get();
+        if (i == 0) {
+            first = std::move(held);
+            continue;
         }
+        // One array, in its order: every entry lies right after the one before and shares the
+        // first one's owner.
+        viewed = viewed && entries[i] == entries[i - 1] + 1 && !first.owner_before(held) &&
+                 !held.owner_before(first);
     }
     if (viewed) {
-        out.sources = {held.front().get(), n};
-        out.owner = held.front();
+        out.sources = {first.get(), n};
+        out.owner = std::move(first);
         return out;
     }
     out.copied.reserve(n);
-    for (const auto& d : held) out.copied.push_back(*d);
+    for (const SourceDescriptor* d : entries) out.copied.push_back(*d);
     out.sources = out.copied;
     return out;
 }

@@ -253,7 +253,7 @@ std::vector<std::shared_ptr<SparseObjectView>> Read(
         unchanged_sorted = unchanged;
         std::sort(unchanged_sorted.begin(), unchanged_sorted.end());
         step.emplace(ValueOrThrow(Generation::Make(generation->first, generation->second)),
-                     manifest.sources, unchanged_sorted, true);
+                     manifest.sources, unchanged_sorted);
     }
     std::vector<TargetObjectView> views = NoGil([&] {
         return step ? s.service().ReadViews(*step, tds, options)

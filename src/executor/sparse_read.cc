@@ -4,6 +4,7 @@
 // steps, each a function below, and the check of every manifest entry against the stored
 // object's metadata before anything is sized from it.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <future>
@@ -774,37 +775,36 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
     // A manifest entry of this store names the object with exactly its metadata: written
     // again from the entry and compared, several times cheaper than decoding it. Anything else
     // (another writer's formatting, another object) is decoded and compared field by field.
-    const auto checksum = [&](std::string_view member) {
-        const MemberInfo* m = info.FindMember(member);
-        return m == nullptr ? std::uint64_t{0} : m->checksum;
+    constexpr std::array<const char*, 4> kMembers = {"indices", "values", "tile_coords",
+                                                     "tile_ptr"};
+    std::array<const MemberInfo*, kMembers.size()> members{};
+    for (std::size_t i = 0; i < kMembers.size(); ++i) members[i] = info.FindMember(kMembers[i]);
+    const auto checksum = [&](std::size_t i) {
+        return members[i] == nullptr ? std::uint64_t{0} : members[i]->checksum;
     };
     SourceDescriptor stored;
     if (IsMetadataOf(info.metadata, claimed, "global",
-                     {checksum("indices"), checksum("values"), checksum("tile_coords"),
-                      checksum("tile_ptr")})) {
+                     {checksum(0), checksum(1), checksum(2), checksum(3)})) {
         stored = claimed;
     } else {
         MCS_ASSIGN_OR_RETURN(stored, DecodeObjectMetadata(claimed.source_ref, info.metadata));
         MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
     }
     // The members must hold what the metadata says: every later allocation is sized from it.
-    const struct {
-        const char* name;
-        std::uint64_t bytes;
-    } expected[] = {
-        {"indices", stored.nnz * stored.rank() * DTypeSize(stored.index_dtype)},
-        {"values", stored.nnz * DTypeSize(stored.value_dtype)},
-        {"tile_coords", stored.num_tiles * stored.rank() * sizeof(TileCoord)},
-        {"tile_ptr", (stored.num_tiles + 1) * sizeof(std::uint64_t)},
+    const std::array<std::uint64_t, kMembers.size()> expected = {
+        stored.nnz * stored.rank() * DTypeSize(stored.index_dtype),
+        stored.nnz * DTypeSize(stored.value_dtype),
+        stored.num_tiles * stored.rank() * sizeof(TileCoord),
+        (stored.num_tiles + 1) * sizeof(std::uint64_t),
     };
-    for (const auto& e : expected) {
-        const MemberInfo* m = info.FindMember(e.name);
-        if (m == nullptr || m->size_bytes != e.bytes) {
-            return DataLoss("stored object " + claimed.source_ref + " member " + e.name +
+    for (std::size_t i = 0; i < kMembers.size(); ++i) {
+        const MemberInfo* m = members[i];
+        if (m == nullptr || m->size_bytes != expected[i]) {
+            return DataLoss("stored object " + claimed.source_ref + " member " + kMembers[i] +
                             (m == nullptr ? " is missing"
                                           : " holds " + std::to_string(m->size_bytes) +
                                                 " bytes, its metadata says " +
-                                                std::to_string(e.bytes)));
+                                                std::to_string(expected[i])));
         }
     }
     return stored;

@@ -112,15 +112,13 @@ struct StepManifestView {
     Generation generation;
     std::span<const SourceDescriptor> sources;
     std::span<const std::string> unchanged;  ///< Sorted.
-    bool sealed = false;
 
-    StepManifestView() = default;
     StepManifestView(Generation g, std::span<const SourceDescriptor> s,
-                     std::span<const std::string> u, bool sealed_in)
-        : generation(g), sources(s), unchanged(u), sealed(sealed_in) {}
+                     std::span<const std::string> u)
+        : generation(g), sources(s), unchanged(u) {}
     // NOLINTNEXTLINE(google-explicit-constructor): a StepManifest is read as it is.
     StepManifestView(const StepManifest& m)
-        : generation(m.generation), sources(m.sources), unchanged(m.unchanged), sealed(m.sealed) {}
+        : generation(m.generation), sources(m.sources), unchanged(m.unchanged) {}
 };
 
 /// (name, value) pairs in a stable order: the §4 counters (SparseMetrics::Items), and from the

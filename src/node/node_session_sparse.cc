@@ -453,7 +453,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
         // The request's sources are read where they lie; only the unchanged ids are sorted.
         std::vector<std::string> unchanged = req.unchanged;
         std::sort(unchanged.begin(), unchanged.end());
-        const StepManifestView step(*req.step, req.manifest, unchanged, true);
+        const StepManifestView step(*req.step, req.manifest, unchanged);
         MCS_ASSIGN_OR_RETURN(objects, sparse_->ReadSparseObjects(step, req.targets, options));
     } else {
         MCS_ASSIGN_OR_RETURN(objects,
