@@ -663,52 +663,71 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
     }
 }
 
-Status SparseStore::MaterializeInPlace(ReadCall& call, int threads) {
-    const BatchPlan& plan = *call.plan;
-    SparseMetrics& m = call.metrics;
-    const auto read_start = Clock::now();
-    // Every source the plan reads, once: a source has one group of reads per node.
-    constexpr std::uint32_t kUnset = ~std::uint32_t{0};
-    std::vector<std::uint32_t> view_of(call.manifest.size(), kUnset);
+namespace {
+
+/// Every source the plan reads, once (a source has one group of reads per node): their keys,
+/// and per manifest entry its place among them (kUnsetView when the plan reads none of it).
+constexpr std::uint32_t kUnsetView = ~std::uint32_t{0};
+
+std::vector<std::string_view> PlannedSourceKeys(const BatchPlan& plan,
+                                                std::span<const SourceDescriptor> manifest,
+                                                std::vector<std::uint32_t>& view_of) {
+    view_of.assign(manifest.size(), kUnsetView);
     std::vector<std::string_view> keys;
     for (const ReadGroup& g : plan.read_groups) {
-        if (view_of[g.source_index] != kUnset) continue;
+        if (view_of[g.source_index] != kUnsetView) continue;
         view_of[g.source_index] = static_cast<std::uint32_t>(keys.size());
-        keys.push_back(call.manifest[g.source_index].source_ref);
+        keys.push_back(manifest[g.source_index].source_ref);
     }
-    const auto materialize = [&](std::span<const ObjectView> views) -> Status {
-        // Each unique read's rows where the store holds them, checked as ReadRanges checks a
-        // read: against the object as it is now (LoadIndex checked the descriptor earlier).
-        for (const ReadGroup& g : plan.read_groups) {
-            const SourceDescriptor& s = call.manifest[g.source_index];
-            const ObjectView& view = views[view_of[g.source_index]];
-            const MemberInfo* mi = view.info->FindMember("indices");
-            const MemberInfo* mv = view.info->FindMember("values");
-            const std::uint64_t isz = s.rank() * DTypeSize(s.index_dtype);
-            const std::uint64_t vsz = DTypeSize(s.value_dtype);
-            if (mi == nullptr || mv == nullptr || mi->RowBytes() != isz ||
-                mv->RowBytes() != vsz) {
-                return DataLoss("stored object " + s.source_ref +
-                                " has no indices and values members of its descriptor's dtypes");
-            }
-            const std::span<const std::byte> indices =
-                view.members[static_cast<std::size_t>(mi - view.info->members.data())];
-            const std::span<const std::byte> values =
-                view.members[static_cast<std::size_t>(mv - view.info->members.data())];
-            for (std::size_t r = g.begin; r < g.end; ++r) {
-                const UniqueRead& u = plan.reads[r];
-                if (u.start > u.end || u.end > indices.size() / isz ||
-                    u.end > values.size() / vsz) {
-                    return OutOfRange("stored object " + s.source_ref + " holds no entries [" +
-                                      std::to_string(u.start) + ", " + std::to_string(u.end) +
-                                      ")");
-                }
-                call.reads[r] = {nullptr, indices.subspan(u.start * isz, u.size() * isz),
-                                 values.subspan(u.start * vsz, u.size() * vsz), u.start};
-                m.range_bytes_read += u.size() * (isz + vsz);
-            }
+    return keys;
+}
+
+}  // namespace
+
+Status SparseStore::BindInPlaceReads(ReadCall& call, std::span<const ObjectView> views,
+                                     std::span<const std::uint32_t> view_of) {
+    const BatchPlan& plan = *call.plan;
+    SparseMetrics& m = call.metrics;
+    // Each unique read's rows where the store holds them, checked as ReadRanges checks a read:
+    // against the object as it is now (LoadIndex checked the descriptor earlier).
+    for (const ReadGroup& g : plan.read_groups) {
+        const SourceDescriptor& s = call.manifest[g.source_index];
+        const ObjectView& view = views[view_of[g.source_index]];
+        const MemberInfo* mi = view.info->FindMember("indices");
+        const MemberInfo* mv = view.info->FindMember("values");
+        const std::uint64_t isz = s.rank() * DTypeSize(s.index_dtype);
+        const std::uint64_t vsz = DTypeSize(s.value_dtype);
+        if (mi == nullptr || mv == nullptr || mi->RowBytes() != isz || mv->RowBytes() != vsz) {
+            return DataLoss("stored object " + s.source_ref +
+                            " has no indices and values members of its descriptor's dtypes");
         }
-        m.range_gets += plan.reads.size();
+        const std::span<const std::byte> indices =
+            view.members[static_cast<std::size_t>(mi - view.info->members.data())];
+        const std::span<const std::byte> values =
+            view.members[static_cast<std::size_t>(mv - view.info->members.data())];
+        for (std::size_t r = g.begin; r < g.end; ++r) {
+            const UniqueRead& u = plan.reads[r];
+            if (u.start > u.end || u.end > indices.size() / isz || u.end > values.size() / vsz) {
+                return OutOfRange("stored object " + s.source_ref + " holds no entries [" +
+                                  std::to_string(u.start) + ", " + std::to_string(u.end) + ")");
+            }
+            call.reads[r] = {nullptr, indices.subspan(u.start * isz, u.size() * isz),
+                             values.subspan(u.start * vsz, u.size() * vsz), u.start};
+            m.range_bytes_read += u.size() * (isz + vsz);
+        }
+    }
+    m.range_gets += plan.reads.size();
+    return Status::Ok();
+}
+
+Status SparseStore::MaterializeInPlace(ReadCall& call, int threads) {
+    SparseMetrics& m = call.metrics;
+    const auto read_start = Clock::now();
+    std::vector<std::uint32_t> view_of;
+    const std::vector<std::string_view> keys =
+        PlannedSourceKeys(*call.plan, call.manifest, view_of);
+    const auto materialize = [&](std::span<const ObjectView> views) -> Status {
+        MCS_RETURN_IF_ERROR(BindInPlaceReads(call, views, view_of));
         const double read_seconds = Seconds(read_start);
         m.read_seconds += read_seconds;
         call.interleaved_read_seconds += read_seconds;
@@ -739,6 +758,159 @@ Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {
         out.push_back(std::move(call.results[t]).value());
     }
     m.materialize_seconds = Seconds(call.materialize_start) - call.interleaved_read_seconds;
+    return out;
+}
+
+Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options, const PlannedReadFn& build) {
+    // Targets of unchanged tensors are empty objects; the others are planned.
+    const auto unchanged = [&](const std::string& id) {
+        return std::binary_search(manifest.unchanged.begin(), manifest.unchanged.end(), id);
+    };
+    std::vector<std::size_t> planned;  // into targets
+    planned.reserve(targets.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (!unchanged(targets[t].tensor_id)) planned.push_back(t);
+    }
+    std::vector<TargetDescriptor> subset;
+    if (planned.size() != targets.size()) {
+        subset.reserve(planned.size());
+        for (std::size_t t : planned) subset.push_back(targets[t]);
+    }
+    const std::span<const TargetDescriptor> plan_targets =
+        planned.size() == targets.size() ? targets : std::span<const TargetDescriptor>(subset);
+
+    ReadCall call(manifest.sources, plan_targets, options);
+    call.scratch = TakeScratch();
+    PlannedRead read;
+    read.manifest = manifest.sources;
+    read.targets = targets;
+    read.per_target.resize(targets.size());
+    read.kept.assign(targets.size(), 0);
+    std::vector<SourceDescriptor> descs(targets.size());
+    // Every target's descriptor but its nnz, as MaterializeTarget / EmptyTarget write them.
+    const auto describe = [&](std::size_t t, const SourceDescriptor* first) -> Status {
+        const TargetDescriptor& target = targets[t];
+        Shape local(target.box.shape().begin(), target.box.shape().end());
+        SourceDescriptor& d = descs[t];
+        d.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
+        d.tensor_id = target.tensor_id;
+        MCS_ASSIGN_OR_RETURN(d.box, Box::Whole(local));
+        d.generation = first != nullptr ? first->generation : manifest.generation;
+        d.placement = target.placement;
+        d.apply = first != nullptr ? first->apply : ApplyMode::kOverwrite;
+        d.index_dtype = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
+        d.value_dtype = first != nullptr ? first->value_dtype : DType::kUInt8;
+        d.tile_shape = first != nullptr ? first->tile_shape : DefaultTileShape(local);
+        for (std::size_t k = 0; k < d.tile_shape.size() && k < local.size(); ++k) {
+            d.tile_shape[k] = std::min(d.tile_shape[k], local[k]);
+        }
+        d.global_shape = std::move(local);
+        read.per_target[t].index_dtype = d.index_dtype;
+        read.per_target[t].value_dtype = d.value_dtype;
+        return Status::Ok();
+    };
+    if (!plan_targets.empty()) {
+        MCS_RETURN_IF_ERROR(SelectTargetSources(call));
+        MCS_RETURN_IF_ERROR(LoadIndexes(call));
+        MCS_ASSIGN_OR_RETURN(const bool within_budget, PlanReads(call));
+        if (!within_budget) return Unimplemented("the read is over the planning budget");
+        call.reads.resize(call.plan->reads.size());
+        CollectPlannedPieces(call);
+    }
+    std::vector<bool> is_planned(targets.size(), false);
+    for (std::size_t k = 0; k < planned.size(); ++k) {
+        const std::size_t t = planned[k];
+        is_planned[t] = true;
+        const std::span<const SourceMatch> matches = call.selection.matches_of(k);
+        if (matches.empty()) return Internal("target " + targets[t].target_id + " has no source");
+        const SourceDescriptor& first = call.manifest[matches.front().source_index];
+        for (const SourceMatch& m : matches) {
+            const SourceDescriptor& s = call.manifest[m.source_index];
+            if (s.apply != first.apply || s.value_dtype != first.value_dtype) {
+                return InvalidArgument("target " + targets[t].target_id +
+                                       " reads sources with different apply modes or value "
+                                       "dtypes");
+            }
+        }
+        MCS_RETURN_IF_ERROR(describe(t, &first));
+    }
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (!is_planned[t]) MCS_RETURN_IF_ERROR(describe(t, nullptr));
+    }
+
+    const auto start = Clock::now();
+    std::vector<std::uint32_t> view_of;
+    const std::vector<std::string_view> keys =
+        call.plan ? PlannedSourceKeys(*call.plan, call.manifest, view_of)
+                  : std::vector<std::string_view>{};
+    SparseMetrics& m = call.metrics;
+    const auto hand_over = [&](std::span<const ObjectView> views) -> Status {
+        if (call.plan) {
+            MCS_RETURN_IF_ERROR(BindInPlaceReads(call, views, view_of));
+            read.ranges.resize(call.reads.size());
+            for (const ReadGroup& g : call.plan->read_groups) {
+                const bool pinned = views[view_of[g.source_index]].pinned;
+                for (std::size_t r = g.begin; r < g.end; ++r) {
+                    read.ranges[r] = {call.reads[r].indices, call.reads[r].values,
+                                      static_cast<std::uint32_t>(g.source_index), pinned};
+                }
+            }
+        }
+        const ReadData* reads = call.reads.data();
+        for (std::size_t t = 0, k = 0; t < targets.size(); ++t) {
+            PlannedRead::Target& pt = read.per_target[t];
+            pt.first_piece = read.pieces.size();
+            if (is_planned[t]) {
+                for (const Piece& p : call.pieces[k]) {
+                    const ReadData& data = *p.data;
+                    const SourceDescriptor& s = call.manifest[p.source_index];
+                    if (p.range.start < data.base) return Internal("piece before its read");
+                    read.pieces.push_back({static_cast<std::uint32_t>(p.data - reads),
+                                           p.range.start - data.base, p.range.size(),
+                                           p.range.exact_coordinate_filter, p.overlap});
+                    pt.capacity += p.range.size();
+                    m.fanout_bytes += p.range.size() * s.EntryBytes();
+                }
+                ++k;
+            }
+            pt.end_piece = read.pieces.size();
+        }
+        m.read_seconds += Seconds(start);
+        return build(read);
+    };
+    if (keys.empty()) {
+        MCS_RETURN_IF_ERROR(hand_over({}));
+    } else {
+        MCS_RETURN_IF_ERROR(
+            store_->ViewObjects(keys, hand_over).WithContext("viewing sources"));
+    }
+    if (read.kept.size() != targets.size()) return Internal("planned read: kept counts");
+    std::vector<TargetObjectView> out(targets.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (read.kept[t] > read.per_target[t].capacity) {
+            return Internal("planned read: target " + targets[t].target_id +
+                            " kept more entries than its pieces hold");
+        }
+        SourceDescriptor& d = descs[t];
+        d.nnz = read.kept[t];
+        d.num_tiles = 0;
+        MCS_ASSIGN_OR_RETURN(d, SourceDescriptor::Make(std::move(d)));
+        m.target_bytes += d.nnz * d.EntryBytes();
+        TargetObjectView& v = out[t];
+        v.target_id = targets[t].target_id;
+        v.node_id = targets[t].node_id;
+        v.target_box = targets[t].box;
+        v.desc = std::move(d);
+        v.coordinate_space = "local";
+    }
+    m.target_objects_published += targets.size();
+    m.materialize_seconds += Seconds(start);
+    AddReadMetrics(m);
+    if (call.plan) call.scratch->plan = std::move(*call.plan);
+    if (call.own_index) call.scratch->index = std::move(*call.own_index);
+    ReturnScratch(std::move(call.scratch));
     return out;
 }
 

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -156,6 +157,49 @@ struct TargetObjectView {
     static TargetObjectView Owning(TargetObject&& object);
 };
 
+/// A read planned by the store and handed, with its unique entry ranges viewed where the store
+/// holds them, to a caller that builds the target objects itself (the device read gathers,
+/// filters and rebases on the GPU). Everything here is valid only during the PlannedReadFn call.
+struct PlannedRead {
+    /// One unique entry range of a source: read once for every target that needs it.
+    struct Range {
+        std::span<const std::byte> indices;  ///< [count, rank] of the source's index dtype
+        std::span<const std::byte> values;   ///< [count] of the source's value dtype
+        std::uint32_t source = 0;            ///< Into `manifest`.
+        bool pinned = false;                 ///< Page-locked host memory.
+    };
+    /// Entries [begin, begin + count) of one range that a target takes: all of them, or with
+    /// `filter` those inside `overlap` (a boundary tile's), rebased by the target's origin.
+    struct Piece {
+        std::uint32_t range = 0;
+        std::uint64_t begin = 0;
+        std::uint64_t count = 0;
+        bool filter = false;
+        Box overlap;  ///< Global coordinates.
+    };
+    /// A target's pieces are pieces[first_piece, end_piece): their kept entries, concatenated in
+    /// this order, are the target's entries, in the sources' (tile, element) order (the order
+    /// of the target's own tiles when its origin lies on the sources' tile grid).
+    struct Target {
+        std::size_t first_piece = 0;
+        std::size_t end_piece = 0;
+        DType index_dtype = DType::kUInt16;  ///< Of its local coordinates (narrowest for its box).
+        DType value_dtype = DType::kUInt8;
+        std::uint64_t capacity = 0;          ///< Sum of its pieces' counts: a bound on its nnz.
+    };
+
+    std::span<const SourceDescriptor> manifest;
+    std::span<const TargetDescriptor> targets;
+    std::vector<Range> ranges;
+    std::vector<Piece> pieces;
+    std::vector<Target> per_target;  ///< Same order as `targets`.
+    /// Set by the callback: the entries each target kept (same order as `targets`).
+    std::vector<std::uint64_t> kept;
+};
+
+/// Builds a planned read's target objects; its error is the read's.
+using PlannedReadFn = std::function<Status(PlannedRead& read)>;
+
 class SparseService {
 public:
     virtual ~SparseService() = default;
@@ -200,6 +244,18 @@ public:
     virtual Result<std::vector<TargetObjectView>> ReadViews(
         const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
         const ReadOptions& options) = 0;
+    /// A read whose target objects `build` makes from the planned ranges, viewed in place
+    /// (PlannedRead). Returns one view per target, same order, holding the target's descriptor
+    /// (nnz = what `build` kept, no tile index: num_tiles 0) and no member bytes: the members are
+    /// wherever `build` put them. A fold of several steps is not planned this way.
+    /// Errors: Unimplemented (this service or store cannot view its ranges in place, or the
+    /// manifest is a fold: read with ReadViews); as ReadViews; whatever `build` returns.
+    virtual Result<std::vector<TargetObjectView>> ReadPlanned(
+        const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+        const ReadOptions& options, const PlannedReadFn& build) {
+        (void)manifest, (void)targets, (void)options, (void)build;
+        return Unimplemented("this store does not hand out planned reads");
+    }
 
     // ---- Observability and upkeep. --------------------------------------------------------
     /// The metrics of the layer; `reset` zeroes the §4 counters once they are taken.

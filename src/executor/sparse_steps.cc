@@ -738,4 +738,25 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     return out;
 }
 
+Result<std::vector<TargetObjectView>> SparseStore::ReadPlanned(
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options, const PlannedReadFn& build) {
+    if (!store_->ViewsInPlace()) {
+        return Unimplemented("this store does not view its objects in place");
+    }
+    if (options.strategy != ReadStrategy::kSparseRanges) {
+        return Unimplemented("only the sparse strategy is planned for a caller");
+    }
+    // One step: a fold's targets merge their steps' objects, which ReadViews does.
+    for (const SourceDescriptor& s : manifest.sources) {
+        if (s.generation.delta != manifest.sources.front().generation.delta) {
+            return Unimplemented("a fold of several steps is read with ReadViews");
+        }
+    }
+    std::vector<Generation> steps;
+    if (!manifest.sources.empty()) steps.push_back(manifest.sources.front().generation);
+    MCS_ASSIGN_OR_RETURN(std::unique_ptr<StepLease> lease, LeaseSteps(steps));
+    return ReadPlannedStep(manifest, targets, options, build);
+}
+
 }  // namespace mooncake::sparse

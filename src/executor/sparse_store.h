@@ -197,6 +197,14 @@ public:
     Result<std::vector<TargetObjectView>> ReadViews(const StepManifestView& manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
+    /// The planned read of a step (one step, or a plain manifest of one generation), its
+    /// ranges viewed in place under one snapshot of the store (SparseService::ReadPlanned).
+    /// Counts range_gets, range_bytes_read, fanout_bytes and the published targets as an
+    /// in-place read does, once `build` succeeded.
+    Result<std::vector<TargetObjectView>> ReadPlanned(const StepManifestView& manifest,
+                                                      std::span<const TargetDescriptor> targets,
+                                                      const ReadOptions& options,
+                                                      const PlannedReadFn& build) override;
 
     SparseMetrics Metrics() const;
     void ResetMetrics();
@@ -356,6 +364,15 @@ private:
     /// Errors: as ViewObjects (NotFound); DataLoss or OutOfRange when a stored object no
     /// longer holds a planned range as its descriptor says.
     Status MaterializeInPlace(ReadCall& call, int threads);
+    /// ReadPlanned of one step, its lease held by the caller.
+    Result<std::vector<TargetObjectView>> ReadPlannedStep(const StepManifestView& manifest,
+                                                          std::span<const TargetDescriptor> targets,
+                                                          const ReadOptions& options,
+                                                          const PlannedReadFn& build);
+    /// Points every unique read of the plan at the stored bytes of `views` (one per source the
+    /// plan reads, in `view_of` order), checked against the objects as they are now.
+    Status BindInPlaceReads(ReadCall& call, std::span<const ObjectView> views,
+                            std::span<const std::uint32_t> view_of);
     /// The targets' objects in target order, or the first target's error.
     Result<std::vector<TargetObject>> PublishTargets(ReadCall& call);
     /// Adds a successful call's metrics to the store's.

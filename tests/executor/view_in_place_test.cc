@@ -3,11 +3,14 @@
 // ReadOptions::view_in_place: targets materialized straight from a store's memory are exactly
 // those materialized from copied range reads (entries, tile index, descriptor, checksums), for
 // the embedded and the shared-memory store; a store that copies ignores the option; a viewed
-// object that does not hold the planned rows fails the read.
+// object that does not hold the planned rows fails the read. A planned read (ReadPlanned, the
+// device read's host half) hands the same ranges and pieces to its caller: built on the host
+// from them, its targets are those of the read.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -233,6 +236,167 @@ TEST(ViewInPlaceTest, AViewThatDoesNotHoldThePlannedRowsFailsTheRead) {
     auto objs = store.ReadSparseObjects(batch.manifest, batch.targets, options);
     EXPECT_EQ(objs.status().code(), StatusCode::kOutOfRange) << objs.status().ToString();
     EXPECT_EQ(store.Metrics().target_objects_published, 0u);
+}
+
+/// A PlannedReadFn that builds every target on the host, as the device read does on the GPU:
+/// each piece filtered and rebased into the target's buffers, in piece order.
+struct HostBuild {
+    std::vector<std::vector<std::byte>> indices, values;
+    int calls = 0;
+
+    Status operator()(PlannedRead& read) {
+        ++calls;
+        indices.assign(read.targets.size(), {});
+        values.assign(read.targets.size(), {});
+        for (std::size_t t = 0; t < read.targets.size(); ++t) {
+            const PlannedRead::Target& pt = read.per_target[t];
+            const TargetDescriptor& target = read.targets[t];
+            const std::size_t rank = target.box.rank();
+            const std::size_t osz = DTypeSize(pt.index_dtype) * rank;
+            const std::size_t vsz = DTypeSize(pt.value_dtype);
+            std::vector<std::byte>& idx = indices[t];
+            std::vector<std::byte>& val = values[t];
+            idx.resize(pt.capacity * osz);
+            val.resize(pt.capacity * vsz);
+            std::uint64_t kept = 0;
+            for (std::size_t k = pt.first_piece; k < pt.end_piece; ++k) {
+                const PlannedRead::Piece& p = read.pieces[k];
+                const PlannedRead::Range& r = read.ranges[p.range];
+                const SourceDescriptor& s = read.manifest[r.source];
+                const std::size_t isz = DTypeSize(s.index_dtype) * rank;
+                kept += FilterRebaseInto(r.indices.subspan(p.begin * isz, p.count * isz),
+                                         r.values.subspan(p.begin * vsz, p.count * vsz), p.count,
+                                         rank, s.index_dtype, vsz, p.overlap, p.filter,
+                                         target.box.origin(), pt.index_dtype,
+                                         std::span(idx).subspan(kept * osz),
+                                         std::span(val).subspan(kept * vsz));
+            }
+            idx.resize(kept * osz);
+            val.resize(kept * vsz);
+            read.kept[t] = kept;
+        }
+        return Status::Ok();
+    }
+};
+
+TEST(PlannedReadTest, TargetsBuiltFromThePlannedPiecesAreTheReadsTargets) {
+    SparseStore store(MakeEmbeddedStore());
+    const Batch batch = Commit(store);
+    ReadOptions options;
+    options.num_threads = 1;
+    options.view_in_place = true;
+    auto expected = store.ReadSparseObjects(batch.manifest, batch.targets, options);
+    ASSERT_TRUE(expected.ok()) << expected.status().ToString();
+    const SparseMetrics read = store.Metrics();
+    store.ResetMetrics();
+    HostBuild build;
+    auto got = store.ReadPlanned(StepManifestView({0, 1}, batch.manifest, {}), batch.targets,
+                                 options, std::ref(build));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(build.calls, 1);
+    ASSERT_EQ(got->size(), expected->size());
+    for (std::size_t t = 0; t < got->size(); ++t) {
+        const TargetObjectView& v = (*got)[t];
+        const SparseObject& want = (*expected)[t].object;
+        SCOPED_TRACE(v.target_id);
+        EXPECT_EQ(v.target_id, (*expected)[t].target_id);
+        EXPECT_EQ(v.target_box, (*expected)[t].target_box);
+        EXPECT_EQ(v.coordinate_space, "local");
+        EXPECT_GT(v.desc.nnz, 0u);
+        EXPECT_EQ(v.desc.nnz, want.desc.nnz);
+        EXPECT_EQ(v.desc.index_dtype, want.desc.index_dtype);
+        EXPECT_EQ(v.desc.value_dtype, want.desc.value_dtype);
+        EXPECT_EQ(v.desc.global_shape, want.desc.global_shape);
+        EXPECT_EQ(v.desc.tile_shape, want.desc.tile_shape);
+        EXPECT_EQ(v.desc.apply, want.desc.apply);
+        EXPECT_EQ(v.desc.num_tiles, 0u);  // no tile index: the builder made none
+        EXPECT_TRUE(v.indices.empty());
+        // The same entries; in the same order where the target's origin lies on the sources'
+        // tile grid (elsewhere the read sorts them by the target's own tiles).
+        const std::size_t isz = DTypeSize(want.desc.index_dtype) * want.desc.rank();
+        const std::size_t vsz = DTypeSize(want.desc.value_dtype);
+        const auto entries = [&](std::span<const std::byte> idx, std::span<const std::byte> val) {
+            std::vector<std::vector<std::byte>> out;
+            for (std::size_t e = 0; e * isz < idx.size(); ++e) {
+                std::vector<std::byte> one(idx.begin() + e * isz, idx.begin() + (e + 1) * isz);
+                one.insert(one.end(), val.begin() + e * vsz, val.begin() + (e + 1) * vsz);
+                out.push_back(std::move(one));
+            }
+            return out;
+        };
+        auto mine = entries(build.indices[t], build.values[t]);
+        auto theirs = entries(want.indices, want.values);
+        const bool on_grid = v.target_box.origin()[0] % want.desc.tile_shape[0] == 0 &&
+                             v.target_box.origin()[1] % want.desc.tile_shape[1] == 0;
+        if (on_grid) EXPECT_EQ(mine, theirs);
+        std::sort(mine.begin(), mine.end());
+        std::sort(theirs.begin(), theirs.end());
+        EXPECT_EQ(mine, theirs);
+    }
+    // The same ranges, each viewed once, counted as the in-place read counts them.
+    const SparseMetrics m = store.Metrics();
+    EXPECT_EQ(m.range_gets, read.range_gets);
+    EXPECT_EQ(m.range_bytes_read, read.range_bytes_read);
+    EXPECT_EQ(m.fanout_bytes, read.fanout_bytes);
+    EXPECT_EQ(m.target_objects_published, batch.targets.size());
+    EXPECT_EQ(m.full_gets, 0u);
+}
+
+TEST(PlannedReadTest, UnchangedTensorsGetEmptyTargetsAndFoldsAreNotPlanned) {
+    SparseStore store(MakeEmbeddedStore());
+    Batch batch = Commit(store);
+    const std::vector<std::string> ids = {"a", "b", "c"};
+    ASSERT_TRUE(store.SealGeneration({0, 1}, ids).ok());
+    batch.targets.push_back(Target("n0/c", "c", "n0", {0, 0}, {64, 64}));
+    auto step = store.GetManifest({0, 1});
+    ASSERT_TRUE(step.ok()) << step.status().ToString();
+    HostBuild build;
+    auto got = store.ReadPlanned(*step, batch.targets, {}, std::ref(build));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    const TargetObjectView& c = got->back();
+    EXPECT_EQ(c.desc.nnz, 0u);
+    EXPECT_EQ(c.desc.tensor_id, "c");
+    EXPECT_EQ(c.desc.global_shape, (Shape{64, 64}));
+    EXPECT_TRUE(build.indices.back().empty());
+
+    // A second step makes (0, 2) a fold, which the planned read leaves to ReadViews.
+    std::vector<std::int64_t> idx;
+    std::vector<float> val;
+    PutSparseRequest next = Request("a", {512, 768}, 3, 100, idx, val);
+    next.generation = {1, 2};
+    ASSERT_TRUE(store.PutSparseObject(next).ok());
+    ASSERT_TRUE(store.SealGeneration({1, 2}, ids).ok());
+    auto fold = store.GetManifest({0, 2});
+    ASSERT_TRUE(fold.ok()) << fold.status().ToString();
+    build.calls = 0;
+    auto folded = store.ReadPlanned(*fold, batch.targets, {}, std::ref(build));
+    EXPECT_EQ(folded.status().code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(build.calls, 0);
+}
+
+TEST(PlannedReadTest, TheBuildersErrorIsTheReadsAndAStoreThatCopiesPlansNothing) {
+    SparseStore store(MakeEmbeddedStore());
+    const Batch batch = Commit(store);
+    auto failed = store.ReadPlanned(StepManifestView({0, 1}, batch.manifest, {}), batch.targets,
+                                    {}, [](PlannedRead&) { return ResourceExhausted("no room"); });
+    EXPECT_EQ(failed.status().code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(store.Metrics().target_objects_published, 0u);
+    // A builder that claims more entries than a target's pieces hold is an internal error.
+    auto lying = store.ReadPlanned(StepManifestView({0, 1}, batch.manifest, {}), batch.targets,
+                                   {}, [](PlannedRead& r) {
+                                       r.kept.assign(r.targets.size(), ~std::uint64_t{0});
+                                       return Status::Ok();
+                                   });
+    EXPECT_EQ(lying.status().code(), StatusCode::kInternal);
+
+    auto forwarding = std::make_shared<ForwardingStore>(/*in_place=*/false);
+    SparseStore copying(forwarding);
+    const Batch other = Commit(copying);
+    HostBuild build;
+    auto none = copying.ReadPlanned(StepManifestView({0, 1}, other.manifest, {}), other.targets,
+                                    {}, std::ref(build));
+    EXPECT_EQ(none.status().code(), StatusCode::kUnimplemented);
+    EXPECT_EQ(build.calls, 0);
 }
 
 }  // namespace
