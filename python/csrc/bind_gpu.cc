@@ -9,7 +9,10 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <array>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +27,7 @@
 
 #if MCS_PY_WITH_GPU_CODEC
 #include "cuda/gpu_codec.h"
+#include "cuda/gpu_read.h"
 #endif
 
 namespace mooncake::sparse::py {
@@ -203,6 +207,171 @@ std::optional<std::vector<std::pair<DeviceArray, DeviceArray>>> UploadThroughDae
     return out;
 }
 
+/// A device read on a store that plans reads for its caller (the embedded store): the read's
+/// unique ranges gathered into device memory once (by a kernel reading the store's page-locked
+/// memory, or through pinned staging when the store's memory is pageable), then every target
+/// filtered and rebased on the device into one allocation. nullopt when the store does not
+/// plan reads this way (the node daemon's client, a fold of several steps): the caller then
+/// reads on the host and uploads.
+struct DeviceRead {
+    std::vector<TargetObjectView> views;
+    std::vector<std::pair<DeviceArray, DeviceArray>> members;
+};
+
+std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manifest,
+                                       std::span<const TargetDescriptor> targets,
+                                       const ReadOptions& options, int device,
+                                       std::uintptr_t stream) {
+    std::shared_ptr<cuda::DeviceBuffer> arena;
+    std::vector<std::uint64_t> out_at;  // per target: indices offset, values offset
+    bool entered = false;
+    const auto build = [&](PlannedRead& read) -> Status {
+        entered = true;
+        const std::size_t nr = read.ranges.size();
+        // Staging: each range's indices then values, each placed at the offset of its host
+        // address modulo 16 so that the gather moves 16-byte words.
+        std::vector<std::uint64_t> at(2 * nr);
+        std::uint64_t total = 0;
+        const auto place = [&](std::span<const std::byte> bytes) {
+            const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
+            const std::uint64_t offset = AlignUp(total, 16) + mod;
+            total = offset + bytes.size();
+            return offset;
+        };
+        for (std::size_t r = 0; r < nr; ++r) {
+            at[2 * r] = place(read.ranges[r].indices);
+            at[2 * r + 1] = place(read.ranges[r].values);
+        }
+        // Where kernels read each range: per source, one driver query per member.
+        std::vector<cuda::GatherCopy> copies;
+        copies.reserve(2 * nr);
+        bool direct = true;
+        {
+            constexpr std::uintptr_t kNone = 0;
+            std::vector<std::array<std::pair<const std::byte*, std::uintptr_t>, 2>> bases(
+                read.manifest.size(), {std::pair{nullptr, kNone}, std::pair{nullptr, kNone}});
+            for (std::size_t r = 0; r < nr && direct; ++r) {
+                const PlannedRead::Range& range = read.ranges[r];
+                if (!range.pinned) {
+                    direct = false;
+                    break;
+                }
+                const std::span<const std::byte> members[2] = {range.indices, range.values};
+                for (int k = 0; k < 2 && direct; ++k) {
+                    if (members[k].empty()) continue;
+                    auto& [host, dev] = bases[range.source][k];
+                    if (host == nullptr) {
+                        const std::optional<std::uintptr_t> d =
+                            cuda::DeviceAddressOfHost(members[k].data(), device);
+                        if (!d) {
+                            direct = false;
+                            break;
+                        }
+                        host = members[k].data();
+                        dev = *d;
+                    }
+                    // One object's member is one registration: device addresses are linear in it.
+                    const auto delta = members[k].data() - host;
+                    copies.push_back({static_cast<std::uintptr_t>(
+                                          static_cast<std::intptr_t>(dev) + delta),
+                                      members[k].size(), at[2 * r + k]});
+                }
+            }
+        }
+        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer staging,
+                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(total, 16),
+                                                          device, stream));
+        if (direct) {
+            MCS_RETURN_IF_ERROR(cuda::GatherToDevice(copies, staging.ptr(), stream));
+        } else if (total > 0) {
+            // Pageable store memory: gathered by host threads into pinned staging, then one copy.
+            MCS_ASSIGN_OR_RETURN(cuda::PinnedStaging::Lease lease, cuda::PinnedStaging::Acquire(total));
+            std::vector<HostCopy> host_copies;
+            host_copies.reserve(2 * nr);
+            for (std::size_t r = 0; r < nr; ++r) {
+                const PlannedRead::Range& range = read.ranges[r];
+                host_copies.push_back({lease.bytes().data() + at[2 * r], range.indices.data(),
+                                       range.indices.size()});
+                host_copies.push_back({lease.bytes().data() + at[2 * r + 1], range.values.data(),
+                                       range.values.size()});
+            }
+            GatherPool().Run(host_copies);
+            const cuda::HostDeviceCopy up{staging.ptr(), {lease.bytes().data(), total}};
+            MCS_RETURN_IF_ERROR(cuda::CopyBatchToDevice({&up, 1}, stream));
+        }
+        // Targets: each one's entries in the arena, room for every entry of its pieces.
+        const std::size_t nt = read.targets.size();
+        std::vector<cuda::RebaseTarget> rts(nt);
+        std::vector<cuda::RebasePiece> rps(read.pieces.size());
+        std::vector<std::int64_t> bounds;
+        out_at.assign(2 * nt, 0);
+        std::uint64_t out_total = 0;
+        for (std::size_t t = 0; t < nt; ++t) {
+            const PlannedRead::Target& pt = read.per_target[t];
+            const TargetDescriptor& td = read.targets[t];
+            cuda::RebaseTarget& rt = rts[t];
+            rt.rank = static_cast<std::uint32_t>(td.box.rank());
+            rt.index_size = static_cast<std::uint32_t>(DTypeSize(pt.index_dtype));
+            rt.value_size = static_cast<std::uint32_t>(DTypeSize(pt.value_dtype));
+            rt.capacity = pt.capacity;
+            rt.first_piece = pt.first_piece;
+            rt.end_piece = pt.end_piece;
+            rt.origin = bounds.size();
+            bounds.insert(bounds.end(), td.box.origin().begin(), td.box.origin().end());
+            out_total = AlignUp(out_total, 16);
+            rt.indices_offset = out_at[2 * t] = out_total;
+            out_total = AlignUp(out_total + pt.capacity * rt.rank * rt.index_size, 16);
+            rt.values_offset = out_at[2 * t + 1] = out_total;
+            out_total += pt.capacity * rt.value_size;
+            for (std::size_t k = pt.first_piece; k < pt.end_piece; ++k) {
+                const PlannedRead::Piece& p = read.pieces[k];
+                const SourceDescriptor& src = read.manifest[read.ranges[p.range].source];
+                cuda::RebasePiece& rp = rps[k];
+                rp.index_size = static_cast<std::uint32_t>(DTypeSize(src.index_dtype));
+                rp.indices_offset = at[2 * p.range] + p.begin * rt.rank * rp.index_size;
+                rp.values_offset = at[2 * p.range + 1] + p.begin * DTypeSize(src.value_dtype);
+                rp.count = p.count;
+                rp.target = static_cast<std::uint32_t>(t);
+                rp.filter = p.filter;
+                if (p.filter) {
+                    rp.box = bounds.size();
+                    for (std::size_t d = 0; d < rt.rank; ++d) bounds.push_back(p.overlap.origin()[d]);
+                    for (std::size_t d = 0; d < rt.rank; ++d) {
+                        bounds.push_back(p.overlap.origin()[d] + p.overlap.shape()[d]);
+                    }
+                }
+            }
+        }
+        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
+                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(out_total, 16),
+                                                          device, stream));
+        arena = std::make_shared<cuda::DeviceBuffer>(std::move(out));
+        MCS_ASSIGN_OR_RETURN(read.kept, cuda::FilterRebase(rps, rts, bounds, staging.ptr(),
+                                                           arena->ptr(), stream));
+        return Status::Ok();  // staging is freed stream-ordered, after the kernels that read it
+    };
+    Result<std::vector<TargetObjectView>> views =
+        s.service().ReadPlanned(manifest, targets, options, build);
+    if (!views.ok()) {
+        if (!entered && views.status().code() == StatusCode::kUnimplemented) return std::nullopt;
+        throw StatusError(views.status());
+    }
+    DeviceRead out;
+    out.views = std::move(views).value();
+    out.members.reserve(out.views.size());
+    const std::uintptr_t base = arena->ptr().address;
+    for (std::size_t t = 0; t < out.views.size(); ++t) {
+        const SourceDescriptor& d = out.views[t].desc;
+        const Index nnz = Index(d.nnz), rank = Index(d.rank());
+        out.members.emplace_back(
+            View({base + out_at[2 * t], device}, d.nnz * d.rank() * DTypeSize(d.index_dtype),
+                 d.index_dtype, {nnz, rank}, arena),
+            View({base + out_at[2 * t + 1], device}, d.nnz * DTypeSize(d.value_dtype), d.value_dtype,
+                 {nnz}, arena));
+    }
+    return out;
+}
+
 DeviceArray DeviceOf(const pyb::handle& o, const char* what, int device, std::uintptr_t stream) {
     if (pyb::isinstance<DeviceArray>(o)) return o.cast<DeviceArray>();
     if (IsCudaArray(o)) {
@@ -311,6 +480,45 @@ void RegisterGpu(pyb::module_& m) {
         pyb::arg("objs"), pyb::arg("device"), pyb::arg("stream"), pyb::arg("store") = pyb::none(),
         "Target objects' indices and values in one device allocation (a few large copies); with "
         "the node daemon's `store`, copied there by the daemon itself (CUDA IPC).");
+
+    m.def(
+        "_gpu_read_sparse_objects",
+        [](PyStore& s, const pyb::list& manifest_list, const pyb::iterable& targets,
+           const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
+           const std::optional<std::pair<std::uint64_t, std::uint64_t>>& generation,
+           const std::vector<std::string>& unchanged, int device,
+           std::uintptr_t stream) -> pyb::object {
+            const ManifestArg manifest = ManifestFrom(manifest_list);
+            const std::vector<TargetDescriptor> tds = TargetsFrom(targets);
+            ReadOptions options = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
+            options.view_in_place = true;
+            std::vector<std::string> sorted = unchanged;
+            std::sort(sorted.begin(), sorted.end());
+            const Generation g =
+                generation ? ValueOrThrow(Generation::Make(generation->first, generation->second))
+                : manifest.sources.empty() ? Generation{0, 1}
+                                           : manifest.sources.front().generation;
+            const StepManifestView step(g, manifest.sources, sorted);
+            std::optional<DeviceRead> r;
+            {
+                pyb::gil_scoped_release nogil;
+                r = ReadOnDevice(s, step, tds, options, device, stream);
+            }
+            if (!r) return pyb::none();
+            pyb::list out;
+            for (std::size_t t = 0; t < r->views.size(); ++t) {
+                out.append(pyb::make_tuple(std::make_shared<SparseObjectView>(std::move(r->views[t])),
+                                           std::move(r->members[t].first),
+                                           std::move(r->members[t].second)));
+            }
+            return out;
+        },
+        pyb::arg("store"), pyb::arg("manifest"), pyb::arg("targets"), pyb::arg("strategy"),
+        pyb::arg("read_coalesce_gap"), pyb::arg("num_threads"), pyb::arg("generation"),
+        pyb::arg("unchanged"), pyb::arg("device"), pyb::arg("stream"),
+        "read_sparse_objects into device memory, planned on the store and built on the device: "
+        "a list of (object, indices, values), or None where the store does not plan reads for "
+        "its caller (the caller then reads on the host and uploads).");
 
     m.def(
         "_gpu_apply_batch",

@@ -10,6 +10,14 @@ namespace {
 
 pyb::array Member(const std::shared_ptr<SparseObjectView>& o, std::span<const std::byte> bytes,
                   DType dtype, Shape shape) {
+    std::uint64_t expected = DTypeSize(dtype);
+    for (Index e : shape) expected *= static_cast<std::uint64_t>(e);
+    if (bytes.size() != expected) {
+        // A device read's object: its members live in GPU memory only.
+        throw StatusError(FailedPrecondition(
+            "this object's members are not in host memory (an object of a device read: its "
+            "indices and values are device arrays, and it has no tile index)"));
+    }
     // The array keeps the whole view alive: its keepalive owns (or leases) the bytes.
     return ViewNumpy(bytes, dtype, std::move(shape), std::shared_ptr<const void>(o));
 }

@@ -232,6 +232,76 @@ def test_device_read_on_the_embedded_store_views_in_place(store):
         assert np.array_equal(bits(w), bits(new))
 
 
+def box_slices(origin, extent):
+    return tuple(slice(o, o + e) for o, e in zip(origin, extent))
+
+
+def same_entries(host, dev):
+    """Host and device objects hold the same (coordinate, value) entries (in any order: a
+    target whose origin is off the sources' tile grid keeps the sources' order on the GPU)."""
+    assert dev.nnz == host.nnz
+    hi = np.asarray(host.indices).astype(np.int64)
+    di = torch.as_tensor(dev.indices).cpu().numpy().astype(np.int64)
+    hv, dv = bits(torch.as_tensor(host.values)), bits(torch.as_tensor(dev.values).cpu())
+    assert hi.shape == di.shape
+    oh, od = np.lexsort(hi.T[::-1]), np.lexsort(di.T[::-1])
+    assert np.array_equal(hi[oh], di[od])
+    assert np.array_equal(hv[oh], dv[od])
+
+
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
+def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned):
+    # Pinned: the GPU reads the ranges straight from the store's memory; pageable: through
+    # pinned staging. Either way the targets are filtered and rebased on the GPU.
+    quota = 256 << 20
+    store = mcs.connect(capacity_bytes=quota, pinned_quota_bytes=quota if pinned else 0)
+    pairs = pairs_of(MIXED)
+    assert all(isinstance(r, dict) for r in commit_all(store, pairs, "g"))
+    ids = [f"g{i}" for i in range(len(pairs))] + ["same"]
+    store.seal_generation((0, 1), ids)
+    boxes = []  # (tensor index, origin, extent): whole, halves of the last dim, off the grid
+    for i, (n, _) in enumerate(pairs):
+        shape = tuple(n.shape)
+        boxes.append((i, (0,) * len(shape), shape))
+        half = shape[-1] // 2
+        boxes.append((i, (0,) * (len(shape) - 1) + (half,), shape[:-1] + (shape[-1] - half,)))
+        origin = tuple(s // 3 for s in shape)
+        boxes.append((i, origin, tuple(max(1, s // 2 + 1) for s in shape)))
+    targets = [mcs.Target(f"g{i}", f"n/t{k}", "n", {}, o, e) for k, (i, o, e) in enumerate(boxes)]
+    targets.append(mcs.Target("same", "n/same", "n", {}, (0, 0), (8, 8)))  # unchanged
+    m = store.manifest((0, 1))
+    host = store.read_sparse_objects(m, targets)
+    store.reset_metrics()
+    dev = store.read_sparse_objects(m, targets, device="cuda")
+    metrics = store.metrics()
+    assert metrics["target_objects_published"] == len(targets)
+    assert metrics["full_gets"] == 0 and metrics["range_gets"] > 0
+    assert all(isinstance(d, DeviceSparseObject) for d in dev)
+    for h, d in zip(host, dev):
+        same_entries(h, d)
+        assert d.tensor_id == h.tensor_id and d.local_shape == h.local_shape
+        assert d.index_dtype == h.index_dtype
+    assert dev[-1].nnz == 0
+    # The host members of a device object are not there: a typed error, not garbage.
+    with pytest.raises(mcs.FailedPrecondition):
+        _ = dev[0].tile_ptr
+    for (i, origin, extent), d in zip(boxes, dev):
+        new, old = pairs[i]
+        w = old[box_slices(origin, extent)].clone()
+        mcs.apply_sparse_object(w, d)
+        assert np.array_equal(bits(w), bits(new[box_slices(origin, extent)]))
+    # A fold of two steps is merged on the host, then uploaded: the same weights.
+    stepped = pairs_of(MIXED[:1], seed=SEED + 7)
+    news = [(stepped[0][0], pairs[0][0])]
+    assert all(isinstance(r, dict) for r in commit_all(store, news, "g", generation=(1, 2)))
+    store.seal_generation((1, 2), ids)
+    folded = store.read_sparse_objects(store.manifest((0, 2)), targets[:1], device="cuda")
+    w = pairs[0][1].clone()
+    mcs.apply_sparse_objects([w], folded)
+    assert np.array_equal(bits(w), bits(stepped[0][0]))
+    store.close()
+
+
 def test_single_commit_of_device_members(store):
     (new, old), = pairs_of([((128, 96), torch.bfloat16)])
     idx, vals = mcs.encode_update(new, old)

@@ -418,21 +418,33 @@ class Store(TensorMixin):
         (range_cache_hits stays 0; range_gets counts the ranges viewed, per call). Through the
         node daemon its --read_in_place setting decides (passing it raises InvalidArgument);
         a mooncake:// store ignores it. A device read on the embedded store views in place
-        unless view_in_place=False: its objects are copied to the GPU anyway, so the copy of
-        the planned ranges out of the stored objects would be one more pass over the bytes."""
+        unless view_in_place=False, and is built on the GPU: each unique range is copied into
+        device memory once (read straight from the store's page-locked memory by the GPU when
+        the store is pinned), then every target is filtered and rebased there; such objects
+        carry no tile index (num_tiles 0: apply needs none) and their host members cannot be
+        read (their indices and values are device arrays)."""
         if view_in_place is not None and not isinstance(view_in_place, bool):
             raise InvalidArgument(f"view_in_place must be a bool or None, got {view_in_place!r}")
-        if (device is not None and view_in_place is None and self.url is None
-                and self._upstream is None):
+        embedded = self.url is None and self._upstream is None
+        if device is not None and view_in_place is None and embedded:
             view_in_place = True
         step = manifest if isinstance(manifest, Manifest) else None
+        sources, ts = _manifest(manifest), _targets(targets)
+        strategy = _str(strategy, "strategy")
+        read_coalesce_gap = _int(read_coalesce_gap, "read_coalesce_gap", minimum=-1)
+        num_threads = _int(num_threads, "num_threads", minimum=0)
+        generation = None if step is None else step.generation
+        unchanged = [] if step is None else list(step.unchanged)
+        if device is not None and embedded and view_in_place and strategy == "sparse":
+            # Planned here, gathered, filtered and rebased on the GPU (None: a fold, which is
+            # merged on the host).
+            objs = _gpu.read_on_device(self._core, sources, ts, strategy, read_coalesce_gap,
+                                       num_threads, generation, unchanged, device)
+            if objs is not None:
+                return objs
         objs = self._core.read_sparse_objects(
-            _manifest(manifest), _targets(targets), _str(strategy, "strategy"),
-            _int(read_coalesce_gap, "read_coalesce_gap", minimum=-1),
-            _int(num_threads, "num_threads", minimum=0),
-            generation=None if step is None else step.generation,
-            unchanged=[] if step is None else list(step.unchanged),
-            view_in_place=view_in_place,
+            sources, ts, strategy, read_coalesce_gap, num_threads,
+            generation=generation, unchanged=unchanged, view_in_place=view_in_place,
         )
         return objs if device is None else _gpu.upload(objs, device, self._core)
 

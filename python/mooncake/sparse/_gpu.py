@@ -194,6 +194,24 @@ def upload(objs: list, device: Any, store: Any = None) -> list:
     return [DeviceSparseObject(o, idx, vals) for o, (idx, vals) in zip(objs, pairs)]
 
 
+def read_on_device(store: Any, sources: list, targets: list, strategy: str,
+                   read_coalesce_gap: int, num_threads: int, generation: Any,
+                   unchanged: list, device: Any) -> list | None:
+    """read_sparse_objects on the embedded store, built on the GPU: the read's unique ranges
+    copied into device memory once, every target filtered and rebased there, all targets' members
+    in one device allocation. None where the store does not plan the read this way (a fold of
+    several steps): the caller reads on the host and uploads."""
+    _require()
+    index = _device_index(device)
+    torch = torch_module()
+    stream = int(torch.cuda.current_stream(index).cuda_stream) if torch is not None else 0
+    raw = _core._gpu_read_sparse_objects(store, sources, targets, strategy, read_coalesce_gap,
+                                         num_threads, generation, unchanged, index, stream)
+    if raw is None:
+        return None
+    return [DeviceSparseObject(o, idx, vals) for o, idx, vals in raw]
+
+
 def _members(obj: Any) -> tuple[Any, Any]:
     if isinstance(obj, DeviceSparseObject):
         return obj._indices_dev, obj._values_dev

@@ -1,0 +1,82 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// The device side of a planned read (docs/design.md §4 steps 6-8 on the GPU): the unique entry
+// ranges of a read are gathered once into device memory, straight from the store's page-locked
+// host memory by a kernel that reads it (one launch for any number of ranges, instead of one
+// copy-engine transfer per range), then every target's pieces are filtered and rebased on the
+// device into one output allocation. Like gpu_codec.h, this header needs no CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "cuda/gpu_codec.h"
+#include "mooncake/sparse/status.h"
+
+namespace mooncake::sparse::cuda {
+
+/// The address through which kernels on `device` read the page-locked host memory at `host`
+/// (registered with cudaHostRegister, or allocated pinned), or nullopt when that memory is not
+/// page-locked or the device cannot address it. One driver query: call it once per allocation
+/// or object, not per range.
+std::optional<std::uintptr_t> DeviceAddressOfHost(const void* host, int device);
+
+/// One range of a gather: `bytes` bytes at `src` (a device address of page-locked host memory,
+/// from DeviceAddressOfHost, or device memory) to `dst_offset` bytes into the destination.
+/// Copies run fastest when dst_offset and src agree modulo 16.
+struct GatherCopy {
+    std::uintptr_t src = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t dst_offset = 0;
+};
+
+/// Copies every range into `dst` with one kernel launch, ordered on `stream` (not waited for).
+/// Errors: InvalidArgument (a range that would wrap); Unavailable / Internal (CUDA errors).
+Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::uintptr_t stream);
+
+/// One piece of a target (PlannedRead::Piece on the device): `count` entries whose coordinates
+/// ([count, rank] of `index_size`-byte unsigned integers) and values lie at the given byte
+/// offsets of the staging memory.
+struct RebasePiece {
+    std::uint64_t indices_offset = 0;
+    std::uint64_t values_offset = 0;
+    std::uint64_t count = 0;
+    std::uint32_t target = 0;
+    std::uint32_t index_size = 2;  ///< 2, 4 or 8
+    /// With `filter`: the entries kept lie in [lo, hi) in every dimension, read from the call's
+    /// `bounds` at bounds[box], bounds[box + rank] (rank values each).
+    bool filter = false;
+    std::uint64_t box = 0;
+};
+
+/// One target of a planned read on the device: its entries are written at the given byte
+/// offsets of the output memory (room for `capacity` entries), rebased by its origin
+/// (bounds[origin], rank values), with `index_size`-byte coordinates.
+struct RebaseTarget {
+    std::uint64_t indices_offset = 0;
+    std::uint64_t values_offset = 0;
+    std::uint64_t capacity = 0;
+    std::uint64_t origin = 0;
+    std::uint32_t rank = 0;
+    std::uint32_t index_size = 2;  ///< 2, 4 or 8
+    std::uint32_t value_size = 2;  ///< 1, 2, 4 or 8
+    std::size_t first_piece = 0;   ///< pieces[first_piece, end_piece), in order
+    std::size_t end_piece = 0;
+};
+
+/// Filters and rebases every target's pieces from `staging` into `out` in a fixed number of
+/// launches (a count of the filtered pieces' kept entries, one scan, one write) and ONE host
+/// sync, which returns the number of entries each target kept. A target's entries are its
+/// pieces' kept entries in piece order, each piece's in entry order.
+/// Errors: InvalidArgument (a piece of another target inside a target's range, a rank above
+/// kMaxRank, a size not listed above); ResourceExhausted; Unavailable / Internal.
+Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pieces,
+                                                std::span<const RebaseTarget> targets,
+                                                std::span<const std::int64_t> bounds,
+                                                DevicePtr staging, DevicePtr out,
+                                                std::uintptr_t stream);
+
+}  // namespace mooncake::sparse::cuda
