@@ -52,6 +52,17 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+_json_out = None  # --json: every line is written as it comes, so a failing run keeps its lines
+
+
+def emit(r: dict) -> None:
+    line = json.dumps(r)
+    print(line, flush=True)
+    if _json_out is not None:
+        _json_out.write(line + "\n")
+        _json_out.flush()
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     name: str
@@ -140,6 +151,22 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
+def profile(what: str, fn, device) -> None:
+    """Where a phase's host time goes (--profile): the top functions by own time, to stderr."""
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    sync(device)
+    prof.enable()
+    fn()
+    sync(device)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
+    log(f"--- profile: {what}\n{text.getvalue()}")
+
+
 def ceilings(device, nbytes: int) -> dict:
     """Copy bandwidths of this run: device copy, pinned host<->device (CUDA), host memcpy."""
     out = {}
@@ -200,13 +227,26 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             manifest = store.manifest(gen_k)
             targets = [sl.target for sl in slots]
             kw = {"device": device} if device.type == "cuda" else {}
+            m0 = store.metrics()
             t_read, objs = timed(lambda: store.read_sparse_objects(manifest, targets, **kw), device)
+            m1 = store.metrics()
+            # The read's own clocks (the store's metrics): planning, binding the ranges, and
+            # building the targets (on the GPU for a device read of the embedded store).
+            phases = {f"read_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
+                      for k in ("plan", "read", "materialize")}
             read_bytes = sum(int(o.indices.numel() * o.indices.element_size()
                                  + o.values.numel() * o.values.element_size())
                              if device.type == "cuda" else int(o.indices.nbytes + o.values.nbytes)
                              for o in objs)
             t_apply, _ = timed(lambda: mcs.apply_sparse_objects([sl.view for sl in slots], objs),
                                device)
+            if args.profile and rep == args.repeats - 1:
+                profile(f"{backend} {apply} read",
+                        lambda: store.read_sparse_objects(manifest, targets, **kw), device)
+                if apply == "overwrite":  # applying twice is the same weights only here
+                    profile(f"{backend} {apply} apply",
+                            lambda: mcs.apply_sparse_objects([sl.view for sl in slots], objs),
+                            device)
             # Where the read's time goes: the same read on the host only (plan, range reads,
             # filter/rebase), outside the step's total; the rest of read_s is the upload.
             t_read_host = None
@@ -270,7 +310,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
                  "encode_s": t_enc, "commit_s": t_commit, "read_s": t_read, "apply_s": t_apply,
-                 "read_host_s": t_read_host,
+                 "read_host_s": t_read_host, **phases,
                  "sparse_s": sparse,
                  "commit_us_per_tensor": t_commit / len(specs) * 1e6,
                  "read_us_per_target": t_read / len(slots) * 1e6,
@@ -280,7 +320,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "floor_s": floor, "speedup_vs_dense_box": (t_put + t_box) / sparse,
                  "speedup_vs_dense_full": (t_put + t_full) / sparse, "sparse_over_floor": sparse / floor,
                  "bit_exact": apply == "overwrite", **ceil}
-            print(json.dumps(r), flush=True)
+            emit(r)
             log(f"{backend} {apply} step {step}: sparse {sparse * 1e3:.1f} ms (enc {t_enc * 1e3:.1f} "
                 f"commit {t_commit * 1e3:.1f} read {t_read * 1e3:.1f} apply {t_apply * 1e3:.1f}) | "
                 f"dense box {(t_put + t_box) * 1e3:.1f} ms, full {(t_put + t_full) * 1e3:.1f} ms | "
@@ -307,6 +347,8 @@ def main() -> int:
     ap.add_argument("--full-chunk", type=int, default=64, help="targets per dense_full get batch")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile the read and the apply of each mode's last step (stderr)")
     args = ap.parse_args()
     if args.quick:
         args.experts, args.hidden, args.moe_inter, args.shared_inter = 8, 512, 256, 256
@@ -323,6 +365,13 @@ def main() -> int:
     # allocator: the daemon places each object whole in one segment.
     store_bytes = int(dense * 2.2 + (512 << 20))
     log(f"layer: {len(specs)} tensors, {dense / 1e9:.2f} GB {dtype}, device {device}")
+    global _json_out
+    if args.json:
+        _json_out = open(args.json, "w")
+    emit({"what": "meta", "host": platform.node(), "machine": platform.machine(),
+          "cpus": os.cpu_count(), "torch": torch.__version__,
+          "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+          "argv": sys.argv[1:]})
     out = []
     seed = int(np.random.SeedSequence().entropy % (1 << 31))
     for backend in [b for b in args.backends.split(",") if b]:
@@ -347,15 +396,6 @@ def main() -> int:
                 store.close()
         else:
             sys.exit(f"unknown backend {backend!r}")
-    meta = {"what": "meta", "host": platform.node(), "machine": platform.machine(),
-            "cpus": os.cpu_count(), "torch": torch.__version__,
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "argv": sys.argv[1:]}
-    print(json.dumps(meta), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            for r in [meta] + out:
-                f.write(json.dumps(r) + "\n")
     return 0
 
 

@@ -242,11 +242,21 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             at[2 * r] = place(read.ranges[r].indices);
             at[2 * r + 1] = place(read.ranges[r].values);
         }
-        // Where kernels read each range: per source, one driver query per member.
+        // Where kernels read each range: at its host address when the device allows it (and
+        // the store says the memory is page-locked), else per source one driver query per member.
         std::vector<cuda::GatherCopy> copies;
         copies.reserve(2 * nr);
         bool direct = true;
-        {
+        if (cuda::HostPointersAreDeviceAddresses(device)) {
+            for (std::size_t r = 0; r < nr && direct; ++r) {
+                const PlannedRead::Range& range = read.ranges[r];
+                direct = range.pinned;
+                copies.push_back({reinterpret_cast<std::uintptr_t>(range.indices.data()),
+                                  range.indices.size(), at[2 * r]});
+                copies.push_back({reinterpret_cast<std::uintptr_t>(range.values.data()),
+                                  range.values.size(), at[2 * r + 1]});
+            }
+        } else {
             constexpr std::uintptr_t kNone = 0;
             std::vector<std::array<std::pair<const std::byte*, std::uintptr_t>, 2>> bases(
                 read.manifest.size(), {std::pair{nullptr, kNone}, std::pair{nullptr, kNone}});

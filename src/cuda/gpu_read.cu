@@ -16,6 +16,8 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <map>
+#include <mutex>
 #include <string>
 
 namespace mooncake::sparse::cuda {
@@ -206,6 +208,23 @@ bool IndexSize(std::uint32_t s) { return s == 2 || s == 4 || s == 8; }
 bool ValueSize(std::uint32_t s) { return s == 1 || s == 2 || s == 4 || s == 8; }
 
 }  // namespace
+
+bool HostPointersAreDeviceAddresses(int device) {
+    // Asked once per device: the answer is the hardware's.
+    static std::mutex mu;
+    static std::map<int, bool> known;
+    std::lock_guard lock(mu);
+    auto it = known.find(device);
+    if (it != known.end()) return it->second;
+    int can = 0;
+    if (cudaDeviceGetAttribute(&can, cudaDevAttrCanUseHostPointerForRegisteredMem, device) !=
+        cudaSuccess) {
+        (void)cudaGetLastError();
+        can = 0;
+    }
+    known.emplace(device, can != 0);
+    return can != 0;
+}
 
 std::optional<std::uintptr_t> DeviceAddressOfHost(const void* host, int device) {
     if (host == nullptr) return std::nullopt;

@@ -24,6 +24,11 @@ namespace mooncake::sparse::cuda {
 /// or object, not per range.
 std::optional<std::uintptr_t> DeviceAddressOfHost(const void* host, int device);
 
+/// Whether kernels on `device` address page-locked host memory by its host address (true on
+/// 64-bit Linux with unified addressing): then a store that knows its memory is page-locked
+/// needs no DeviceAddressOfHost query. Cached per device.
+bool HostPointersAreDeviceAddresses(int device);
+
 /// One range of a gather: `bytes` bytes at `src` (a device address of page-locked host memory,
 /// from DeviceAddressOfHost, or device memory) to `dst_offset` bytes into the destination.
 /// Copies run fastest when dst_offset and src agree modulo 16.
