@@ -29,11 +29,13 @@ namespace mooncake::sparse::py {
 
 std::unique_ptr<PyStore> PyStore::Embedded(std::string node_id, std::uint64_t capacity_bytes,
                                            const pyb::object& object_store,
-                                           const std::string& name_space) {
+                                           const std::string& name_space,
+                                           std::uint64_t pinned_quota_bytes) {
     ThrowIfError(ValidateNamespace(name_space));
     SparseStoreOptions options;
     options.node_id = std::move(node_id);
     options.name_space = name_space;
+    options.pinned_quota_bytes = pinned_quota_bytes;
     std::shared_ptr<ObjectStore> objects =
         object_store.is_none() ? std::shared_ptr<ObjectStore>(MakeEmbeddedStore({capacity_bytes}))
                                : MakePythonObjectStore(object_store);
@@ -381,7 +383,7 @@ void RegisterStore(pyb::module_& m) {
         "A store backend: _Store(...) in this process, _Store.connect(PATH, ...) a node daemon.");
     cls.def(pyb::init(&Store::Embedded), pyb::arg("node_id") = "node0",
             pyb::arg("capacity_bytes") = 0, pyb::arg("object_store") = pyb::none(),
-            pyb::arg("name_space") = "")
+            pyb::arg("name_space") = "", pyb::arg("pinned_quota_bytes") = 0)
         .def_static("connect", &Store::Connect, pyb::arg("socket_path"),
                     pyb::arg("connect_timeout") = 5.0, pyb::arg("call_timeout") = 120.0,
                     pyb::arg("client_name") = "", pyb::arg("initial_buffer_bytes") = 0,

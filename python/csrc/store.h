@@ -27,9 +27,12 @@ class PyStore {
 public:
     /// A SparseStore over the embedded store (of `capacity_bytes`, 0: unlimited), or over
     /// `object_store` (a Python implementation of the ObjectStore contract) when it is not None.
+    /// `pinned_quota_bytes`: host bytes of its source objects that may be page-locked
+    /// (SparseStoreOptions::pinned_quota_bytes).
     static std::unique_ptr<PyStore> Embedded(std::string node_id, std::uint64_t capacity_bytes,
                                              const pybind11::object& object_store,
-                                             const std::string& name_space);
+                                             const std::string& name_space,
+                                             std::uint64_t pinned_quota_bytes);
     /// A client of the node daemon at `socket_path` (dials once; later calls redial as needed).
     static std::unique_ptr<PyStore> Connect(const std::string& socket_path,
                                             double connect_timeout_s, double call_timeout_s,

@@ -373,7 +373,7 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
             return Status::Ok();
         };
         // Sources are found through manifests, never listed.
-        if (store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill, nullptr).ok()) {
+        if (store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill, host_pool_.get()).ok()) {
             for (std::size_t i : items) written[i] = true;
         }
     }
@@ -437,6 +437,12 @@ void SparseStore::CountCommits(const CommitBatch& batch) {
 }
 
 Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
+    if (host_pool_ != nullptr) {
+        // Through PutFilled, like a batch, so that the object lands in the pinned pool.
+        std::vector<SparseObject> one;
+        one.push_back(std::move(object));
+        return std::move(CommitSparseObjects(std::move(one), {hard_pin}, 1).front());
+    }
     std::string metadata;
     MCS_RETURN_IF_ERROR(PrepareCommit(object, metadata));
     CommitBatch batch;
@@ -512,7 +518,8 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
     {
         std::lock_guard lock(commit_mu_);
         // One PutFilled pays off when its copies can run on several threads; on one thread the
-        // object-by-object Put does the same work.
+        // object-by-object Put does the same work. With a pinned pool every batch goes through
+        // PutFilled, which places the objects in it.
         std::uint64_t bytes = 0;
         for (std::size_t i = 0; i < objects.size(); ++i) {
             if (!objects[i]) continue;
@@ -520,8 +527,9 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
                      (entries.empty() ? 0 : entries[i].indices.size() + entries[i].values.size());
         }
         constexpr std::uint64_t kBatchFillBytes = std::uint64_t{8} << 20;
-        if (store_->FillsInPlace() && objects.size() > 1 && bytes >= kBatchFillBytes &&
-            internal::ResolveThreads(num_threads) > 1) {
+        if (store_->FillsInPlace() &&
+            (host_pool_ != nullptr || (objects.size() > 1 && bytes >= kBatchFillBytes &&
+                                       internal::ResolveThreads(num_threads) > 1))) {
             CommitFilledLocked(objects, metadata, hard_pin, entries, results, committed, batch,
                                num_threads);
         } else {

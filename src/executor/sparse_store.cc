@@ -45,6 +45,9 @@ SparseStore::SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions 
       cache_(std::make_unique<NodeCache>(options_.index_cache_capacity_bytes,
                                          options_.range_cache_capacity_bytes)) {
     keys_.tag = options_.name_space.empty() ? "" : "@" + options_.name_space;
+    if (options_.pinned_quota_bytes > 0 && store_->FillsInPlace()) {
+        host_pool_ = PinnedHostPool::Make(options_.pinned_quota_bytes);
+    }
     std::random_device rd;
     lease_holder_ = (std::uint64_t{rd()} << 32) ^ rd();
 }

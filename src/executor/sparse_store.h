@@ -30,6 +30,7 @@
 #include "mooncake/sparse/planner.h"
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
+#include "transport/pinned_pool.h"
 
 namespace mooncake::sparse {
 
@@ -88,6 +89,11 @@ struct SparseStoreOptions {
     double seal_seconds = 30;
     std::uint64_t index_cache_capacity_bytes = std::uint64_t{1} << 30;
     std::uint64_t range_cache_capacity_bytes = std::uint64_t{1} << 30;
+    /// Host bytes of source objects that may be page-locked (PinnedHostPool: pinned once,
+    /// reused, pageable beyond the quota or without CUDA), for a store that fills its objects
+    /// in place (the embedded store): a device read then gathers their ranges straight from
+    /// host memory, and a commit from the GPU lands at the copy engine's full speed. 0: none.
+    std::uint64_t pinned_quota_bytes = 0;
 };
 
 class SparseStore final : public SparseService {
@@ -391,6 +397,8 @@ private:
     Result<SourceDescriptor> VerifySource(const SourceDescriptor& claimed);
 
     std::shared_ptr<ObjectStore> store_;
+    /// Page-locked memory for source objects (SparseStoreOptions::pinned_quota_bytes), or null.
+    std::shared_ptr<PinnedHostPool> host_pool_;
     SparseStoreOptions options_;
     /// The last read's manifest index and plan, whose storage the next read plans into: a
     /// node's plan is tens of MB, and fresh pages cost a fifth of its planning time. One spare

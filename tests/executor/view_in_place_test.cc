@@ -342,6 +342,43 @@ TEST(PlannedReadTest, TargetsBuiltFromThePlannedPiecesAreTheReadsTargets) {
     EXPECT_EQ(m.full_gets, 0u);
 }
 
+TEST(PlannedReadTest, SourcesInAPinnedPoolCommitAndReadAsAnyOthers) {
+    // Source objects placed by a pinned pool (pageable here without CUDA, page-locked with it):
+    // single and batch commits, copied and in-place reads, planned reads, all the same.
+    SparseStoreOptions pinned;
+    pinned.pinned_quota_bytes = std::uint64_t{64} << 20;
+    SparseStore store(MakeEmbeddedStore(), pinned);
+    SparseStore plain(MakeEmbeddedStore());
+    const Batch batch = Commit(store);
+    Commit(plain);
+    std::vector<std::int64_t> idx;
+    std::vector<float> val;
+    PutSparseRequest more = Request("c", {64, 4096}, 9, 500, idx, val);
+    auto put = store.PutSparseObjects({&more, 1});
+    ASSERT_TRUE(put.front().ok()) << put.front().status().ToString();
+    ASSERT_TRUE(plain.PutSparseObjects({&more, 1}).front().ok());
+    std::vector<TargetDescriptor> targets = batch.targets;
+    targets.push_back(Target("n0/c", "c", "n0", {0, 1000}, {64, 2000}));
+    ReadOptions options;
+    options.num_threads = 1;
+    auto want = plain.ReadSparseObjects(*plain.Manifest({0, 1}), targets, options);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    auto got = store.ReadSparseObjects(*store.Manifest({0, 1}), targets, options);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ExpectSameObjects(*want, *got);
+    options.view_in_place = true;
+    auto viewed = store.ReadSparseObjects(*store.Manifest({0, 1}), targets, options);
+    ASSERT_TRUE(viewed.ok()) << viewed.status().ToString();
+    ExpectSameObjects(*want, *viewed);
+    HostBuild build;
+    auto planned = store.ReadPlanned(StepManifestView({0, 1}, *store.Manifest({0, 1}), {}),
+                                     targets, options, std::ref(build));
+    ASSERT_TRUE(planned.ok()) << planned.status().ToString();
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        EXPECT_EQ((*planned)[t].desc.nnz, (*want)[t].object.desc.nnz) << targets[t].target_id;
+    }
+}
+
 TEST(PlannedReadTest, UnchangedTensorsGetEmptyTargetsAndFoldsAreNotPlanned) {
     SparseStore store(MakeEmbeddedStore());
     Batch batch = Commit(store);

@@ -15,7 +15,7 @@ from . import _core
 from ._arrays import as_core_array, values_out
 from ._errors import (Conflict, Error, FailedPrecondition, InvalidArgument, NotFound,
                       Unimplemented, error_class)
-from ._tensor import TensorMixin
+from ._tensor import TensorMixin, default_pinned_quota_bytes
 from . import _gpu
 
 __all__ = [
@@ -124,13 +124,16 @@ class Store(TensorMixin):
         url: str | None = None, pinned_quota_bytes: int | None = None, upstream: Any = None,
         namespace: str = "",
     ) -> None:
-        self._pinned_quota_bytes = pinned_quota_bytes  # tensor objects (_tensor.py); None: default
+        # Tensor objects (_tensor.py) and, on the embedded store, source objects each may pin
+        # this much host memory; None: default_pinned_quota_bytes().
+        self._pinned_quota_bytes = pinned_quota_bytes
         self.namespace = _str(namespace, "namespace")
-        self._core: _Backend = (
-            backend if backend is not None
-            else _core._Store(node_id=node_id, capacity_bytes=capacity_bytes,
-                              name_space=self.namespace)
-        )
+        if backend is None:
+            quota = default_pinned_quota_bytes() if pinned_quota_bytes is None else pinned_quota_bytes
+            backend = _core._Store(node_id=node_id, capacity_bytes=capacity_bytes,
+                                   name_space=self.namespace,
+                                   pinned_quota_bytes=_int(quota, "pinned_quota_bytes", minimum=0))
+        self._core: _Backend = backend
         self.url = url
         self._upstream = upstream  # mooncake://: the UpstreamObjectStore under the core
 

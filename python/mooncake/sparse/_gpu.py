@@ -212,12 +212,6 @@ def read_on_device(store: Any, sources: list, targets: list, strategy: str,
     return [DeviceSparseObject(o, idx, vals) for o, idx, vals in raw]
 
 
-def _members(obj: Any) -> tuple[Any, Any]:
-    if isinstance(obj, DeviceSparseObject):
-        return obj._indices_dev, obj._values_dev
-    return obj.indices, obj.values
-
-
 def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
     """Applies objs[i] to CUDA weights[i] in a few launches per device (one check of every
     coordinate first: an out-of-range one leaves every weight unchanged). Weights may be strided
@@ -226,20 +220,32 @@ def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
     _require()
     if len(weights) != len(objs):
         raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
+    # One pass per object, reading what it needs once: a step applies hundreds of thousands.
+    torch = torch_module()
+    tensor = torch.Tensor if torch is not None else ()
     by_device: dict[int, list[int]] = {}
-    for i, (w, o) in enumerate(zip(weights, objs)):
-        shape = tuple(int(e) for e in w.shape)
-        if shape != tuple(o.local_shape):
-            raise InvalidArgument(f"weights[{i}] shape {shape} != object local shape "
-                                  f"{tuple(o.local_shape)}")
-        by_device.setdefault(_device_of(w), []).append(i)
+    hosts = [o._host if isinstance(o, DeviceSparseObject) else o for o in objs]
+    for i, w in enumerate(weights):
+        local = hosts[i].local_shape
+        if tuple(w.shape) != local:
+            raise InvalidArgument(f"weights[{i}] shape {tuple(int(e) for e in w.shape)} != "
+                                  f"object local shape {tuple(local)}")
+        device = w.get_device() if isinstance(w, tensor) else _device_of(w)
+        items = by_device.get(device)
+        if items is None:
+            by_device[device] = [i]
+        else:
+            items.append(i)
     for device, items in by_device.items():
         host = [i for i in items if not isinstance(objs[i], DeviceSparseObject)]
         uploaded = dict(zip(host, upload([objs[i] for i in host], device))) if host else {}
-        members = [_members(uploaded.get(i, objs[i])) for i in items]
+        idx, vals = [], []
+        for i in items:
+            o = uploaded.get(i, objs[i]) if host else objs[i]
+            idx.append(o._indices_dev)
+            vals.append(o._values_dev)
         dests, stream = _capsules([weights[i] for i in items], destination=True)
-        _core._gpu_apply_batch(dests, [m[0] for m in members], [m[1] for m in members],
-                               [str(objs[i].apply) for i in items], stream)
+        _core._gpu_apply_batch(dests, idx, vals, [hosts[i].apply for i in items], stream)
 
 
 def apply_gpu(weight: Any, obj: Any) -> None:
