@@ -242,72 +242,74 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             at[2 * r] = place(read.ranges[r].indices);
             at[2 * r + 1] = place(read.ranges[r].values);
         }
-        // Where kernels read each range: at its host address when the device allows it (and
-        // the store says the memory is page-locked), else per source one driver query per member.
+        // Where kernels read each range: at its host address when the device allows it (the
+        // store says the memory is page-locked), else per source one driver query per member.
+        // Ranges in pageable memory (a pinned pool past its quota, or none) are gathered by host
+        // threads into pinned staging laid out as the device staging, then copied up.
         std::vector<cuda::GatherCopy> copies;
         copies.reserve(2 * nr);
-        bool direct = true;
-        if (cuda::HostPointersAreDeviceAddresses(device)) {
-            for (std::size_t r = 0; r < nr && direct; ++r) {
-                const PlannedRead::Range& range = read.ranges[r];
-                direct = range.pinned;
-                copies.push_back({reinterpret_cast<std::uintptr_t>(range.indices.data()),
-                                  range.indices.size(), at[2 * r]});
-                copies.push_back({reinterpret_cast<std::uintptr_t>(range.values.data()),
-                                  range.values.size(), at[2 * r + 1]});
+        std::vector<std::size_t> pageable;
+        const bool host_addresses = cuda::HostPointersAreDeviceAddresses(device);
+        std::vector<std::array<std::pair<const std::byte*, std::uintptr_t>, 2>> bases;
+        if (!host_addresses) {
+            bases.assign(read.manifest.size(), {std::pair<const std::byte*, std::uintptr_t>{},
+                                                std::pair<const std::byte*, std::uintptr_t>{}});
+        }
+        // The device address of one member's range, or nullopt.
+        const auto address = [&](const PlannedRead::Range& range, int k,
+                                 std::span<const std::byte> m) -> std::optional<std::uintptr_t> {
+            if (host_addresses || m.empty()) return reinterpret_cast<std::uintptr_t>(m.data());
+            auto& [host, dev] = bases[range.source][k];
+            if (host == nullptr) {
+                const std::optional<std::uintptr_t> d = cuda::DeviceAddressOfHost(m.data(), device);
+                if (!d) return std::nullopt;
+                host = m.data();
+                dev = *d;
             }
-        } else {
-            constexpr std::uintptr_t kNone = 0;
-            std::vector<std::array<std::pair<const std::byte*, std::uintptr_t>, 2>> bases(
-                read.manifest.size(), {std::pair{nullptr, kNone}, std::pair{nullptr, kNone}});
-            for (std::size_t r = 0; r < nr && direct; ++r) {
-                const PlannedRead::Range& range = read.ranges[r];
-                if (!range.pinned) {
-                    direct = false;
-                    break;
-                }
-                const std::span<const std::byte> members[2] = {range.indices, range.values};
-                for (int k = 0; k < 2 && direct; ++k) {
-                    if (members[k].empty()) continue;
-                    auto& [host, dev] = bases[range.source][k];
-                    if (host == nullptr) {
-                        const std::optional<std::uintptr_t> d =
-                            cuda::DeviceAddressOfHost(members[k].data(), device);
-                        if (!d) {
-                            direct = false;
-                            break;
-                        }
-                        host = members[k].data();
-                        dev = *d;
-                    }
-                    // One object's member is one registration: device addresses are linear in it.
-                    const auto delta = members[k].data() - host;
-                    copies.push_back({static_cast<std::uintptr_t>(
-                                          static_cast<std::intptr_t>(dev) + delta),
-                                      members[k].size(), at[2 * r + k]});
-                }
+            // One object's member is one registration: device addresses are linear in it.
+            return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(dev) + (m.data() - host));
+        };
+        for (std::size_t r = 0; r < nr; ++r) {
+            const PlannedRead::Range& range = read.ranges[r];
+            std::optional<std::uintptr_t> idx, val;
+            if (range.pinned) {
+                idx = address(range, 0, range.indices);
+                val = address(range, 1, range.values);
             }
+            if (!idx || !val) {
+                pageable.push_back(r);
+                continue;
+            }
+            copies.push_back({*idx, range.indices.size(), at[2 * r]});
+            copies.push_back({*val, range.values.size(), at[2 * r + 1]});
         }
         MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer staging,
                              cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(total, 16),
                                                           device, stream));
-        if (direct) {
-            MCS_RETURN_IF_ERROR(cuda::GatherToDevice(copies, staging.ptr(), stream));
-        } else if (total > 0) {
-            // Pageable store memory: gathered by host threads into pinned staging, then one copy.
+        if (!copies.empty()) MCS_RETURN_IF_ERROR(cuda::GatherToDevice(copies, staging.ptr(), stream));
+        if (!pageable.empty() && total > 0) {
             MCS_ASSIGN_OR_RETURN(cuda::PinnedStaging::Lease lease, cuda::PinnedStaging::Acquire(total));
+            std::byte* host = lease.bytes().data();
             std::vector<HostCopy> host_copies;
-            host_copies.reserve(2 * nr);
-            for (std::size_t r = 0; r < nr; ++r) {
+            host_copies.reserve(2 * pageable.size());
+            std::vector<cuda::HostDeviceCopy> up;
+            // Consecutive ranges move as one copy (the bytes between them are padding).
+            for (std::size_t k = 0; k < pageable.size(); ++k) {
+                const std::size_t r = pageable[k];
                 const PlannedRead::Range& range = read.ranges[r];
-                host_copies.push_back({lease.bytes().data() + at[2 * r], range.indices.data(),
-                                       range.indices.size()});
-                host_copies.push_back({lease.bytes().data() + at[2 * r + 1], range.values.data(),
-                                       range.values.size()});
+                host_copies.push_back({host + at[2 * r], range.indices.data(), range.indices.size()});
+                host_copies.push_back({host + at[2 * r + 1], range.values.data(), range.values.size()});
+                const std::uint64_t end = at[2 * r + 1] + range.values.size();
+                if (k > 0 && pageable[k - 1] + 1 == r) {
+                    up.back().host = {host + (up.back().host.data() - host),
+                                      static_cast<std::size_t>(end - (up.back().host.data() - host))};
+                } else {
+                    up.push_back({{staging.ptr().address + at[2 * r], device},
+                                  {host + at[2 * r], static_cast<std::size_t>(end - at[2 * r])}});
+                }
             }
             GatherPool().Run(host_copies);
-            const cuda::HostDeviceCopy up{staging.ptr(), {lease.bytes().data(), total}};
-            MCS_RETURN_IF_ERROR(cuda::CopyBatchToDevice({&up, 1}, stream));
+            MCS_RETURN_IF_ERROR(cuda::CopyBatchToDevice(up, stream));
         }
         // Targets: each one's entries in the arena, room for every entry of its pieces.
         const std::size_t nt = read.targets.size();

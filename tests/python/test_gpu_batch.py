@@ -249,12 +249,13 @@ def same_entries(host, dev):
     assert np.array_equal(hv[oh], dv[od])
 
 
-@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
-def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned):
+@pytest.mark.parametrize("pinned_quota", [0, 2 << 20, 256 << 20],
+                         ids=["pageable", "mixed", "pinned"])
+def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quota):
     # Pinned: the GPU reads the ranges straight from the store's memory; pageable: through
-    # pinned staging. Either way the targets are filtered and rebased on the GPU.
-    quota = 256 << 20
-    store = mcs.connect(capacity_bytes=quota, pinned_quota_bytes=quota if pinned else 0)
+    # pinned staging; mixed (a quota that pins the first objects only): both in one read.
+    # Either way the targets are filtered and rebased on the GPU.
+    store = mcs.connect(capacity_bytes=256 << 20, pinned_quota_bytes=pinned_quota)
     pairs = pairs_of(MIXED)
     assert all(isinstance(r, dict) for r in commit_all(store, pairs, "g"))
     ids = [f"g{i}" for i in range(len(pairs))] + ["same"]
@@ -450,3 +451,188 @@ def test_scatter_add_of_overlapping_items_applies_in_order():
                            ["scatter_add", "scatter_add", "overwrite"], None)
     torch.cuda.synchronize()
     assert w[0, 0].item() == 3.0 and w[2, 3].item() == 5.0
+
+
+# ---------------------------------------------------------------------------------------------
+# The embedded store's commit from the GPU: the batch is checked, indexed and checksummed on the
+# device, and its entries are copied once, straight into the store's memory. The same results,
+# objects (metadata, checksums, tile index, bytes), manifest, metrics and read-back as the same
+# batch committed from host copies; what the device does not take goes through the host's
+# encode in the same commit.
+# ---------------------------------------------------------------------------------------------
+# Rank 2 (the direct path: bf16/fp16/fp32, uint16 and uint32 indices, several 1 KiB blocks of
+# entries, odd extents), beside ranks 1 and 3 (the host's encode, in the same commit).
+DIRECT = [
+    ((512, 384), torch.bfloat16),
+    ((96, 80), torch.float32),
+    ((2, 70000), torch.bfloat16),
+    ((33, 17), torch.float16),
+    ((1000,), torch.float16),
+    ((4, 48, 40), torch.bfloat16),
+    ((1031, 257), torch.bfloat16),
+]
+
+
+def direct_counters():
+    from mooncake.sparse import _core
+    return _core._device_commit_counters()
+
+
+def stored(store, ref):
+    """A committed source object as the store holds it: metadata, member table, member bytes."""
+    info, members = store._core._object_store().get(ref)
+    return (info["metadata"], [(m["name"], m["dtype"], tuple(m["shape"]), m["checksum"])
+                               for m in info["members"]],
+            {k: np.ascontiguousarray(np.asarray(v)).view(np.uint8).tobytes()
+             for k, v in members.items()})
+
+
+def same_commits(dev_store, dev_results, host_store, host_results):
+    """Two stores hold the same commits: results, manifests, objects and metrics."""
+    assert len(dev_results) == len(host_results)
+    for d, h in zip(dev_results, host_results):
+        if isinstance(h, dict):
+            assert d == h
+        else:
+            assert type(d) is type(h) and str(d) == str(h)
+    md = sorted(dev_store.manifest((0, 1)), key=lambda s: s.source_ref)
+    mh = sorted(host_store.manifest((0, 1)), key=lambda s: s.source_ref)
+    assert [repr(s) for s in md] == [repr(s) for s in mh]
+    for a, b in zip(md, mh):
+        assert (a.tensor_id, a.tile_shape, a.nnz, a.num_tiles, a.index_dtype, a.value_dtype,
+                a.global_offset, a.local_shape) == \
+               (b.tensor_id, b.tile_shape, b.nnz, b.num_tiles, b.index_dtype, b.value_dtype,
+                b.global_offset, b.local_shape)
+        assert stored(dev_store, a.source_ref) == stored(host_store, b.source_ref)
+    assert counted(dev_store) == counted(host_store)
+
+
+def counted(store):
+    """The store's metrics without the timings."""
+    return {k: v for k, v in store.metrics().items() if not k.endswith("_seconds")}
+
+
+def host_copy(update):
+    u = dict(update)
+    u["indices"] = update["indices"].cpu()
+    u["values"] = update["values"].cpu()
+    return u
+
+
+@pytest.mark.parametrize("pinned_quota", [0, 2 << 20, 512 << 20],
+                         ids=["pageable", "mixed", "pinned"])
+def test_embedded_commit_from_the_gpu_equals_host_commit(pinned_quota):
+    pairs = pairs_of(DIRECT)
+    coo = mcs.encode_updates(pairs)
+    updates = [dict(tensor_id=f"d{i}", global_shape=tuple(n.shape), indices=idx, values=vals)
+               for i, ((n, _), (idx, vals)) in enumerate(zip(pairs, coo))]
+    # A box of the first tensor (its entries in rows 256-511: a tile boundary, so they stay in
+    # canonical order), a tile shape of the caller's, and int8 values at an odd address (byte
+    # loads in the checksum).
+    rows = coo[0][0].view(torch.int16)[:, 0]
+    below = rows >= 256
+    idx0 = coo[0][0].view(torch.int16)[below].contiguous().view(coo[0][0].dtype)
+    vals0 = coo[0][1][below].contiguous()
+    updates.append(dict(tensor_id="box0", global_shape=(512, 384), indices=idx0, values=vals0,
+                        global_offset=(256, 0), local_shape=(256, 384)))
+    idx1, vals1 = mcs.encode_update(*pairs[1], tile_shape=(7, 9))
+    updates.append(dict(tensor_id="tiled", global_shape=(96, 80), indices=idx1, values=vals1,
+                        tile_shape=(7, 9)))
+    odd = torch.zeros(idx1.shape[0] + 1, dtype=torch.int8, device="cuda")[1:]
+    odd.copy_(torch.arange(idx1.shape[0], device="cuda") % 97 - 40)
+    updates.append(dict(tensor_id="odd", global_shape=(96, 80), indices=idx1, values=odd,
+                        tile_shape=(7, 9)))
+    dev_store = mcs.connect(capacity_bytes=512 << 20, pinned_quota_bytes=pinned_quota)
+    host_store = mcs.connect(capacity_bytes=512 << 20, pinned_quota_bytes=pinned_quota)
+    before = direct_counters()
+    dev = dev_store.put_sparse_objects(updates)
+    after = direct_counters()
+    host = host_store.put_sparse_objects([host_copy(u) for u in updates])
+    assert all(isinstance(r, dict) for r in dev), dev
+    # Every rank-2 update went the direct way: one batch, its entries copied from the device.
+    rank2 = [u for u in updates if len(u["global_shape"]) == 2]
+    assert after["batches"] == before["batches"] + 1
+    assert after["objects"] == before["objects"] + len(rank2)
+    assert after["bytes"] - before["bytes"] == sum(
+        u["indices"].numel() * u["indices"].element_size() +
+        u["values"].numel() * u["values"].element_size() for u in rank2)
+    same_commits(dev_store, dev, host_store, host)
+    # Read back: the same objects, and they apply to the new weights.
+    targets = whole_targets(pairs, "d")
+    objs_d = dev_store.read_sparse_objects(dev_store.manifest((0, 1)), targets)
+    objs_h = host_store.read_sparse_objects(host_store.manifest((0, 1)), targets)
+    for a, b in zip(objs_d, objs_h):
+        assert np.array_equal(np.asarray(a.indices), np.asarray(b.indices))
+        assert np.array_equal(bits(torch.as_tensor(a.values)), bits(torch.as_tensor(b.values)))
+    for (new, old), o in zip(pairs, objs_d):
+        w = old.clone()
+        mcs.apply_sparse_object(w, o)
+        assert np.array_equal(bits(w), bits(new))
+    # A retry is idempotent, on both paths alike.
+    same_commits(dev_store, dev_store.put_sparse_objects(updates),
+                 host_store, host_store.put_sparse_objects([host_copy(u) for u in updates]))
+    dev_store.close()
+    host_store.close()
+
+
+def test_embedded_commit_from_the_gpu_fails_bad_updates_alone_as_the_host_does():
+    pairs = pairs_of([((64, 48), torch.bfloat16)] * 6, density=0.2)
+    coo = mcs.encode_updates(pairs)
+    ups = [dict(tensor_id=f"b{i}", global_shape=(64, 48), indices=i_, values=v)
+           for i, (i_, v) in enumerate(coo)]
+    def as_i16(idx):  # uint16 indices as int16 (torch's uint16 has few ops)
+        return idx.view(torch.int16)
+
+    # Unsorted (the host sorts it: it commits), out of the box, a duplicate, out of the shape
+    # (the box of a smaller tensor), and a stale step: each fails or succeeds alone, as on the
+    # host.
+    ups[1]["indices"] = as_i16(coo[1][0]).flip(0).contiguous().view(coo[1][0].dtype)
+    ups[1]["values"] = coo[1][1].flip(0).contiguous()
+    ups[2]["global_offset"], ups[2]["local_shape"] = (0, 0), (32, 48)
+    ups[3]["indices"] = torch.cat([as_i16(coo[3][0])[:1], as_i16(coo[3][0])]).view(coo[3][0].dtype)
+    ups[3]["values"] = torch.cat([coo[3][1][:1], coo[3][1]])
+    ups[4]["global_shape"] = (40, 48)
+    ups[5]["tensor_id"] = "stale"
+    ups[5]["generation"] = (0, 1)
+    stores = []
+    for _ in range(2):
+        s = mcs.connect(pinned_quota_bytes=64 << 20)
+        for g in ((0, 1), (1, 2)):
+            first = dict(ups[5], generation=g, indices=coo[0][0].cpu(), values=coo[0][1].cpu())
+            assert isinstance(s.put_sparse_objects([first])[0], dict)
+        stores.append(s)
+    ups[5]["generation"] = (0, 3)
+    dev_store, host_store = stores
+    before = direct_counters()
+    dev = dev_store.put_sparse_objects(ups)
+    after = direct_counters()
+    host = host_store.put_sparse_objects([host_copy(u) for u in ups])
+    assert isinstance(dev[0], dict) and isinstance(dev[1], dict)
+    assert isinstance(dev[2], mcs.InvalidArgument) and "outside the source box" in str(dev[2])
+    assert isinstance(dev[3], mcs.InvalidArgument) and "duplicate" in str(dev[3])
+    assert isinstance(dev[4], mcs.InvalidArgument)
+    assert isinstance(dev[5], mcs.StaleGeneration)
+    # b0 and the stale step took the direct way; the others the host's encode.
+    assert after["objects"] - before["objects"] == 2
+    same_commits(dev_store, dev, host_store, host)
+    assert {s.tensor_id for s in dev_store.manifest((0, 1))} == {"b0", "b1", "stale"}
+    dev_store.close()
+    host_store.close()
+
+
+def test_embedded_commit_from_the_gpu_of_two_steps_of_a_tensor_takes_the_staging_path():
+    pairs = pairs_of([((64, 48), torch.bfloat16)] * 2)
+    coo = mcs.encode_updates(pairs)
+    ups = [dict(tensor_id="a", global_shape=(64, 48), indices=coo[0][0], values=coo[0][1],
+                generation=(0, 1)),
+           dict(tensor_id="a", global_shape=(64, 48), indices=coo[1][0], values=coo[1][1],
+                generation=(1, 2))]
+    dev_store, host_store = mcs.connect(), mcs.connect()
+    before = direct_counters()
+    dev = dev_store.put_sparse_objects(ups)
+    assert direct_counters()["batches"] == before["batches"]
+    host = host_store.put_sparse_objects([host_copy(u) for u in ups])
+    assert all(isinstance(r, dict) for r in dev)
+    assert dev == host
+    assert dev_store.current_generation("a") == (1, 2)
+    assert counted(dev_store) == counted(host_store)
