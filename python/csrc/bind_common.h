@@ -60,6 +60,23 @@ struct ParsedPut {
 /// Throws StatusError: Unimplemented (built without the GPU codec); Unavailable / Internal
 /// (CUDA errors); ResourceExhausted (cannot pin the staging memory).
 std::shared_ptr<void> StageDeviceMembers(std::span<ParsedPut* const> puts, std::uintptr_t stream);
+
+/// put_sparse_objects of a batch whose members all lie on one GPU, on a store that fills its
+/// objects in place (the embedded store), without a staging copy: every update the sorted fast
+/// path takes (rank 2, canonical order, ...) is checked, indexed and checksummed on the GPU in
+/// one batch (cuda::IndexCanonicalBatch), and the commit (SparseService::PutIndexedObjects)
+/// copies its entries from the device straight into the store's memory, ordered on `stream`;
+/// the other updates (those the GPU finds not canonical included) are staged and encoded on the
+/// host as PutSparseObjects encodes them, and join the same commit. Returns one result per
+/// update of `puts`, in order, the same as PutSparseObjects(requests of `puts`) returns; or
+/// nullopt, having committed nothing, where this path does not apply (built without the GPU
+/// codec, another store, a member in host memory, several devices, two generations of one
+/// tensor, no update the GPU could take) or the store refused the batch as a whole: the caller
+/// then commits through StageDeviceMembers and PutSparseObjects. Call with the GIL held.
+/// Throws StatusError: as StageDeviceMembers.
+std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
+    SparseService& service, std::span<ParsedPut* const> puts, int num_threads,
+    std::uintptr_t stream);
 ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape,
                    const pyb::object& indices, const pyb::object& values,
                    const pyb::object& source_placement,

@@ -193,6 +193,12 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         pyb::gil_scoped_release nogil;
         device_commit = node->CanCommitFromDevice();
     }
+    // In this process, a batch that is all on the GPU is checked and indexed there, and its
+    // entries land in the store's memory in one copy (bind_gpu_commit.cc); nullopt: staged.
+    std::optional<std::vector<Result<CommitResult>>> direct;
+    if (!on_device.empty() && all_on_device && node == nullptr) {
+        direct = CommitDeviceBatch(s.service(), on_device, num_threads, stream);
+    }
     if (device_commit) {
         // Through the daemon, a batch that is all on the GPU stays there: the daemon copies
         // its members by CUDA IPC into its own pinned memory.
@@ -208,6 +214,8 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         }
         pyb::gil_scoped_release nogil;
         results = node->PutSparseObjectsFromDevice(requests, indices, values, stream);
+    } else if (direct) {
+        results = std::move(*direct);
     } else {
         // CUDA members (a batch encoded on the GPU) reach host memory in a few large copies.
         std::shared_ptr<void> staged;

@@ -10,6 +10,7 @@ void RegisterStore(pyb::module_& m);        // bind_store.cc
 void RegisterTensor(pyb::module_& m);       // bind_tensor.cc
 void RegisterNodeServer(pyb::module_& m);   // bind_node_server.cc
 void RegisterGpu(pyb::module_& m);          // bind_gpu.cc
+void RegisterGpuCommit(pyb::module_& m);    // bind_gpu_commit.cc
 void RegisterBatch(pyb::module_& m);        // bind_batch.cc
 }  // namespace mooncake::sparse::py
 
@@ -22,5 +23,6 @@ PYBIND11_MODULE(_core, m) {
     mooncake::sparse::py::RegisterTensor(m);
     mooncake::sparse::py::RegisterNodeServer(m);
     mooncake::sparse::py::RegisterGpu(m);
+    mooncake::sparse::py::RegisterGpuCommit(m);
     mooncake::sparse::py::RegisterBatch(m);
 }

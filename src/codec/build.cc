@@ -772,6 +772,60 @@ bool SortedTileIndex2D(const std::byte* indices, std::uint64_t nnz, const Box& b
     return true;
 }
 
+/// The fast path's checks that read no entry: the descriptor the object will have (box,
+/// tile_shape, index/value dtypes and nnz set; num_tiles 0) when (indices, values) of `desc`
+/// are rank-2, non-empty, of the narrowest index dtype and of consistent sizes, the box and the
+/// tile shape valid and no duplicates to coalesce. nullopt: the general path decides.
+std::optional<SourceDescriptor> PlanSorted(SourceDescriptor desc, DType index_dtype_in,
+                                           DType value_dtype, std::uint64_t index_bytes,
+                                           std::uint64_t nnz, std::uint64_t value_bytes,
+                                           const EncodeOptions& options) {
+    const std::size_t rank = desc.global_shape.size();
+    if (rank != 2 || nnz == 0 || options.duplicates != DuplicatePolicy::kError ||
+        options.num_threads < 0 || !ValidateShape(desc.global_shape).ok() ||
+        !IsNumericDType(value_dtype)) {
+        return std::nullopt;
+    }
+    const Index max_extent = *std::max_element(desc.global_shape.begin(), desc.global_shape.end());
+    const DType index_dtype = NarrowestIndexDType(max_extent);
+    if (index_dtype_in != index_dtype || index_bytes != nnz * rank * DTypeSize(index_dtype) ||
+        value_bytes != nnz * DTypeSize(value_dtype)) {
+        return std::nullopt;
+    }
+    Box box = desc.box;
+    if (box.rank() == 0) {
+        auto whole = Box::Whole(desc.global_shape);
+        if (!whole.ok()) return std::nullopt;
+        box = *whole;
+    }
+    if (box.rank() != rank || !InsideShape(box, desc.global_shape)) return std::nullopt;
+    const Shape tile_shape = options.tile_shape
+                                 ? ClampTileShape(*options.tile_shape, desc.global_shape)
+                                 : DefaultTileShape(desc.global_shape);
+    if (!ValidateTileShape(tile_shape, desc.global_shape).ok()) return std::nullopt;
+    desc.box = box;
+    desc.tile_shape = tile_shape;
+    desc.index_dtype = index_dtype;
+    desc.value_dtype = value_dtype;
+    desc.nnz = nnz;
+    desc.num_tiles = 0;
+    return desc;
+}
+
+/// Completes the fast path once `obj` holds the tile index of the entries PlanSorted planned:
+/// true when the final descriptor validates (then it is `obj`'s), else false.
+bool FinishSorted(SourceDescriptor planned, SparseObject& obj) {
+    if (obj.tile_ptr.empty()) return false;
+    planned.num_tiles = obj.tile_ptr.size() - 1;
+    // The general path fills in these fields itself, so it still may take over from here.
+    SourceDescriptor check = planned;
+    if (check.source_ref.empty()) check.source_ref = "<uncommitted>";
+    if (!SourceDescriptor::Make(std::move(check)).ok()) return false;
+    obj.coordinate_space = "global";
+    obj.desc = std::move(planned);
+    return true;
+}
+
 /// The fast path's checks and tile index: true when (indices, values) of `desc` are rank-2,
 /// of the narrowest index dtype, sorted by (tile, element) without duplicates and inside the
 /// box; then `obj` holds the tile index and a final descriptor, and its members are left for
@@ -779,48 +833,15 @@ bool SortedTileIndex2D(const std::byte* indices, std::uint64_t nnz, const Box& b
 bool SortedFastPath(SourceDescriptor desc, DType index_dtype_in, DType value_dtype,
                     const std::byte* indices, std::uint64_t index_bytes, std::uint64_t nnz,
                     std::uint64_t value_bytes, const EncodeOptions& options, SparseObject& obj) {
-    const std::size_t rank = desc.global_shape.size();
-    if (rank != 2 || nnz == 0 || options.duplicates != DuplicatePolicy::kError ||
-        options.num_threads < 0 || !ValidateShape(desc.global_shape).ok() ||
-        !IsNumericDType(value_dtype)) {
-        return false;
-    }
-    const Index max_extent = *std::max_element(desc.global_shape.begin(), desc.global_shape.end());
-    const DType index_dtype = NarrowestIndexDType(max_extent);
-    if (index_dtype_in != index_dtype || index_bytes != nnz * rank * DTypeSize(index_dtype) ||
-        value_bytes != nnz * DTypeSize(value_dtype)) {
-        return false;
-    }
-    Box box = desc.box;
-    if (box.rank() == 0) {
-        auto whole = Box::Whole(desc.global_shape);
-        if (!whole.ok()) return false;
-        box = *whole;
-    }
-    if (box.rank() != rank || !InsideShape(box, desc.global_shape)) return false;
-    const Shape tile_shape = options.tile_shape
-                                 ? ClampTileShape(*options.tile_shape, desc.global_shape)
-                                 : DefaultTileShape(desc.global_shape);
-    if (!ValidateTileShape(tile_shape, desc.global_shape).ok()) return false;
+    std::optional<SourceDescriptor> planned = PlanSorted(
+        std::move(desc), index_dtype_in, value_dtype, index_bytes, nnz, value_bytes, options);
+    if (!planned) return false;
     bool sorted = false;
-    VisitUnsignedIndexDType(index_dtype, [&](auto tag) {
-        sorted = SortedTileIndex2D<decltype(tag)>(indices, nnz, box, tile_shape, desc.global_shape,
-                                                  obj);
+    VisitUnsignedIndexDType(planned->index_dtype, [&](auto tag) {
+        sorted = SortedTileIndex2D<decltype(tag)>(indices, nnz, planned->box, planned->tile_shape,
+                                                  planned->global_shape, obj);
     });
-    if (!sorted) return false;
-    desc.box = box;
-    desc.tile_shape = tile_shape;
-    desc.index_dtype = index_dtype;
-    desc.value_dtype = value_dtype;
-    desc.nnz = nnz;
-    desc.num_tiles = obj.tile_ptr.size() - 1;
-    // The general path fills in these fields itself, so it still may take over from here.
-    SourceDescriptor check = desc;
-    if (check.source_ref.empty()) check.source_ref = "<uncommitted>";
-    if (!SourceDescriptor::Make(std::move(check)).ok()) return false;
-    obj.coordinate_space = "global";
-    obj.desc = std::move(desc);
-    return true;
+    return sorted && FinishSorted(std::move(*planned), obj);
 }
 
 }  // namespace
@@ -857,6 +878,36 @@ std::optional<SparseObject> IndexCanonicalEntries(SourceDescriptor desc, const H
     }
     obj.checksum_indices = Checksum(indices.data);
     obj.checksum_values = Checksum(values.data);
+    obj.checksum_tile_coords = Checksum(std::as_bytes(std::span(obj.tile_coords)));
+    obj.checksum_tile_ptr = Checksum(std::as_bytes(std::span(obj.tile_ptr)));
+    return obj;
+}
+
+std::optional<SourceDescriptor> PlanCanonicalEntries(SourceDescriptor desc, const CooLayout& coo,
+                                                     const EncodeOptions& options) {
+    const bool shaped = coo.index_shape.size() == 2 && coo.value_shape.size() == 1 &&
+                        coo.index_shape[0] >= 0 && coo.value_shape[0] == coo.index_shape[0];
+    if (!shaped) return std::nullopt;
+    return PlanSorted(std::move(desc), coo.index_dtype, coo.value_dtype, coo.index_bytes,
+                      std::uint64_t(coo.index_shape[0]), coo.value_bytes, options);
+}
+
+std::optional<SparseObject> FinishCanonicalEntries(SourceDescriptor planned,
+                                                   std::vector<TileCoord> tile_coords,
+                                                   std::vector<std::uint64_t> tile_ptr,
+                                                   std::uint64_t checksum_indices,
+                                                   std::uint64_t checksum_values) {
+    const std::size_t rank = planned.global_shape.size();
+    if (tile_ptr.size() < 2 || tile_ptr.front() != 0 || tile_ptr.back() != planned.nnz ||
+        tile_coords.size() != (tile_ptr.size() - 1) * rank) {
+        return std::nullopt;
+    }
+    SparseObject obj;
+    obj.tile_coords = std::move(tile_coords);
+    obj.tile_ptr = std::move(tile_ptr);
+    if (!FinishSorted(std::move(planned), obj)) return std::nullopt;
+    obj.checksum_indices = checksum_indices;
+    obj.checksum_values = checksum_values;
     obj.checksum_tile_coords = Checksum(std::as_bytes(std::span(obj.tile_coords)));
     obj.checksum_tile_ptr = Checksum(std::as_bytes(std::span(obj.tile_ptr)));
     return obj;

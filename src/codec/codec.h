@@ -166,6 +166,39 @@ std::optional<SparseObject> IndexCanonicalEntries(SourceDescriptor desc, const H
                                                   const HostArray& values,
                                                   const EncodeOptions& options);
 
+/// The dtypes, shapes and byte sizes of a COO whose bytes are not in host memory (device
+/// memory): what IndexCanonicalEntries checks before it reads an entry.
+struct CooLayout {
+    DType index_dtype = DType::kUInt16;
+    Shape index_shape;  ///< [nnz, rank]
+    std::uint64_t index_bytes = 0;
+    DType value_dtype = DType::kBFloat16;
+    Shape value_shape;  ///< [nnz]
+    std::uint64_t value_bytes = 0;
+};
+
+/// IndexCanonicalEntries in two halves, for entries that are checked, indexed and checksummed
+/// where they lie (on a GPU). PlanCanonicalEntries makes every check that reads no entry and
+/// returns the descriptor the object will have (box, tile_shape, index and value dtypes and nnz
+/// set; num_tiles 0), or nullopt where IndexCanonicalEntries returns nullopt whatever the
+/// entries hold (rank other than 2, no entries, an index dtype other than the narrowest,
+/// duplicates to coalesce, ...). The entries then are canonical when every coordinate lies in
+/// the planned box and they strictly increase in (tile row-major, element row-major) order for
+/// the planned tile shape; otherwise IndexCanonicalEntries returns nullopt for them too.
+std::optional<SourceDescriptor> PlanCanonicalEntries(SourceDescriptor desc, const CooLayout& coo,
+                                                     const EncodeOptions& options);
+
+/// The second half: the object IndexCanonicalEntries returns for canonical entries of a plan,
+/// from their tile index (`tile_coords` [num_tiles, 2], `tile_ptr` [num_tiles + 1], as the
+/// sorted fast path builds it) and the XXH3-64 checksums of their indices and values bytes (the
+/// tile index's own are computed here). nullopt when the tile index does not fit the plan or
+/// the final descriptor does not validate.
+std::optional<SparseObject> FinishCanonicalEntries(SourceDescriptor planned,
+                                                   std::vector<TileCoord> tile_coords,
+                                                   std::vector<std::uint64_t> tile_ptr,
+                                                   std::uint64_t checksum_indices,
+                                                   std::uint64_t checksum_values);
+
 /// The result of EncodeUpdate: a global COO already sorted by (tile, element) for
 /// `tile_shape`, so BuildSparseObject takes it without sorting.
 struct EncodedUpdate {

@@ -142,6 +142,13 @@ std::optional<SparseObject> IndexSourceObject(const PutSparseRequest& req) {
     return IndexCanonicalEntries(std::move(desc).value(), req.indices, req.values, req.encode);
 }
 
+std::optional<SourceDescriptor> PlanIndexedSource(const PutSparseRequest& req,
+                                                  const CooLayout& entries) {
+    Result<SourceDescriptor> desc = SourceDescOf(req);
+    if (!desc.ok()) return std::nullopt;
+    return PlanCanonicalEntries(std::move(desc).value(), entries, req.encode);
+}
+
 Result<CommitResult> SparseStore::PutSparseObject(const PutSparseRequest& req) {
     MCS_ASSIGN_OR_RETURN(SparseObject object, BuildSourceObject(req));
     return CommitSparseObject(std::move(object), req.hard_pin);
@@ -501,11 +508,10 @@ std::vector<Result<CommitResult>> SparseStore::CommitSparseObjects(
     return results;
 }
 
-void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
-                              const std::vector<bool>& hard_pin,
-                              std::vector<Result<CommitResult>>& results, int num_threads,
-                              std::span<const EntryViews> entries) {
-    std::vector<std::string> metadata(objects.size());
+void SparseStore::PrepareCommits(std::vector<std::optional<SparseObject>>& objects,
+                                 std::vector<std::string>& metadata,
+                                 std::vector<Result<CommitResult>>& results, int num_threads) {
+    metadata.assign(objects.size(), std::string());
     internal::ParallelFor(num_threads, objects.size(), [&](std::size_t i) {
         if (!objects[i]) return;
         if (Status s = PrepareCommit(*objects[i], metadata[i]); !s.ok()) {
@@ -513,6 +519,14 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
             objects[i].reset();
         }
     });
+}
+
+void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
+                              const std::vector<bool>& hard_pin,
+                              std::vector<Result<CommitResult>>& results, int num_threads,
+                              std::span<const EntryViews> entries) {
+    std::vector<std::string> metadata;
+    PrepareCommits(objects, metadata, results, num_threads);
     std::vector<const SparseObject*> committed(objects.size(), nullptr);
     CommitBatch batch;
     {
@@ -543,6 +557,193 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
         UndoMissedCommits(committed, results, batch);
     }
     CountCommits(batch);
+}
+
+namespace {
+
+/// The bytes of an object's entries: nnz * rank * index size + nnz * value size (false on
+/// overflow).
+bool EntryBytes(const SourceDescriptor& d, std::uint64_t& index_bytes,
+                std::uint64_t& value_bytes) {
+    return !__builtin_mul_overflow(d.nnz, d.rank() * DTypeSize(d.index_dtype), &index_bytes) &&
+           !__builtin_mul_overflow(d.nnz, DTypeSize(d.value_dtype), &value_bytes);
+}
+
+/// Whether the members of an object of PutIndexedObjects fit its descriptor; `external`: its
+/// entries are the fill's (indexed without them).
+Status CheckIndexedMembers(const SparseObject& object, bool& external) {
+    const SourceDescriptor& d = object.desc;
+    const std::uint64_t rank = d.rank();
+    external = d.nnz > 0 && object.indices.empty() && object.values.empty();
+    std::uint64_t index_bytes = 0, value_bytes = 0, coords = 0;
+    bool fits = rank >= 1 && EntryBytes(d, index_bytes, value_bytes) &&
+                !__builtin_mul_overflow(d.num_tiles, rank, &coords) &&
+                object.tile_coords.size() == coords && !object.tile_ptr.empty() &&
+                object.tile_ptr.size() - 1 == d.num_tiles;
+    if (!external) {
+        fits = fits && object.indices.size() == index_bytes && object.values.size() == value_bytes;
+    }
+    if (!fits) {
+        return InvalidArgument("the members of the object of '" + d.tensor_id +
+                               "' do not match its descriptor (nnz " + std::to_string(d.nnz) +
+                               ", " + std::to_string(d.num_tiles) + " tiles)");
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<Result<CommitResult>>> SparseStore::PutIndexedObjects(
+    std::vector<SparseObject> objects, const std::vector<bool>& hard_pin, const EntryFill& fill,
+    int num_threads) {
+    if (!store_->FillsInPlace()) {
+        return FailedPrecondition(
+            "this store does not fill objects in place: commit the entries from host memory");
+    }
+    {
+        // A second generation of a tensor is checked against the head the first one moves, so
+        // it commits after the first is published: not in the same PutFilled.
+        std::map<std::string_view, Generation, std::less<>> generation_of;
+        for (const SparseObject& o : objects) {
+            auto [it, fresh] = generation_of.try_emplace(o.desc.tensor_id, o.desc.generation);
+            if (!fresh && it->second != o.desc.generation) {
+                return FailedPrecondition("the batch holds two generations of tensor '" +
+                                          o.desc.tensor_id + "': commit it object by object");
+            }
+        }
+    }
+    const std::size_t n = objects.size();
+    std::vector<Result<CommitResult>> results(n, Internal("unset"));
+    std::vector<std::optional<SparseObject>> held(n);
+    std::vector<bool> external(n, false);
+    for (std::size_t i = 0; i < n; ++i) {
+        bool ext = false;
+        if (Status s = CheckIndexedMembers(objects[i], ext); !s.ok()) {
+            results[i] = s;
+            continue;
+        }
+        external[i] = ext;
+        held[i] = std::move(objects[i]);
+    }
+    std::vector<bool> pins = hard_pin;
+    pins.resize(n, true);
+    std::vector<std::string> metadata;
+    PrepareCommits(held, metadata, results, num_threads);
+    std::vector<const SparseObject*> committed(n, nullptr);
+    CommitBatch batch;
+    {
+        std::lock_guard lock(commit_mu_);
+        MCS_RETURN_IF_ERROR(CommitIndexedLocked(held, metadata, pins, external, fill, results,
+                                                committed, batch, num_threads));
+        UndoMissedCommits(committed, results, batch);
+    }
+    CountCommits(batch);
+    return results;
+}
+
+Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>& objects,
+                                        const std::vector<std::string>& metadata,
+                                        const std::vector<bool>& hard_pin,
+                                        const std::vector<bool>& external, const EntryFill& fill,
+                                        std::vector<Result<CommitResult>>& results,
+                                        std::vector<const SparseObject*>& committed,
+                                        CommitBatch& batch, int num_threads) {
+    const auto bytes_of = [&](std::size_t i) {
+        std::uint64_t index_bytes = 0, value_bytes = 0;
+        if (external[i]) EntryBytes(objects[i]->desc, index_bytes, value_bytes);
+        return objects[i]->PayloadBytes() + index_bytes + value_bytes;
+    };
+    // 1. Every object's checks (CommitFilledLocked's; PutIndexedObjects took no second
+    //    generation of a tensor).
+    std::vector<std::size_t> write;
+    std::vector<std::optional<Generation>> heads(objects.size());
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+        if (!objects[i]) continue;
+        committed[i] = &*objects[i];
+        std::optional<Result<CommitResult>> done = CheckCommitLocked(*objects[i], batch, heads[i]);
+        if (done) {
+            if (done->ok()) (*done)->bytes = bytes_of(i);
+            results[i] = std::move(*done);
+            continue;
+        }
+        write.push_back(i);
+    }
+    // 2. The source objects, in one PutFilled per pin class: the objects' own members copied in
+    //    parallel, the external entries written by `fill`. A failure removes what the other pin
+    //    class wrote, so that nothing of the call stays.
+    std::vector<std::string_view> written;
+    const auto undo = [&] {
+        for (std::string_view key : written) (void)store_->Remove(key);
+    };
+    for (const bool pin : {true, false}) {
+        std::vector<std::size_t> items;
+        for (std::size_t i : write) {
+            if (hard_pin[i] == pin) items.push_back(i);
+        }
+        if (items.empty()) continue;
+        std::vector<std::vector<MemberData>> members(items.size());
+        std::vector<std::vector<MemberSpec>> specs(items.size());
+        std::vector<FilledPut> puts(items.size());
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::size_t i = items[k];
+            members[k] = MembersOf(*objects[i]);
+            for (const MemberData& m : members[k]) {
+                specs[k].push_back({m.name, m.dtype, m.shape, m.checksum});
+            }
+            puts[k] = {objects[i]->desc.source_ref, metadata[i], specs[k]};
+        }
+        Status fill_status = Status::Ok();
+        const auto fill_members = [&](std::span<const FillTarget> targets) -> Status {
+            std::vector<HostCopy> copies;
+            std::vector<EntryTarget> entries;
+            for (const FillTarget& t : targets) {
+                const std::size_t i = items[t.index];
+                const std::vector<MemberData>& from = members[t.index];
+                if (t.members.size() != from.size()) return Internal("filled member count");
+                for (std::size_t m = 0; m < from.size(); ++m) {
+                    // Members 0 and 1 (indices, values) of an external object are the fill's.
+                    if (external[i] && m < 2) continue;
+                    if (t.members[m].size() != from[m].bytes.size()) {
+                        return Internal("filled member size");
+                    }
+                    if (!from[m].bytes.empty()) {
+                        copies.push_back({t.members[m].data(), from[m].bytes.data(),
+                                          from[m].bytes.size()});
+                    }
+                }
+                if (external[i]) {
+                    std::uint64_t index_bytes = 0, value_bytes = 0;
+                    EntryBytes(objects[i]->desc, index_bytes, value_bytes);
+                    if (t.members[0].size() != index_bytes || t.members[1].size() != value_bytes) {
+                        return Internal("filled entry size");
+                    }
+                    entries.push_back({i, t.members[0], t.members[1], t.pinned});
+                }
+            }
+            ParallelCopies(copies, num_threads == 0 ? DefaultCopyThreads()
+                                                    : static_cast<unsigned>(num_threads));
+            if (!entries.empty()) {
+                fill_status = fill ? fill(entries)
+                                   : InvalidArgument("objects without their entries and no fill");
+            }
+            return fill_status;
+        };
+        // Sources are found through manifests, never listed.
+        const Status put = store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill_members,
+                                             host_pool_.get());
+        if (!put.ok()) {
+            undo();
+            if (!fill_status.ok()) return fill_status;
+            return FailedPrecondition("the batch's objects cannot be written together (" +
+                                      put.message() + "): commit them object by object");
+        }
+        for (std::size_t i : items) written.push_back(objects[i]->desc.source_ref);
+    }
+    // 3. Manifest entries and heads.
+    for (std::size_t i : write) {
+        results[i] = PublishCommitLocked(*objects[i], metadata[i], heads[i], batch, bytes_of(i));
+    }
+    return Status::Ok();
 }
 
 Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generation,

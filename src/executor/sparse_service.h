@@ -61,6 +61,19 @@ struct CommitResult {
     std::uint64_t bytes = 0;
 };
 
+/// Where the entries of one indexed object go in a PutIndexedObjects commit: its indices and
+/// values members in their final memory in the store (no staging), not yet visible.
+struct EntryTarget {
+    std::size_t object = 0;        ///< Into the PutIndexedObjects batch.
+    std::span<std::byte> indices;  ///< Exactly nnz * rank * index dtype size bytes.
+    std::span<std::byte> values;   ///< Exactly nnz * value dtype size bytes.
+    bool pinned = false;           ///< Page-locked: a device-to-host copy runs at full speed.
+};
+
+/// Writes the entries of every target (e.g. device-to-host copies that have completed when it
+/// returns). An error abandons the whole commit: nothing of it stays in the store.
+using EntryFill = std::function<Status(std::span<const EntryTarget> targets)>;
+
 /// A target-local object: entries in the target's local coordinates (its own tile index over
 /// [0, local_shape)), same apply mode as its sources.
 struct TargetObject {
@@ -211,6 +224,16 @@ public:
     /// fails alone and leaves nothing of itself behind. The default commits them one by one.
     virtual std::vector<Result<CommitResult>> PutSparseObjects(
         std::span<const PutSparseRequest> requests, int num_threads = 0);
+    /// A batch of objects built already (descriptor, tile index and checksums), some of them
+    /// indexed without their entries, which `fill` writes straight into the store's memory
+    /// (a commit from GPU memory): one result per object, in order, as CommitSparseObjects
+    /// gives them. The default: Unimplemented (the caller commits through PutSparseObjects).
+    virtual Result<std::vector<Result<CommitResult>>> PutIndexedObjects(
+        std::vector<SparseObject> objects, const std::vector<bool>& hard_pin,
+        const EntryFill& fill, int num_threads = 0) {
+        (void)objects, (void)hard_pin, (void)fill, (void)num_threads;
+        return Unimplemented("this store does not commit indexed objects");
+    }
     /// Single-owner admission among writers racing for one logical key.
     virtual Result<bool> Admit(std::string_view tensor_id, Generation generation,
                                const PlacementPolicy& policy, const NamedAxes& source_placement,

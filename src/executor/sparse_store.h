@@ -128,6 +128,25 @@ public:
                                                           const std::vector<bool>& hard_pin,
                                                           int num_threads = 0);
 
+    /// Commits a batch of built objects, as CommitSparseObjects does (one result per object, in
+    /// order; fencing, idempotence, conflicts, step seals, manifest entries and metrics alike),
+    /// where an object may be indexed without its entries: desc.nnz > 0 with `indices` and
+    /// `values` empty, its descriptor, tile index and checksums set (IndexSourceObject's, or
+    /// FinishCanonicalEntries'). `fill` writes those objects' entries straight into the store's
+    /// memory of the objects (EntryTarget), with every object of a pin class in one PutFilled:
+    /// it is called once or twice (hard-pinned objects, then the others), never for objects that
+    /// fail their checks or are idempotent retries. The other objects' members are copied from
+    /// the objects. An object that fails (malformed members, bad descriptor, Conflict,
+    /// StaleGeneration, a sealed step) fails alone and leaves nothing of itself behind.
+    /// Errors, of the whole call, which then has committed nothing and left nothing behind:
+    /// FailedPrecondition (the store does not fill objects in place, the batch holds two
+    /// generations of one tensor, or its objects cannot be written by one PutFilled per pin
+    /// class, e.g. a store too full for all of them: PutSparseObjects commits such a batch
+    /// object by object); whatever `fill` returns.
+    Result<std::vector<Result<CommitResult>>> PutIndexedObjects(
+        std::vector<SparseObject> objects, const std::vector<bool>& hard_pin,
+        const EntryFill& fill, int num_threads = 0) override;
+
     /// Store-side single-owner admission: among writers racing for one logical key, exactly one
     /// gets true (a retry by the winner gets true again).
     /// Errors: InvalidArgument.
@@ -325,6 +344,21 @@ private:
     void CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
                      const std::vector<bool>& hard_pin, std::vector<Result<CommitResult>>& results,
                      int num_threads, std::span<const EntryViews> entries = {});
+    /// PrepareCommit of every object (null: failed already), in parallel: one that fails is
+    /// reset and its result set.
+    void PrepareCommits(std::vector<std::optional<SparseObject>>& objects,
+                        std::vector<std::string>& metadata,
+                        std::vector<Result<CommitResult>>& results, int num_threads);
+    /// PutIndexedObjects' commits with commit_mu_ held: CommitFilledLocked's checks, then one
+    /// PutFilled per pin class in which `fill` writes the entries of the objects that
+    /// `external` marks, then the manifest entries and heads. On error nothing it wrote stays.
+    Status CommitIndexedLocked(std::vector<std::optional<SparseObject>>& objects,
+                               const std::vector<std::string>& metadata,
+                               const std::vector<bool>& hard_pin,
+                               const std::vector<bool>& external, const EntryFill& fill,
+                               std::vector<Result<CommitResult>>& results,
+                               std::vector<const SparseObject*>& committed, CommitBatch& batch,
+                               int num_threads);
     std::string ManifestKeyOf(const SourceDescriptor& d) const;
     /// Creates the pending record of a seal of `step` (taking over a crashed sealer's) and
     /// returns its expiry. Errors: FailedPrecondition (another seal is in progress).
@@ -437,6 +471,16 @@ Result<SparseObject> BuildSourceObject(const PutSparseRequest& request);
 /// checksums, its indices and values left empty (they are exactly request.indices and
 /// request.values). nullopt otherwise (BuildSourceObject then encodes, or reports the error).
 std::optional<SparseObject> IndexSourceObject(const PutSparseRequest& request);
+
+/// IndexSourceObject's checks that read no entry, for a request whose entries are not in host
+/// memory (they lie on a GPU, as `entries` describes them; request.indices and request.values
+/// are not used): the descriptor of its object (PlanCanonicalEntries: box, tile shape, dtypes
+/// and nnz set), or nullopt where IndexSourceObject would not take the entries as they are,
+/// whatever they hold (BuildSourceObject then decides, errors included). Entries that are
+/// canonical for the plan make, through FinishCanonicalEntries, the object IndexSourceObject
+/// makes.
+std::optional<SourceDescriptor> PlanIndexedSource(const PutSparseRequest& request,
+                                                  const CooLayout& entries);
 
 /// "base-delta": how a generation appears in keys.
 std::string GenerationTag(Generation generation);
