@@ -3,10 +3,13 @@
 // Encode walks each tensor as "chunks": one chunk is one row of one tile. Chunks are numbered in
 // output order (tile, then row within the tile), so an exclusive scan of per-chunk counts gives
 // every chunk its output offset and the entries come out sorted by (tile, element) without a
-// sort. Two passes over (new, old): count, then write; one warp per chunk, 16-byte loads, warp
-// scans for in-order compaction. A batch numbers the chunks of all its tensors in one sequence,
-// so one scan and one launch per pass (per dtype group) cover every tensor; a warp finds its
-// tensor by a binary search of the batch's chunk prefix.
+// sort. Two passes: the first reads (new, old) once with 16-byte loads, counts each chunk's kept
+// elements and writes a bitmask of them (one bit per element); the second reads only the mask
+// and, at its set bits, the values, and writes the entries in order (warp scans for in-order
+// compaction). Each warp takes a few consecutive chunks of one tensor. A batch numbers the
+// chunks of all its tensors in one sequence, so one scan and one launch per pass (per dtype
+// group) cover every tensor; a warp finds its tensor by a binary search of the group's warp
+// prefix.
 #include "cuda/gpu_codec.h"
 
 #include <cuda_bf16.h>
@@ -39,6 +42,22 @@ Status CudaError(cudaError_t e, const char* what) {
 
 cudaStream_t AsStream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
+/// A run of chunks within one tile: chunk k and those after it in the same tile, which are the
+/// tile's next rows: (i0, i1), then i1 + 1, wrapping to i1_first (and i0 + 1) at i1_end.
+struct ChunkRun {
+    std::uint32_t i0, i1;
+    std::uint32_t i1_first, i1_end;
+    std::uint32_t col0, len;
+    std::uint64_t left;  ///< Chunks from k to the tile's last, both included.
+
+    __device__ __forceinline__ void NextRow() {
+        if (++i1 == i1_end) {
+            i1 = i1_first;
+            ++i0;
+        }
+    }
+};
+
 /// A tensor of rank 1 to 3 seen as [a, b, c] (rank 1: a = b = 1; rank 2: a = 1), tiled by
 /// [ta, tb, tc]. Chunk k in output order: tile (t0, t1, t2) in row-major order, then row (i0, i1)
 /// within the tile; a chunk spans min(tc, c - t2 * tc) elements of one row.
@@ -52,8 +71,8 @@ struct ChunkGeometry {
         return std::uint64_t(tiles_a) * tiles_b * tiles_c;
     }
 
-    __device__ void Locate(std::uint64_t k, std::uint32_t& i0, std::uint32_t& i1,
-                           std::uint32_t& col0, std::uint32_t& len) const {
+    /// Chunk k's row, columns and the rest of its tile.
+    __device__ ChunkRun Locate(std::uint64_t k) const {
         const std::uint64_t slab = std::uint64_t(ta) * b * tiles_c;  // chunks of a full t0 slab
         const std::uint32_t t0 = std::uint32_t(k / slab);
         std::uint64_t rem = k - std::uint64_t(t0) * slab;
@@ -65,10 +84,21 @@ struct ChunkGeometry {
         const std::uint64_t per_tile = std::uint64_t(h0) * h1;
         const std::uint32_t t2 = std::uint32_t(rem / per_tile);
         const std::uint64_t r = rem - std::uint64_t(t2) * per_tile;
-        i0 = t0 * ta + std::uint32_t(r / h1);
-        i1 = t1 * tb + std::uint32_t(r % h1);
-        col0 = t2 * tc;
-        len = min(tc, c - col0);
+        ChunkRun run;
+        run.i0 = t0 * ta + std::uint32_t(r / h1);
+        run.i1_first = t1 * tb;
+        run.i1_end = run.i1_first + h1;
+        run.i1 = run.i1_first + std::uint32_t(r % h1);
+        run.col0 = t2 * tc;
+        run.len = min(tc, c - run.col0);
+        run.left = per_tile - r;
+        return run;
+    }
+
+    /// Element index of row (i0, i1), column col.
+    __device__ __forceinline__ std::uint64_t Element(std::uint32_t i0, std::uint32_t i1,
+                                                     std::uint32_t col) const {
+        return (std::uint64_t(i0) * b + i1) * c + col;
     }
 
     /// Tile t (row-major): its coordinates, first chunk and number of chunks.
@@ -117,22 +147,92 @@ struct Bits<float> {
     static __device__ U FromFloat(float f) { return __float_as_uint(f); }
 };
 
-/// Whether element (n, o) is kept, and its output value bits.
+/// The value a kept element stores: new (overwrite) or new - old rounded to the dtype
+/// (scatter_add).
 template <typename T, bool kOverwrite>
-__device__ __forceinline__ bool Keep(typename Bits<T>::U n, typename Bits<T>::U o, float threshold,
-                                     typename Bits<T>::U& out) {
+__device__ __forceinline__ typename Bits<T>::U Stored(typename Bits<T>::U n, typename Bits<T>::U o) {
     if constexpr (kOverwrite) {
-        out = n;
-        return n != o;
+        return n;
     } else {
-        const float d = Bits<T>::ToFloat(n) - Bits<T>::ToFloat(o);
-        out = Bits<T>::FromFloat(d);
-        const float back = Bits<T>::ToFloat(out);
-        return fabsf(d) > threshold && back != 0.0f;
+        return Bits<T>::FromFloat(Bits<T>::ToFloat(n) - Bits<T>::ToFloat(o));
     }
 }
 
+/// Whether element (n, o) is kept: overwrite where the bits differ; scatter_add where
+/// |new - old| > threshold and the stored difference (Stored) is not zero.
+template <typename T, bool kOverwrite>
+__device__ __forceinline__ bool Keep(typename Bits<T>::U n, typename Bits<T>::U o, float threshold) {
+    if constexpr (kOverwrite) {
+        return n != o;
+    } else {
+        const float d = Bits<T>::ToFloat(n) - Bits<T>::ToFloat(o);
+        return fabsf(d) > threshold && Bits<T>::ToFloat(Bits<T>::FromFloat(d)) != 0.0f;
+    }
+}
+
+/// 32-bit words that hold eight elements of U.
+template <typename U>
+constexpr int kWords8 = 2 * int(sizeof(U));
+
+/// Eight consecutive elements at p as words (element e in word e / 2, low half first, for 16-bit
+/// types): one or two 16-byte loads when `vec` (p 16-byte aligned, all eight in range), else the
+/// first `count` one by one and zeros after them.
+template <typename U>
+__device__ __forceinline__ void Load8(const U* p, bool vec, std::uint32_t count,
+                                      std::uint32_t (&w)[kWords8<U>]) {
+    if (vec) {
+#pragma unroll
+        for (int h = 0; h < kWords8<U> / 4; ++h) {
+            const uint4 x = __ldg(reinterpret_cast<const uint4*>(p) + h);
+            w[4 * h] = x.x;
+            w[4 * h + 1] = x.y;
+            w[4 * h + 2] = x.z;
+            w[4 * h + 3] = x.w;
+        }
+    } else {
+        U v[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[e] = std::uint32_t(e) < count ? p[e] : U(0);
+#pragma unroll
+        for (int i = 0; i < kWords8<U>; ++i) {
+            if constexpr (sizeof(U) == 2) {
+                w[i] = std::uint32_t(v[2 * i]) | (std::uint32_t(v[2 * i + 1]) << 16);
+            } else {
+                w[i] = v[i];
+            }
+        }
+    }
+}
+
+/// Element e of eight loaded by Load8 (little endian: the lower address is the low half).
+template <typename U>
+__device__ __forceinline__ U Element8(const std::uint32_t (&w)[kWords8<U>], int e) {
+    if constexpr (sizeof(U) == 2) {
+        return U(e % 2 == 0 ? w[e / 2] & 0xffffu : w[e / 2] >> 16);
+    } else {
+        return U(w[e]);
+    }
+}
+
+__device__ __forceinline__ std::uint32_t WarpSum(std::uint32_t v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    return __reduce_add_sync(0xffffffffu, v);
+#else
+#pragma unroll
+    for (int dd = 16; dd > 0; dd >>= 1) v += __shfl_xor_sync(0xffffffffu, v, dd);
+    return v;
+#endif
+}
+
 constexpr int kWarpsPerBlock = 8;
+/// Elements of one warp step in the mask pass: 8 consecutive ones per lane, so a step covers
+/// 256 elements in order and its mask is 32 consecutive bytes, one per lane.
+constexpr std::uint32_t kStep = 256;
+/// Steps whose loads a warp of the mask pass has in flight together: 96 bytes per lane for
+/// 16-bit types, 128 for float32, within the registers that let three blocks share an SM.
+template <typename U>
+constexpr int kUnits = sizeof(U) == 2 ? 3 : 2;
+constexpr int kMaskBlocksPerSm = 3;
 
 /// One tensor of an encode batch, as the kernels see it.
 struct EncodeDesc {
@@ -142,100 +242,195 @@ struct EncodeDesc {
     void* out_val;
     std::uint32_t* out_coords;
     std::uint64_t* out_ptr;
+    std::uint8_t* mask;          ///< Chunk k's kept elements: mask + k * mask_stride, in the workspace.
     ChunkGeometry g;
     std::uint64_t chunk_begin;   ///< Into the batch's chunk sequence.
     std::uint64_t tile_begin;    ///< Into the batch's tile sequence.
     std::uint32_t rank;
+    std::uint32_t mask_stride;   ///< Bytes per chunk: ceil(tc / 8) rounded up to 4.
+    std::uint32_t per_warp;      ///< Consecutive chunks per warp (the last warp takes the rest).
 };
 
-/// Pass 1 (kWrite = false): per-chunk counts. Pass 2 (kWrite = true): the entries, written at
-/// each chunk's offset within its tensor. One warp per chunk of one dtype group: `items` are
-/// the group's tensors, `prefix` their chunk prefix within the group. Each lane takes 8
-/// consecutive elements per step so one step covers 256 elements in order.
-template <typename T, bool kOverwrite, bool kWrite, typename I>
-__global__ void ChunkKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict__ items,
-                            const std::uint64_t* __restrict__ prefix, std::uint32_t num_items,
-                            std::uint64_t num_chunks, float threshold, std::uint64_t* __restrict__ counts,
-                            const std::uint64_t* __restrict__ offsets) {
+/// Pass 1: per chunk, the number of kept elements (counts[chunk]) and their mask: byte b of a
+/// chunk's mask holds elements 8 b to 8 b + 7 of the chunk (bit e: element 8 b + e), and every
+/// byte up to its last 4-byte word is written (zero past the chunk's end), so pass 2 reads it in
+/// words. One warp takes `per_warp` consecutive chunks of one tensor of one dtype group: `items`
+/// are the group's tensors, `prefix` their warp prefix within the group. The warp walks its
+/// chunks as a sequence of steps (256 elements of one chunk) and loads kUnits steps before it
+/// tests any; lane l writes byte l of a step's 32 mask bytes, so the mask writes coalesce.
+template <typename T, bool kOverwrite>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, kMaskBlocksPerSm)
+MaskKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict__ items,
+           const std::uint64_t* __restrict__ prefix, std::uint32_t num_items, std::uint64_t num_warps,
+           float threshold, std::uint64_t* __restrict__ counts) {
     using U = typename Bits<T>::U;
-    const int lane = threadIdx.x & 31;
-    const std::uint64_t gchunk = std::uint64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-    if (gchunk >= num_chunks) return;
-    const std::uint32_t j = FindSegment(prefix, num_items, gchunk);
+    const std::uint32_t lane = threadIdx.x & 31;
+    const std::uint64_t gwarp = std::uint64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+    if (gwarp >= num_warps) return;
+    const std::uint32_t j = FindSegment(prefix, num_items, gwarp);
     const EncodeDesc& d = descs[items[j]];
-    const std::uint64_t local = gchunk - prefix[j];
-    const ChunkGeometry& g = d.g;
-    std::uint32_t i0, i1, col0, len;
-    g.Locate(local, i0, i1, col0, len);
+    const ChunkGeometry g = d.g;
     const auto* nw = static_cast<const U*>(d.nw);
     const auto* od = static_cast<const U*>(d.od);
-    const std::uint64_t base = (std::uint64_t(i0) * g.b + i1) * g.c + col0;
-    const std::uint64_t chunk = d.chunk_begin + local;
-    std::uint64_t cursor = kWrite ? offsets[chunk] - offsets[d.chunk_begin] : 0;
-    I* out_idx = static_cast<I*>(d.out_idx);
-    U* out_val = static_cast<U*>(d.out_val);
+    const bool vec_ok =
+        ((reinterpret_cast<std::uintptr_t>(nw) | reinterpret_cast<std::uintptr_t>(od)) % 16) == 0;
+    std::uint8_t* const mask = d.mask;
+    const std::uint32_t stride = d.mask_stride;
+    std::uint64_t* const item_counts = counts + d.chunk_begin;
+    std::uint64_t k = (gwarp - prefix[j]) * d.per_warp;
+    // Chunks of this warp from k on (the last warp of a tensor takes fewer).
+    auto todo = std::uint32_t(min(std::uint64_t(d.per_warp), g.NumChunks() - k));
+    std::uint32_t acc = 0;  // this lane's kept elements of the current chunk so far
+    while (todo > 0) {
+        ChunkRun run = g.Locate(k);
+        const auto n = std::uint32_t(min(std::uint64_t(todo), run.left));
+        const std::uint32_t len = run.len;
+        std::uint8_t* const run_mask = mask + k * stride;
+        // Two cursors over the run's steps: (q, s) is the next step to load, elements [s, s + 256)
+        // of chunk k + q (row run.i0, run.i1); (tq, ts) the next to test, kUnits steps behind
+        // after the loads. Every condition below is the same on all lanes, so the warp stays
+        // converged.
+        std::uint32_t q = 0, s = 0, tq = 0, ts = 0;
+        while (q < n) {
+            constexpr int kU = kUnits<U>;
+            std::uint32_t nv[kU][kWords8<U>], ov[kU][kWords8<U>];
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                if (q >= n) break;
+                const std::uint32_t rem = min(len - s, kStep);  // elements of this step
+                const std::uint64_t row = g.Element(run.i0, run.i1, run.col0);
+                const bool aligned = vec_ok && (row * sizeof(U)) % 16 == 0;
+                const std::uint32_t mine = lane * 8 < rem ? rem - lane * 8 : 0;
+                const std::uint64_t at = row + s + lane * 8;
+                Load8(nw + at, aligned && mine >= 8, mine, nv[u]);
+                Load8(od + at, aligned && mine >= 8, mine, ov[u]);
+                if (len - s <= kStep) {  // the chunk's last step
+                    s = 0;
+                    ++q;
+                    run.NextRow();
+                } else {
+                    s += kStep;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                if (tq >= n) break;
+                const std::uint32_t rem = min(len - ts, kStep);
+                std::uint32_t bits = 0;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    if (lane * 8 + e < rem &&
+                        Keep<T, kOverwrite>(Element8<U>(nv[u], e), Element8<U>(ov[u], e), threshold)) {
+                        bits |= 1u << e;
+                    }
+                }
+                if (lane < (rem + 31) / 32 * 4) {
+                    run_mask[std::uint64_t(tq) * stride + ts / 8 + lane] = std::uint8_t(bits);
+                }
+                acc += __popc(bits);
+                if (len - ts <= kStep) {
+                    const std::uint32_t total = WarpSum(acc);
+                    if (lane == 0) item_counts[k + tq] = total;
+                    acc = 0;
+                    ts = 0;
+                    ++tq;
+                } else {
+                    ts += kStep;
+                }
+            }
+        }
+        k += n;
+        todo -= n;
+    }
+}
+
+/// Pass 2: the entries of each chunk, found in its mask and written at the chunk's offset within
+/// its tensor; the warps take the chunks pass 1 gave them. The mask is read in steps of 32 words,
+/// one per lane (word w: elements 32 w to 32 w + 31 of the chunk, bit i element 32 w + i).
+/// Chunks without entries are skipped by their offsets, steps without a set bit by one vote, and
+/// a chunk ends once its entries are written; a warp scan of the words' set bits compacts the
+/// rest in element order.
+template <typename T, bool kOverwrite, typename I>
+__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+WriteKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict__ items,
+            const std::uint64_t* __restrict__ prefix, std::uint32_t num_items, std::uint64_t num_warps,
+            const std::uint64_t* __restrict__ offsets) {
+    using U = typename Bits<T>::U;
+    const std::uint32_t lane = threadIdx.x & 31;
+    const std::uint64_t gwarp = std::uint64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+    if (gwarp >= num_warps) return;
+    const std::uint32_t j = FindSegment(prefix, num_items, gwarp);
+    const EncodeDesc& d = descs[items[j]];
+    const ChunkGeometry g = d.g;
+    const auto* nw = static_cast<const U*>(d.nw);
+    const auto* od = static_cast<const U*>(d.od);
+    I* const out_idx = static_cast<I*>(d.out_idx);
+    U* const out_val = static_cast<U*>(d.out_val);
     const std::uint32_t rank = d.rank;
-    std::uint32_t total = 0;
-    constexpr int kPer = 8;
-    for (std::uint32_t step = 0; step < len; step += 32 * kPer) {
-        const std::uint32_t first = step + lane * kPer;
-        U nv[kPer], ov[kPer];
-        const bool full = first + kPer <= len;
-        const bool aligned = ((base + first) * sizeof(U)) % 16 == 0 &&
-                             reinterpret_cast<std::uintptr_t>(nw) % 16 == 0 &&
-                             reinterpret_cast<std::uintptr_t>(od) % 16 == 0;
-        if (full && aligned && sizeof(U) * kPer == 16) {
-            *reinterpret_cast<uint4*>(nv) = __ldg(reinterpret_cast<const uint4*>(nw + base + first));
-            *reinterpret_cast<uint4*>(ov) = __ldg(reinterpret_cast<const uint4*>(od + base + first));
-        } else {
+    const std::uint8_t* const mask = d.mask;
+    const std::uint32_t stride = d.mask_stride;
+    const std::uint64_t* const item_offsets = offsets + d.chunk_begin;
+    const std::uint64_t item_first = item_offsets[0];
+    std::uint64_t k = (gwarp - prefix[j]) * d.per_warp;
+    auto todo_chunks = std::uint32_t(min(std::uint64_t(d.per_warp), g.NumChunks() - k));
+    std::uint64_t next = item_offsets[k];  // the first entry of chunk k (batch numbering)
+    while (todo_chunks > 0) {
+        ChunkRun run = g.Locate(k);
+        const auto n = std::uint32_t(min(std::uint64_t(todo_chunks), run.left));
+        const std::uint32_t len = run.len;
+        const std::uint32_t words = len / 32 + (len % 32 != 0 ? 1u : 0u);
+        for (std::uint32_t q = 0; q < n; ++q, run.NextRow()) {
+            const std::uint64_t first = next;
+            next = item_offsets[k + q + 1];
+            std::uint64_t todo = next - first;  // entries of chunk k + q not yet written
+            std::uint64_t cursor = first - item_first;
+            const auto* bits = reinterpret_cast<const std::uint32_t*>(mask + (k + q) * stride);
+            const std::uint64_t row = g.Element(run.i0, run.i1, run.col0);
+            for (std::uint32_t w0 = 0; todo > 0 && w0 < words; w0 += 32) {
+                const std::uint32_t w = w0 + lane;
+                std::uint32_t m = 0;
+                if (w < words) {
+                    m = bits[w];
+                    const std::uint32_t valid = len - w * 32;  // at least 1: w * 32 < len
+                    if (valid < 32) m &= (1u << valid) - 1u;
+                }
+                if (!__any_sync(0xffffffffu, m != 0)) continue;
+                const std::uint32_t mine = __popc(m);
+                // Inclusive warp scan of per-lane counts keeps the output in element order.
+                std::uint32_t incl = mine;
 #pragma unroll
-            for (int k = 0; k < kPer; ++k) {
-                const bool in = first + k < len;
-                nv[k] = in ? nw[base + first + k] : U(0);
-                ov[k] = in ? od[base + first + k] : U(0);
-            }
-        }
-        std::uint32_t mask = 0;
-        U keep_val[kPer];
-#pragma unroll
-        for (int k = 0; k < kPer; ++k) {
-            if (first + k < len && Keep<T, kOverwrite>(nv[k], ov[k], threshold, keep_val[k])) {
-                mask |= 1u << k;
-            }
-        }
-        const std::uint32_t mine = __popc(mask);
-        // Inclusive warp scan of per-lane counts keeps the output in element order.
-        std::uint32_t incl = mine;
-#pragma unroll
-        for (int dd = 1; dd < 32; dd <<= 1) {
-            const std::uint32_t v = __shfl_up_sync(0xffffffffu, incl, dd);
-            if (lane >= dd) incl += v;
-        }
-        const std::uint32_t step_total = __shfl_sync(0xffffffffu, incl, 31);
-        if constexpr (kWrite) {
-            std::uint64_t pos = cursor + (incl - mine);
-#pragma unroll
-            for (int k = 0; k < kPer; ++k) {
-                if (mask & (1u << k)) {
-                    const std::uint32_t col = col0 + first + k;
+                for (std::uint32_t dd = 1; dd < 32; dd <<= 1) {
+                    const std::uint32_t v = __shfl_up_sync(0xffffffffu, incl, dd);
+                    if (lane >= dd) incl += v;
+                }
+                const std::uint32_t step_total = __shfl_sync(0xffffffffu, incl, 31);
+                std::uint64_t pos = cursor + (incl - mine);
+                while (m != 0) {
+                    const std::uint32_t e = w * 32 + std::uint32_t(__ffs(int(m)) - 1);
+                    m &= m - 1u;
+                    const std::uint32_t col = run.col0 + e;
                     I* at = out_idx + pos * rank;
                     if (rank == 3) {
-                        at[0] = I(i0); at[1] = I(i1); at[2] = I(col);
+                        at[0] = I(run.i0); at[1] = I(run.i1); at[2] = I(col);
                     } else if (rank == 2) {
-                        at[0] = I(i1); at[1] = I(col);
+                        at[0] = I(run.i1); at[1] = I(col);
                     } else {
                         at[0] = I(col);
                     }
-                    out_val[pos] = keep_val[k];
+                    const std::uint64_t el = row + e;
+                    if constexpr (kOverwrite) {
+                        out_val[pos] = nw[el];
+                    } else {
+                        out_val[pos] = Stored<T, false>(nw[el], od[el]);
+                    }
                     ++pos;
                 }
+                cursor += step_total;
+                todo -= step_total;
             }
-            cursor += step_total;
         }
-        total += step_total;
-    }
-    if constexpr (!kWrite) {
-        if (lane == 0) counts[chunk] = total;
+        k += n;
+        todo_chunks -= n;
     }
 }
 
@@ -430,34 +625,29 @@ struct EncodePlan {
 
 constexpr std::uint64_t kMaxChunksPerPass = std::uint64_t(1) << 24;
 
-template <typename T, bool kOverwrite, bool kWrite>
-void LaunchChunks(bool wide, unsigned blocks, const EncodeDesc* descs, const std::uint32_t* items,
-                  const std::uint64_t* prefix, std::uint32_t n, std::uint64_t chunks, float th,
-                  std::uint64_t* counts, const std::uint64_t* offsets, cudaStream_t s) {
-    if (wide) {
-        ChunkKernel<T, kOverwrite, kWrite, std::uint32_t><<<blocks, 32 * kWarpsPerBlock, 0, s>>>(
-            descs, items, prefix, n, chunks, th, counts, offsets);
-    } else {
-        ChunkKernel<T, kOverwrite, kWrite, std::uint16_t><<<blocks, 32 * kWarpsPerBlock, 0, s>>>(
-            descs, items, prefix, n, chunks, th, counts, offsets);
-    }
+/// Chunks per warp of a tensor whose chunks are tc elements long: about kWarpElements elements,
+/// so that a warp's work before its first load (finding its tensor and chunk) is paid once per
+/// several steps, but at most kMaxChunksPerWarp chunks.
+constexpr std::uint32_t kWarpElements = 4096;
+constexpr std::uint32_t kMaxChunksPerWarp = 32;
+
+std::uint32_t ChunksPerWarp(std::uint32_t tc) {
+    return std::clamp<std::uint32_t>(kWarpElements / std::max<std::uint32_t>(tc, 1), 1, kMaxChunksPerWarp);
 }
 
-template <bool kWrite>
-void LaunchGroup(int value_class, bool overwrite, bool wide, unsigned blocks, const EncodeDesc* descs,
-                 const std::uint32_t* items, const std::uint64_t* prefix, std::uint32_t n,
-                 std::uint64_t chunks, float th, std::uint64_t* counts, const std::uint64_t* offsets,
-                 cudaStream_t s) {
-    auto go = [&]<typename T>() {
+/// Calls f.template operator()<T, kOverwrite>() for a group's value class and the apply mode.
+template <typename F>
+void ForGroup(int value_class, bool overwrite, F&& f) {
+    auto by_mode = [&]<typename T>() {
         if (overwrite) {
-            LaunchChunks<T, true, kWrite>(wide, blocks, descs, items, prefix, n, chunks, th, counts, offsets, s);
+            f.template operator()<T, true>();
         } else {
-            LaunchChunks<T, false, kWrite>(wide, blocks, descs, items, prefix, n, chunks, th, counts, offsets, s);
+            f.template operator()<T, false>();
         }
     };
-    if (value_class == 0) go.template operator()<__nv_bfloat16>();
-    else if (value_class == 1) go.template operator()<__half>();
-    else go.template operator()<float>();
+    if (value_class == 0) by_mode.template operator()<__nv_bfloat16>();
+    else if (value_class == 1) by_mode.template operator()<__half>();
+    else by_mode.template operator()<float>();
 }
 
 /// Encodes items [lo, hi) of a prepared batch (one sub-batch: one workspace, one host sync,
@@ -470,9 +660,11 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
     const float th = float(opt.threshold);
     const bool overwrite = opt.apply == ApplyMode::kOverwrite;
     const auto n = std::uint32_t(hi - lo);
-    // Host tables: descriptors, chunk/tile prefixes, and per group its items and chunk prefix.
+    // Host tables: descriptors, chunk/tile prefixes, each item's mask offset, and per group its
+    // items and warp prefix.
     std::vector<EncodeDesc> descs(n);
-    std::vector<std::uint64_t> chunk_begin(n + 1, 0), tile_begin(n + 1, 0);
+    std::vector<std::uint64_t> chunk_begin(n + 1, 0), tile_begin(n + 1, 0), mask_at(n, 0);
+    std::uint64_t mask_bytes = 0;
     constexpr int kGroups = 6;  // (value class, wide)
     std::vector<std::uint32_t> group_items[kGroups];
     std::vector<std::uint64_t> group_prefix[kGroups];
@@ -486,14 +678,18 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
         d.rank = p.rank;
         d.chunk_begin = chunk_begin[i];
         d.tile_begin = tile_begin[i];
+        d.per_warp = ChunksPerWarp(p.g.tc);
+        d.mask_stride = std::uint32_t(AlignUp((std::uint64_t(p.g.tc) + 7) / 8, 4));
         const std::uint64_t chunks = p.g.NumChunks();
         const std::uint64_t tiles = p.g.NumTiles();
         chunk_begin[i + 1] = chunk_begin[i] + chunks;
         tile_begin[i + 1] = tile_begin[i] + tiles;
+        mask_at[i] = mask_bytes;
+        mask_bytes += chunks * d.mask_stride;
         if (chunks > 0) {
             const int g = p.value_class * 2 + (p.wide ? 1 : 0);
             group_items[g].push_back(i);
-            group_prefix[g].push_back(group_prefix[g].back() + chunks);
+            group_prefix[g].push_back(group_prefix[g].back() + (chunks + d.per_warp - 1) / d.per_warp);
         }
     }
     const std::uint64_t num_chunks = chunk_begin[n], num_tiles = tile_begin[n];
@@ -525,6 +721,7 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
     const std::uint64_t o_tile_scan = c.Add((num_tiles + 1) * 8);
     const std::uint64_t o_sizes = c.Add(std::uint64_t(n) * 16);
     const std::uint64_t o_scan_temp = c.Add(std::max(scan_chunks, scan_tiles));
+    const std::uint64_t o_mask = c.Add(mask_bytes);
     MCS_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Allocate(c.size(), device, s));
     auto* d_descs = At<EncodeDesc>(ws, o_descs);
     auto* d_chunk_begin = At<std::uint64_t>(ws, o_chunk_begin);
@@ -538,20 +735,23 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
     auto* d_tile_scan = At<std::uint64_t>(ws, o_tile_scan);
     auto* d_sizes = At<std::uint64_t>(ws, o_sizes);
     void* d_scan_temp = At<void>(ws, o_scan_temp);
+    for (std::uint32_t i = 0; i < n; ++i) descs[i].mask = At<std::uint8_t>(ws, o_mask + mask_at[i]);
     MCS_RETURN_IF_ERROR(Upload(descs, d_descs, stream));
     MCS_RETURN_IF_ERROR(Upload(chunk_begin, d_chunk_begin, stream));
     MCS_RETURN_IF_ERROR(Upload(tile_begin, d_tile_begin, stream));
     MCS_RETURN_IF_ERROR(Upload(all_items, d_items, stream));
     MCS_RETURN_IF_ERROR(Upload(all_prefix, d_prefix, stream));
-    // Pass 1: counts, one launch per group.
+    // Pass 1: counts and masks, one launch per group.
     MCS_CUDA(cudaMemsetAsync(d_counts + num_chunks, 0, 8, stream));
     for (int g = 0; g < kGroups; ++g) {
-        const std::uint64_t chunks = group_prefix[g].back();
-        if (chunks == 0) continue;
-        const auto blocks = unsigned((chunks + kWarpsPerBlock - 1) / kWarpsPerBlock);
-        LaunchGroup<false>(g / 2, overwrite, g % 2 == 1, blocks, d_descs, d_items + group_at[g],
-                           d_prefix + group_prefix_at[g], std::uint32_t(group_items[g].size()), chunks,
-                           th, d_counts, nullptr, stream);
+        const std::uint64_t warps = group_prefix[g].back();
+        if (warps == 0) continue;
+        const auto blocks = unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+        const auto items = std::uint32_t(group_items[g].size());
+        ForGroup(g / 2, overwrite, [&]<typename T, bool kOverwrite>() {
+            MaskKernel<T, kOverwrite><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+                d_descs, d_items + group_at[g], d_prefix + group_prefix_at[g], items, warps, th, d_counts);
+        });
         MCS_CUDA(cudaGetLastError());
     }
     std::size_t temp = scan_chunks;
@@ -616,14 +816,25 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
         out.push_back(std::move(e));
     }
     MCS_RETURN_IF_ERROR(Upload(descs, d_descs, stream));
-    // Pass 2: entries, one launch per group; then the tile indexes.
+    // Pass 2: entries from the masks, one launch per group; then the tile indexes.
     for (int g = 0; g < kGroups; ++g) {
-        const std::uint64_t chunks = group_prefix[g].back();
-        if (chunks == 0) continue;
-        const auto blocks = unsigned((chunks + kWarpsPerBlock - 1) / kWarpsPerBlock);
-        LaunchGroup<true>(g / 2, overwrite, g % 2 == 1, blocks, d_descs, d_items + group_at[g],
-                          d_prefix + group_prefix_at[g], std::uint32_t(group_items[g].size()), chunks,
-                          th, nullptr, d_offsets, stream);
+        const std::uint64_t warps = group_prefix[g].back();
+        if (warps == 0) continue;
+        const auto blocks = unsigned((warps + kWarpsPerBlock - 1) / kWarpsPerBlock);
+        const auto items = std::uint32_t(group_items[g].size());
+        const bool wide = g % 2 == 1;
+        ForGroup(g / 2, overwrite, [&]<typename T, bool kOverwrite>() {
+            const EncodeDesc* dd = d_descs;
+            const std::uint32_t* di = d_items + group_at[g];
+            const std::uint64_t* dp = d_prefix + group_prefix_at[g];
+            if (wide) {
+                WriteKernel<T, kOverwrite, std::uint32_t><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+                    dd, di, dp, items, warps, d_offsets);
+            } else {
+                WriteKernel<T, kOverwrite, std::uint16_t><<<blocks, 32 * kWarpsPerBlock, 0, stream>>>(
+                    dd, di, dp, items, warps, d_offsets);
+            }
+        });
         MCS_CUDA(cudaGetLastError());
     }
     if (num_tiles > 0) {
@@ -853,7 +1064,9 @@ Result<std::vector<GpuEncoded>> EncodeUpdates(std::span<const DeviceArray> news,
     }
     MCS_RETURN_IF_ERROR(UseDevice(device));
     out.reserve(news.size());
-    // Sub-batches bound the workspace (16 bytes per chunk: 256 MiB at most).
+    // Sub-batches bound the workspace's per-chunk tables (16 bytes per chunk: 256 MiB at most);
+    // the mask adds an eighth of a byte per element (each chunk's rounded up to 4 bytes), 1/32 of
+    // the bytes of a bfloat16 pair.
     std::size_t lo = 0;
     while (lo < news.size()) {
         std::size_t hi = lo;
