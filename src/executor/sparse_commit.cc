@@ -95,6 +95,16 @@ std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const st
 
 }  // namespace
 
+/// Source objects smaller than this are not placed in the pinned pool: a pinned block is at
+/// least 2 MiB, and a device read gathers a small object's few bytes through staging as fast.
+constexpr std::uint64_t kMinPinnedObjectBytes = std::uint64_t{256} << 10;
+
+/// The bytes a source object holds in the store (entries and tile index).
+std::uint64_t StoredBytes(const SparseObject& o) {
+    return o.desc.nnz * o.desc.EntryBytes() + o.tile_coords.size() * sizeof(TileCoord) +
+           o.tile_ptr.size() * sizeof(std::uint64_t);
+}
+
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
                             const PlacementPolicy& policy, const NamedAxes& placement,
                             const Box& box) {
@@ -342,10 +352,15 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
     }
     // 2. The source objects, in one PutFilled per pin class, their bytes copied in parallel.
     std::vector<bool> written(objects.size(), false);
-    for (const bool pin : {true, false}) {
+    // Per pin class and, with a pinned pool, per size class (only large objects go into it).
+    for (int cls = 0; cls < 4; ++cls) {
+        const bool pin = cls < 2;
+        const bool large = cls % 2 == 0;
         std::vector<std::size_t> items;
         for (std::size_t i : write) {
-            if (hard_pin[i] == pin) items.push_back(i);
+            const bool big =
+                host_pool_ == nullptr || StoredBytes(*objects[i]) >= kMinPinnedObjectBytes;
+            if (hard_pin[i] == pin && big == large) items.push_back(i);
         }
         if (items.empty()) continue;
         std::vector<std::vector<MemberData>> members(items.size());
@@ -380,7 +395,9 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
             return Status::Ok();
         };
         // Sources are found through manifests, never listed.
-        if (store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill, host_pool_.get()).ok()) {
+        if (store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill,
+                              large ? host_pool_.get() : nullptr)
+                .ok()) {
             for (std::size_t i : items) written[i] = true;
         }
     }
@@ -444,7 +461,7 @@ void SparseStore::CountCommits(const CommitBatch& batch) {
 }
 
 Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool hard_pin) {
-    if (host_pool_ != nullptr) {
+    if (host_pool_ != nullptr && StoredBytes(object) >= kMinPinnedObjectBytes) {
         // Through PutFilled, like a batch, so that the object lands in the pinned pool.
         std::vector<SparseObject> one;
         one.push_back(std::move(object));
@@ -532,18 +549,23 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
     {
         std::lock_guard lock(commit_mu_);
         // One PutFilled pays off when its copies can run on several threads; on one thread the
-        // object-by-object Put does the same work. With a pinned pool every batch goes through
-        // PutFilled, which places the objects in it.
+        // object-by-object Put does the same work. With a pinned pool a batch that holds an
+        // object large enough for it goes through PutFilled, which places the object there.
         std::uint64_t bytes = 0;
+        bool pool_sized = false;
         for (std::size_t i = 0; i < objects.size(); ++i) {
             if (!objects[i]) continue;
-            bytes += objects[i]->PayloadBytes() +
-                     (entries.empty() ? 0 : entries[i].indices.size() + entries[i].values.size());
+            const std::uint64_t b =
+                objects[i]->PayloadBytes() +
+                (entries.empty() ? 0 : entries[i].indices.size() + entries[i].values.size());
+            bytes += b;
+            pool_sized = pool_sized || b >= kMinPinnedObjectBytes;
         }
         constexpr std::uint64_t kBatchFillBytes = std::uint64_t{8} << 20;
         if (store_->FillsInPlace() &&
-            (host_pool_ != nullptr || (objects.size() > 1 && bytes >= kBatchFillBytes &&
-                                       internal::ResolveThreads(num_threads) > 1))) {
+            ((host_pool_ != nullptr && pool_sized) ||
+             (objects.size() > 1 && bytes >= kBatchFillBytes &&
+              internal::ResolveThreads(num_threads) > 1))) {
             CommitFilledLocked(objects, metadata, hard_pin, entries, results, committed, batch,
                                num_threads);
         } else {
@@ -675,10 +697,14 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
     const auto undo = [&] {
         for (std::string_view key : written) (void)store_->Remove(key);
     };
-    for (const bool pin : {true, false}) {
+    for (int cls = 0; cls < 4; ++cls) {
+        const bool pin = cls < 2;
+        const bool large = cls % 2 == 0;
         std::vector<std::size_t> items;
         for (std::size_t i : write) {
-            if (hard_pin[i] == pin) items.push_back(i);
+            const bool big =
+                host_pool_ == nullptr || StoredBytes(*objects[i]) >= kMinPinnedObjectBytes;
+            if (hard_pin[i] == pin && big == large) items.push_back(i);
         }
         if (items.empty()) continue;
         std::vector<std::vector<MemberData>> members(items.size());
@@ -730,7 +756,7 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
         };
         // Sources are found through manifests, never listed.
         const Status put = store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill_members,
-                                             host_pool_.get());
+                                             large ? host_pool_.get() : nullptr);
         if (!put.ok()) {
             undo();
             if (!fill_status.ok()) return fill_status;
