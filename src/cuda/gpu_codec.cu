@@ -25,22 +25,11 @@
 #include <string>
 
 #include "codec/codec.h"
+#include "cuda/cuda_util.cuh"
 #include "transport/host_copy.h"
 
 namespace mooncake::sparse::cuda {
 namespace {
-
-Status CudaError(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return Status::Ok();
-    std::string msg = std::string(what) + ": " + cudaGetErrorString(e);
-    if (e == cudaErrorMemoryAllocation) return ResourceExhausted(msg);
-    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return Unavailable(msg);
-    return Internal(msg);
-}
-
-#define MCS_CUDA(expr) MCS_RETURN_IF_ERROR(CudaError((expr), #expr))
-
-cudaStream_t AsStream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 /// A run of chunks within one tile: chunk k and those after it in the same tile, which are the
 /// tile's next rows: (i0, i1), then i1 + 1, wrapping to i1_first (and i0 + 1) at i1_end.
@@ -214,6 +203,7 @@ __device__ __forceinline__ U Element8(const std::uint32_t (&w)[kWords8<U>], int 
     }
 }
 
+/// The sum of v over the warp (all 32 lanes call it).
 __device__ __forceinline__ std::uint32_t WarpSum(std::uint32_t v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     return __reduce_add_sync(0xffffffffu, v);
@@ -228,11 +218,13 @@ constexpr int kWarpsPerBlock = 8;
 /// Elements of one warp step in the mask pass: 8 consecutive ones per lane, so a step covers
 /// 256 elements in order and its mask is 32 consecutive bytes, one per lane.
 constexpr std::uint32_t kStep = 256;
+/// Blocks of either encode pass that share an SM: their registers (at most 80 per thread) are
+/// what holds a warp's loads in flight.
+constexpr int kEncodeBlocksPerSm = 3;
 /// Steps whose loads a warp of the mask pass has in flight together: 96 bytes per lane for
-/// 16-bit types, 128 for float32, within the registers that let three blocks share an SM.
+/// 16-bit types, 128 for float32.
 template <typename U>
 constexpr int kUnits = sizeof(U) == 2 ? 3 : 2;
-constexpr int kMaskBlocksPerSm = 3;
 
 /// One tensor of an encode batch, as the kernels see it.
 struct EncodeDesc {
@@ -259,7 +251,7 @@ struct EncodeDesc {
 /// chunks as a sequence of steps (256 elements of one chunk) and loads kUnits steps before it
 /// tests any; lane l writes byte l of a step's 32 mask bytes, so the mask writes coalesce.
 template <typename T, bool kOverwrite>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock, kMaskBlocksPerSm)
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, kEncodeBlocksPerSm)
 MaskKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict__ items,
            const std::uint64_t* __restrict__ prefix, std::uint32_t num_items, std::uint64_t num_warps,
            float threshold, std::uint64_t* __restrict__ counts) {
@@ -344,14 +336,21 @@ MaskKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict
     }
 }
 
+/// Mask words a lane of pass 2 reads at once: a warp reads 256 words (8192 elements) of a run's
+/// masks per step, all its loads in flight together.
+constexpr int kWordsPerLane = 8;
+/// Entries a lane of pass 2 gathers at once: their values' loads are in flight together.
+constexpr int kGather = 4;
+
 /// Pass 2: the entries of each chunk, found in its mask and written at the chunk's offset within
-/// its tensor; the warps take the chunks pass 1 gave them. The mask is read in steps of 32 words,
-/// one per lane (word w: elements 32 w to 32 w + 31 of the chunk, bit i element 32 w + i).
-/// Chunks without entries are skipped by their offsets, steps without a set bit by one vote, and
-/// a chunk ends once its entries are written; a warp scan of the words' set bits compacts the
-/// rest in element order.
+/// its tensor; the warps take the chunks pass 1 gave them. The chunks of a run (rows of one
+/// tile) are consecutive in the output, so their entries are one range and the run's masks one
+/// sequence of words: slot word w of chunk k + q is word q * slot_words + w of the run (bit i:
+/// element 32 w + i of the chunk). A step reads 8 consecutive words per lane, skips the step if
+/// none has a set bit, and a warp scan of the words' set bits places each lane's entries, in
+/// element order; the run ends once all its entries are written.
 template <typename T, bool kOverwrite, typename I>
-__global__ void __launch_bounds__(32 * kWarpsPerBlock)
+__global__ void __launch_bounds__(32 * kWarpsPerBlock, kEncodeBlocksPerSm)
 WriteKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict__ items,
             const std::uint64_t* __restrict__ prefix, std::uint32_t num_items, std::uint64_t num_warps,
             const std::uint64_t* __restrict__ offsets) {
@@ -369,68 +368,123 @@ WriteKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restric
     const std::uint32_t rank = d.rank;
     const std::uint8_t* const mask = d.mask;
     const std::uint32_t stride = d.mask_stride;
+    const std::uint32_t slot_words = stride / 4;
     const std::uint64_t* const item_offsets = offsets + d.chunk_begin;
     const std::uint64_t item_first = item_offsets[0];
     std::uint64_t k = (gwarp - prefix[j]) * d.per_warp;
-    auto todo_chunks = std::uint32_t(min(std::uint64_t(d.per_warp), g.NumChunks() - k));
-    std::uint64_t next = item_offsets[k];  // the first entry of chunk k (batch numbering)
-    while (todo_chunks > 0) {
-        ChunkRun run = g.Locate(k);
-        const auto n = std::uint32_t(min(std::uint64_t(todo_chunks), run.left));
+    auto chunks_left = std::uint32_t(min(std::uint64_t(d.per_warp), g.NumChunks() - k));
+    while (chunks_left > 0) {
+        const ChunkRun run = g.Locate(k);
+        const auto n = std::uint32_t(min(std::uint64_t(chunks_left), run.left));
         const std::uint32_t len = run.len;
-        const std::uint32_t words = len / 32 + (len % 32 != 0 ? 1u : 0u);
-        for (std::uint32_t q = 0; q < n; ++q, run.NextRow()) {
-            const std::uint64_t first = next;
-            next = item_offsets[k + q + 1];
-            std::uint64_t todo = next - first;  // entries of chunk k + q not yet written
-            std::uint64_t cursor = first - item_first;
-            const auto* bits = reinterpret_cast<const std::uint32_t*>(mask + (k + q) * stride);
-            const std::uint64_t row = g.Element(run.i0, run.i1, run.col0);
-            for (std::uint32_t w0 = 0; todo > 0 && w0 < words; w0 += 32) {
-                const std::uint32_t w = w0 + lane;
-                std::uint32_t m = 0;
-                if (w < words) {
-                    m = bits[w];
-                    const std::uint32_t valid = len - w * 32;  // at least 1: w * 32 < len
-                    if (valid < 32) m &= (1u << valid) - 1u;
-                }
-                if (!__any_sync(0xffffffffu, m != 0)) continue;
-                const std::uint32_t mine = __popc(m);
-                // Inclusive warp scan of per-lane counts keeps the output in element order.
-                std::uint32_t incl = mine;
+        const std::uint64_t run_first = item_offsets[k];
+        // The run's entries not yet written, and its mask words (both below 2^32: ChunksPerWarp).
+        auto todo = std::uint32_t(item_offsets[k + n] - run_first);
+        const std::uint32_t total = n * slot_words;
+        std::uint64_t cursor = run_first - item_first;
+        const auto* words = reinterpret_cast<const std::uint32_t*>(mask + k * stride);
+        // Words of a chunk with elements; an edge tile's chunks leave the slot's last ones
+        // unwritten, and those are not read.
+        const std::uint32_t len_words = len / 32 + (len % 32 != 0 ? 1u : 0u);
+        const bool gaps = len_words < slot_words;
+        const bool vec = !gaps && reinterpret_cast<std::uintptr_t>(words) % 16 == 0;
+        const std::uint32_t h1 = run.i1_end - run.i1_first;
+        const std::uint32_t r0 = run.i1 - run.i1_first;  // the run's first row within its band
+        for (std::uint32_t b = 0; todo > 0 && b < total; b += 32 * kWordsPerLane) {
+            const std::uint32_t f0 = b + lane * kWordsPerLane;
+            std::uint32_t m[kWordsPerLane];
+            if (vec && f0 + kWordsPerLane <= total) {
 #pragma unroll
-                for (std::uint32_t dd = 1; dd < 32; dd <<= 1) {
-                    const std::uint32_t v = __shfl_up_sync(0xffffffffu, incl, dd);
-                    if (lane >= dd) incl += v;
+                for (int h = 0; h < kWordsPerLane / 4; ++h) {
+                    const uint4 x = __ldg(reinterpret_cast<const uint4*>(words + f0) + h);
+                    m[4 * h] = x.x;
+                    m[4 * h + 1] = x.y;
+                    m[4 * h + 2] = x.z;
+                    m[4 * h + 3] = x.w;
                 }
-                const std::uint32_t step_total = __shfl_sync(0xffffffffu, incl, 31);
-                std::uint64_t pos = cursor + (incl - mine);
-                while (m != 0) {
-                    const std::uint32_t e = w * 32 + std::uint32_t(__ffs(int(m)) - 1);
-                    m &= m - 1u;
-                    const std::uint32_t col = run.col0 + e;
-                    I* at = out_idx + pos * rank;
-                    if (rank == 3) {
-                        at[0] = I(run.i0); at[1] = I(run.i1); at[2] = I(col);
-                    } else if (rank == 2) {
-                        at[0] = I(run.i1); at[1] = I(col);
-                    } else {
-                        at[0] = I(col);
-                    }
-                    const std::uint64_t el = row + e;
-                    if constexpr (kOverwrite) {
-                        out_val[pos] = nw[el];
-                    } else {
-                        out_val[pos] = Stored<T, false>(nw[el], od[el]);
-                    }
-                    ++pos;
+            } else {
+#pragma unroll
+                for (int r = 0; r < kWordsPerLane; ++r) {
+                    const std::uint32_t f = f0 + r;
+                    const bool in = f < total && (!gaps || f % slot_words < len_words);
+                    m[r] = in ? words[f] : 0u;
                 }
-                cursor += step_total;
-                todo -= step_total;
             }
+            std::uint32_t mine = 0;
+#pragma unroll
+            for (int r = 0; r < kWordsPerLane; ++r) mine += __popc(m[r]);
+            if (!__any_sync(0xffffffffu, mine != 0)) continue;
+            // Inclusive warp scan of per-lane counts keeps the output in element order.
+            std::uint32_t incl = mine;
+#pragma unroll
+            for (std::uint32_t dd = 1; dd < 32; dd <<= 1) {
+                const std::uint32_t v = __shfl_up_sync(0xffffffffu, incl, dd);
+                if (lane >= dd) incl += v;
+            }
+            const std::uint32_t step_total = __shfl_sync(0xffffffffu, incl, 31);
+            std::uint64_t pos = cursor + (incl - mine);
+            // The lane's words in order: m[0] is word f, and the others move down one place as
+            // it is taken (register moves, where indexing m by a variable would not stay in
+            // registers).
+            std::uint32_t f = f0;
+            for (std::uint32_t left = mine; left > 0; ++f) {
+                std::uint32_t bits = m[0];
+#pragma unroll
+                for (int r = 0; r + 1 < kWordsPerLane; ++r) m[r] = m[r + 1];
+                if (bits == 0) continue;
+                left -= std::uint32_t(__popc(bits));
+                // The word's chunk k + q, its row, and the word's first element.
+                const std::uint32_t q = f / slot_words;
+                const std::uint32_t e0 = 32 * (f - q * slot_words);
+                const std::uint32_t i0 = run.i0 + (r0 + q) / h1;
+                const std::uint32_t i1 = run.i1_first + (r0 + q) % h1;
+                const std::uint64_t row = g.Element(i0, i1, run.col0);
+                while (bits != 0) {
+                    std::uint32_t e[kGather];
+                    int cnt = 0;
+#pragma unroll
+                    for (int t = 0; t < kGather; ++t) {
+                        if (bits != 0) {
+                            e[t] = e0 + std::uint32_t(__ffs(int(bits)) - 1);
+                            bits &= bits - 1u;
+                            cnt = t + 1;
+                        }
+                    }
+                    U nv[kGather], ov[kGather];
+#pragma unroll
+                    for (int t = 0; t < kGather; ++t) {
+                        if (t < cnt) {
+                            nv[t] = nw[row + e[t]];
+                            if constexpr (!kOverwrite) ov[t] = od[row + e[t]];
+                        }
+                    }
+#pragma unroll
+                    for (int t = 0; t < kGather; ++t) {
+                        if (t < cnt) {
+                            const std::uint32_t col = run.col0 + e[t];
+                            I* at = out_idx + (pos + t) * rank;
+                            if (rank == 3) {
+                                at[0] = I(i0); at[1] = I(i1); at[2] = I(col);
+                            } else if (rank == 2) {
+                                at[0] = I(i1); at[1] = I(col);
+                            } else {
+                                at[0] = I(col);
+                            }
+                            if constexpr (kOverwrite) {
+                                out_val[pos + t] = nv[t];
+                            } else {
+                                out_val[pos + t] = Stored<T, false>(nv[t], ov[t]);
+                            }
+                        }
+                    }
+                    pos += std::uint32_t(cnt);
+                }
+            }
+            cursor += step_total;
+            todo -= step_total;
         }
         k += n;
-        todo_chunks -= n;
+        chunks_left -= n;
     }
 }
 
@@ -564,18 +618,9 @@ Status CheckContiguous(const DeviceArray& a, const std::string& what) {
     return InvalidArgument(what + " must be C-contiguous");
 }
 
-Status UseDevice(int device) {
-    int current = 0;
-    MCS_CUDA(cudaGetDevice(&current));
-    if (current != device) MCS_CUDA(cudaSetDevice(device));
-    return Status::Ok();
-}
-
 std::string ItemPrefix(std::size_t n, std::size_t i) {
     return n == 1 ? std::string() : "item " + std::to_string(i) + ": ";
 }
-
-std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 
 /// Element-size class of a dtype group: 0 bfloat16, 1 float16, 2 float32.
 int ValueClass(DType t) {
@@ -627,8 +672,10 @@ constexpr std::uint64_t kMaxChunksPerPass = std::uint64_t(1) << 24;
 
 /// Chunks per warp of a tensor whose chunks are tc elements long: about kWarpElements elements,
 /// so that a warp's work before its first load (finding its tensor and chunk) is paid once per
-/// several steps, but at most kMaxChunksPerWarp chunks.
-constexpr std::uint32_t kWarpElements = 4096;
+/// several steps, but at most kMaxChunksPerWarp chunks. A warp's chunks then hold fewer than
+/// 2^32 elements and mask words (one chunk, or at most kWarpElements elements), which pass 2
+/// counts in 32 bits.
+constexpr std::uint32_t kWarpElements = 8192;
 constexpr std::uint32_t kMaxChunksPerWarp = 32;
 
 std::uint32_t ChunksPerWarp(std::uint32_t tc) {
@@ -685,7 +732,7 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
         chunk_begin[i + 1] = chunk_begin[i] + chunks;
         tile_begin[i + 1] = tile_begin[i] + tiles;
         mask_at[i] = mask_bytes;
-        mask_bytes += chunks * d.mask_stride;
+        mask_bytes = AlignUp(mask_bytes + chunks * d.mask_stride, 16);  // 16-byte loads in pass 2
         if (chunks > 0) {
             const int g = p.value_class * 2 + (p.wide ? 1 : 0);
             group_items[g].push_back(i);

@@ -30,23 +30,10 @@
 #include <string>
 
 #include "codec/xxh3.h"
+#include "cuda/cuda_util.cuh"
 
 namespace mooncake::sparse::cuda {
 namespace {
-
-Status CudaError(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return Status::Ok();
-    std::string msg = std::string(what) + ": " + cudaGetErrorString(e);
-    if (e == cudaErrorMemoryAllocation) return ResourceExhausted(msg);
-    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return Unavailable(msg);
-    return Internal(msg);
-}
-
-#define MCS_INDEX_CUDA(expr) MCS_RETURN_IF_ERROR(CudaError((expr), #expr))
-
-cudaStream_t AsStream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
-
-std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 
 /// A workspace carved out of one device allocation, each part 256-byte aligned.
 class Carve {
@@ -441,10 +428,10 @@ Result<std::vector<IndexResult>> IndexCanonicalBatch(std::span<const IndexItem> 
     }
     cudaStream_t stream = AsStream(stream_handle);
     int current = 0;
-    MCS_INDEX_CUDA(cudaGetDevice(&current));
-    if (current != device) MCS_INDEX_CUDA(cudaSetDevice(device));
+    MCS_CUDA(cudaGetDevice(&current));
+    if (current != device) MCS_CUDA(cudaSetDevice(device));
     std::size_t scan_bytes = 0;
-    MCS_INDEX_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
+    MCS_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes,
                                                  static_cast<std::uint32_t*>(nullptr),
                                                  static_cast<std::uint64_t*>(nullptr),
                                                  entry_blocks + 1, stream));
@@ -473,50 +460,50 @@ Result<std::vector<IndexResult>> IndexCanonicalBatch(std::span<const IndexItem> 
     auto* d_sums = At<std::uint64_t>(ws, o_sums);
     auto* d_out = At<ItemOut>(ws, o_out);
     const auto upload = [&](const void* host, void* dev, std::size_t bytes) -> Status {
-        MCS_INDEX_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
+        MCS_CUDA(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream));
         return Status::Ok();
     };
     MCS_RETURN_IF_ERROR(upload(descs.data(), d_descs, n * sizeof(ItemDesc)));
     MCS_RETURN_IF_ERROR(upload(members.data(), d_members, m * sizeof(MemberDesc)));
     MCS_RETURN_IF_ERROR(upload(block_prefix.data(), d_block_prefix, (n + 1) * 8));
     MCS_RETURN_IF_ERROR(upload(hash_prefix.data(), d_hash_prefix, (m + 1) * 8));
-    MCS_INDEX_CUDA(cudaMemsetAsync(d_out, 0, n * sizeof(ItemOut), stream));
-    MCS_INDEX_CUDA(cudaMemsetAsync(d_opens + entry_blocks, 0, 4, stream));
+    MCS_CUDA(cudaMemsetAsync(d_out, 0, n * sizeof(ItemOut), stream));
+    MCS_CUDA(cudaMemsetAsync(d_opens + entry_blocks, 0, 4, stream));
 
     CheckKernel<<<unsigned(entry_blocks), kThreads, 0, stream>>>(d_descs, d_block_prefix, n,
                                                                  d_opens, d_out);
-    MCS_INDEX_CUDA(cudaGetLastError());
+    MCS_CUDA(cudaGetLastError());
     std::size_t temp = scan_bytes;
-    MCS_INDEX_CUDA(cub::DeviceScan::ExclusiveSum(d_scan, temp, d_opens, d_offsets,
+    MCS_CUDA(cub::DeviceScan::ExclusiveSum(d_scan, temp, d_opens, d_offsets,
                                                  entry_blocks + 1, stream));
     TileKernel<<<unsigned(entry_blocks), kThreads, 0, stream>>>(d_descs, d_block_prefix, n,
                                                                 d_offsets, d_coords, d_ptr);
-    MCS_INDEX_CUDA(cudaGetLastError());
+    MCS_CUDA(cudaGetLastError());
     if (hash_blocks > 0) {
         HashBlocksKernel<<<Blocks(hash_blocks, kWarps), kThreads, 0, stream>>>(
             d_members, d_hash_prefix, m, hash_blocks, d_sums);
-        MCS_INDEX_CUDA(cudaGetLastError());
+        MCS_CUDA(cudaGetLastError());
     }
     HashTailKernel<<<Blocks(m, kWarps), kThreads, 0, stream>>>(d_members, m, d_sums,
                                                               d_block_prefix, d_offsets, d_out);
-    MCS_INDEX_CUDA(cudaGetLastError());
+    MCS_CUDA(cudaGetLastError());
 
     // The one host sync: every item's verdict and checksums, and (when small) the tile indexes.
     std::vector<ItemOut> out(n);
     std::vector<std::uint32_t> coords;
     std::vector<std::uint64_t> ptr;
     const bool eager = tile_room * 16 <= kEagerTileBytes;
-    MCS_INDEX_CUDA(cudaMemcpyAsync(out.data(), d_out, n * sizeof(ItemOut), cudaMemcpyDeviceToHost,
+    MCS_CUDA(cudaMemcpyAsync(out.data(), d_out, n * sizeof(ItemOut), cudaMemcpyDeviceToHost,
                                    stream));
     if (eager && tile_room > 0) {
         coords.resize(tile_room * 2);
         ptr.resize(tile_room);
-        MCS_INDEX_CUDA(cudaMemcpyAsync(coords.data(), d_coords, tile_room * 8,
+        MCS_CUDA(cudaMemcpyAsync(coords.data(), d_coords, tile_room * 8,
                                        cudaMemcpyDeviceToHost, stream));
-        MCS_INDEX_CUDA(cudaMemcpyAsync(ptr.data(), d_ptr, tile_room * 8, cudaMemcpyDeviceToHost,
+        MCS_CUDA(cudaMemcpyAsync(ptr.data(), d_ptr, tile_room * 8, cudaMemcpyDeviceToHost,
                                        stream));
     }
-    MCS_INDEX_CUDA(cudaStreamSynchronize(stream));
+    MCS_CUDA(cudaStreamSynchronize(stream));
     const auto canonical = [&](std::uint32_t k) {
         return out[k].bad == 0 && out[k].tiles >= 1 && out[k].tiles <= descs[k].tile_cap;
     };
@@ -533,13 +520,13 @@ Result<std::vector<IndexResult>> IndexCanonicalBatch(std::span<const IndexItem> 
         for (std::uint32_t k = 0; k < n; ++k) {
             if (!canonical(k)) continue;
             const std::uint64_t tiles = out[k].tiles, base = descs[k].tile_base;
-            MCS_INDEX_CUDA(cudaMemcpyAsync(coords.data() + 2 * at[k], d_coords + 2 * base,
+            MCS_CUDA(cudaMemcpyAsync(coords.data() + 2 * at[k], d_coords + 2 * base,
                                            tiles * 8, cudaMemcpyDeviceToHost, stream));
-            MCS_INDEX_CUDA(cudaMemcpyAsync(ptr.data() + at[k], d_ptr + base, tiles * 8,
+            MCS_CUDA(cudaMemcpyAsync(ptr.data() + at[k], d_ptr + base, tiles * 8,
                                            cudaMemcpyDeviceToHost, stream));
             descs[k].tile_base = at[k];  // where it now lies in `coords` / `ptr`
         }
-        MCS_INDEX_CUDA(cudaStreamSynchronize(stream));
+        MCS_CUDA(cudaStreamSynchronize(stream));
     }
     for (std::uint32_t k = 0; k < n; ++k) {
         if (!canonical(k)) continue;

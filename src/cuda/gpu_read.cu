@@ -20,22 +20,10 @@
 #include <mutex>
 #include <string>
 
+#include "cuda/cuda_util.cuh"
+
 namespace mooncake::sparse::cuda {
 namespace {
-
-Status CudaError(cudaError_t e, const char* what) {
-    if (e == cudaSuccess) return Status::Ok();
-    std::string msg = std::string(what) + ": " + cudaGetErrorString(e);
-    if (e == cudaErrorMemoryAllocation) return ResourceExhausted(msg);
-    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) return Unavailable(msg);
-    return Internal(msg);
-}
-
-#define MCS_CUDA(expr) MCS_RETURN_IF_ERROR(CudaError((expr), #expr))
-
-cudaStream_t AsStream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
-
-std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
 
 constexpr int kThreads = 256;
 constexpr std::uint64_t kGatherUnitBytes = std::uint64_t{64} << 10;
@@ -245,11 +233,11 @@ std::optional<std::uintptr_t> DeviceAddressOfHost(const void* host, int device) 
     return reinterpret_cast<std::uintptr_t>(attr.devicePointer);
 }
 
-Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::uintptr_t stream) {
+Status CopyRanges(std::span<const RangeCopy> copies, int device, std::uintptr_t stream) {
     std::vector<GatherUnit> units;
-    for (const GatherCopy& c : copies) {
-        if (c.src + c.bytes < c.src || dst.address + c.dst_offset + c.bytes < dst.address) {
-            return InvalidArgument("gather range wraps around the address space");
+    for (const RangeCopy& c : copies) {
+        if (c.src + c.bytes < c.src || c.dst + c.bytes < c.dst) {
+            return InvalidArgument("copy range wraps around the address space");
         }
         // Units end on 16-byte bounds of the source, so that every unit but a copy's first
         // starts aligned.
@@ -258,14 +246,15 @@ Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::ui
             const std::uintptr_t src = c.src + done;
             const std::uint64_t to_bound = kGatherUnitBytes - (src & 15);
             const std::uint64_t n = std::min<std::uint64_t>(c.bytes - done, to_bound);
-            units.push_back({src, dst.address + c.dst_offset + done, n});
+            units.push_back({src, c.dst + done, n});
             done += n;
         }
     }
     if (units.empty()) return Status::Ok();
+    MCS_RETURN_IF_ERROR(UseDevice(device));
     cudaStream_t s = AsStream(stream);
     MCS_ASSIGN_OR_RETURN(DeviceBuffer table,
-                         DeviceBuffer::Allocate(units.size() * sizeof(GatherUnit), dst.device, stream));
+                         DeviceBuffer::Allocate(units.size() * sizeof(GatherUnit), device, stream));
     MCS_CUDA(cudaMemcpyAsync(reinterpret_cast<void*>(table.ptr().address), units.data(),
                              units.size() * sizeof(GatherUnit), cudaMemcpyHostToDevice, s));
     // Grids of at most 2^31 - 1 blocks: 128 TiB per launch.
@@ -273,6 +262,18 @@ Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::ui
         reinterpret_cast<const GatherUnit*>(table.ptr().address));
     MCS_CUDA(cudaGetLastError());
     return Status::Ok();  // the table is freed stream-ordered, after the kernel
+}
+
+Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::uintptr_t stream) {
+    std::vector<RangeCopy> ranges;
+    ranges.reserve(copies.size());
+    for (const GatherCopy& c : copies) {
+        if (dst.address + c.dst_offset < dst.address) {
+            return InvalidArgument("gather range wraps around the address space");
+        }
+        ranges.push_back({c.src, dst.address + c.dst_offset, c.bytes});
+    }
+    return CopyRanges(ranges, dst.device, stream);
 }
 
 Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pieces,

@@ -42,6 +42,22 @@ struct GatherCopy {
 /// Errors: InvalidArgument (a range that would wrap); Unavailable / Internal (CUDA errors).
 Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::uintptr_t stream);
 
+/// One range of CopyRanges: `bytes` bytes from `src` to `dst`, each a device address (device
+/// memory, or page-locked host memory by its device address).
+struct RangeCopy {
+    std::uintptr_t src = 0;
+    std::uintptr_t dst = 0;
+    std::uint64_t bytes = 0;
+};
+
+/// Copies every range with one kernel launch on `device`, ordered on `stream` (not waited for).
+/// The kernel of GatherToDevice, for any direction: ranges written into page-locked host memory
+/// cross PCIe as the SMs' stores, one launch for any number of ranges, where the copy engine
+/// takes one transfer, and its fixed cost of microseconds, per range. Copies run fastest when
+/// src and dst agree modulo 16.
+/// Errors: InvalidArgument (a range that would wrap); Unavailable / Internal (CUDA errors).
+Status CopyRanges(std::span<const RangeCopy> copies, int device, std::uintptr_t stream);
+
 /// One piece of a target (PlannedRead::Piece on the device): `count` entries whose coordinates
 /// ([count, rank] of `index_size`-byte unsigned integers) and values lie at the given byte
 /// offsets of the staging memory.

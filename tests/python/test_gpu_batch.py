@@ -575,6 +575,38 @@ def test_embedded_commit_from_the_gpu_equals_host_commit(pinned_quota):
     host_store.close()
 
 
+@pytest.mark.parametrize("pinned_quota", [0, 8 << 20, 512 << 20],
+                         ids=["pageable", "mixed", "pinned"])
+def test_embedded_commit_from_the_gpu_of_large_and_small_members(pinned_quota):
+    # Members of MiBs (copy-engine transfers) beside many small ones (one kernel for all of
+    # them), into pinned and pageable store memory alike: the same commits as from host copies.
+    pairs = pairs_of([((1024, 2048), torch.float32)], density=0.4)
+    pairs += pairs_of([((64, 64), torch.float32)] * 300 + [((128, 96), torch.bfloat16)] * 50,
+                      density=0.03, seed=SEED + 1)
+    coo = mcs.encode_updates(pairs)
+    assert coo[0][0].numel() * coo[0][0].element_size() > 256 << 10
+    assert coo[0][1].numel() * coo[0][1].element_size() > 256 << 10
+    updates = [dict(tensor_id=f"t{i}", global_shape=tuple(n.shape), indices=idx, values=vals)
+               for i, ((n, _), (idx, vals)) in enumerate(zip(pairs, coo))]
+    dev_store = mcs.connect(capacity_bytes=512 << 20, pinned_quota_bytes=pinned_quota)
+    host_store = mcs.connect(capacity_bytes=512 << 20, pinned_quota_bytes=pinned_quota)
+    before = direct_counters()
+    dev = dev_store.put_sparse_objects(updates)
+    after = direct_counters()
+    host = host_store.put_sparse_objects([host_copy(u) for u in updates])
+    assert all(isinstance(r, dict) for r in dev), dev
+    assert after["objects"] == before["objects"] + len(updates)
+    same_commits(dev_store, dev, host_store, host)
+    targets = whole_targets(pairs, "t")
+    for (new, old), o in zip(pairs, dev_store.read_sparse_objects(dev_store.manifest((0, 1)),
+                                                                  targets)):
+        w = old.clone()
+        mcs.apply_sparse_object(w, o)
+        assert np.array_equal(bits(w), bits(new))
+    dev_store.close()
+    host_store.close()
+
+
 def test_embedded_commit_from_the_gpu_fails_bad_updates_alone_as_the_host_does():
     pairs = pairs_of([((64, 48), torch.bfloat16)] * 6, density=0.2)
     coo = mcs.encode_updates(pairs)
