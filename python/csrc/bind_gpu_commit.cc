@@ -14,6 +14,7 @@
 // batch in one piece as PutSparseObjects does.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <optional>
 #include <string>
@@ -41,7 +42,20 @@ struct DeviceCommitCounters {
     std::atomic<std::uint64_t> batches{0};  ///< Commits of batches that took the direct path.
     std::atomic<std::uint64_t> objects{0};  ///< Updates indexed on the GPU and committed so.
     std::atomic<std::uint64_t> bytes{0};    ///< Entry bytes copied from the device by a fill.
+    // Where the direct path's time goes (ns, summed over batches): the whole call, the GPU's
+    // check/index/checksum pass with its planning, the commit (PutIndexedObjects), and the fill
+    // inside it (the copies from the device).
+    std::atomic<std::uint64_t> total_ns{0};
+    std::atomic<std::uint64_t> index_ns{0};
+    std::atomic<std::uint64_t> commit_ns{0};
+    std::atomic<std::uint64_t> fill_ns{0};
 };
+
+std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+}
 
 DeviceCommitCounters& DirectCounters() {
     static DeviceCommitCounters* c = new DeviceCommitCounters;  // never destroyed
@@ -58,10 +72,17 @@ void RegisterGpuCommit(pyb::module_& m) {
             d["batches"] = DirectCounters().batches.load();
             d["objects"] = DirectCounters().objects.load();
             d["bytes"] = DirectCounters().bytes.load();
+            d["total_seconds"] = double(DirectCounters().total_ns.load()) * 1e-9;
+            d["index_seconds"] = double(DirectCounters().index_ns.load()) * 1e-9;
+            d["commit_seconds"] = double(DirectCounters().commit_ns.load()) * 1e-9;
+            d["fill_seconds"] = double(DirectCounters().fill_ns.load()) * 1e-9;
             return d;
         },
         "What put_sparse_objects committed in this process by indexing on the GPU and copying "
-        "entries straight into the embedded store (monotonic): batches, objects, bytes.");
+        "entries straight into the embedded store (monotonic): batches, objects, bytes, and the "
+        "seconds of those batches: total_seconds (the calls), index_seconds (planning and the "
+        "GPU's checks, tile index and checksums), commit_seconds (the store's commit), "
+        "fill_seconds (the copies from the device, inside the commit).");
 }
 
 #if MCS_PY_WITH_GPU_CODEC
@@ -101,6 +122,11 @@ bool Small(std::uint64_t bytes) { return bytes < kEngineMinBytes; }
 /// pinned staging, then host copies on several threads) and copy-engine transfers for the large
 /// ones, then one host sync.
 Status FillFromDevice(std::span<const EntryTarget> targets, const DeviceEntries& from) {
+    const auto t0 = std::chrono::steady_clock::now();
+    struct Clock {
+        std::chrono::steady_clock::time_point t0;
+        ~Clock() { DirectCounters().fill_ns.fetch_add(NanosSince(t0), std::memory_order_relaxed); }
+    } clock{t0};
     const bool host_addresses = cuda::HostPointersAreDeviceAddresses(from.device);
     std::optional<std::uintptr_t> staging_address;
     if (from.staging != nullptr) {
@@ -186,6 +212,7 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
     std::uintptr_t stream) {
     const std::size_t n = puts.size();
     if (n == 0 || !service.object_store().FillsInPlace()) return std::nullopt;
+    const auto t_start = std::chrono::steady_clock::now();
     // Every member on one GPU, and no tensor twice with two generations (its second step
     // commits after the first one's head moved: the staging path orders them).
     int device = -1;
@@ -202,6 +229,7 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
     }
     // What the GPU may take: what the host's sorted fast path would, as far as it can tell
     // without the entries.
+    const auto t_index = std::chrono::steady_clock::now();
     std::vector<std::optional<SourceDescriptor>> plans(n);
     std::vector<cuda::IndexItem> items;
     std::vector<std::size_t> item_of;
@@ -232,6 +260,7 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
         indexed = cuda::IndexCanonicalBatch(items, stream);
     }
     if (!indexed.ok()) return std::nullopt;  // the staging path reports what is wrong, if anything
+    const std::uint64_t index_ns = NanosSince(t_index);
     std::vector<std::optional<SparseObject>> objects(n);
     std::vector<bool> on_device(n, false);
     for (std::size_t t = 0; t < items.size(); ++t) {
@@ -303,10 +332,13 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
         const EntryFill fill = [&entries](std::span<const EntryTarget> targets) {
             return FillFromDevice(targets, entries);
         };
+        const auto t_commit = std::chrono::steady_clock::now();
         committed = service.PutIndexedObjects(std::move(batch), hard_pin, fill, num_threads);
+        DirectCounters().commit_ns.fetch_add(NanosSince(t_commit), std::memory_order_relaxed);
     }
     if (!committed.ok()) return std::nullopt;  // nothing was committed
     DirectCounters().batches.fetch_add(1, std::memory_order_relaxed);
+    DirectCounters().index_ns.fetch_add(index_ns, std::memory_order_relaxed);
     DirectCounters().objects.fetch_add(
         std::uint64_t(std::count(on_device.begin(), on_device.end(), true)),
         std::memory_order_relaxed);
@@ -322,6 +354,7 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
                                                          puts[k]->request.tensor_id + "')");
         }
     }
+    DirectCounters().total_ns.fetch_add(NanosSince(t_start), std::memory_order_relaxed);
     return results;
 }
 

@@ -257,33 +257,59 @@ class Store(TensorMixin):
         batch: list[Any] = []
         on_device: list[Any] = []
         torch = sys.modules.get("torch")
-        torch_type = torch.Tensor if torch is not None else ()
+        tensor = torch.Tensor if torch is not None else None
         capsule = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
+        gpu = _core.HAS_GPU_CODEC
+        ndarray = np.ndarray
+        # A step commits tens of thousands of updates: the common members (numpy arrays, torch
+        # tensors) are told apart by exact type, without the generic checks.
         for u in updates:
+            if type(u) is dict:
+                idx, vals = u.get("indices"), u.get("values")
+                ti, tv = type(idx), type(vals)
+                if ti is ndarray and tv is ndarray:
+                    batch.append(u)
+                    continue
+            elif not isinstance(u, Mapping):
+                batch.append(u)  # the core names what is wrong with it
+                continue
             # numpy arrays go as they are; anything else (torch) through as_core_array, in a
             # copy of the update (the caller's dict is never changed). CUDA members go as they
             # are: the store copies them all from the device in a few large copies (a batch
             # encoded on the GPU lies in one allocation).
-            if type(u) is dict and type(u.get("indices")) is np.ndarray \
-                    and type(u.get("values")) is np.ndarray:
-                batch.append(u)
-                continue
-            if isinstance(u, Mapping):
-                u = dict(u)
-                for k in ("indices", "values"):
-                    if k in u:
-                        v = u[k]
-                        if _gpu.is_cuda(v):
-                            if not _core.HAS_GPU_CODEC:
-                                v = _gpu.to_host(v)
-                            else:
-                                if isinstance(v, torch_type) and not v.is_contiguous():
-                                    v = v.contiguous()  # on its stream: the bytes move anyway
-                                on_device.append(v)
-                                if capsule is not None and isinstance(v, torch_type) \
-                                        and not v.is_conj() and not v.is_neg():
-                                    v = capsule(v.detach())  # torch's C++ exporter: no Python checks
+            u = dict(u)
+            for k in ("indices", "values"):
+                if k not in u:
+                    continue
+                v = u[k]
+                if type(v) is tensor:
+                    if not v.is_cuda:
+                        u[k] = v.detach() if v.requires_grad else v
+                        continue
+                    if not gpu:
+                        u[k] = _gpu.to_host(v)
+                        continue
+                    if not v.is_contiguous():
+                        v = v.contiguous()  # on its stream: the bytes move anyway
+                    on_device.append(v)
+                    # torch's C++ exporter (no Python checks) for what it exports as it is:
+                    # conjugate and negative views go through as_core_array's checks
+                    if capsule is not None and not v.is_complex() and not v.is_neg():
+                        u[k] = capsule(v.detach() if v.requires_grad else v)
+                    else:
                         u[k] = as_core_array(v)
+                    continue
+                if _gpu.is_cuda(v):
+                    if not gpu:
+                        v = _gpu.to_host(v)
+                    else:
+                        if tensor is not None and isinstance(v, tensor) and not v.is_contiguous():
+                            v = v.contiguous()
+                        on_device.append(v)
+                        if capsule is not None and tensor is not None and isinstance(v, tensor) \
+                                and not v.is_conj() and not v.is_neg():
+                            v = capsule(v.detach())
+                u[k] = as_core_array(v)
             batch.append(u)
         raw = self._core.put_sparse_objects(batch, _int(num_threads, "num_threads", minimum=0),
                                             _gpu.stream_for_commit(on_device) if on_device else 0)
