@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -111,65 +112,91 @@ pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
 /// that does not parse fails alone, like one the store rejects.
 pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads,
                            std::uintptr_t stream) {
-    static const char* const kKnown[] = {
+    // The fields of an update, looked up by interned keys (a step parses tens of thousands of
+    // updates: no key string is made or converted per update).
+    enum Field {
+        kTensorId, kGlobalShape, kIndices, kValues, kSourcePlacement, kPlacementPolicy,
+        kGeneration, kApply, kTileShape, kDuplicates, kGlobalOffset, kLocalShape, kHardPin,
+        kNumThreads, kNumFields
+    };
+    static constexpr const char* kNames[kNumFields] = {
         "tensor_id", "global_shape", "indices", "values", "source_placement",
         "placement_policy", "generation", "apply", "tile_shape", "duplicates",
         "global_offset", "local_shape", "hard_pin", "num_threads"};
+    static PyObject* const* const kKeys = [] {
+        static PyObject* keys[kNumFields];
+        for (int f = 0; f < kNumFields; ++f) keys[f] = PyUnicode_InternFromString(kNames[f]);
+        return keys;  // never released: they live as long as the module
+    }();
     const std::size_t n = updates.size();
     std::vector<std::optional<ParsedPut>> parsed(n);
     std::vector<Status> errors(n);
     for (std::size_t i = 0; i < n; ++i) {
-        const std::string what = "update " + std::to_string(i);
+        const auto what = [i] { return "update " + std::to_string(i); };
         try {
-            if (!pyb::isinstance<pyb::dict>(updates[i])) {
-                throw StatusError(InvalidArgument(what + " is not a dict of put_sparse_object's "
-                                                         "keyword arguments"));
+            PyObject* u = PyList_GET_ITEM(updates.ptr(), static_cast<Py_ssize_t>(i));
+            if (!PyDict_Check(u)) {
+                throw StatusError(InvalidArgument(what() + " is not a dict of put_sparse_object's "
+                                                           "keyword arguments"));
             }
-            const auto u = updates[i].cast<pyb::dict>();
-            for (const auto& [k, v] : u) {
-                const std::string key = pyb::str(k);
-                if (std::find(std::begin(kKnown), std::end(kKnown), key) == std::end(kKnown)) {
-                    throw StatusError(InvalidArgument(what + " has an unknown field '" + key + "'"));
+            std::array<pyb::object, kNumFields> field;
+            Py_ssize_t present = 0;
+            for (int f = 0; f < kNumFields; ++f) {
+                if (kKeys[f] == nullptr) throw pyb::error_already_set();
+                PyObject* v = PyDict_GetItemWithError(u, kKeys[f]);  // borrowed
+                if (v == nullptr) {
+                    if (PyErr_Occurred() != nullptr) throw pyb::error_already_set();
+                    field[f] = pyb::none();
+                    continue;
+                }
+                ++present;
+                field[f] = pyb::reinterpret_borrow<pyb::object>(v);
+            }
+            if (PyDict_Size(u) != present) {
+                // A key that is none of the fields: name it.
+                for (const auto& [k, v] : pyb::reinterpret_borrow<pyb::dict>(u)) {
+                    const std::string key = pyb::str(k);
+                    if (std::find(std::begin(kNames), std::end(kNames), key) == std::end(kNames)) {
+                        throw StatusError(
+                            InvalidArgument(what() + " has an unknown field '" + key + "'"));
+                    }
                 }
             }
-            const auto get = [&](const char* k) -> pyb::object {
-                return u.contains(k) ? pyb::reinterpret_borrow<pyb::object>(u[k]) : pyb::none();
-            };
-            const auto str = [&](const char* k, const char* fallback) {
-                pyb::object v = get(k);
+            const auto str = [&](Field f, const char* fallback) {
+                const pyb::object& v = field[f];
                 if (v.is_none()) {
                     if (fallback != nullptr) return std::string(fallback);
-                    throw StatusError(InvalidArgument(what + " lacks '" + k + "'"));
+                    throw StatusError(InvalidArgument(what() + " lacks '" + kNames[f] + "'"));
                 }
                 if (!pyb::isinstance<pyb::str>(v)) {
-                    throw StatusError(InvalidArgument(what + ": " + k + " must be a str"));
+                    throw StatusError(InvalidArgument(what() + ": " + kNames[f] + " must be a str"));
                 }
                 return v.cast<std::string>();
             };
-            for (const char* required : {"global_shape", "indices", "values"}) {
-                if (get(required).is_none()) {
-                    throw StatusError(InvalidArgument(what + " lacks '" + required + "'"));
+            for (Field required : {kGlobalShape, kIndices, kValues}) {
+                if (field[required].is_none()) {
+                    throw StatusError(InvalidArgument(what() + " lacks '" + kNames[required] + "'"));
                 }
             }
             std::optional<std::string> policy;
-            if (!get("placement_policy").is_none()) policy = str("placement_policy", nullptr);
-            const pyb::object g = get("generation");
+            if (!field[kPlacementPolicy].is_none()) policy = str(kPlacementPolicy, nullptr);
+            const pyb::object& g = field[kGeneration];
             const GenerationArg generation =
                 g.is_none() ? GenerationArg{0, 1} : g.cast<GenerationArg>();
-            const pyb::object pin = get("hard_pin");
-            const pyb::object threads = get("num_threads");
-            parsed[i] = ParsePut(str("tensor_id", nullptr), get("global_shape"), get("indices"),
-                                 get("values"), get("source_placement"), policy, generation,
-                                 str("apply", "overwrite"), get("tile_shape"),
-                                 str("duplicates", "error"), get("global_offset"),
-                                 get("local_shape"), pin.is_none() || pin.cast<bool>(),
+            const pyb::object& pin = field[kHardPin];
+            const pyb::object& threads = field[kNumThreads];
+            parsed[i] = ParsePut(str(kTensorId, nullptr), field[kGlobalShape], field[kIndices],
+                                 field[kValues], field[kSourcePlacement], policy, generation,
+                                 str(kApply, "overwrite"), field[kTileShape],
+                                 str(kDuplicates, "error"), field[kGlobalOffset],
+                                 field[kLocalShape], pin.is_none() || pin.cast<bool>(),
                                  threads.is_none() ? 0 : threads.cast<int>());
         } catch (const StatusError& e) {
-            errors[i] = e.status.WithContext(what);
+            errors[i] = e.status.WithContext(what());
         } catch (const pyb::cast_error& e) {
-            errors[i] = InvalidArgument(what + ": a field has the wrong type (" + e.what() + ")");
+            errors[i] = InvalidArgument(what() + ": a field has the wrong type (" + e.what() + ")");
         } catch (pyb::error_already_set& e) {
-            errors[i] = InvalidArgument(what + ": " + e.what());
+            errors[i] = InvalidArgument(what() + ": " + e.what());
         }
     }
     std::vector<ParsedPut*> on_device;
