@@ -99,6 +99,18 @@ std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const st
 /// least 2 MiB, and a device read gathers a small object's few bytes through staging as fast.
 constexpr std::uint64_t kMinPinnedObjectBytes = std::uint64_t{256} << 10;
 
+namespace {
+
+/// The bytes of an object's entries: nnz * rank * index size + nnz * value size (false on
+/// overflow).
+bool EntryBytes(const SourceDescriptor& d, std::uint64_t& index_bytes,
+                std::uint64_t& value_bytes) {
+    return !__builtin_mul_overflow(d.nnz, d.rank() * DTypeSize(d.index_dtype), &index_bytes) &&
+           !__builtin_mul_overflow(d.nnz, DTypeSize(d.value_dtype), &value_bytes);
+}
+
+}  // namespace
+
 /// The bytes a source object holds in the store (entries and tile index).
 std::uint64_t StoredBytes(const SparseObject& o) {
     return o.desc.nnz * o.desc.EntryBytes() + o.tile_coords.size() * sizeof(TileCoord) +
@@ -316,6 +328,81 @@ Result<CommitResult> SparseStore::CommitLocked(const SparseObject& object,
     return PublishCommitLocked(object, metadata, head, batch, bytes);
 }
 
+Status SparseStore::PutFilledByClass(
+    const std::vector<std::optional<SparseObject>>& objects,
+    const std::vector<std::string>& metadata, std::span<const std::size_t> write,
+    const std::vector<bool>& hard_pin,
+    const std::function<std::vector<MemberData>(std::size_t)>& members_of,
+    const std::vector<bool>& external, const EntryFill& fill, int num_threads,
+    const std::function<Status(std::span<const std::size_t>, const Status&, const Status&)>&
+        on_class) {
+    const auto is_external = [&](std::size_t i) { return !external.empty() && external[i]; };
+    // Per pin class and, with a pinned pool, per size class (only large objects go into it).
+    for (int cls = 0; cls < 4; ++cls) {
+        const bool pin = cls < 2;
+        const bool large = cls % 2 == 0;
+        std::vector<std::size_t> items;
+        for (std::size_t i : write) {
+            const bool big =
+                host_pool_ == nullptr || StoredBytes(*objects[i]) >= kMinPinnedObjectBytes;
+            if (hard_pin[i] == pin && big == large) items.push_back(i);
+        }
+        if (items.empty()) continue;
+        std::vector<std::vector<MemberData>> members(items.size());
+        std::vector<std::vector<MemberSpec>> specs(items.size());
+        std::vector<FilledPut> puts(items.size());
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            const std::size_t i = items[k];
+            members[k] = members_of(i);
+            for (const MemberData& m : members[k]) {
+                specs[k].push_back({m.name, m.dtype, m.shape, m.checksum});
+            }
+            puts[k] = {objects[i]->desc.source_ref, metadata[i], specs[k]};
+        }
+        Status fill_status = Status::Ok();
+        const auto fill_members = [&](std::span<const FillTarget> targets) -> Status {
+            std::vector<HostCopy> copies;
+            std::vector<EntryTarget> entries;
+            for (const FillTarget& t : targets) {
+                const std::size_t i = items[t.index];
+                const std::vector<MemberData>& from = members[t.index];
+                if (t.members.size() != from.size()) return Internal("filled member count");
+                for (std::size_t m = 0; m < from.size(); ++m) {
+                    // Members 0 and 1 (indices, values) of an external object are the fill's.
+                    if (is_external(i) && m < 2) continue;
+                    if (t.members[m].size() != from[m].bytes.size()) {
+                        return Internal("filled member size");
+                    }
+                    if (!from[m].bytes.empty()) {
+                        copies.push_back({t.members[m].data(), from[m].bytes.data(),
+                                          from[m].bytes.size()});
+                    }
+                }
+                if (is_external(i)) {
+                    std::uint64_t index_bytes = 0, value_bytes = 0;
+                    EntryBytes(objects[i]->desc, index_bytes, value_bytes);
+                    if (t.members[0].size() != index_bytes || t.members[1].size() != value_bytes) {
+                        return Internal("filled entry size");
+                    }
+                    entries.push_back({i, t.members[0], t.members[1], t.pinned});
+                }
+            }
+            ParallelCopies(copies, num_threads == 0 ? DefaultCopyThreads()
+                                                    : static_cast<unsigned>(num_threads));
+            if (!entries.empty()) {
+                fill_status = fill ? fill(entries)
+                                   : InvalidArgument("objects without their entries and no fill");
+            }
+            return fill_status;
+        };
+        // Sources are found through manifests, never listed.
+        const Status put = store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill_members,
+                                             large ? host_pool_.get() : nullptr);
+        MCS_RETURN_IF_ERROR(on_class(items, put, fill_status));
+    }
+    return Status::Ok();
+}
+
 void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& objects,
                                      const std::vector<std::string>& metadata,
                                      const std::vector<bool>& hard_pin,
@@ -350,57 +437,22 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
         }
         write.push_back(i);
     }
-    // 2. The source objects, in one PutFilled per pin class, their bytes copied in parallel.
+    // 2. The source objects, in one PutFilled per class, their bytes copied in parallel; the
+    //    objects of a class whose PutFilled fails are committed alone below.
     std::vector<bool> written(objects.size(), false);
-    // Per pin class and, with a pinned pool, per size class (only large objects go into it).
-    for (int cls = 0; cls < 4; ++cls) {
-        const bool pin = cls < 2;
-        const bool large = cls % 2 == 0;
-        std::vector<std::size_t> items;
-        for (std::size_t i : write) {
-            const bool big =
-                host_pool_ == nullptr || StoredBytes(*objects[i]) >= kMinPinnedObjectBytes;
-            if (hard_pin[i] == pin && big == large) items.push_back(i);
-        }
-        if (items.empty()) continue;
-        std::vector<std::vector<MemberData>> members(items.size());
-        std::vector<std::vector<MemberSpec>> specs(items.size());
-        std::vector<FilledPut> puts(items.size());
-        for (std::size_t k = 0; k < items.size(); ++k) {
-            const std::size_t i = items[k];
+    (void)PutFilledByClass(
+        objects, metadata, write, hard_pin,
+        [&](std::size_t i) {
             const EntryViews e = entries_of(i);
-            members[k] = MembersOf(*objects[i], e.indices, e.values);
-            for (const MemberData& m : members[k]) {
-                specs[k].push_back({m.name, m.dtype, m.shape, m.checksum});
+            return MembersOf(*objects[i], e.indices, e.values);
+        },
+        {}, nullptr, num_threads,
+        [&](std::span<const std::size_t> items, const Status& put, const Status&) {
+            if (put.ok()) {
+                for (std::size_t i : items) written[i] = true;
             }
-            puts[k] = {objects[i]->desc.source_ref, metadata[i], specs[k]};
-        }
-        const auto fill = [&](std::span<const FillTarget> targets) -> Status {
-            std::vector<HostCopy> copies;
-            for (const FillTarget& t : targets) {
-                const std::vector<MemberData>& from = members[t.index];
-                if (t.members.size() != from.size()) return Internal("filled member count");
-                for (std::size_t m = 0; m < from.size(); ++m) {
-                    if (t.members[m].size() != from[m].bytes.size()) {
-                        return Internal("filled member size");
-                    }
-                    if (!from[m].bytes.empty()) {
-                        copies.push_back({t.members[m].data(), from[m].bytes.data(),
-                                          from[m].bytes.size()});
-                    }
-                }
-            }
-            ParallelCopies(copies, num_threads == 0 ? DefaultCopyThreads()
-                                                    : static_cast<unsigned>(num_threads));
             return Status::Ok();
-        };
-        // Sources are found through manifests, never listed.
-        if (store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill,
-                              large ? host_pool_.get() : nullptr)
-                .ok()) {
-            for (std::size_t i : items) written[i] = true;
-        }
-    }
+        });
     // 3. Manifest entries and heads; an object whose batch write failed is committed alone.
     for (std::size_t i : write) {
         if (written[i]) {
@@ -583,14 +635,6 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
 
 namespace {
 
-/// The bytes of an object's entries: nnz * rank * index size + nnz * value size (false on
-/// overflow).
-bool EntryBytes(const SourceDescriptor& d, std::uint64_t& index_bytes,
-                std::uint64_t& value_bytes) {
-    return !__builtin_mul_overflow(d.nnz, d.rank() * DTypeSize(d.index_dtype), &index_bytes) &&
-           !__builtin_mul_overflow(d.nnz, DTypeSize(d.value_dtype), &value_bytes);
-}
-
 /// Whether the members of an object of PutIndexedObjects fit its descriptor; `external`: its
 /// entries are the fill's (indexed without them).
 Status CheckIndexedMembers(const SparseObject& object, bool& external) {
@@ -690,81 +734,24 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
         }
         write.push_back(i);
     }
-    // 2. The source objects, in one PutFilled per pin class: the objects' own members copied in
-    //    parallel, the external entries written by `fill`. A failure removes what the other pin
-    //    class wrote, so that nothing of the call stays.
+    // 2. The source objects, in one PutFilled per class: the objects' own members copied in
+    //    parallel, the external entries written by `fill`. A failure removes what the other
+    //    classes wrote, so that nothing of the call stays.
     std::vector<std::string_view> written;
-    const auto undo = [&] {
-        for (std::string_view key : written) (void)store_->Remove(key);
-    };
-    for (int cls = 0; cls < 4; ++cls) {
-        const bool pin = cls < 2;
-        const bool large = cls % 2 == 0;
-        std::vector<std::size_t> items;
-        for (std::size_t i : write) {
-            const bool big =
-                host_pool_ == nullptr || StoredBytes(*objects[i]) >= kMinPinnedObjectBytes;
-            if (hard_pin[i] == pin && big == large) items.push_back(i);
-        }
-        if (items.empty()) continue;
-        std::vector<std::vector<MemberData>> members(items.size());
-        std::vector<std::vector<MemberSpec>> specs(items.size());
-        std::vector<FilledPut> puts(items.size());
-        for (std::size_t k = 0; k < items.size(); ++k) {
-            const std::size_t i = items[k];
-            members[k] = MembersOf(*objects[i]);
-            for (const MemberData& m : members[k]) {
-                specs[k].push_back({m.name, m.dtype, m.shape, m.checksum});
+    MCS_RETURN_IF_ERROR(PutFilledByClass(
+        objects, metadata, write, hard_pin, [&](std::size_t i) { return MembersOf(*objects[i]); },
+        external, fill, num_threads,
+        [&](std::span<const std::size_t> items, const Status& put,
+            const Status& fill_status) -> Status {
+            if (!put.ok()) {
+                for (std::string_view key : written) (void)store_->Remove(key);
+                if (!fill_status.ok()) return fill_status;
+                return FailedPrecondition("the batch's objects cannot be written together (" +
+                                          put.message() + "): commit them object by object");
             }
-            puts[k] = {objects[i]->desc.source_ref, metadata[i], specs[k]};
-        }
-        Status fill_status = Status::Ok();
-        const auto fill_members = [&](std::span<const FillTarget> targets) -> Status {
-            std::vector<HostCopy> copies;
-            std::vector<EntryTarget> entries;
-            for (const FillTarget& t : targets) {
-                const std::size_t i = items[t.index];
-                const std::vector<MemberData>& from = members[t.index];
-                if (t.members.size() != from.size()) return Internal("filled member count");
-                for (std::size_t m = 0; m < from.size(); ++m) {
-                    // Members 0 and 1 (indices, values) of an external object are the fill's.
-                    if (external[i] && m < 2) continue;
-                    if (t.members[m].size() != from[m].bytes.size()) {
-                        return Internal("filled member size");
-                    }
-                    if (!from[m].bytes.empty()) {
-                        copies.push_back({t.members[m].data(), from[m].bytes.data(),
-                                          from[m].bytes.size()});
-                    }
-                }
-                if (external[i]) {
-                    std::uint64_t index_bytes = 0, value_bytes = 0;
-                    EntryBytes(objects[i]->desc, index_bytes, value_bytes);
-                    if (t.members[0].size() != index_bytes || t.members[1].size() != value_bytes) {
-                        return Internal("filled entry size");
-                    }
-                    entries.push_back({i, t.members[0], t.members[1], t.pinned});
-                }
-            }
-            ParallelCopies(copies, num_threads == 0 ? DefaultCopyThreads()
-                                                    : static_cast<unsigned>(num_threads));
-            if (!entries.empty()) {
-                fill_status = fill ? fill(entries)
-                                   : InvalidArgument("objects without their entries and no fill");
-            }
-            return fill_status;
-        };
-        // Sources are found through manifests, never listed.
-        const Status put = store_->PutFilled(puts, {PutMode::kCreate, pin, false}, fill_members,
-                                             large ? host_pool_.get() : nullptr);
-        if (!put.ok()) {
-            undo();
-            if (!fill_status.ok()) return fill_status;
-            return FailedPrecondition("the batch's objects cannot be written together (" +
-                                      put.message() + "): commit them object by object");
-        }
-        for (std::size_t i : items) written.push_back(objects[i]->desc.source_ref);
-    }
+            for (std::size_t i : items) written.push_back(objects[i]->desc.source_ref);
+            return Status::Ok();
+        }));
     // 3. Manifest entries and heads.
     for (std::size_t i : write) {
         results[i] = PublishCommitLocked(*objects[i], metadata[i], heads[i], batch, bytes_of(i));

@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdint>
 #include <list>
 #include <map>
@@ -332,6 +333,20 @@ private:
                             std::vector<Result<CommitResult>>& results,
                             std::vector<const SparseObject*>& committed, CommitBatch& batch,
                             int num_threads);
+    /// The source objects `write` (indices into `objects`), in one PutFilled per pin class and,
+    /// with a pinned pool, per size class (only large objects go into it): each object's
+    /// members (`members_of`) copied into the store on `num_threads` threads, but for the
+    /// entries (members 0 and 1) of the objects `external` marks (empty: none), whose targets
+    /// go to `fill` in the same PutFilled. `on_class` is told each class's objects, the
+    /// PutFilled's status and the fill's; an error it returns stops the writes and is returned.
+    Status PutFilledByClass(
+        const std::vector<std::optional<SparseObject>>& objects,
+        const std::vector<std::string>& metadata, std::span<const std::size_t> write,
+        const std::vector<bool>& hard_pin,
+        const std::function<std::vector<MemberData>(std::size_t)>& members_of,
+        const std::vector<bool>& external, const EntryFill& fill, int num_threads,
+        const std::function<Status(std::span<const std::size_t>, const Status&, const Status&)>&
+            on_class);
     /// Undoes the created commits of `objects` (null: not committed) that a seal by another
     /// process missed, setting their results to Conflict.
     void UndoMissedCommits(std::span<const SparseObject* const> objects,
