@@ -9,6 +9,7 @@ APT_PACKAGES=(
     clang libclang-rt-14-dev
     libgtest-dev libgmock-dev libbenchmark-dev pybind11-dev
     libgoogle-glog-dev libgflags-dev libyaml-cpp-dev libxxhash-dev nlohmann-json3-dev rapidjson-dev
+    libjemalloc-dev
     libdlpack-dev
     python3 python3-dev python3-pip
     libibverbs1 libnuma1 libcurl4

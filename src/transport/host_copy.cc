@@ -7,6 +7,8 @@
 #include <thread>
 #include <vector>
 
+#include "transport/parallel_for.h"
+
 namespace mooncake::sparse {
 
 void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, unsigned threads) {
@@ -76,7 +78,7 @@ void ParallelCopies(std::span<const HostCopy> copies, unsigned threads) {
     for (auto& w : workers) w.join();
 }
 
-unsigned DefaultCopyThreads() { return std::clamp(std::thread::hardware_concurrency(), 1u, 8u); }
+unsigned DefaultCopyThreads() { return std::min(internal::HardwareThreads(), 8u); }
 
 HostCopyPool::HostCopyPool(unsigned threads) : threads_(std::max(1u, threads)) {}
 

@@ -13,11 +13,18 @@
 
 namespace mooncake::sparse::internal {
 
+/// The hardware's threads, at least 1, asked once per process: glibc's
+/// std::thread::hardware_concurrency opens and reads a sysfs file on every call, which cost a
+/// batch commit of small objects (one call per object) a tenth of its time.
+inline unsigned HardwareThreads() {
+    static const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    return hw;
+}
+
 /// 0 (or less) -> all hardware threads; never less than 1.
 inline int ResolveThreads(int requested) {
     if (requested > 0) return requested;
-    const unsigned hw = std::thread::hardware_concurrency();
-    return hw == 0 ? 1 : static_cast<int>(hw);
+    return static_cast<int>(HardwareThreads());
 }
 
 /// Runs fn(task) for every task in [0, num_tasks) on up to `num_threads` threads (0: all the
