@@ -224,7 +224,9 @@ def main(argv: list[str]) -> int:
                 for i, a in enumerate(argv)]
     emit({"what": "batch_machine", "python": platform.python_version(),
           "cpus": os.cpu_count(), "machine": platform.machine(), "loadavg": os.getloadavg(),
-          "argv": argv_rec})
+          # The process's allocator, when one is preloaded (jemalloc halves the per-object
+          # costs of an embedded store: docs/design.md)
+          "ld_preload": os.environ.get("LD_PRELOAD", ""), "argv": argv_rec})
     rng = np.random.default_rng(0)
     for backend in args.backends.split(","):
         for n in (int(c) for c in args.counts.split(",")):

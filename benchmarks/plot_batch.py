@@ -2,6 +2,7 @@
 """Plots batch_bench.py results: fixed cost per object, single calls vs batch calls, per backend.
 
     python benchmarks/plot_batch.py benchmarks/results/DIR   # reads DIR/batch.jsonl, writes DIR/batch.png
+    python benchmarks/plot_batch.py DIR NAME...   # reads DIR/NAME.jsonl, writes DIR/NAME.png, each
 """
 from __future__ import annotations
 
@@ -16,11 +17,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
     out_dir = pathlib.Path(argv[0])
-    recs = [json.loads(line) for line in (out_dir / "batch.jsonl").read_text().splitlines()]
+    for stem in argv[1:] or ["batch"]:
+        plot(out_dir, stem)
+    return 0
+
+
+def plot(out_dir: pathlib.Path, stem: str) -> None:
+    recs = [json.loads(line) for line in (out_dir / f"{stem}.jsonl").read_text().splitlines()]
+    machine = next((r for r in recs if r["what"] == "batch_machine"), {})
+    allocator = "jemalloc" if "jemalloc" in machine.get("ld_preload", "") else "glibc malloc"
     recs = [r for r in recs if r["what"] == "batch"]
     counts = sorted({r["objects"] for r in recs})
     backends = sorted({r["backend"] for r in recs})
@@ -57,13 +66,13 @@ def main(argv: list[str]) -> int:
         ax.set_xticks(list(xs))
         ax.set_xticklabels(labels)
         ax.set_ylabel("µs per object")
-        ax.set_title(f"{backend}: {n} objects of {'x'.join(map(str, r['shape']))} float32, "
-                     f"{r['density']:.0%} changed", fontsize=9)
+        ax.set_title(f"{backend} ({r['device']}, {allocator}): {n} objects of "
+                     f"{'x'.join(map(str, r['shape']))} float32, {r['density']:.0%} changed",
+                     fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "batch.png", dpi=120)
-    print(out_dir / "batch.png")
-    return 0
+    fig.savefig(out_dir / f"{stem}.png", dpi=120)
+    print(out_dir / f"{stem}.png")
 
 
 if __name__ == "__main__":

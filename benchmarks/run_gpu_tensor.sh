@@ -10,7 +10,7 @@
 # yaml-cpp: when the machine lacks them they are taken from Debian packages in .devdeps/debs/
 # (unpacked into the build tree; fetch them on a Debian/Ubuntu box with
 #   cd .devdeps/debs && apt-get download libgflags-dev libgflags2.2 libgoogle-glog-dev \
-#       libgoogle-glog0v6 libyaml-cpp-dev libyaml-cpp0.7 libunwind8 libunwind-dev
+#       libgoogle-glog0v6 libyaml-cpp-dev libyaml-cpp0.7 libunwind8 libunwind-dev libjemalloc-dev
 # ); without either, the daemon is not built and the daemon tests and benchmark points skip.
 # OUTDIR/parts.txt says which parts ran.
 #
