@@ -1,7 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // What the CUDA translation units of this directory share: CUDA errors as Status, stream
-// handles, the current device. Internal: included by .cu files only.
+// handles, the current device, workspaces carved out of one device allocation. Internal:
+// included by .cu files only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/gpu_codec.h"
 #include "mooncake/sparse/status.h"
 
 namespace mooncake::sparse::cuda {
@@ -38,5 +40,24 @@ inline Status UseDevice(int device) {
 }
 
 inline std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
+
+/// A workspace carved out of one device allocation, each part 256-byte aligned.
+class Carve {
+public:
+    std::uint64_t Add(std::uint64_t bytes) {
+        const std::uint64_t at = size_;
+        size_ = AlignUp(size_ + bytes, 256);
+        return at;
+    }
+    std::uint64_t size() const { return size_; }
+
+private:
+    std::uint64_t size_ = 0;
+};
+
+template <typename P>
+P* At(const DeviceBuffer& b, std::uint64_t offset) {
+    return reinterpret_cast<P*>(b.ptr().address + offset);
+}
 
 }  // namespace mooncake::sparse::cuda

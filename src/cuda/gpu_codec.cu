@@ -271,11 +271,11 @@ MaskKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict
     std::uint64_t* const item_counts = counts + d.chunk_begin;
     std::uint64_t k = (gwarp - prefix[j]) * d.per_warp;
     // Chunks of this warp from k on (the last warp of a tensor takes fewer).
-    auto todo = std::uint32_t(min(std::uint64_t(d.per_warp), g.NumChunks() - k));
+    auto remaining = std::uint32_t(min(std::uint64_t(d.per_warp), g.NumChunks() - k));
     std::uint32_t acc = 0;  // this lane's kept elements of the current chunk so far
-    while (todo > 0) {
+    while (remaining > 0) {
         ChunkRun run = g.Locate(k);
-        const auto n = std::uint32_t(min(std::uint64_t(todo), run.left));
+        const auto n = std::uint32_t(min(std::uint64_t(remaining), run.left));
         const std::uint32_t len = run.len;
         std::uint8_t* const run_mask = mask + k * stride;
         // Two cursors over the run's steps: (q, s) is the next step to load, elements [s, s + 256)
@@ -332,7 +332,7 @@ MaskKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restrict
             }
         }
         k += n;
-        todo -= n;
+        remaining -= n;
     }
 }
 
@@ -379,7 +379,7 @@ WriteKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restric
         const std::uint32_t len = run.len;
         const std::uint64_t run_first = item_offsets[k];
         // The run's entries not yet written, and its mask words (both below 2^32: ChunksPerWarp).
-        auto todo = std::uint32_t(item_offsets[k + n] - run_first);
+        auto remaining = std::uint32_t(item_offsets[k + n] - run_first);
         const std::uint32_t total = n * slot_words;
         std::uint64_t cursor = run_first - item_first;
         const auto* words = reinterpret_cast<const std::uint32_t*>(mask + k * stride);
@@ -390,7 +390,7 @@ WriteKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restric
         const bool vec = !gaps && reinterpret_cast<std::uintptr_t>(words) % 16 == 0;
         const std::uint32_t h1 = run.i1_end - run.i1_first;
         const std::uint32_t r0 = run.i1 - run.i1_first;  // the run's first row within its band
-        for (std::uint32_t b = 0; todo > 0 && b < total; b += 32 * kWordsPerLane) {
+        for (std::uint32_t b = 0; remaining > 0 && b < total; b += 32 * kWordsPerLane) {
             const std::uint32_t f0 = b + lane * kWordsPerLane;
             std::uint32_t m[kWordsPerLane];
             if (vec && f0 + kWordsPerLane <= total) {
@@ -481,7 +481,7 @@ WriteKernel(const EncodeDesc* __restrict__ descs, const std::uint32_t* __restric
                 }
             }
             cursor += step_total;
-            todo -= step_total;
+            remaining -= step_total;
         }
         k += n;
         chunks_left -= n;
@@ -638,25 +638,6 @@ Status Upload(const std::vector<V>& host, void* dst, cudaStream_t stream) {
     if (host.empty()) return Status::Ok();
     MCS_CUDA(cudaMemcpyAsync(dst, host.data(), host.size() * sizeof(V), cudaMemcpyHostToDevice, stream));
     return Status::Ok();
-}
-
-/// A workspace carved out of one device allocation, each part 256-byte aligned.
-class Carve {
-public:
-    std::uint64_t Add(std::uint64_t bytes) {
-        const std::uint64_t at = size_;
-        size_ = AlignUp(size_ + bytes, 256);
-        return at;
-    }
-    std::uint64_t size() const { return size_; }
-
-private:
-    std::uint64_t size_ = 0;
-};
-
-template <typename P>
-P* At(const DeviceBuffer& b, std::uint64_t offset) {
-    return reinterpret_cast<P*>(b.ptr().address + offset);
 }
 
 /// One prepared tensor of an encode batch.

@@ -35,25 +35,6 @@
 namespace mooncake::sparse::cuda {
 namespace {
 
-/// A workspace carved out of one device allocation, each part 256-byte aligned.
-class Carve {
-public:
-    std::uint64_t Add(std::uint64_t bytes) {
-        const std::uint64_t at = size_;
-        size_ = AlignUp(size_ + bytes, 256);
-        return at;
-    }
-    std::uint64_t size() const { return size_; }
-
-private:
-    std::uint64_t size_ = 0;
-};
-
-template <typename P>
-P* At(const DeviceBuffer& b, std::uint64_t offset) {
-    return reinterpret_cast<P*>(b.ptr().address + offset);
-}
-
 constexpr unsigned kThreads = 256;     ///< Threads per block of every kernel.
 constexpr unsigned kWarps = kThreads / 32;
 constexpr std::uint64_t kEntriesPerBlock = kThreads;

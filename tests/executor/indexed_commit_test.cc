@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "../status_matchers.h"
+#include "../store/store_test_util.h"
 #include "executor/sparse_store.h"
 
 namespace mooncake::sparse {
@@ -114,6 +115,24 @@ struct HostFill {
         };
     }
 };
+
+/// Updates as one PutIndexedObjects batch: their indexed objects, pins, and the fill of their
+/// entries.
+struct IndexedBatch {
+    std::vector<SparseObject> objects;
+    std::vector<bool> pins;
+    HostFill fill;
+};
+
+IndexedBatch BatchOf(const std::vector<std::unique_ptr<Update>>& updates) {
+    IndexedBatch b;
+    for (const auto& u : updates) {
+        b.objects.push_back(IndexedObject(u->request));
+        b.pins.push_back(u->request.hard_pin);
+        b.fill.of.push_back(u.get());
+    }
+    return b;
+}
 
 /// Every key under "mcs/" with its metadata and member checksums and bytes.
 std::map<std::string, std::string> Snapshot(ObjectStore& os) {
@@ -221,14 +240,7 @@ TEST_P(IndexedCommitBatchTest, CommitsWhatPutSparseObjectsCommits) {
 
     std::vector<Result<CommitResult>> want = host.PutSparseObjects(reqs);
 
-    std::vector<SparseObject> objects;
-    std::vector<bool> pins;
-    HostFill fill;
-    for (const auto& u : updates) {
-        objects.push_back(IndexedObject(u->request));
-        pins.push_back(u->request.hard_pin);
-        fill.of.push_back(u.get());
-    }
+    auto [objects, pins, fill] = BatchOf(updates);
     objects.push_back(*BuildSourceObject(unsorted));
     pins.push_back(true);
     fill.of.push_back(nullptr);
@@ -333,14 +345,7 @@ TEST(IndexedCommitTest, AFillErrorLeavesNothingBehind) {
     updates[4]->request.hard_pin = false;  // a second PutFilled, after the first one wrote
     const auto before = Snapshot(*os);
     for (const int failing_call : {1, 2}) {
-        std::vector<SparseObject> objects;
-        std::vector<bool> pins;
-        HostFill fill;
-        for (const auto& u : updates) {
-            objects.push_back(IndexedObject(u->request));
-            pins.push_back(u->request.hard_pin);
-            fill.of.push_back(u.get());
-        }
+        auto [objects, pins, fill] = BatchOf(updates);
         int calls = 0;
         EntryFill inner = fill.Fn();
         EntryFill failing = [&](std::span<const EntryTarget> targets) -> Status {
@@ -364,45 +369,12 @@ TEST(IndexedCommitTest, AFillErrorLeavesNothingBehind) {
         EXPECT_EQ(store.Metrics().source_objects_put, 0u);
     }
     // Then the same batch commits.
-    std::vector<SparseObject> objects;
-    std::vector<bool> pins;
-    HostFill fill;
-    for (const auto& u : updates) {
-        objects.push_back(IndexedObject(u->request));
-        pins.push_back(u->request.hard_pin);
-        fill.of.push_back(u.get());
-    }
+    auto [objects, pins, fill] = BatchOf(updates);
     ASSERT_OK_AND_ASSIGN(std::vector<Result<CommitResult>> got,
                          store.PutIndexedObjects(std::move(objects), pins, fill.Fn()));
     for (const auto& r : got) ASSERT_OK(r.status());
     EXPECT_EQ(store.Manifest({0, 1})->size(), updates.size());
 }
-
-/// The embedded store as a store that does not fill in place (PutFilled's base implementation).
-class StagingStore : public ObjectStore {
-public:
-    StagingStore() : inner_(MakeEmbeddedStore()) {}
-    Status Put(std::string_view key, std::string_view metadata,
-               std::span<const MemberData> members, const PutOptions& options) override {
-        return inner_->Put(key, metadata, members, options);
-    }
-    Result<ObjectInfo> Stat(std::string_view key) override { return inner_->Stat(key); }
-    Status ReadMember(std::string_view key, std::string_view member,
-                      std::span<std::byte> dst) override {
-        return inner_->ReadMember(key, member, dst);
-    }
-    Status ReadRanges(std::span<const RangeRead> reads) override {
-        return inner_->ReadRanges(reads);
-    }
-    Status Remove(std::string_view key) override { return inner_->Remove(key); }
-    Result<std::vector<std::string>> List(std::string_view prefix) override {
-        return inner_->List(prefix);
-    }
-    StoreCounters Counters() const override { return inner_->Counters(); }
-
-private:
-    std::unique_ptr<ObjectStore> inner_;
-};
 
 TEST(IndexedCommitTest, RefusesBatchesItCannotWriteAtOnce) {
     std::mt19937_64 rng(17);
@@ -418,8 +390,8 @@ TEST(IndexedCommitTest, RefusesBatchesItCannotWriteAtOnce) {
         return out;
     };
     {
-        // A store that does not fill in place.
-        SparseStore store(std::make_shared<StagingStore>());
+        // A store that does not fill in place (PutFilled's base implementation).
+        SparseStore store(std::make_shared<testing::ForwardingStore>(MakeEmbeddedStore()));
         HostFill fill;
         EXPECT_THAT(store.PutIndexedObjects(objects_of({a.get()}, fill), {}, fill.Fn()).status(),
                     StatusIs(StatusCode::kFailedPrecondition));
