@@ -215,10 +215,23 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             new = {n: changed(t, args.density, gen) for n, t in trainer.items()}
             names = [s.name for s in specs]
             pairs = [(new[n], trainer[n]) for n in names]
-            t_enc, coo = timed(lambda: mcs.encode_updates(pairs, apply=apply), device)
+            # --trace: the last step of each mode runs its four phases under the torch profiler.
+            prof = None
+            if args.trace and rep == args.repeats - 1:
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                              + ([torch.profiler.ProfilerActivity.CUDA]
+                                                 if device.type == "cuda" else []))
+                prof.__enter__()
+
+            def phase(name, fn):
+                if prof is None:
+                    return timed(fn, device)
+                with torch.profiler.record_function(f"phase:{name}"):
+                    return timed(fn, device)
+            t_enc, coo = phase("encode", lambda: mcs.encode_updates(pairs, apply=apply))
             updates = [dict(tensor_id=n, global_shape=tuple(new[n].shape), indices=i, values=v,
                             generation=gen_k, apply=apply) for n, (i, v) in zip(names, coo)]
-            t_commit, res = timed(lambda: store.put_sparse_objects(updates), device)
+            t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
             bad = [r for r in res if not isinstance(r, dict)]
             if bad:
                 raise bad[0]
@@ -228,7 +241,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             targets = [sl.target for sl in slots]
             kw = {"device": device} if device.type == "cuda" else {}
             m0 = store.metrics()
-            t_read, objs = timed(lambda: store.read_sparse_objects(manifest, targets, **kw), device)
+            t_read, objs = phase("read", lambda: store.read_sparse_objects(manifest, targets, **kw))
             m1 = store.metrics()
             # The read's own clocks (the store's metrics): planning, binding the ranges, and
             # building the targets (on the GPU for a device read of the embedded store).
@@ -238,8 +251,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                                  + o.values.numel() * o.values.element_size())
                              if device.type == "cuda" else int(o.indices.nbytes + o.values.nbytes)
                              for o in objs)
-            t_apply, _ = timed(lambda: mcs.apply_sparse_objects([sl.view for sl in slots], objs),
-                               device)
+            t_apply, _ = phase("apply", lambda: mcs.apply_sparse_objects([sl.view for sl in slots], objs))
+            if prof is not None:
+                prof.__exit__(None, None, None)
+                os.makedirs(args.trace, exist_ok=True)
+                prof.export_chrome_trace(os.path.join(args.trace, f"trace_{backend}_{apply}.json"))
             if args.profile and rep == args.repeats - 1:
                 profile(f"{backend} {apply} read",
                         lambda: store.read_sparse_objects(manifest, targets, **kw), device)
@@ -349,6 +365,9 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the read and the apply of each mode's last step (stderr)")
+    ap.add_argument("--trace", default=None, metavar="DIR",
+                    help="profile the four phases of each mode's last step with the torch profiler "
+                         "(timings of that step include its overhead): DIR/trace_BACKEND_APPLY.json")
     args = ap.parse_args()
     if args.quick:
         args.experts, args.hidden, args.moe_inter, args.shared_inter = 8, 512, 256, 256
