@@ -384,6 +384,91 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     return out;
 }
 
+/// encode_updates of CUDA (new, old) pairs on the device, synchronized on the first pair's stream.
+std::vector<cuda::GpuEncoded> EncodeBatch(const pyb::list& news, const pyb::list& olds,
+                                          const std::string& apply, double threshold,
+                                          const pyb::object& tile_shape, const pyb::object& stream) {
+    if (olds.size() != news.size()) {
+        ThrowIfError(InvalidArgument(std::to_string(news.size()) + " new tensors but " +
+                                     std::to_string(olds.size()) + " old ones"));
+    }
+    std::vector<ParsedTensor> keep;
+    std::vector<cuda::DeviceArray> n, o;
+    keep.reserve(news.size() * 2);
+    n.reserve(news.size());
+    o.reserve(news.size());
+    for (std::size_t i = 0; i < news.size(); ++i) {
+        const std::string at = news.size() == 1 ? "" : "pairs[" + std::to_string(i) + "] ";
+        keep.push_back(ParseTensorArg(news[i], at + "new", false, stream));
+        n.push_back(CudaArg(keep.back(), at + "new"));
+        keep.push_back(ParseTensorArg(olds[i], at + "old", false, stream));
+        o.push_back(CudaArg(keep.back(), at + "old"));
+    }
+    cuda::GpuEncodeOptions opt;
+    opt.apply = ValueOrThrow(ParseApplyMode(apply));
+    opt.threshold = threshold;
+    opt.tile_shape = OptShape(tile_shape, "tile_shape");
+    opt.stream = keep.empty() ? 0 : keep[0].ref.stream;
+    Result<std::vector<cuda::GpuEncoded>> r = Internal("unset");
+    {
+        pyb::gil_scoped_release nogil;
+        r = cuda::EncodeUpdates(n, o, opt);
+        // Consumers that import the arrays through DLPack may use another stream.
+        if (r.ok()) ThrowIfError(cuda::Synchronize(opt.stream));
+    }
+    return ValueOrThrow(std::move(r));
+}
+
+/// The indices (or values) of encoded items as runs: maximal sequences of items, in item order
+/// within one dtype (and rank), whose members lie back to back in the batch's allocation (the
+/// encode writes each section's members so). A list of (array of the run, entries per item,
+/// items): one DLPack import and one split per run instead of one import per member.
+pyb::list Runs(const std::vector<cuda::GpuEncoded>& encoded, bool indices) {
+    struct Run {
+        DType dtype;
+        std::uint32_t rank;
+        std::uint64_t address, bytes, entries;
+        pyb::list sizes, items;
+        const cuda::GpuEncoded* first;
+    };
+    std::vector<Run> runs;
+    std::vector<std::size_t> open;  // runs that may still grow
+    for (std::size_t i = 0; i < encoded.size(); ++i) {
+        const cuda::GpuEncoded& e = encoded[i];
+        const DType dtype = indices ? e.index_dtype : e.value_dtype;
+        const std::uint32_t rank = indices ? e.rank : 1;
+        const std::uint64_t address = (indices ? e.indices : e.values).address;
+        const std::uint64_t bytes = indices ? e.indices_bytes() : e.values_bytes();
+        Run* run = nullptr;
+        for (std::size_t k : open) {
+            Run& r = runs[k];
+            if (r.dtype == dtype && r.rank == rank && r.address + r.bytes == address &&
+                r.first->keepalive == e.keepalive) {
+                run = &r;
+                break;
+            }
+        }
+        if (run == nullptr) {
+            open.push_back(runs.size());
+            runs.push_back({dtype, rank, address, 0, 0, pyb::list(), pyb::list(), &e});
+            run = &runs.back();
+        }
+        run->bytes += bytes;
+        run->entries += e.nnz;
+        run->sizes.append(e.nnz);
+        run->items.append(i);
+    }
+    pyb::list out;
+    for (Run& r : runs) {
+        Shape shape = indices ? Shape{Index(r.entries), Index(r.rank)} : Shape{Index(r.entries)};
+        auto owner = std::const_pointer_cast<void>(r.first->keepalive);
+        out.append(pyb::make_tuple(View({r.address, (indices ? r.first->indices : r.first->values).device},
+                                        r.bytes, r.dtype, std::move(shape), owner),
+                                   std::move(r.sizes), std::move(r.items)));
+    }
+    return out;
+}
+
 DeviceArray DeviceOf(const pyb::handle& o, const char* what, int device, std::uintptr_t stream) {
     if (pyb::isinstance<DeviceArray>(o)) return o.cast<DeviceArray>();
     if (IsCudaArray(o)) {
@@ -441,36 +526,30 @@ void RegisterGpu(pyb::module_& m) {
         "_gpu_encode_updates",
         [](const pyb::list& news, const pyb::list& olds, const std::string& apply, double threshold,
            const pyb::object& tile_shape, const pyb::object& stream) {
-            std::vector<ParsedTensor> keep;
-            std::vector<cuda::DeviceArray> n, o;
-            keep.reserve(news.size() * 2);
-            for (std::size_t i = 0; i < news.size(); ++i) {
-                const std::string at = news.size() == 1 ? "" : "pairs[" + std::to_string(i) + "] ";
-                keep.push_back(ParseTensorArg(news[i], at + "new", false, stream));
-                n.push_back(CudaArg(keep.back(), at + "new"));
-                keep.push_back(ParseTensorArg(olds[i], at + "old", false, stream));
-                o.push_back(CudaArg(keep.back(), at + "old"));
-            }
-            cuda::GpuEncodeOptions opt;
-            opt.apply = ValueOrThrow(ParseApplyMode(apply));
-            opt.threshold = threshold;
-            opt.tile_shape = OptShape(tile_shape, "tile_shape");
-            opt.stream = keep.empty() ? 0 : keep[0].ref.stream;
-            Result<std::vector<cuda::GpuEncoded>> r = Internal("unset");
-            {
-                pyb::gil_scoped_release nogil;
-                r = cuda::EncodeUpdates(n, o, opt);
-                // Consumers that import the arrays through DLPack may use another stream.
-                if (r.ok()) ThrowIfError(cuda::Synchronize(opt.stream));
-            }
             pyb::list out;
-            for (const cuda::GpuEncoded& e : ValueOrThrow(std::move(r))) out.append(EncodedTuple(e));
+            for (const cuda::GpuEncoded& e : EncodeBatch(news, olds, apply, threshold, tile_shape, stream)) {
+                out.append(EncodedTuple(e));
+            }
             return out;
         },
         pyb::arg("news"), pyb::arg("olds"), pyb::arg("apply"), pyb::arg("threshold"),
         pyb::arg("tile_shape"), pyb::arg("stream"),
         "GPU batch encode: per pair (indices, values, tile_coords, tile_ptr, tile_shape), device "
         "arrays in one allocation.");
+
+    m.def(
+        "_gpu_encode_runs",
+        [](const pyb::list& news, const pyb::list& olds, const std::string& apply, double threshold,
+           const pyb::object& tile_shape, const pyb::object& stream) {
+            const std::vector<cuda::GpuEncoded> encoded =
+                EncodeBatch(news, olds, apply, threshold, tile_shape, stream);
+            return pyb::make_tuple(Runs(encoded, true), Runs(encoded, false));
+        },
+        pyb::arg("news"), pyb::arg("olds"), pyb::arg("apply"), pyb::arg("threshold"),
+        pyb::arg("tile_shape"), pyb::arg("stream"),
+        "GPU batch encode, the members as runs: (index runs, value runs), each run (array, "
+        "entries per item, items): the run's items' members back to back in one device array "
+        "([entries, rank] indices or [entries] values, one dtype), in item order.");
 
     m.def(
         "_gpu_upload_batch",
@@ -565,6 +644,74 @@ void RegisterGpu(pyb::module_& m) {
         pyb::arg("stream"),
         "Applies local (indices, values) to CUDA weights (rank 1-3, strided views allowed) in "
         "place, in a few launches on `stream`; all coordinates are checked before any write.");
+    m.def(
+        "_gpu_apply_objects",
+        [](const pyb::list& weights, const pyb::list& objs, const pyb::object& stream) -> bool {
+            // DeviceSparseObject's attributes (mooncake/sparse/_gpu.py), interned once.
+            static PyObject* const k_host = PyUnicode_InternFromString("_host");
+            static PyObject* const k_indices = PyUnicode_InternFromString("_indices_dev");
+            static PyObject* const k_values = PyUnicode_InternFromString("_values_dev");
+            const std::size_t n = weights.size();
+            if (objs.size() != n) {
+                ThrowIfError(InvalidArgument(std::to_string(n) + " weights but " +
+                                             std::to_string(objs.size()) + " objects"));
+            }
+            // A borrowed attribute of a device object, or null (not a device object).
+            const auto member = [](pyb::handle o, PyObject* key) -> pyb::object {
+                PyObject* v = PyObject_GetAttr(o.ptr(), key);
+                if (v == nullptr) PyErr_Clear();
+                return pyb::reinterpret_steal<pyb::object>(v);
+            };
+            const auto text = [](auto shape) {  // as Python prints a shape tuple
+                std::string t = "(";
+                for (std::size_t d = 0; d < shape.size(); ++d) {
+                    t += (d ? ", " : "") + std::to_string(shape[d]);
+                }
+                return t + (shape.size() == 1 ? ",)" : ")");
+            };
+            std::vector<ParsedTensor> keep_w;
+            std::vector<pyb::object> keep_o;  // the objects' members stay referenced
+            std::vector<cuda::ApplyItem> items(n);
+            keep_w.reserve(n);
+            keep_o.reserve(3 * n);
+            std::uintptr_t s = 0;
+            for (std::size_t i = 0; i < n; ++i) {
+                pyb::object host = member(objs[i], k_host);
+                pyb::object idx = member(objs[i], k_indices);
+                pyb::object val = member(objs[i], k_values);
+                if (!host || !idx || !val || !pyb::isinstance<SparseObjectView>(host) ||
+                    !pyb::isinstance<DeviceArray>(idx) || !pyb::isinstance<DeviceArray>(val)) {
+                    return false;  // not all device objects: the caller's general path
+                }
+                const std::string at = n == 1 ? "" : "weights[" + std::to_string(i) + "] ";
+                keep_w.push_back(ParseTensorArg(weights[i], at + "weight", true, stream));
+                items[i].weight = CudaArg(keep_w.back(), at + "weight");
+                if (i == 0) s = keep_w.back().ref.stream;
+                if (items[i].weight.ptr.device != items[0].weight.ptr.device) return false;
+                const auto& view = host.cast<const SparseObjectView&>();
+                const auto local = view.target_box.shape();
+                if (!std::equal(local.begin(), local.end(), items[i].weight.shape.begin(),
+                                items[i].weight.shape.end())) {
+                    ThrowIfError(InvalidArgument("weights[" + std::to_string(i) + "] shape " +
+                                                 text(std::span<const Index>(items[i].weight.shape)) +
+                                                 " != object local shape " + text(local)));
+                }
+                items[i].indices = idx.cast<const DeviceArray&>().view();
+                items[i].values = val.cast<const DeviceArray&>().view();
+                items[i].apply = view.desc.apply;
+                keep_o.push_back(std::move(host));
+                keep_o.push_back(std::move(idx));
+                keep_o.push_back(std::move(val));
+            }
+            pyb::gil_scoped_release nogil;
+            ThrowIfError(cuda::ApplySparseBatch(items, s));
+            return true;
+        },
+        pyb::arg("weights"), pyb::arg("objs"), pyb::arg("stream"),
+        "apply_sparse_objects of device objects (read_sparse_objects(..., device=...)) to CUDA "
+        "weights of one device, in a few launches on `stream`, every shape and coordinate checked "
+        "before any write; False (nothing done) when an object is not a device object or the "
+        "weights span devices.");
     m.attr("HAS_GPU_CODEC") = true;
 }
 

@@ -108,9 +108,22 @@ def encode_updates_gpu(pairs: list[tuple[Any, Any]], apply: str, threshold: floa
     for items in by_device.values():
         news, stream = _capsules([pairs[i][0] for i in items])
         olds, _ = _capsules([pairs[i][1] for i in items])
-        raw = _core._gpu_encode_updates(news, olds, apply, float(threshold), shape, stream)
-        for i, (idx, vals, _, _, _) in zip(items, raw):
-            out[i] = (_out(idx), _out(vals))
+        if torch_module() is None:
+            raw = _core._gpu_encode_updates(news, olds, apply, float(threshold), shape, stream)
+            for i, (idx, vals, _, _, _) in zip(items, raw):
+                out[i] = (_out(idx), _out(vals))
+            continue
+        # torch: each run of members that lie back to back is imported once and split into
+        # the items' views (one import per member would cost more than the encode's launches).
+        index_runs, value_runs = _core._gpu_encode_runs(news, olds, apply, float(threshold), shape,
+                                                        stream)
+        idx = [None] * len(items)
+        for arr, sizes, which in index_runs:
+            for k, part in zip(which, _out(arr).split(sizes)):
+                idx[k] = part
+        for arr, sizes, which in value_runs:
+            for k, part in zip(which, _out(arr).split(sizes)):
+                out[items[k]] = (idx[k], part)
     return out
 
 
@@ -212,6 +225,22 @@ def read_on_device(store: Any, sources: list, targets: list, strategy: str,
     return [DeviceSparseObject(o, idx, vals) for o, idx, vals in raw]
 
 
+def _weight_capsules(weights: list[Any]) -> list[Any] | None:
+    """CUDA torch weights as DLPack capsules of torch's C++ exporter (views keep their strides),
+    or None when one is not a plain torch tensor (the general path takes it)."""
+    torch = torch_module()
+    to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
+    if to_dlpack is None:
+        return None
+    tensor = torch.Tensor
+    out = []
+    for w in weights:
+        if not isinstance(w, tensor) or not w.is_cuda or w.is_conj() or w.is_neg():
+            return None
+        out.append(to_dlpack(w.detach() if w.requires_grad else w))
+    return out
+
+
 def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
     """Applies objs[i] to CUDA weights[i] in a few launches per device (one check of every
     coordinate first: an out-of-range one leaves every weight unchanged). Weights may be strided
@@ -220,7 +249,15 @@ def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
     _require()
     if len(weights) != len(objs):
         raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
-    # One pass per object, reading what it needs once: a step applies hundreds of thousands.
+    # Device objects onto torch weights of one device (a rank's step): the core reads the
+    # objects and checks the shapes itself, a step applies hundreds of thousands.
+    dests = _weight_capsules(weights)
+    if dests is not None and weights:
+        torch = torch_module()
+        stream = int(torch.cuda.current_stream(weights[0].device).cuda_stream)
+        if _core._gpu_apply_objects(dests, objs, stream):
+            return
+    # One pass per object, reading what it needs once.
     torch = torch_module()
     tensor = torch.Tensor if torch is not None else ()
     by_device: dict[int, list[int]] = {}
