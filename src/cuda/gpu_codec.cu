@@ -20,9 +20,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "codec/codec.h"
 #include "cuda/cuda_util.cuh"
@@ -1237,47 +1239,134 @@ Status ApplySparse(const DeviceArray& w, const DeviceArray& idx, const DeviceArr
 
 namespace {
 
-/// Merges copies adjacent on both sides (after sorting by device address) and issues them.
+/// Transfers from which a batch goes to the driver as one cudaMemcpyBatchAsync: the engine
+/// moves them with less time between them than as many cudaMemcpyAsync calls (H200, the 588
+/// device-to-host transfers of a layer step's commit, 262 MB: 5.8 ms against 6.4).
+constexpr std::size_t kBatchMinCopies = 8;
+
+/// A device's side stream for batched copies (cudaMemcpyBatchAsync refuses the legacy default
+/// stream) and the events that order it after and before the caller's stream; created once and
+/// kept for the process's life. Held under `mu` while a batch is issued: a stream waits on an
+/// event as it was recorded at the call, so the next batch may record it again afterwards.
+struct SideStream {
+    std::mutex mu;
+    cudaStream_t stream = nullptr;
+    cudaEvent_t start = nullptr;
+    cudaEvent_t done = nullptr;
+};
+
+/// Device `device`'s side stream, returned with its mutex held by `lock`.
+Result<SideStream*> SideStreamOf(int device, std::unique_lock<std::mutex>& lock) {
+    static std::mutex table_mu;
+    static auto* table = new std::map<int, SideStream>;  // never destroyed (streams outlive exit)
+    SideStream* s = nullptr;
+    {
+        std::lock_guard g(table_mu);
+        s = &(*table)[device];
+    }
+    lock = std::unique_lock(s->mu);
+    if (s->stream == nullptr) {
+        MCS_CUDA(cudaEventCreateWithFlags(&s->start, cudaEventDisableTiming));
+        MCS_CUDA(cudaEventCreateWithFlags(&s->done, cudaEventDisableTiming));
+        MCS_CUDA(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    }
+    return s;
+}
+
+/// Merges copies adjacent on both sides (after sorting by device address) and issues them,
+/// ordered after the work on `stream` and before what is queued on it next. A batch of many
+/// transfers goes as one cudaMemcpyBatchAsync on a side stream joined to `stream` by events;
+/// with `alongside`, always on the side stream, and alongside() queues its own work on `stream`
+/// meanwhile (the two run at the same time; the copies are joined after it).
 Status CopyBatch(std::span<const HostDeviceCopy> copies, std::uintptr_t stream_handle, bool to_host,
-                 bool wait = true) {
+                 bool wait = true, const std::function<Status()>* alongside = nullptr) {
     std::vector<HostDeviceCopy> sorted;
     sorted.reserve(copies.size());
     for (const HostDeviceCopy& c : copies) {
         if (!c.host.empty()) sorted.push_back(c);
     }
-    if (sorted.empty()) return Status::Ok();
+    cudaStream_t stream = AsStream(stream_handle);
+    if (sorted.empty()) {
+        if (alongside != nullptr) MCS_RETURN_IF_ERROR((*alongside)());
+        if (wait && alongside != nullptr) MCS_CUDA(cudaStreamSynchronize(stream));
+        return Status::Ok();
+    }
     std::sort(sorted.begin(), sorted.end(), [](const HostDeviceCopy& x, const HostDeviceCopy& y) {
         return x.device.address < y.device.address;
     });
-    cudaStream_t stream = AsStream(stream_handle);
-    MCS_RETURN_IF_ERROR(UseDevice(sorted[0].device.device));
-    auto issue = [&](std::uintptr_t dev, std::byte* host, std::size_t bytes) -> Status {
-        void* d = reinterpret_cast<void*>(dev);
-        if (to_host) {
-            MCS_CUDA(cudaMemcpyAsync(host, d, bytes, cudaMemcpyDeviceToHost, stream));
-        } else {
-            MCS_CUDA(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, stream));
-        }
-        return Status::Ok();
-    };
+    const int device = sorted[0].device.device;
+    MCS_RETURN_IF_ERROR(UseDevice(device));
+    // The merged transfers as the batch call takes them.
+    std::vector<void*> dsts;
+    std::vector<const void*> srcs;
+    std::vector<std::size_t> sizes;
+    dsts.reserve(sorted.size());
+    srcs.reserve(sorted.size());
+    sizes.reserve(sorted.size());
     std::uintptr_t dev = sorted[0].device.address;
     std::byte* host = sorted[0].host.data();
     std::size_t bytes = sorted[0].host.size();
+    const auto add = [&] {
+        void* d = reinterpret_cast<void*>(dev);
+        dsts.push_back(to_host ? static_cast<void*>(host) : d);
+        srcs.push_back(to_host ? static_cast<const void*>(d) : static_cast<const void*>(host));
+        sizes.push_back(bytes);
+    };
     for (std::size_t i = 1; i < sorted.size(); ++i) {
         const HostDeviceCopy& c = sorted[i];
-        if (c.device.device == sorted[0].device.device && c.device.address == dev + bytes &&
+        if (c.device.device == device && c.device.address == dev + bytes &&
             c.host.data() == host + bytes) {
             bytes += c.host.size();
             continue;
         }
-        MCS_RETURN_IF_ERROR(issue(dev, host, bytes));
+        add();
         dev = c.device.address;
         host = c.host.data();
         bytes = c.host.size();
     }
-    MCS_RETURN_IF_ERROR(issue(dev, host, bytes));
-    if (wait) MCS_CUDA(cudaStreamSynchronize(stream));
-    return Status::Ok();
+    add();
+    const cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    const bool batch = sizes.size() >= kBatchMinCopies;
+    if (!batch && alongside == nullptr) {
+        for (std::size_t i = 0; i < sizes.size(); ++i) {
+            MCS_CUDA(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], kind, stream));
+        }
+        if (wait) MCS_CUDA(cudaStreamSynchronize(stream));
+        return Status::Ok();
+    }
+    std::unique_lock<std::mutex> lock;
+    MCS_ASSIGN_OR_RETURN(SideStream * side, SideStreamOf(device, lock));
+    MCS_CUDA(cudaEventRecord(side->start, stream));
+    MCS_CUDA(cudaStreamWaitEvent(side->stream, side->start, 0));
+    Status issued = Status::Ok();
+    bool batch_failed = false;
+    if (batch) {
+        cudaMemcpyAttributes attr{};
+        attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+        std::size_t attr_index = 0;
+        const cudaError_t e = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(),
+                                                   sizes.size(), &attr, &attr_index, 1, side->stream);
+        if (e != cudaSuccess) {
+            // A driver without batched copies: one transfer at a time below.
+            (void)cudaGetLastError();
+            batch_failed = true;
+        }
+    }
+    if (!batch || batch_failed) {
+        for (std::size_t i = 0; i < sizes.size() && issued.ok(); ++i) {
+            issued = CudaError(cudaMemcpyAsync(dsts[i], srcs[i], sizes[i], kind, side->stream),
+                               "cudaMemcpyAsync");
+        }
+    }
+    // Whatever happened, what was queued on the side stream is joined (and waited for below)
+    // before the caller may reuse the memory.
+    MCS_CUDA(cudaEventRecord(side->done, side->stream));
+    const Status beside = issued.ok() && alongside != nullptr ? (*alongside)() : Status::Ok();
+    MCS_CUDA(cudaStreamWaitEvent(stream, side->done, 0));
+    lock.unlock();
+    if (wait || !issued.ok() || !beside.ok()) MCS_CUDA(cudaStreamSynchronize(stream));
+    MCS_RETURN_IF_ERROR(issued);
+    return beside;
 }
 
 struct Staging {
@@ -1295,6 +1384,11 @@ Staging& TheStaging() {
 
 Status CopyBatchToHost(std::span<const HostDeviceCopy> copies, std::uintptr_t stream) {
     return CopyBatch(copies, stream, true);
+}
+
+Status CopyBatchToHostAlongside(std::span<const HostDeviceCopy> copies, std::uintptr_t stream,
+                                const std::function<Status()>& alongside) {
+    return CopyBatch(copies, stream, true, true, &alongside);
 }
 
 Status CopyBatchToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream) {

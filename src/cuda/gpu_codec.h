@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -148,6 +149,13 @@ struct HostDeviceCopy {
 /// batch's members laid out back to back (EncodeUpdates' results) move in a few large copies.
 /// Errors: Unavailable / Internal (CUDA error).
 Status CopyBatchToHost(std::span<const HostDeviceCopy> copies, std::uintptr_t stream);
+
+/// CopyBatchToHost whose copies run on the copy engine while alongside() queues other work on
+/// `stream` (a kernel: the two share the PCIe link): the copies start after the work queued on
+/// `stream` before the call, and everything is complete when the call returns.
+/// Errors: those of CopyBatchToHost, or alongside()'s.
+Status CopyBatchToHostAlongside(std::span<const HostDeviceCopy> copies, std::uintptr_t stream,
+                                const std::function<Status()>& alongside);
 
 /// Copies a batch of host ranges into device memory (host -> device), merged as CopyBatchToHost
 /// merges them; complete when the call returns.

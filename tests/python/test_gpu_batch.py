@@ -429,6 +429,36 @@ def test_batched_apply_matches_host_apply_on_views():
     assert np.array_equal(bits(stacked), bits(ref_stacked))
 
 
+def test_apply_of_device_objects_checks_shapes_first_and_takes_any_mix():
+    # Device objects (the core reads them and checks every shape before any write), a
+    # Parameter that requires grad, and a list mixing device and host objects.
+    pairs = pairs_of([((32, 24), torch.bfloat16)] * 3, density=0.1)
+    store = mcs.connect()
+    names = ["a", "b", "c"]
+    coo = mcs.encode_updates(pairs)
+    store.put_sparse_objects([dict(tensor_id=t, global_shape=(32, 24), indices=i, values=v,
+                                   generation=(0, 1)) for t, (i, v) in zip(names, coo)])
+    targets = [mcs.Target(t, f"r/{t}", "n", {}, (0, 0), (32, 24)) for t in names]
+    m = store.manifest((0, 1))
+    objs = store.read_sparse_objects(m, targets, device="cuda")
+    olds = [o for _, o in pairs]
+    weights = [olds[0].clone(), torch.nn.Parameter(olds[1].clone()),
+               olds[2].clone()[:, :20]]  # the last one's shape is wrong
+    with pytest.raises(mcs.InvalidArgument, match=r"weights\[2\] shape \(32, 20\) != object "
+                                                  r"local shape \(32, 24\)"):
+        mcs.apply_sparse_objects(weights, objs)
+    torch.cuda.synchronize()
+    for w, o in zip(weights, olds):
+        assert torch.equal(w, o[:, :w.shape[1]])  # nothing written
+    weights[2] = olds[2].clone()
+    mixed = [objs[0], store.read_sparse_objects(m, targets[1:2])[0], objs[2]]
+    assert not isinstance(mixed[1], DeviceSparseObject)
+    mcs.apply_sparse_objects(weights, mixed)
+    torch.cuda.synchronize()
+    for w, (new, _) in zip(weights, pairs):
+        assert np.array_equal(bits(w.detach()), bits(new))
+
+
 def test_batched_apply_out_of_range_changes_no_weight():
     a = torch.zeros(8, 8, dtype=torch.bfloat16, device="cuda")
     b = torch.zeros(8, 8, dtype=torch.bfloat16, device="cuda")
