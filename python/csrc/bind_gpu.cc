@@ -665,7 +665,8 @@ void RegisterGpu(pyb::module_& m) {
             const auto text = [](auto shape) {  // as Python prints a shape tuple
                 std::string t = "(";
                 for (std::size_t d = 0; d < shape.size(); ++d) {
-                    t += (d ? ", " : "") + std::to_string(shape[d]);
+                    if (d > 0) t += ", ";
+                    t += std::to_string(shape[d]);
                 }
                 return t + (shape.size() == 1 ? ",)" : ")");
             };
