@@ -3,11 +3,11 @@
 // IndexCanonicalBatch: the sorted fast path of a commit (codec/build.cc, SortedTileIndex2D and
 // IndexCanonicalEntries) on the device, for a batch of rank-2 COOs in one go.
 //
-// Entries. The batch's entries are cut into blocks of 256, each block within one item (an
+// Entries. The batch's entries are cut into blocks of 1024, each block within one item (an
 // item's last block is partial). What the host path checks entry by entry in one sequential
 // pass is a property of each pair of consecutive entries: both in the box, and the second after
 // the first in (tile row-major, element row-major) order — strictly, so no coordinate repeats.
-// One thread per entry checks its pair and flags the item when it fails. An entry opens a tile
+// Each thread checks the pairs of four consecutive entries and flags the item when one fails. An entry opens a tile
 // when it is the item's first or its tile differs from its predecessor's; the number of
 // openings per block, scanned over the batch, gives every opening its place in its item's tile
 // index (within the item: the scan at the opening minus the scan at the item's first block),
@@ -37,7 +37,10 @@ namespace {
 
 constexpr unsigned kThreads = 256;     ///< Threads per block of every kernel.
 constexpr unsigned kWarps = kThreads / 32;
-constexpr std::uint64_t kEntriesPerBlock = kThreads;
+/// Consecutive entries per thread of the entry kernels: a warp reads 512 bytes of narrow
+/// indices in one 16-byte load per lane, and finds its block's item once per 1024 entries.
+constexpr unsigned kPerThread = 4;
+constexpr std::uint64_t kEntriesPerBlock = kThreads * kPerThread;
 /// Above this many bytes of tile index room, the tile indexes come back after the sync, each
 /// exactly as large as it turned out.
 constexpr std::uint64_t kEagerTileBytes = std::uint64_t{64} << 20;
@@ -113,7 +116,7 @@ __device__ __forceinline__ EntryTile TileOf(const ItemDesc& d, std::uint64_t r, 
     return e;
 }
 
-/// Where the entry kernels' thread works: its item and its entry within the item.
+/// Where the entry kernels' thread works: its item and its first entry within the item.
 struct EntrySlot {
     std::uint32_t item;
     std::uint64_t entry;
@@ -122,7 +125,66 @@ struct EntrySlot {
 __device__ __forceinline__ EntrySlot SlotOf(const std::uint64_t* __restrict__ block_prefix,
                                             std::uint32_t n) {
     const std::uint32_t j = FindSegment(block_prefix, n, blockIdx.x);
-    return {j, (blockIdx.x - block_prefix[j]) * kEntriesPerBlock + threadIdx.x};
+    return {j, (blockIdx.x - block_prefix[j]) * kEntriesPerBlock + kPerThread * threadIdx.x};
+}
+
+/// A thread's entries: entries [first, first + count) of the item (count <= kPerThread), in
+/// one or two 16-byte loads when they are whole and aligned; the rest zero.
+struct Entries {
+    std::uint64_t r[kPerThread];
+    std::uint64_t c[kPerThread];
+    std::uint32_t count;
+};
+
+__device__ __forceinline__ Entries LoadEntries(const ItemDesc& d, std::uint64_t first) {
+    Entries e{};
+    e.count = first < d.nnz ? std::uint32_t(min(std::uint64_t(kPerThread), d.nnz - first)) : 0u;
+    if (d.wide) {
+        const auto* p = static_cast<const std::uint32_t*>(d.indices) + 2 * first;
+        if (e.count == kPerThread && reinterpret_cast<std::uintptr_t>(p) % 16 == 0) {
+            const uint4 a = reinterpret_cast<const uint4*>(p)[0];
+            const uint4 b = reinterpret_cast<const uint4*>(p)[1];
+            e.r[0] = a.x; e.c[0] = a.y; e.r[1] = a.z; e.c[1] = a.w;
+            e.r[2] = b.x; e.c[2] = b.y; e.r[3] = b.z; e.c[3] = b.w;
+            return e;
+        }
+    } else {
+        const auto* p = static_cast<const std::uint16_t*>(d.indices) + 2 * first;
+        if (e.count == kPerThread && reinterpret_cast<std::uintptr_t>(p) % 16 == 0) {
+            const uint4 a = *reinterpret_cast<const uint4*>(p);
+            const std::uint32_t w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+            for (unsigned k = 0; k < kPerThread; ++k) {
+                e.r[k] = w[k] & 0xffffu;
+                e.c[k] = w[k] >> 16;
+            }
+            return e;
+        }
+    }
+    for (unsigned k = 0; k < e.count; ++k) LoadEntry(d, first + k, e.r[k], e.c[k]);
+    return e;
+}
+
+/// The entry before a thread's first one: the previous lane's last (its entries are whole
+/// when this thread has any), else read. All lanes call it.
+__device__ __forceinline__ void Predecessor(const ItemDesc& d, std::uint64_t first,
+                                            const Entries& e, std::uint64_t& pr,
+                                            std::uint64_t& pc) {
+    pr = __shfl_up_sync(0xffffffffu, e.r[kPerThread - 1], 1);
+    pc = __shfl_up_sync(0xffffffffu, e.c[kPerThread - 1], 1);
+    if ((threadIdx.x & 31) == 0 && first > 0 && e.count > 0) LoadEntry(d, first - 1, pr, pc);
+}
+
+/// The sum of v over the block (every thread calls it; the result is thread 0's).
+__device__ __forceinline__ unsigned BlockSum(unsigned v, unsigned* warp_sums) {
+    for (int dd = 16; dd > 0; dd >>= 1) v += __shfl_xor_sync(0xffffffffu, v, dd);
+    if ((threadIdx.x & 31) == 0) warp_sums[threadIdx.x >> 5] = v;
+    __syncthreads();
+    unsigned total = 0;
+    if (threadIdx.x == 0) {
+        for (unsigned w = 0; w < kWarps; ++w) total += warp_sums[w];
+    }
+    return total;
 }
 
 /// Pass 1: every entry against the box and its predecessor (the item is flagged when one
@@ -130,32 +192,34 @@ __device__ __forceinline__ EntrySlot SlotOf(const std::uint64_t* __restrict__ bl
 __global__ void CheckKernel(const ItemDesc* __restrict__ items,
                             const std::uint64_t* __restrict__ block_prefix, std::uint32_t n,
                             std::uint32_t* __restrict__ block_opens, ItemOut* __restrict__ out) {
+    __shared__ unsigned warp_sums[kWarps];
     const EntrySlot s = SlotOf(block_prefix, n);
     const ItemDesc& d = items[s.item];
-    bool open = false;
+    const Entries e = LoadEntries(d, s.entry);
+    std::uint64_t pr = 0, pc = 0;
+    Predecessor(d, s.entry, e, pr, pc);
+    unsigned opens = 0;
     bool bad = false;
-    if (s.entry < d.nnz) {
-        std::uint64_t r, c;
-        LoadEntry(d, s.entry, r, c);
-        bad = (r - d.lo0) >= d.ext0 || (c - d.lo1) >= d.ext1;
-        const EntryTile e = TileOf(d, r, c);
-        if (s.entry == 0) {
-            open = true;
+    EntryTile p = TileOf(d, pr, pc);
+    for (unsigned k = 0; k < e.count; ++k) {
+        const std::uint64_t r = e.r[k], c = e.c[k];
+        bad |= (r - d.lo0) >= d.ext0 || (c - d.lo1) >= d.ext1;
+        const EntryTile t = TileOf(d, r, c);
+        if (s.entry + k == 0) {
+            ++opens;
+        } else if (t.t == p.t) {
+            bad |= !(r > pr || (r == pr && c > pc));  // row-major within the tile
         } else {
-            std::uint64_t pr, pc;
-            LoadEntry(d, s.entry - 1, pr, pc);
-            const EntryTile p = TileOf(d, pr, pc);
-            if (e.t == p.t) {
-                bad |= !(r > pr || (r == pr && c > pc));  // row-major within the tile
-            } else {
-                bad |= e.t < p.t;
-                open = true;
-            }
+            bad |= t.t < p.t;
+            ++opens;
         }
+        p = t;
+        pr = r;
+        pc = c;
     }
     if (bad) atomicOr(&out[s.item].bad, 1ULL);
-    const int opens = __syncthreads_count(open ? 1 : 0);
-    if (threadIdx.x == 0) block_opens[blockIdx.x] = std::uint32_t(opens);
+    const unsigned total = BlockSum(opens, warp_sums);
+    if (threadIdx.x == 0) block_opens[blockIdx.x] = total;
 }
 
 /// Pass 2: every opening's tile coordinates and entry offset at its place in its item's tile
@@ -165,37 +229,45 @@ __global__ void TileKernel(const ItemDesc* __restrict__ items,
                            const std::uint64_t* __restrict__ offsets,
                            std::uint32_t* __restrict__ tile_coords,
                            std::uint64_t* __restrict__ tile_ptr) {
-    __shared__ std::uint32_t warp_opens[kWarps];
+    __shared__ unsigned warp_opens[kWarps];
     const EntrySlot s = SlotOf(block_prefix, n);
     const ItemDesc& d = items[s.item];
-    bool open = false;
-    EntryTile e{0, 0, 0};
-    if (s.entry < d.nnz) {
-        std::uint64_t r, c;
-        LoadEntry(d, s.entry, r, c);
-        e = TileOf(d, r, c);
-        if (s.entry == 0) {
-            open = true;
-        } else {
-            std::uint64_t pr, pc;
-            LoadEntry(d, s.entry - 1, pr, pc);
-            open = TileOf(d, pr, pc).t != e.t;
-        }
+    const Entries e = LoadEntries(d, s.entry);
+    std::uint64_t pr = 0, pc = 0;
+    Predecessor(d, s.entry, e, pr, pc);
+    EntryTile tiles[kPerThread];
+    unsigned open = 0;  // bit k: entry k opens a tile
+    EntryTile p = TileOf(d, pr, pc);
+#pragma unroll
+    for (unsigned k = 0; k < kPerThread; ++k) {
+        tiles[k] = TileOf(d, e.r[k], e.c[k]);
+        if (k < e.count && (s.entry + k == 0 || tiles[k].t != p.t)) open |= 1u << k;
+        p = tiles[k];
     }
+    // The thread's openings before its own: a warp scan, then the warps before it.
     const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const unsigned ballot = __ballot_sync(0xffffffffu, open);
-    if (lane == 0) warp_opens[warp] = unsigned(__popc(ballot));
+    const unsigned mine = unsigned(__popc(open));
+    unsigned incl = mine;
+#pragma unroll
+    for (unsigned dd = 1; dd < 32; dd <<= 1) {
+        const unsigned v = __shfl_up_sync(0xffffffffu, incl, dd);
+        if (lane >= dd) incl += v;
+    }
+    if (lane == 31) warp_opens[warp] = incl;
     __syncthreads();
-    std::uint64_t before = 0;
+    std::uint64_t before = incl - mine;
     for (unsigned w = 0; w < warp; ++w) before += warp_opens[w];
-    before += unsigned(__popc(ballot & ((1u << lane) - 1u)));
-    if (!open) return;
-    const std::uint64_t at = offsets[blockIdx.x] - offsets[block_prefix[s.item]] + before;
-    if (at >= d.tile_cap) return;  // a non-canonical item's surplus (flagged by pass 1)
-    const std::uint64_t slot = d.tile_base + at;
-    tile_coords[2 * slot] = std::uint32_t(e.tr);
-    tile_coords[2 * slot + 1] = std::uint32_t(e.tc);
-    tile_ptr[slot] = s.entry;
+    if (open == 0) return;
+    const std::uint64_t base = offsets[blockIdx.x] - offsets[block_prefix[s.item]];
+    for (unsigned k = 0; k < kPerThread; ++k) {
+        if ((open >> k & 1u) == 0) continue;
+        const std::uint64_t at = base + before++;
+        if (at >= d.tile_cap) return;  // a non-canonical item's surplus (flagged by pass 1)
+        const std::uint64_t slot = d.tile_base + at;
+        tile_coords[2 * slot] = std::uint32_t(tiles[k].tr);
+        tile_coords[2 * slot + 1] = std::uint32_t(tiles[k].tc);
+        tile_ptr[slot] = s.entry + k;
+    }
 }
 
 /// An 8-byte little-endian word at any address, in the widest loads its alignment allows.
