@@ -3,6 +3,8 @@
 paths and the floor of the same run, per backend and apply mode (the last step of each).
 
     python benchmarks/plot_gpu_sync.py DIR   # reads DIR/gpu_sync.jsonl, writes DIR/gpu_sync.png
+    python benchmarks/plot_gpu_sync.py DIR NAME...  # runs side by side: DIR/NAME.jsonl, every
+                                                     # step from the third, -> DIR/compare.png
 """
 from __future__ import annotations
 
@@ -16,11 +18,52 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+PHASES = [("encode_s", "encode"), ("commit_s", "commit"), ("read_s", "read"),
+          ("apply_s", "apply")]
+COLORS = ["#4c72b0", "#55a868", "#c44e52", "#8172b2"]
+
+
+def compare(out_dir: pathlib.Path, names: list[str]) -> int:
+    """The steady steps (third on) of several runs, each step's phases stacked, with the best
+    dense path and the floor of the same step."""
+    bars: list[tuple[str, dict]] = []
+    for name in names:
+        for line in (out_dir / f"{name}.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if r.get("what") == "gpu_sync" and r["step"] >= 3:
+                bars.append((f"{name}\n{r['backend']} {r['step']}", r))
+    fig, ax = plt.subplots(figsize=(0.7 * len(bars) + 2, 4.5))
+    for k, (_, r) in enumerate(bars):
+        bottom = 0.0
+        for (field, label), c in zip(PHASES, COLORS):
+            ax.bar(k, r[field] * 1e3, 0.6, bottom=bottom, color=c, label=label if k == 0 else None)
+            bottom += r[field] * 1e3
+        ax.text(k, bottom, f"{r['speedup_vs_dense_box']:.1f}x", ha="center", va="bottom",
+                fontsize=7)
+        ax.plot([k - 0.3, k + 0.3], [r["floor_s"] * 1e3] * 2, color="black",
+                label="floor" if k == 0 else None)
+        ax.plot([k - 0.3, k + 0.3], [r["dense_box_s"] * 1e2] * 2, color="#dd8452", ls="--",
+                label="best dense path / 10" if k == 0 else None)
+    ax.set_xticks(range(len(bars)))
+    ax.set_xticklabels([b for b, _ in bars], fontsize=7)
+    ax.set_ylabel("ms per step")
+    r0 = bars[0][1]
+    ax.set_title(f"steady steps: {r0['tensors']} tensors, {r0['targets']} targets, "
+                 f"{r0['dense_bytes'] / 1e9:.1f} GB, density {r0['density']} (label: x dense)",
+                 fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "compare.png", dpi=120)
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
+    if not argv:
         print(__doc__, file=sys.stderr)
         return 2
     out_dir = pathlib.Path(argv[0])
+    if len(argv) > 1:
+        return compare(out_dir, argv[1:])
     recs = [json.loads(line) for line in (out_dir / "gpu_sync.jsonl").read_text().splitlines()]
     recs = [r for r in recs if r.get("what") == "gpu_sync"]
     last: dict[tuple[str, str], dict] = {}
@@ -29,9 +72,7 @@ def main(argv: list[str]) -> int:
     keys = sorted(last)
     fig, ax = plt.subplots(figsize=(2.6 * len(keys) + 2, 4.5))
     width = 0.2
-    phases = [("encode_s", "encode"), ("commit_s", "commit"), ("read_s", "read"),
-              ("apply_s", "apply")]
-    colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2"]
+    phases, colors = PHASES, COLORS
     for k, key in enumerate(keys):
         r = last[key]
         bottom = 0.0
