@@ -27,3 +27,14 @@ def test_cpu_size_runs_and_reports_every_phase(tmp_path):
             assert r[k] > 0, k
         assert r["nnz"] > 0 and r["targets"] > r["tensors"]
         assert r["read_bytes"] < r["node_bytes"]
+
+
+def test_trace_records_the_four_phases_of_each_modes_last_step(tmp_path):
+    trace = tmp_path / "trace"
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--quick",
+                           "--backends", "embedded", "--apply", "overwrite",
+                           "--trace", str(trace)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = json.loads((trace / "trace_embedded_overwrite.json").read_text())["traceEvents"]
+    phases = {e["name"] for e in events if e.get("name", "").startswith("phase:")}
+    assert phases == {"phase:encode", "phase:commit", "phase:read", "phase:apply"}
