@@ -399,10 +399,27 @@ Status SparseStore::SelectTargetSources(ReadCall& call) {
 Status SparseStore::LoadIndexes(ReadCall& call) {
     call.indexes.resize(call.manifest.size());
     call.lookup.assign(call.manifest.size(), nullptr);
-    for (std::size_t si : call.selection.needed_sources) {
-        MCS_ASSIGN_OR_RETURN(call.indexes[si], LoadIndex(call.manifest[si]));
-        call.lookup[si] = call.indexes[si].get();
-    }
+    // Each source's index loads on its own (the node cache locks per claim, and a source
+    // another request is loading is waited for, not loaded twice): a step's thousands of
+    // sources load side by side. The first error in source order is the call's.
+    const std::vector<std::uint32_t>& needed = call.selection.needed_sources;
+    constexpr std::size_t kSourcesPerThread = 64;
+    const int threads = needed.size() < 2 * kSourcesPerThread ? 1 : call.options.num_threads;
+    std::vector<Status> errors(needed.size());
+    internal::ParallelFor(
+        threads, needed.size(),
+        [&](std::size_t k) {
+            const std::size_t si = needed[k];
+            Result<std::shared_ptr<const TileIndex>> index = LoadIndex(call.manifest[si]);
+            if (!index.ok()) {
+                errors[k] = index.status();
+                return;
+            }
+            call.indexes[si] = std::move(index).value();
+            call.lookup[si] = call.indexes[si].get();
+        },
+        0);
+    for (const Status& s : errors) MCS_RETURN_IF_ERROR(s);
     return Status::Ok();
 }
 
@@ -576,8 +593,12 @@ void SparseStore::MaterializeTargets(ReadCall& call) {
     for (const auto& p : call.pieces) {
         for (const Piece& piece : p) entries += piece.range.size();
     }
+    // Work in entries, a target's fixed cost (its views, its pieces, its object) counted as
+    // about a thousand: many small targets are worth the threads as much as many entries are.
     constexpr std::uint64_t kEntriesPerThread = std::uint64_t{1} << 18;
-    const int threads = entries < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
+    constexpr std::uint64_t kEntriesPerTarget = 1024;
+    const std::uint64_t work = entries + kEntriesPerTarget * call.targets.size();
+    const int threads = work < 2 * kEntriesPerThread ? 1 : call.options.num_threads;
     const auto build = [&](std::size_t t) {
         call.results[t] = MaterializeTarget(call.manifest, call.lookup, call.targets[t],
                                             call.selection.matches_of(t), call.pieces[t],

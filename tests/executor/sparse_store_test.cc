@@ -439,6 +439,57 @@ TEST(SparseStoreTest, ManifestEntryThatMisdescribesTheStoredObjectIsRejected) {
     }
 }
 
+// A read of many sources loads their indexes side by side and builds many small targets on
+// several threads: the same objects as one thread builds; the error of a call whose manifest
+// misdescribes several sources is the first one's in manifest order, and honest reads after it
+// are unchanged.
+TEST(SparseStoreTest, ManySourcesLoadInParallelAndFailInManifestOrder) {
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(23);
+    const Shape shape{48, 40};
+    constexpr int kSources = 300;
+    std::vector<TargetDescriptor> targets;
+    for (int i = 0; i < kSources; ++i) {
+        const std::string name = "w" + std::to_string(i);
+        const Coo coo = RandomCoo(rng, shape, 20 + i % 7);
+        PutSparseRequest req = Request(name, shape, coo);
+        req.encode.tile_shape = Shape{16, 16};
+        ASSERT_TRUE(store.PutSparseObject(req).ok());
+        targets.push_back(Target("a/" + name, name, "n", {0, 0}, {48, 40}));
+        targets.push_back(Target("b/" + name, name, "n", {8, 4}, {24, 30}));  // boundary tiles
+    }
+    const auto manifest = *store.Manifest({0, 1});
+    ASSERT_EQ(manifest.size(), std::size_t{kSources});
+    ReadOptions one;
+    one.num_threads = 1;
+    auto serial = store.ReadSparseObjects(manifest, targets, one);
+    ASSERT_TRUE(serial.ok()) << serial.status().ToString();
+    for (int round = 0; round < 2; ++round) {
+        store.ClearCaches();
+        ReadOptions many;
+        many.num_threads = 4;
+        auto parallel = store.ReadSparseObjects(manifest, targets, many);
+        ASSERT_TRUE(parallel.ok()) << parallel.status().ToString();
+        ASSERT_EQ(parallel->size(), serial->size());
+        for (std::size_t t = 0; t < serial->size(); ++t) {
+            EXPECT_EQ(Entries((*parallel)[t]), Entries((*serial)[t])) << t;
+        }
+        // Sources 120 (missing) and 150, 250 (other numbers) misdescribed: the first one fails
+        // the call, whichever thread loads it.
+        std::vector<SourceDescriptor> lies = manifest;
+        lies[120].source_ref += "x";
+        lies[150].nnz = std::uint64_t{1} << 40;
+        lies[250].tile_shape = {8, 8};
+        store.ClearCaches();
+        const Status st = store.ReadSparseObjects(lies, targets, many).status();
+        EXPECT_EQ(st.code(), StatusCode::kNotFound) << st.ToString();
+        lies[120] = manifest[120];
+        const Status st2 = store.ReadSparseObjects(lies, targets, many).status();
+        EXPECT_EQ(st2.code(), StatusCode::kInvalidArgument) << st2.ToString();
+        EXPECT_THAT(std::string(st2.message()), ::testing::HasSubstr(manifest[150].source_ref));
+    }
+}
+
 TEST(SparseStoreTest, TileShapeLargerThanTheTensorIsStoredClamped) {
     SparseStore store(MakeEmbeddedStore());
     std::mt19937_64 rng(22);
