@@ -431,8 +431,7 @@ pyb::list Runs(const std::vector<cuda::GpuEncoded>& encoded, bool indices) {
         pyb::list sizes, items;
         const cuda::GpuEncoded* first;
     };
-    std::vector<Run> runs;
-    std::vector<std::size_t> open;  // runs that may still grow
+    std::vector<Run> runs;  // few: one per member dtype (and rank) and sub-batch
     for (std::size_t i = 0; i < encoded.size(); ++i) {
         const cuda::GpuEncoded& e = encoded[i];
         const DType dtype = indices ? e.index_dtype : e.value_dtype;
@@ -440,8 +439,7 @@ pyb::list Runs(const std::vector<cuda::GpuEncoded>& encoded, bool indices) {
         const std::uint64_t address = (indices ? e.indices : e.values).address;
         const std::uint64_t bytes = indices ? e.indices_bytes() : e.values_bytes();
         Run* run = nullptr;
-        for (std::size_t k : open) {
-            Run& r = runs[k];
+        for (Run& r : runs) {
             if (r.dtype == dtype && r.rank == rank && r.address + r.bytes == address &&
                 r.first->keepalive == e.keepalive) {
                 run = &r;
@@ -449,7 +447,6 @@ pyb::list Runs(const std::vector<cuda::GpuEncoded>& encoded, bool indices) {
             }
         }
         if (run == nullptr) {
-            open.push_back(runs.size());
             runs.push_back({dtype, rank, address, 0, 0, pyb::list(), pyb::list(), &e});
             run = &runs.back();
         }

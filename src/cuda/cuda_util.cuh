@@ -1,7 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // What the CUDA translation units of this directory share: CUDA errors as Status, stream
-// handles, the current device, workspaces carved out of one device allocation. Internal:
+// handles, the current device, workspaces carved out of one device allocation, the segment
+// search of the batch kernels (which item an element belongs to). Internal:
 // included by .cu files only.
 #pragma once
 
@@ -54,6 +55,17 @@ public:
 private:
     std::uint64_t size_ = 0;
 };
+
+/// The last position p in sorted[0, n) with sorted[p] <= x (sorted[0] <= x is given).
+__device__ __forceinline__ std::uint32_t FindSegment(const std::uint64_t* __restrict__ sorted,
+                                                     std::uint32_t n, std::uint64_t x) {
+    std::uint32_t lo = 0, hi = n;  // invariant: sorted[lo] <= x, answer in [lo, hi)
+    while (hi - lo > 1) {
+        const std::uint32_t mid = lo + (hi - lo) / 2;
+        if (sorted[mid] <= x) lo = mid; else hi = mid;
+    }
+    return lo;
+}
 
 template <typename P>
 P* At(const DeviceBuffer& b, std::uint64_t offset) {

@@ -106,17 +106,6 @@ struct ChunkGeometry {
     }
 };
 
-/// The last position p in sorted[0, n) with sorted[p] <= x (sorted[0] <= x is given).
-__device__ __forceinline__ std::uint32_t FindSegment(const std::uint64_t* __restrict__ sorted,
-                                                     std::uint32_t n, std::uint64_t x) {
-    std::uint32_t lo = 0, hi = n;  // invariant: sorted[lo] <= x, answer in [lo, hi)
-    while (hi - lo > 1) {
-        const std::uint32_t mid = lo + (hi - lo) / 2;
-        if (sorted[mid] <= x) lo = mid; else hi = mid;
-    }
-    return lo;
-}
-
 /// The segment of x when x >= sorted[j0]: a few steps forward from j0 (a block's threads
 /// mostly share the segment of the block's first element), else a binary search of the rest.
 __device__ __forceinline__ std::uint32_t SegmentFrom(const std::uint64_t* __restrict__ sorted,

@@ -73,17 +73,6 @@ struct ItemOut {
     unsigned long long checksum_values;
 };
 
-/// The last position p in sorted[0, n) with sorted[p] <= x (sorted[0] <= x is given).
-__device__ __forceinline__ std::uint32_t FindSegment(const std::uint64_t* __restrict__ sorted,
-                                                     std::uint32_t n, std::uint64_t x) {
-    std::uint32_t lo = 0, hi = n;  // invariant: sorted[lo] <= x, answer in [lo, hi)
-    while (hi - lo > 1) {
-        const std::uint32_t mid = lo + (hi - lo) / 2;
-        if (sorted[mid] <= x) lo = mid; else hi = mid;
-    }
-    return lo;
-}
-
 __device__ __forceinline__ void LoadEntry(const ItemDesc& d, std::uint64_t i, std::uint64_t& r,
                                           std::uint64_t& c) {
     if (d.wide) {

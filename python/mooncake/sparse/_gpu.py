@@ -225,22 +225,6 @@ def read_on_device(store: Any, sources: list, targets: list, strategy: str,
     return [DeviceSparseObject(o, idx, vals) for o, idx, vals in raw]
 
 
-def _weight_capsules(weights: list[Any]) -> list[Any] | None:
-    """CUDA torch weights as DLPack capsules of torch's C++ exporter (views keep their strides),
-    or None when one is not a plain torch tensor (the general path takes it)."""
-    torch = torch_module()
-    to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
-    if to_dlpack is None:
-        return None
-    tensor = torch.Tensor
-    out = []
-    for w in weights:
-        if not isinstance(w, tensor) or not w.is_cuda or w.is_conj() or w.is_neg():
-            return None
-        out.append(to_dlpack(w.detach() if w.requires_grad else w))
-    return out
-
-
 def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
     """Applies objs[i] to CUDA weights[i] in a few launches per device (one check of every
     coordinate first: an out-of-range one leaves every weight unchanged). Weights may be strided
@@ -251,10 +235,8 @@ def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
         raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
     # Device objects onto torch weights of one device (a rank's step): the core reads the
     # objects and checks the shapes itself, a step applies hundreds of thousands.
-    dests = _weight_capsules(weights)
-    if dests is not None and weights:
-        torch = torch_module()
-        stream = int(torch.cuda.current_stream(weights[0].device).cuda_stream)
+    if weights:
+        dests, stream = _capsules(weights, destination=True)
         if _core._gpu_apply_objects(dests, objs, stream):
             return
     # One pass per object, reading what it needs once.
