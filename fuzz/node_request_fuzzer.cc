@@ -531,6 +531,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
         case T::kSparseManifest: return T::kSparseManifestReply;
         case T::kSparseCurrentGeneration: return T::kSparseCurrentGenerationReply;
         case T::kSparseRead: return T::kSparseReadReply;
+        case T::kSparseReadPlan: return T::kSparseReadPlanReply;
         case T::kMetrics: return T::kMetricsReply;
         case T::kSparseStepManifest: return T::kSparseStepManifestReply;
         case T::kSparseWait: return T::kSparseStepManifestReply;
@@ -663,6 +664,30 @@ private:
                 for (const w::SegmentMember* m :
                      {&o.indices, &o.values, &o.tile_coords, &o.tile_ptr}) {
                     CheckSlice(m->slice, "a target object member");
+                }
+            }
+        } else if (const auto* plan = std::get_if<w::SparseReadPlanReply>(&message)) {
+            // Leased members inside the segments, ranges inside them, pieces inside the ranges'
+            // entries (whole entries: the ranges' values are at least a byte per entry).
+            for (const w::PlannedSource& p : plan->sources) {
+                CheckSlice(p.indices, "a planned source's indices");
+                CheckSlice(p.values, "a planned source's values");
+            }
+            for (const w::PlannedRange& r : plan->ranges) {
+                if (r.source >= plan->sources.size()) Die("a planned range of no source");
+                const w::PlannedSource& p = plan->sources[r.source];
+                if (!RangeWithin(r.indices_offset, r.indices_bytes, p.indices.size) ||
+                    !RangeWithin(r.values_offset, r.values_bytes, p.values.size)) {
+                    Die("a planned range outside its source");
+                }
+            }
+            std::uint64_t pieces = 0;
+            for (const w::PlannedTarget& t : plan->targets) pieces += t.pieces;
+            if (pieces != plan->pieces.size()) Die("planned pieces of no target");
+            for (const w::PlannedPiece& p : plan->pieces) {
+                if (p.range >= plan->ranges.size() ||
+                    !RangeWithin(p.begin, p.count, plan->ranges[p.range].values_bytes)) {
+                    Die("a planned piece outside its range");
                 }
             }
         }
@@ -854,25 +879,48 @@ w::Message ReleaseOf(Choices& c, const Held& held) {
     return r;
 }
 
-/// Members of held leases (or fuzzed ids and names) into a fuzzed CUDA destination (no GPU
-/// here: refused, typed, after the items are checked).
+/// A fuzzed CUDA destination (no GPU here: refused, typed, after the items are checked).
+void CudaDestinationOf(Choices& c, w::TensorLocation& d) {
+    d.ref.kind = w::BufferKind::kCudaIpc;
+    d.ref.offset = U64(c, "destination", 0);
+    d.ref.size = U64(c, "destination", std::uint64_t{1} << 20);
+    d.ref.cuda_ipc_handle = c.Text("destination", w::kCudaIpcHandleBytes);
+    d.ref.cuda_ipc_handle.resize(w::kCudaIpcHandleBytes, '\0');
+    d.ref.device = static_cast<std::int32_t>(c.Range("destination", 0, 8));
+    d.cuda_base = U64(c, "destination", std::uint64_t{1} << 40);
+    d.cuda_alloc_size = U64(c, "destination", std::uint64_t{1} << 20);
+}
+
+/// A lease the connection holds (or a fuzzed id).
+std::uint64_t HeldLease(Choices& c, const Held& held) {
+    const std::size_t pick = c.Range("lease", 0, 7);
+    const std::uint64_t real = held.leases.empty() ? 1 : held.leases[pick % held.leases.size()];
+    return U64(c, "lease", real);
+}
+
+/// Members of held leases (or fuzzed ids and names) into a fuzzed CUDA destination.
 w::Message LeasesToDeviceOf(Choices& c, const Held& held) {
     w::LeasesToDeviceRequest r;
     static const std::string kMembers[] = {"indices", "values", "tile_coords", "tile_ptr"};
     for (std::size_t n = c.Range("copies", 0, 4), i = 0; i < n; ++i) {
-        const std::size_t pick = c.Range("lease", 0, 7);
-        const std::uint64_t real = held.leases.empty() ? 1 : held.leases[pick % held.leases.size()];
-        r.items.push_back({U64(c, "lease", real), StringOf(c, "member", kMembers, 16),
-                           U64(c, "offset", 4096 * i)});
+        const std::uint64_t lease = HeldLease(c, held);
+        r.items.push_back({lease, StringOf(c, "member", kMembers, 16), U64(c, "offset", 4096 * i)});
     }
-    r.destination.ref.kind = w::BufferKind::kCudaIpc;
-    r.destination.ref.offset = U64(c, "destination", 0);
-    r.destination.ref.size = U64(c, "destination", std::uint64_t{1} << 20);
-    r.destination.ref.cuda_ipc_handle = c.Text("destination", w::kCudaIpcHandleBytes);
-    r.destination.ref.cuda_ipc_handle.resize(w::kCudaIpcHandleBytes, '\0');
-    r.destination.ref.device = static_cast<std::int32_t>(c.Range("destination", 0, 8));
-    r.destination.cuda_base = U64(c, "destination", std::uint64_t{1} << 40);
-    r.destination.cuda_alloc_size = U64(c, "destination", std::uint64_t{1} << 20);
+    CudaDestinationOf(c, r.destination);
+    return r;
+}
+
+/// Byte ranges of held leases' members (or fuzzed ids, members, offsets and sizes) into a
+/// fuzzed CUDA destination.
+w::Message LeaseRangesToDeviceOf(Choices& c, const Held& held) {
+    w::LeaseRangesToDeviceRequest r;
+    for (std::size_t n = c.Range("copies", 0, 4), i = 0; i < n; ++i) {
+        const std::uint64_t lease = HeldLease(c, held);
+        const auto member = static_cast<std::uint32_t>(c.Range("member", 0, 5));
+        r.items.push_back({lease, member, U64(c, "offset", 64 * i), U64(c, "bytes", 64),
+                           U64(c, "dst_offset", 4096 * i)});
+    }
+    CudaDestinationOf(c, r.destination);
     return r;
 }
 
@@ -1057,6 +1105,20 @@ w::Message SparseReadOf(Choices& c, const World& world) {
     return r;
 }
 
+/// The read of SparseReadOf planned as a step's (its sources leased to the connection).
+w::Message SparseReadPlanOf(Choices& c, const World& world) {
+    w::SparseReadRequest read = std::get<w::SparseReadRequest>(SparseReadOf(c, world));
+    w::SparseReadPlanRequest r;
+    r.step = GenerationOf(c, "generation", {0, 1});
+    r.manifest = std::move(read.manifest);
+    r.targets = std::move(read.targets);
+    r.options = read.options;
+    for (std::size_t n = c.Range("unchanged", 0, 2), i = 0; i < n; ++i) {
+        r.unchanged.push_back(StringOf(c, "tensor_id", world.tensor_ids));
+    }
+    return r;
+}
+
 w::Message TensorItemsOf(Choices& c, const World& world, bool put) {
     std::vector<w::TensorItem> items;
     const std::size_t n = c.Range("items", 1, 3);
@@ -1116,6 +1178,8 @@ enum Op : std::uint64_t {
     kSparseCommitBatch,
     kSparseCommitDevice,
     kLeasesToDevice,
+    kSparseReadPlan,
+    kLeaseRangesToDevice,
     kNumOps,
 };
 
@@ -1164,6 +1228,8 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
             case kSparseCommitBatch: request = SparseCommitBatchOf(c, world); break;
             case kSparseCommitDevice: request = SparseCommitDeviceOf(c, world); break;
             case kLeasesToDevice: request = LeasesToDeviceOf(c, held); break;
+            case kSparseReadPlan: request = SparseReadPlanOf(c, world); break;
+            case kLeaseRangesToDevice: request = LeaseRangesToDeviceOf(c, held); break;
             case kSparseWait: request = SparseWaitOf(c); break;
             case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
             case kSparseAnchor: {
@@ -1196,6 +1262,8 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
             held.leases.push_back(lease->lease_id);
         } else if (const auto* read = std::get_if<w::SparseReadReply>(&*reply)) {
             for (const auto& o : read->objects) held.leases.push_back(o.lease_id);
+        } else if (const auto* plan = std::get_if<w::SparseReadPlanReply>(&*reply)) {
+            for (const auto& source : plan->sources) held.leases.push_back(source.lease_id);
         }
     }
 }
@@ -1259,7 +1327,8 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "sparse_read", "metrics", "clear_caches", "tensor_put", "tensor_get", "hello_again",
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
         "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch",
-        "sparse_commit_device", "leases_to_device"};
+        "sparse_commit_device", "leases_to_device", "sparse_read_plan",
+        "lease_ranges_to_device"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -218,29 +220,139 @@ struct DeviceRead {
     std::vector<std::pair<DeviceArray, DeviceArray>> members;
 };
 
+/// Where the device reads of this process spent their time (ns, summed over reads built on
+/// the device): the whole call, the store's planning until the build began, the ranges'
+/// copies into device memory (the gather, or the node daemon's copies), the filter/rebase.
+struct DeviceReadCounters {
+    std::atomic<std::uint64_t> reads{0};
+    std::atomic<std::uint64_t> total_ns{0};
+    std::atomic<std::uint64_t> plan_ns{0};
+    std::atomic<std::uint64_t> ranges_ns{0};
+    std::atomic<std::uint64_t> filter_ns{0};
+};
+
+DeviceReadCounters& ReadCounters() {
+    static DeviceReadCounters* c = new DeviceReadCounters;  // never destroyed
+    return *c;
+}
+
+std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+}
+
 std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manifest,
                                        std::span<const TargetDescriptor> targets,
                                        const ReadOptions& options, int device,
                                        std::uintptr_t stream) {
+    const auto start = std::chrono::steady_clock::now();
+    DeviceReadCounters& counters = ReadCounters();
     std::shared_ptr<cuda::DeviceBuffer> arena;
     std::vector<std::uint64_t> out_at;  // per target: indices offset, values offset
     bool entered = false;
+    // Filters and rebases every target's pieces from the ranges at `at` in `staging` into one
+    // new allocation (`arena`, `out_at`), setting read.kept.
+    const auto filter_and_rebase = [&](PlannedRead& read, std::span<const std::uint64_t> at,
+                                     cuda::DevicePtr staging) -> Status {
+        const auto filter_start = std::chrono::steady_clock::now();
+        // Targets: each one's entries in the arena, room for every entry of its pieces.
+        const std::size_t nt = read.targets.size();
+        std::vector<cuda::RebaseTarget> rts(nt);
+        std::vector<cuda::RebasePiece> rps(read.pieces.size());
+        std::vector<std::int64_t> bounds;
+        out_at.assign(2 * nt, 0);
+        std::uint64_t out_total = 0;
+        for (std::size_t t = 0; t < nt; ++t) {
+            const PlannedRead::Target& pt = read.per_target[t];
+            const TargetDescriptor& td = read.targets[t];
+            cuda::RebaseTarget& rt = rts[t];
+            rt.rank = static_cast<std::uint32_t>(td.box.rank());
+            rt.index_size = static_cast<std::uint32_t>(DTypeSize(pt.index_dtype));
+            rt.value_size = static_cast<std::uint32_t>(DTypeSize(pt.value_dtype));
+            rt.capacity = pt.capacity;
+            rt.first_piece = pt.first_piece;
+            rt.end_piece = pt.end_piece;
+            rt.origin = bounds.size();
+            bounds.insert(bounds.end(), td.box.origin().begin(), td.box.origin().end());
+            out_total = AlignUp(out_total, 16);
+            rt.indices_offset = out_at[2 * t] = out_total;
+            out_total = AlignUp(out_total + pt.capacity * rt.rank * rt.index_size, 16);
+            rt.values_offset = out_at[2 * t + 1] = out_total;
+            out_total += pt.capacity * rt.value_size;
+            for (std::size_t k = pt.first_piece; k < pt.end_piece; ++k) {
+                const PlannedRead::Piece& p = read.pieces[k];
+                const SourceDescriptor& src = read.manifest[read.ranges[p.range].source];
+                cuda::RebasePiece& rp = rps[k];
+                rp.index_size = static_cast<std::uint32_t>(DTypeSize(src.index_dtype));
+                rp.indices_offset = at[2 * p.range] + p.begin * rt.rank * rp.index_size;
+                rp.values_offset = at[2 * p.range + 1] + p.begin * DTypeSize(src.value_dtype);
+                rp.count = p.count;
+                rp.target = static_cast<std::uint32_t>(t);
+                rp.filter = p.filter;
+                if (p.filter) {
+                    rp.box = bounds.size();
+                    for (std::size_t d = 0; d < rt.rank; ++d) bounds.push_back(p.overlap.origin()[d]);
+                    for (std::size_t d = 0; d < rt.rank; ++d) {
+                        bounds.push_back(p.overlap.origin()[d] + p.overlap.shape()[d]);
+                    }
+                }
+            }
+        }
+        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
+                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(out_total, 16),
+                                                          device, stream));
+        arena = std::make_shared<cuda::DeviceBuffer>(std::move(out));
+        MCS_ASSIGN_OR_RETURN(read.kept, cuda::FilterRebase(rps, rts, bounds, staging,
+                                                           arena->ptr(), stream));
+        counters.filter_ns.fetch_add(NanosSince(filter_start), std::memory_order_relaxed);
+        return Status::Ok();
+    };
     const auto build = [&](PlannedRead& read) -> Status {
         entered = true;
+        counters.plan_ns.fetch_add(NanosSince(start), std::memory_order_relaxed);
+        const auto ranges_start = std::chrono::steady_clock::now();
         const std::size_t nr = read.ranges.size();
-        // Staging: each range's indices then values, each placed at the offset of its host
-        // address modulo 16 so that the gather moves 16-byte words.
+        // Staging: every range's indices, then every range's values, each placed at the offset
+        // of its host address modulo 16 so that the gather moves 16-byte words. A member's
+        // range that follows the same source's previous one within a few KiB keeps its
+        // distance from it, so that a copy engine can move the two (and the gap) as one copy.
         std::vector<std::uint64_t> at(2 * nr);
         std::uint64_t total = 0;
-        const auto place = [&](std::span<const std::byte> bytes) {
-            const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
-            const std::uint64_t offset = AlignUp(total, 16) + mod;
-            total = offset + bytes.size();
-            return offset;
-        };
-        for (std::size_t r = 0; r < nr; ++r) {
-            at[2 * r] = place(read.ranges[r].indices);
-            at[2 * r + 1] = place(read.ranges[r].values);
+        constexpr std::ptrdiff_t kMaxGap = 4096;
+        for (int k = 0; k < 2; ++k) {
+            const std::byte* prev_end = nullptr;
+            std::uint64_t prev_offset = 0;
+            const std::byte* prev_at = nullptr;
+            std::uint32_t prev_source = PlannedRead::kNoSource;
+            for (std::size_t r = 0; r < nr; ++r) {
+                const PlannedRead::Range& range = read.ranges[r];
+                const std::span<const std::byte> bytes = k == 0 ? range.indices : range.values;
+                std::uint64_t offset;
+                if (prev_at != nullptr && range.source == prev_source && !bytes.empty() &&
+                    bytes.data() >= prev_end && bytes.data() - prev_end <= kMaxGap) {
+                    offset = prev_offset + static_cast<std::uint64_t>(bytes.data() - prev_at);
+                } else {
+                    const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
+                    offset = AlignUp(total, 16) + mod;
+                    prev_offset = offset;
+                    prev_at = bytes.data();
+                }
+                at[2 * r + k] = offset;
+                total = std::max(total, offset + bytes.size());
+                if (!bytes.empty()) prev_end = bytes.data() + bytes.size();
+                prev_source = range.source;
+                if (bytes.empty()) prev_at = nullptr;
+            }
+        }
+        // A store whose ranges another process holds (the node daemon) copies them itself.
+        if (read.ranges_to_device) {
+            MCS_ASSIGN_OR_RETURN(PlannedRead::DeviceRanges ranges,
+                                 read.ranges_to_device(at, total, device, stream));
+            counters.ranges_ns.fetch_add(NanosSince(ranges_start), std::memory_order_relaxed);
+            MCS_RETURN_IF_ERROR(filter_and_rebase(read, at, {ranges.address, device}));
+            // The ranges' memory is the store's again once the kernels that read it are done.
+            return cuda::Synchronize(stream);
         }
         // Where kernels read each range: at its host address when the device allows it (the
         // store says the memory is page-locked), else per source one driver query per member.
@@ -292,74 +404,42 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             std::byte* host = lease.bytes().data();
             std::vector<HostCopy> host_copies;
             host_copies.reserve(2 * pageable.size());
-            std::vector<cuda::HostDeviceCopy> up;
-            // Consecutive ranges move as one copy (the bytes between them are padding).
-            for (std::size_t k = 0; k < pageable.size(); ++k) {
-                const std::size_t r = pageable[k];
+            // Members that lie next to each other in the staging move up as one copy (the bytes
+            // between them are padding).
+            std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // offset, end
+            spans.reserve(2 * pageable.size());
+            for (const std::size_t r : pageable) {
                 const PlannedRead::Range& range = read.ranges[r];
                 host_copies.push_back({host + at[2 * r], range.indices.data(), range.indices.size()});
                 host_copies.push_back({host + at[2 * r + 1], range.values.data(), range.values.size()});
-                const std::uint64_t end = at[2 * r + 1] + range.values.size();
-                if (k > 0 && pageable[k - 1] + 1 == r) {
-                    up.back().host = {host + (up.back().host.data() - host),
-                                      static_cast<std::size_t>(end - (up.back().host.data() - host))};
-                } else {
-                    up.push_back({{staging.ptr().address + at[2 * r], device},
-                                  {host + at[2 * r], static_cast<std::size_t>(end - at[2 * r])}});
-                }
+                spans.emplace_back(at[2 * r], at[2 * r] + range.indices.size());
+                spans.emplace_back(at[2 * r + 1], at[2 * r + 1] + range.values.size());
             }
+            std::sort(spans.begin(), spans.end());
+            std::vector<cuda::HostDeviceCopy> up;
+            std::uint64_t begin = 0, end = 0;
+            const auto flush = [&] {
+                if (end > begin) {
+                    up.push_back({{staging.ptr().address + begin, device},
+                                  {host + begin, static_cast<std::size_t>(end - begin)}});
+                }
+            };
+            for (const auto& [b, e] : spans) {
+                if (e == b) continue;
+                if (end > begin && b <= end + static_cast<std::uint64_t>(kMaxGap)) {
+                    end = std::max(end, e);
+                    continue;
+                }
+                flush();
+                begin = b;
+                end = e;
+            }
+            flush();
             GatherPool().Run(host_copies);
             MCS_RETURN_IF_ERROR(cuda::CopyBatchToDevice(up, stream));
         }
-        // Targets: each one's entries in the arena, room for every entry of its pieces.
-        const std::size_t nt = read.targets.size();
-        std::vector<cuda::RebaseTarget> rts(nt);
-        std::vector<cuda::RebasePiece> rps(read.pieces.size());
-        std::vector<std::int64_t> bounds;
-        out_at.assign(2 * nt, 0);
-        std::uint64_t out_total = 0;
-        for (std::size_t t = 0; t < nt; ++t) {
-            const PlannedRead::Target& pt = read.per_target[t];
-            const TargetDescriptor& td = read.targets[t];
-            cuda::RebaseTarget& rt = rts[t];
-            rt.rank = static_cast<std::uint32_t>(td.box.rank());
-            rt.index_size = static_cast<std::uint32_t>(DTypeSize(pt.index_dtype));
-            rt.value_size = static_cast<std::uint32_t>(DTypeSize(pt.value_dtype));
-            rt.capacity = pt.capacity;
-            rt.first_piece = pt.first_piece;
-            rt.end_piece = pt.end_piece;
-            rt.origin = bounds.size();
-            bounds.insert(bounds.end(), td.box.origin().begin(), td.box.origin().end());
-            out_total = AlignUp(out_total, 16);
-            rt.indices_offset = out_at[2 * t] = out_total;
-            out_total = AlignUp(out_total + pt.capacity * rt.rank * rt.index_size, 16);
-            rt.values_offset = out_at[2 * t + 1] = out_total;
-            out_total += pt.capacity * rt.value_size;
-            for (std::size_t k = pt.first_piece; k < pt.end_piece; ++k) {
-                const PlannedRead::Piece& p = read.pieces[k];
-                const SourceDescriptor& src = read.manifest[read.ranges[p.range].source];
-                cuda::RebasePiece& rp = rps[k];
-                rp.index_size = static_cast<std::uint32_t>(DTypeSize(src.index_dtype));
-                rp.indices_offset = at[2 * p.range] + p.begin * rt.rank * rp.index_size;
-                rp.values_offset = at[2 * p.range + 1] + p.begin * DTypeSize(src.value_dtype);
-                rp.count = p.count;
-                rp.target = static_cast<std::uint32_t>(t);
-                rp.filter = p.filter;
-                if (p.filter) {
-                    rp.box = bounds.size();
-                    for (std::size_t d = 0; d < rt.rank; ++d) bounds.push_back(p.overlap.origin()[d]);
-                    for (std::size_t d = 0; d < rt.rank; ++d) {
-                        bounds.push_back(p.overlap.origin()[d] + p.overlap.shape()[d]);
-                    }
-                }
-            }
-        }
-        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
-                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(out_total, 16),
-                                                          device, stream));
-        arena = std::make_shared<cuda::DeviceBuffer>(std::move(out));
-        MCS_ASSIGN_OR_RETURN(read.kept, cuda::FilterRebase(rps, rts, bounds, staging.ptr(),
-                                                           arena->ptr(), stream));
+        counters.ranges_ns.fetch_add(NanosSince(ranges_start), std::memory_order_relaxed);
+        MCS_RETURN_IF_ERROR(filter_and_rebase(read, at, staging.ptr()));
         return Status::Ok();  // staging is freed stream-ordered, after the kernels that read it
     };
     Result<std::vector<TargetObjectView>> views =
@@ -370,6 +450,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     }
     DeviceRead out;
     out.views = std::move(views).value();
+    counters.reads.fetch_add(1, std::memory_order_relaxed);
     out.members.reserve(out.views.size());
     const std::uintptr_t base = arena->ptr().address;
     for (std::size_t t = 0; t < out.views.size(); ++t) {
@@ -381,6 +462,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             View({base + out_at[2 * t + 1], device}, d.nnz * DTypeSize(d.value_dtype), d.value_dtype,
                  {nnz}, arena));
     }
+    counters.total_ns.fetch_add(NanosSince(start), std::memory_order_relaxed);
     return out;
 }
 
@@ -516,6 +598,23 @@ void RegisterGpu(pyb::module_& m) {
              },
              "A numpy copy (bfloat16 as uint16 bits).");
 
+    m.def(
+        "_device_read_counters",
+        [] {
+            const DeviceReadCounters& c = ReadCounters();
+            pyb::dict d;
+            d["reads"] = c.reads.load();
+            d["total_seconds"] = double(c.total_ns.load()) * 1e-9;
+            d["plan_seconds"] = double(c.plan_ns.load()) * 1e-9;
+            d["ranges_seconds"] = double(c.ranges_ns.load()) * 1e-9;
+            d["filter_seconds"] = double(c.filter_ns.load()) * 1e-9;
+            return d;
+        },
+        "What read_sparse_objects(device=...) built on the device in this process (monotonic): "
+        "reads, and the seconds of those reads: total_seconds (the calls, up to the objects), "
+        "plan_seconds (the store's planning, through the node daemon its reply), "
+        "ranges_seconds (the ranges' copies into device memory), filter_seconds (filter and "
+        "rebase on the device, with its one sync).");
     m.def("gpu_available", [] { return cuda::Available(); },
           "True when a CUDA device is usable by the GPU codec.");
 
@@ -775,6 +874,17 @@ std::shared_ptr<void> StageDeviceMembers(std::span<ParsedPut* const> puts, std::
 }
 
 void RegisterGpu(pyb::module_& m) {
+    m.def(
+        "_device_read_counters",
+        [] {
+            pyb::dict d;
+            d["reads"] = 0;
+            for (const char* k : {"total_seconds", "plan_seconds", "ranges_seconds", "filter_seconds"}) {
+                d[k] = 0.0;
+            }
+            return d;
+        },
+        "No device reads without the GPU codec: every counter 0.");
     m.def("gpu_available", [] { return false; },
           "False: this build has no GPU codec (built without a CUDA compiler).");
     m.attr("HAS_GPU_CODEC") = false;

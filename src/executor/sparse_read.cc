@@ -782,6 +782,40 @@ Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {
     return out;
 }
 
+Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
+                                                 const SourceDescriptor* first, Generation step) {
+    Shape local(target.box.shape().begin(), target.box.shape().end());
+    SourceDescriptor d;
+    d.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
+    d.tensor_id = target.tensor_id;
+    MCS_ASSIGN_OR_RETURN(d.box, Box::Whole(local));
+    d.generation = first != nullptr ? first->generation : step;
+    d.placement = target.placement;
+    d.apply = first != nullptr ? first->apply : ApplyMode::kOverwrite;
+    d.index_dtype = local.empty() ? DType::kUInt16
+                                  : NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
+    d.value_dtype = first != nullptr ? first->value_dtype : DType::kUInt8;
+    d.tile_shape = first != nullptr ? first->tile_shape : DefaultTileShape(local);
+    for (std::size_t k = 0; k < d.tile_shape.size() && k < local.size(); ++k) {
+        d.tile_shape[k] = std::min(d.tile_shape[k], local[k]);
+    }
+    d.global_shape = std::move(local);
+    return d;
+}
+
+Result<TargetObjectView> PlannedTargetView(const TargetDescriptor& target, SourceDescriptor desc,
+                                           std::uint64_t kept) {
+    desc.nnz = kept;
+    desc.num_tiles = 0;
+    TargetObjectView v;
+    MCS_ASSIGN_OR_RETURN(v.desc, SourceDescriptor::Make(std::move(desc)));
+    v.target_id = target.target_id;
+    v.node_id = target.node_id;
+    v.target_box = target.box;
+    v.coordinate_space = "local";
+    return v;
+}
+
 Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
     const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options, const PlannedReadFn& build) {
@@ -810,26 +844,11 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
     read.per_target.resize(targets.size());
     read.kept.assign(targets.size(), 0);
     std::vector<SourceDescriptor> descs(targets.size());
-    // Every target's descriptor but its nnz, as MaterializeTarget / EmptyTarget write them.
     const auto describe = [&](std::size_t t, const SourceDescriptor* first) -> Status {
-        const TargetDescriptor& target = targets[t];
-        Shape local(target.box.shape().begin(), target.box.shape().end());
-        SourceDescriptor& d = descs[t];
-        d.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
-        d.tensor_id = target.tensor_id;
-        MCS_ASSIGN_OR_RETURN(d.box, Box::Whole(local));
-        d.generation = first != nullptr ? first->generation : manifest.generation;
-        d.placement = target.placement;
-        d.apply = first != nullptr ? first->apply : ApplyMode::kOverwrite;
-        d.index_dtype = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
-        d.value_dtype = first != nullptr ? first->value_dtype : DType::kUInt8;
-        d.tile_shape = first != nullptr ? first->tile_shape : DefaultTileShape(local);
-        for (std::size_t k = 0; k < d.tile_shape.size() && k < local.size(); ++k) {
-            d.tile_shape[k] = std::min(d.tile_shape[k], local[k]);
-        }
-        d.global_shape = std::move(local);
-        read.per_target[t].index_dtype = d.index_dtype;
-        read.per_target[t].value_dtype = d.value_dtype;
+        MCS_ASSIGN_OR_RETURN(descs[t], PlannedTargetDescriptor(targets[t], first,
+                                                               manifest.generation));
+        read.per_target[t].index_dtype = descs[t].index_dtype;
+        read.per_target[t].value_dtype = descs[t].value_dtype;
         return Status::Ok();
     };
     if (!plan_targets.empty()) {
@@ -856,6 +875,7 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
             }
         }
         MCS_RETURN_IF_ERROR(describe(t, &first));
+        read.per_target[t].first_source = matches.front().source_index;
     }
     for (std::size_t t = 0; t < targets.size(); ++t) {
         if (!is_planned[t]) MCS_RETURN_IF_ERROR(describe(t, nullptr));
@@ -914,17 +934,9 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
             return Internal("planned read: target " + targets[t].target_id +
                             " kept more entries than its pieces hold");
         }
-        SourceDescriptor& d = descs[t];
-        d.nnz = read.kept[t];
-        d.num_tiles = 0;
-        MCS_ASSIGN_OR_RETURN(d, SourceDescriptor::Make(std::move(d)));
-        m.target_bytes += d.nnz * d.EntryBytes();
-        TargetObjectView& v = out[t];
-        v.target_id = targets[t].target_id;
-        v.node_id = targets[t].node_id;
-        v.target_box = targets[t].box;
-        v.desc = std::move(d);
-        v.coordinate_space = "local";
+        MCS_ASSIGN_OR_RETURN(out[t], PlannedTargetView(targets[t], std::move(descs[t]),
+                                                       read.kept[t]));
+        m.target_bytes += out[t].desc.nnz * out[t].desc.EntryBytes();
     }
     m.target_objects_published += targets.size();
     m.materialize_seconds += Seconds(start);

@@ -199,7 +199,26 @@ struct PlannedRead {
         DType index_dtype = DType::kUInt16;  ///< Of its local coordinates (narrowest for its box).
         DType value_dtype = DType::kUInt8;
         std::uint64_t capacity = 0;          ///< Sum of its pieces' counts: a bound on its nnz.
+        /// The source (into `manifest`) whose descriptor gives the target's generation, apply
+        /// mode, value dtype and tile shape (PlannedTargetDescriptor); kNoSource for a target
+        /// of a tensor the step leaves unchanged.
+        std::uint32_t first_source = kNoSource;
     };
+    static constexpr std::uint32_t kNoSource = 0xffffffffu;
+
+    /// Where a store whose ranges lie in another process (the node daemon's client) has them
+    /// copied into device memory of this process: every range's indices at `at[2 * r]` and
+    /// values at `at[2 * r + 1]` bytes into an allocation of at least `total` bytes on
+    /// `device`, written once work queued on `stream` before the call has run. Returns the
+    /// allocation's address and what keeps it; the caller keeps that until its kernels that
+    /// read the ranges have finished. Unset: the caller reads the ranges at their addresses.
+    struct DeviceRanges {
+        std::uintptr_t address = 0;
+        std::shared_ptr<const void> owner;
+    };
+    std::function<Result<DeviceRanges>(std::span<const std::uint64_t> at, std::uint64_t total,
+                                       int device, std::uintptr_t stream)>
+        ranges_to_device;
 
     std::span<const SourceDescriptor> manifest;
     std::span<const TargetDescriptor> targets;
@@ -212,6 +231,20 @@ struct PlannedRead {
 
 /// Builds a planned read's target objects; its error is the read's.
 using PlannedReadFn = std::function<Status(PlannedRead& read)>;
+
+/// The descriptor of a planned read's target but its nnz (and tile count): local coordinates
+/// of its box in the narrowest index dtype, and the generation, apply mode, value dtype and tile
+/// shape (clipped to the box) of `first` (PlannedRead::Target::first_source), or of an empty
+/// object of step `step` when null.
+/// Errors: InvalidArgument (a box that is not a valid shape).
+Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
+                                                 const SourceDescriptor* first, Generation step);
+
+/// The target object of a planned read once its build kept `kept` entries: `desc` (from
+/// PlannedTargetDescriptor) completed, members left for the builder to set.
+/// Errors: InvalidArgument (as SourceDescriptor::Make).
+Result<TargetObjectView> PlannedTargetView(const TargetDescriptor& target, SourceDescriptor desc,
+                                           std::uint64_t kept);
 
 class SparseService {
 public:

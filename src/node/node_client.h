@@ -186,6 +186,18 @@ public:
     Result<std::vector<TargetObjectView>> ReadViews(const StepManifestView& manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
+    /// A device read through the daemon (SparseReadPlan): the daemon plans the read and leases
+    /// the sources it takes ranges of; `build` gets the ranges viewed in this process's
+    /// read-only mapping of the segments and, where CUDA IPC with the daemon works,
+    /// PlannedRead::ranges_to_device, through which the daemon copies the ranges straight
+    /// into device memory of this process (LeaseRangesToDevice). The leases go when the call
+    /// returns. Errors: Unimplemented (a fold of several steps, a full-source strategy, sparse
+    /// objects the daemon keeps outside its segments: read with ReadViews); DataLoss (a reply
+    /// that does not describe a read of these targets); as ReadViews; whatever `build` returns.
+    Result<std::vector<TargetObjectView>> ReadPlanned(const StepManifestView& manifest,
+                                                      std::span<const TargetDescriptor> targets,
+                                                      const ReadOptions& options,
+                                                      const PlannedReadFn& build) override;
     /// The daemon's metrics (the §4 counters and its gauges); `reset` zeroes the §4 counters.
     Result<MetricItems> Metrics(bool reset = false) override;
     /// Drops the daemon's node-local caches (tile indexes, range reads) for every process.
@@ -303,6 +315,9 @@ private:
     };
     /// The arena of `device`, at least `bytes`. Needs mu_.
     Result<const DeviceArena*> ArenaLocked(int device, std::uint64_t bytes);
+    /// A free allocation of the read pool on `device` of at least `bytes`, or a new one
+    /// (exported). Needs mu_.
+    Result<std::shared_ptr<DeviceArena>> ReadArenaLocked(int device, std::uint64_t bytes);
     /// One SparseCommitDevice request of the updates `chunk` (all on one device).
     Status CommitDeviceChunk(std::span<const PutSparseRequest> requests,
                              std::span<const DeviceMember> indices,

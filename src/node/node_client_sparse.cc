@@ -4,6 +4,7 @@
 // messages (node/wire_sparse.h), and the SparseService on top of them, whose conversions
 // between executor and wire types are made here, once.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "node/node_client.h"
 #include "transport/parallel_for.h"
 #include "node/node_tensor_store.h"
+#include "store/shm_segment.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -510,6 +512,40 @@ Result<const NodeClient::DeviceArena*> NodeClient::ArenaLocked(int device, std::
     return arena;
 }
 
+Result<std::shared_ptr<NodeClient::DeviceArena>> NodeClient::ReadArenaLocked(int device,
+                                                                         std::uint64_t total) {
+    // A free allocation of the pool large enough, else a new one (a free one too small goes).
+    std::shared_ptr<DeviceArena> arena;
+    for (auto it = read_arenas_.begin(); it != read_arenas_.end();) {
+        DeviceArena& a = **it;
+        if (it->use_count() == 1 && a.device == device) {
+            if (a.bytes >= total && !arena) {
+                arena = *it;
+            } else if (a.bytes < total) {
+                it = read_arenas_.erase(it);
+                continue;
+            }
+        }
+        ++it;
+    }
+    if (!arena) {
+        constexpr std::uint64_t kStep = std::uint64_t{64} << 20;
+        const std::uint64_t size = std::max<std::uint64_t>((total + kStep - 1) / kStep * kStep, kStep);
+        MCS_ASSIGN_OR_RETURN(const std::uintptr_t address, cuda::DeviceAlloc(size, device));
+        auto fresh = std::shared_ptr<DeviceArena>(new DeviceArena{address, size, device, {}},
+                                                  [](DeviceArena* a) {
+                                                      (void)cuda::DeviceFree(a->address, a->device);
+                                                      delete a;
+                                                  });
+        auto exported = ExportCudaIpc(DeviceMemory{address, size, device});
+        if (!exported.ok()) return exported.status().WithContext("exporting a read's device memory");
+        fresh->exported = std::move(exported).value();
+        read_arenas_.push_back(fresh);
+        arena = std::move(fresh);
+    }
+    return arena;
+}
+
 Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
     std::span<const TargetObjectView* const> views, int device, CudaStream stream) {
     if (!CanCommitFromDevice()) {
@@ -557,35 +593,7 @@ Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
         run_end = std::max(run_end, m.at + m.bytes);
         total = std::max(total, out.offsets[m.slot] + m.bytes);
     }
-    // A free allocation of the pool large enough, else a new one (a free one too small goes).
-    std::shared_ptr<DeviceArena> arena;
-    for (auto it = read_arenas_.begin(); it != read_arenas_.end();) {
-        DeviceArena& a = **it;
-        if (it->use_count() == 1 && a.device == device) {
-            if (a.bytes >= total && !arena) {
-                arena = *it;
-            } else if (a.bytes < total) {
-                it = read_arenas_.erase(it);
-                continue;
-            }
-        }
-        ++it;
-    }
-    if (!arena) {
-        constexpr std::uint64_t kStep = std::uint64_t{64} << 20;
-        const std::uint64_t size = std::max<std::uint64_t>((total + kStep - 1) / kStep * kStep, kStep);
-        MCS_ASSIGN_OR_RETURN(const std::uintptr_t address, cuda::DeviceAlloc(size, device));
-        auto fresh = std::shared_ptr<DeviceArena>(new DeviceArena{address, size, device, {}},
-                                                  [](DeviceArena* a) {
-                                                      (void)cuda::DeviceFree(a->address, a->device);
-                                                      delete a;
-                                                  });
-        auto exported = ExportCudaIpc(DeviceMemory{address, size, device});
-        if (!exported.ok()) return exported.status().WithContext("exporting a read's device memory");
-        fresh->exported = std::move(exported).value();
-        read_arenas_.push_back(fresh);
-        arena = std::move(fresh);
-    }
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<DeviceArena> arena, ReadArenaLocked(device, total));
     // Whatever the caller queued on the previous views of this allocation runs first.
     MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
     wire::LeasesToDeviceRequest request;
@@ -741,6 +749,161 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
     const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
     return ReadSparseObjects(manifest, targets, WireReadOptions(options));
+}
+
+Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options, const PlannedReadFn& build) {
+    if (options.strategy != ReadStrategy::kSparseRanges) {
+        return Unimplemented("a planned read reads sparse ranges");
+    }
+    const bool ipc = CanCommitFromDevice();
+    wire::SparseReadPlanRequest request;
+    request.step = manifest.generation;
+    request.manifest.assign(manifest.sources.begin(), manifest.sources.end());
+    request.targets.assign(targets.begin(), targets.end());
+    request.unchanged.assign(manifest.unchanged.begin(), manifest.unchanged.end());
+    request.options = WireReadOptions(options);
+
+    std::unique_lock lock(mu_);
+    MCS_RETURN_IF_ERROR(EnsureConnected());
+    MCS_ASSIGN_OR_RETURN(wire::SparseReadPlanReply reply,
+                         Call<wire::SparseReadPlanReply>(request));
+    const std::shared_ptr<Session> session = session_;
+    // The leases go when this call returns, whatever fails below.
+    std::vector<LeaseKeepalive> keepalives;
+    keepalives.reserve(reply.sources.size());
+    for (const wire::PlannedSource& s : reply.sources) {
+        keepalives.push_back(MakeKeepalive(s.lease_id, s.indices.segment_id));
+    }
+    const auto bad = [](const std::string& what) {
+        return DataLoss("the node daemon's plan of the read: " + what);
+    };
+    const std::span<const SourceDescriptor> sources = manifest.sources;
+    PlannedRead read;
+    read.manifest = sources;
+    read.targets = targets;
+    // The sources' members in this process's read-only mapping of the segments.
+    std::vector<std::array<std::span<const std::byte>, 2>> members(reply.sources.size());
+    for (std::size_t i = 0; i < reply.sources.size(); ++i) {
+        MCS_ASSIGN_OR_RETURN(members[i][0], View(reply.sources[i].indices));
+        MCS_ASSIGN_OR_RETURN(members[i][1], View(reply.sources[i].values));
+    }
+    lock.unlock();
+    // Every range inside its source's members and whole entries of its manifest source; every
+    // piece inside its range; the pieces and targets as many as the request's.
+    std::vector<std::uint64_t> entries(reply.ranges.size());
+    read.ranges.reserve(reply.ranges.size());
+    for (std::size_t r = 0; r < reply.ranges.size(); ++r) {
+        const wire::PlannedRange& pr = reply.ranges[r];
+        if (pr.source >= members.size() || pr.manifest_index >= sources.size()) {
+            return bad("range " + std::to_string(r) + " names no source");
+        }
+        const auto& m = members[pr.source];
+        if (!RangeWithin(pr.indices_offset, pr.indices_bytes, m[0].size()) ||
+            !RangeWithin(pr.values_offset, pr.values_bytes, m[1].size())) {
+            return bad("range " + std::to_string(r) + " lies outside its source");
+        }
+        const SourceDescriptor& d = sources[pr.manifest_index];
+        const std::uint64_t value_size = DTypeSize(d.value_dtype);
+        const std::uint64_t index_row = d.rank() * DTypeSize(d.index_dtype);
+        entries[r] = pr.values_bytes / value_size;
+        if (pr.values_bytes % value_size != 0 || pr.indices_bytes != entries[r] * index_row) {
+            return bad("range " + std::to_string(r) + " is not whole entries of " + d.source_ref);
+        }
+        read.ranges.push_back({m[0].subspan(pr.indices_offset, pr.indices_bytes),
+                               m[1].subspan(pr.values_offset, pr.values_bytes),
+                               pr.manifest_index, false});
+    }
+    if (reply.targets.size() != targets.size()) {
+        return bad(std::to_string(reply.targets.size()) + " targets for " +
+                   std::to_string(targets.size()));
+    }
+    std::vector<SourceDescriptor> descs(targets.size());
+    read.per_target.resize(targets.size());
+    read.pieces.reserve(reply.pieces.size());
+    for (std::size_t t = 0, k = 0; t < targets.size(); ++t) {
+        const wire::PlannedTarget& wt = reply.targets[t];
+        PlannedRead::Target& pt = read.per_target[t];
+        if (wt.first_source != PlannedRead::kNoSource && wt.first_source >= sources.size()) {
+            return bad("target " + targets[t].target_id + " names no source");
+        }
+        if (wt.pieces > reply.pieces.size() - k) {
+            return bad("target " + targets[t].target_id + " has pieces past the reply's");
+        }
+        pt.first_source = wt.first_source;
+        const SourceDescriptor* first =
+            wt.first_source == PlannedRead::kNoSource ? nullptr : &sources[wt.first_source];
+        MCS_ASSIGN_OR_RETURN(descs[t],
+                             PlannedTargetDescriptor(targets[t], first, manifest.generation));
+        pt.index_dtype = descs[t].index_dtype;
+        pt.value_dtype = descs[t].value_dtype;
+        pt.first_piece = read.pieces.size();
+        for (const std::size_t end = k + wt.pieces; k < end; ++k) {
+            const wire::PlannedPiece& p = reply.pieces[k];
+            if (p.range >= read.ranges.size() || !RangeWithin(p.begin, p.count, entries[p.range]) ||
+                (p.overlap && p.overlap->rank() != targets[t].box.rank())) {
+                return bad("piece " + std::to_string(k) + " lies outside its range");
+            }
+            read.pieces.push_back({p.range, p.begin, p.count, p.overlap.has_value(),
+                                   p.overlap.value_or(Box{})});
+            pt.capacity += p.count;
+        }
+        pt.end_piece = read.pieces.size();
+        if (t + 1 == targets.size() && k != reply.pieces.size()) {
+            return bad("pieces of no target");
+        }
+    }
+    if (ipc) {
+        read.ranges_to_device = [&](std::span<const std::uint64_t> at, std::uint64_t total,
+                                    int device, std::uintptr_t stream)
+            -> Result<PlannedRead::DeviceRanges> {
+            if (at.size() != 2 * reply.ranges.size()) {
+                return InvalidArgument("one offset per range member");
+            }
+            // Every range's indices, then every range's values: the ranges of one member
+            // follow each other, so that the daemon moves those the caller placed as they lie
+            // in its segments as one copy.
+            wire::LeaseRangesToDeviceRequest copy;
+            copy.items.reserve(at.size());
+            for (int k = 0; k < 2; ++k) {
+                for (std::size_t r = 0; r < reply.ranges.size(); ++r) {
+                    const wire::PlannedRange& pr = reply.ranges[r];
+                    const wire::PlannedSource& ps = reply.sources[pr.source];
+                    const std::uint64_t bytes = k == 0 ? pr.indices_bytes : pr.values_bytes;
+                    if (bytes == 0) continue;
+                    copy.items.push_back({ps.lease_id, k == 0 ? ps.indices_member : ps.values_member,
+                                          k == 0 ? pr.indices_offset : pr.values_offset, bytes,
+                                          at[2 * r + k]});
+                }
+            }
+            std::lock_guard guard(mu_);
+            if (session_ != session) {
+                return Unavailable("the connection to the node daemon was lost during the read");
+            }
+            MCS_ASSIGN_OR_RETURN(std::shared_ptr<DeviceArena> arena,
+                                 ReadArenaLocked(device, std::max<std::uint64_t>(total, 1)));
+            // Whatever the caller queued on this allocation's previous use runs first.
+            MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
+            copy.destination =
+                wire::CudaLocation(arena->exported, arena->exported.offset, arena->bytes);
+            MCS_RETURN_IF_ERROR(Call<wire::OkReply>(copy, total).status());
+            return PlannedRead::DeviceRanges{arena->address, std::move(arena)};
+        };
+    }
+    read.kept.assign(targets.size(), 0);
+    MCS_RETURN_IF_ERROR(build(read));
+    if (read.kept.size() != targets.size()) return Internal("planned read: kept counts");
+    std::vector<TargetObjectView> out(targets.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (read.kept[t] > read.per_target[t].capacity) {
+            return Internal("planned read: target " + targets[t].target_id +
+                            " kept more entries than its pieces hold");
+        }
+        MCS_ASSIGN_OR_RETURN(out[t], PlannedTargetView(targets[t], std::move(descs[t]),
+                                                       read.kept[t]));
+    }
+    return out;
 }
 
 Result<StoreCounters> NodeClient::ObjectCounters() {

@@ -166,6 +166,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kSparseCommitBatch, SparseCommitBatch)
         MCS_DISPATCH_(kSparseCommitDevice, SparseCommitDevice)
         MCS_DISPATCH_(kLeasesToDevice, LeasesToDevice)
+        MCS_DISPATCH_(kLeaseRangesToDevice, LeaseRangesToDevice)
+        MCS_DISPATCH_(kSparseReadPlan, SparseReadPlan)
         MCS_DISPATCH_(kSparseAdmit, SparseAdmit)
         MCS_DISPATCH_(kSparseManifest, SparseManifest)
         MCS_DISPATCH_(kSparseCurrentGeneration, SparseCurrentGeneration)
@@ -638,6 +640,10 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"leases_to_device_bytes", double(leases_to_device_bytes_.load(std::memory_order_relaxed))},
         {"leases_to_device_copies",
          double(leases_to_device_copies_.load(std::memory_order_relaxed))},
+        {"leases_to_device_seconds",
+         1e-9 * double(leases_to_device_nanos_.load(std::memory_order_relaxed))},
+        {"planned_reads", double(planned_reads_.load(std::memory_order_relaxed))},
+        {"planned_read_seconds", 1e-9 * double(planned_read_nanos_.load(std::memory_order_relaxed))},
         {"tensors_put", double(tensors.tensors_put)},
         {"tensor_bytes_put", double(tensors.bytes_put)},
         {"tensors_read", double(tensors.tensors_read)},

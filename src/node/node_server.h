@@ -184,6 +184,9 @@ private:
     std::atomic<std::uint64_t> device_commit_copies_{0};  ///< ... in this many D2H copies.
     std::atomic<std::uint64_t> leases_to_device_bytes_{0};   ///< LeasesToDevice members' bytes.
     std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies.
+    std::atomic<std::uint64_t> leases_to_device_nanos_{0};   ///< ... taking this long.
+    std::atomic<std::uint64_t> planned_reads_{0};            ///< SparseReadPlan requests served.
+    std::atomic<std::uint64_t> planned_read_nanos_{0};       ///< ... taking this long.
 };
 
 }  // namespace mooncake::sparse

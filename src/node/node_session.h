@@ -99,6 +99,20 @@ private:
     Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);
     Result<Reply> SparseCommitDevice(const wire::SparseCommitDeviceRequest& req);
     Result<Reply> LeasesToDevice(const wire::LeasesToDeviceRequest& req);
+    Result<Reply> LeaseRangesToDevice(const wire::LeaseRangesToDeviceRequest& req);
+    Result<Reply> SparseReadPlan(const wire::SparseReadPlanRequest& req);
+    /// Bytes of segment memory for CopySegmentsToDevice.
+    struct SegmentCopy {
+        const std::byte* src;
+        std::uint64_t offset;  ///< Into the destination.
+        std::uint64_t bytes;
+        std::uint32_t segment;
+    };
+    /// Copies `copies` (checked by the caller) into the client's CUDA memory `destination`:
+    /// runs of one segment the client placed as they lie there move as one copy, pageable
+    /// bytes through pinned landing memory; returns once the copies are done.
+    Status CopySegmentsToDevice(std::span<const SegmentCopy> copies,
+                                const wire::TensorLocation& destination);
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
     Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
     Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);

@@ -5,6 +5,7 @@
 // seals, waits, retention, anchors.
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -20,6 +21,16 @@ namespace mooncake::sparse {
 using node_internal::AsBytes;
 using node_internal::kMaxReadThreads;
 using node_internal::Product;
+
+namespace {
+
+std::uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
+    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - start)
+                                          .count());
+}
+
+}  // namespace
 
 Result<SparseObject> NodeServer::Session::CheckedCommitObject(
     const wire::SparseCommitRequest& req) {
@@ -313,16 +324,9 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
     const wire::LeasesToDeviceRequest& req) {
     // Every item checked before any byte moves: a lease of this connection, a member of its
     // object, a range inside the destination the client exported.
-    struct Copy {
-        const std::byte* src;
-        std::uint64_t offset;
-        std::uint64_t bytes;
-        std::uint32_t segment;
-    };
-    std::vector<Copy> copies;
+    std::vector<SegmentCopy> copies;
     copies.reserve(req.items.size());
     const std::uint64_t limit = req.destination.ref.size;
-    std::uint64_t total = 0;
     for (std::size_t i = 0; i < req.items.size(); ++i) {
         const wire::LeaseMemberCopy& item = req.items[i];
         const std::string what = "item " + std::to_string(i);
@@ -348,14 +352,59 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
                                    " run past the destination of " + std::to_string(limit));
         }
         copies.push_back({bytes.data(), item.offset, bytes.size(), lease.segment_id()});
-        total += bytes.size();
     }
-    auto mapped = MapCuda(req.destination);
+    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(copies, req.destination));
+    return Reply{wire::OkReply{}, {}};
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::LeaseRangesToDevice(
+    const wire::LeaseRangesToDeviceRequest& req) {
+    std::vector<SegmentCopy> copies;
+    copies.reserve(req.items.size());
+    const std::uint64_t limit = req.destination.ref.size;
+    for (std::size_t i = 0; i < req.items.size(); ++i) {
+        const wire::LeaseRangeCopy& item = req.items[i];
+        const std::string what = "item " + std::to_string(i);
+        auto it = leases_.find(item.lease_id);
+        if (it == leases_.end()) {
+            return InvalidArgument(what + ": lease " + std::to_string(item.lease_id) +
+                                   " is not held by this connection");
+        }
+        const ObjectLease& lease = it->second;
+        if (item.member >= lease.info().members.size()) {
+            return InvalidArgument(what + ": the leased object has no member " +
+                                   std::to_string(item.member));
+        }
+        const std::span<const std::byte> bytes = lease.Bytes(item.member);
+        if (item.offset > bytes.size() || item.bytes > bytes.size() - item.offset) {
+            return OutOfRange(what + ": " + std::to_string(item.bytes) + " bytes at " +
+                              std::to_string(item.offset) + " run past the member of " +
+                              std::to_string(bytes.size()));
+        }
+        if (item.dst_offset > limit || item.bytes > limit - item.dst_offset) {
+            return InvalidArgument(what + ": " + std::to_string(item.bytes) + " bytes at " +
+                                   std::to_string(item.dst_offset) +
+                                   " run past the destination of " + std::to_string(limit));
+        }
+        copies.push_back({bytes.data() + item.offset, item.dst_offset, item.bytes,
+                          lease.segment_id()});
+    }
+    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(copies, req.destination));
+    return Reply{wire::OkReply{}, {}};
+}
+
+Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> copies,
+                                                 const wire::TensorLocation& destination) {
+    const auto start = std::chrono::steady_clock::now();
+    std::uint64_t total = 0;
+    for (const SegmentCopy& c : copies) total += c.bytes;
+    auto mapped = MapCuda(destination);
     if (!mapped.ok()) return mapped.status().WithContext("the destination");
     const DeviceMemory dst = mapped->first;
-    // Host-to-device copies from the segments. Members of one segment that the client placed
+    // Host-to-device copies from the segments. Copies of one segment that the client placed
     // as they lie there (same distance apart in the destination as in the segment, a few KiB at
-    // most: a read publishes its objects next to each other) move as one copy of their span.
+    // most: a read publishes its objects next to each other, a planned read's ranges of one
+    // member follow each other) move as one copy of their span.
     // A span in pinned segment memory goes straight to the device; one in pageable memory is
     // first gathered into pinned landing memory on the copy threads (a pageable copy runs at a
     // fraction of the pinned rate).
@@ -414,7 +463,102 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
     MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, dst.device));
     server_.leases_to_device_bytes_.fetch_add(total, std::memory_order_relaxed);
     server_.leases_to_device_copies_.fetch_add(issued, std::memory_order_relaxed);
-    return Reply{wire::OkReply{}, {}};
+    server_.leases_to_device_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    return Status::Ok();
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
+    const wire::SparseReadPlanRequest& req) {
+    // The ranges are handed out where they lie: only the node's own segments hold them so.
+    if (server_.options_.sparse_objects) {
+        return Unimplemented("the daemon's sparse objects are not in its segments");
+    }
+    if (req.options.strategy != wire::ReadStrategy::kSparseRanges) {
+        return Unimplemented("a planned read reads sparse ranges");
+    }
+    ReadOptions options;
+    options.plan = req.options.plan;
+    options.num_threads = static_cast<int>(
+        req.options.num_threads == 0 ? server_.options_.read_threads
+                                     : std::min(req.options.num_threads, kMaxReadThreads));
+    options.view_in_place = true;
+    std::vector<std::string> unchanged = req.unchanged;
+    std::sort(unchanged.begin(), unchanged.end());
+    const StepManifestView step(req.step, req.manifest, unchanged);
+
+    wire::SparseReadPlanReply reply;
+    std::vector<ObjectLease> leases;
+    const auto start = std::chrono::steady_clock::now();
+    const auto build = [&](PlannedRead& read) -> Status {
+        // A lease on every source the ranges come from: the client's copies of the ranges run
+        // after this call, and the leases keep the bytes where they are until it releases them.
+        std::vector<std::uint32_t> planned_of(read.manifest.size(), PlannedRead::kNoSource);
+        std::vector<std::array<std::span<const std::byte>, 2>> members;
+        reply.ranges.reserve(read.ranges.size());
+        for (const PlannedRead::Range& range : read.ranges) {
+            const SourceDescriptor& src = read.manifest[range.source];
+            std::uint32_t& p = planned_of[range.source];
+            if (p == PlannedRead::kNoSource) {
+                MCS_ASSIGN_OR_RETURN(ObjectLease lease, server_.store_->Lease(src.source_ref));
+                const ObjectInfo& info = lease.info();
+                const MemberInfo* mi = info.FindMember("indices");
+                const MemberInfo* mv = info.FindMember("values");
+                if (mi == nullptr || mv == nullptr) {
+                    return DataLoss("source " + src.source_ref + " has no indices or values");
+                }
+                const std::size_t ki = static_cast<std::size_t>(mi - info.members.data());
+                const std::size_t kv = static_cast<std::size_t>(mv - info.members.data());
+                wire::PlannedSource ps;
+                ps.indices = {lease.segment_id(), lease.member_offset(ki), mi->size_bytes};
+                ps.values = {lease.segment_id(), lease.member_offset(kv), mv->size_bytes};
+                ps.indices_member = static_cast<std::uint32_t>(ki);
+                ps.values_member = static_cast<std::uint32_t>(kv);
+                ps.pinned = range.pinned;
+                members.push_back({lease.Bytes(ki), lease.Bytes(kv)});
+                p = static_cast<std::uint32_t>(leases.size());
+                leases.push_back(std::move(lease));
+                reply.sources.push_back(ps);
+            }
+            // The version leased is the one the read viewed (its bytes hold the range).
+            const auto offset_in = [](std::span<const std::byte> member,
+                                      std::span<const std::byte> part) -> std::optional<std::uint64_t> {
+                if (part.empty()) return 0;
+                if (part.data() < member.data() ||
+                    part.data() + part.size() > member.data() + member.size()) {
+                    return std::nullopt;
+                }
+                return static_cast<std::uint64_t>(part.data() - member.data());
+            };
+            const auto oi = offset_in(members[p][0], range.indices);
+            const auto ov = offset_in(members[p][1], range.values);
+            if (!oi || !ov) {
+                return Unavailable("source " + src.source_ref + " was replaced during the read");
+            }
+            reply.ranges.push_back({p, range.source, *oi, range.indices.size(), *ov,
+                                    range.values.size()});
+        }
+        reply.pieces.reserve(read.pieces.size());
+        for (const PlannedRead::Piece& piece : read.pieces) {
+            reply.pieces.push_back({piece.range, piece.begin, piece.count,
+                                    piece.filter ? std::optional<Box>(piece.overlap)
+                                                 : std::nullopt});
+        }
+        reply.targets.reserve(read.per_target.size());
+        for (std::size_t t = 0; t < read.per_target.size(); ++t) {
+            const PlannedRead::Target& pt = read.per_target[t];
+            reply.targets.push_back({pt.end_piece - pt.first_piece, pt.first_source});
+            // The client builds the targets; the daemon's own descriptors are not used.
+            read.kept[t] = pt.capacity;
+        }
+        return Status::Ok();
+    };
+    MCS_RETURN_IF_ERROR(sparse_->ReadPlanned(step, req.targets, options, build).status());
+    std::vector<std::uint64_t> ids;
+    MCS_RETURN_IF_ERROR(AddLeases(std::move(leases), ids));
+    for (std::size_t i = 0; i < ids.size(); ++i) reply.sources[i].lease_id = ids[i];
+    server_.planned_reads_.fetch_add(1, std::memory_order_relaxed);
+    server_.planned_read_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    return Reply{std::move(reply), {}};
 }
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmit(

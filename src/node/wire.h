@@ -108,7 +108,8 @@ using Message = std::variant<
     ClearCachesRequest, SparseStepManifestRequest, SparseStepManifestReply, SparseSealRequest,
     SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
     SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply,
-    SparseCommitDeviceRequest, LeasesToDeviceRequest>;
+    SparseCommitDeviceRequest, LeasesToDeviceRequest, SparseReadPlanRequest, SparseReadPlanReply,
+    LeaseRangesToDeviceRequest>;
 
 MessageType TypeOf(const Message& message);
 

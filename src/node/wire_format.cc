@@ -168,6 +168,9 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kSparseCommitBatchReply: return "SparseCommitBatchReply";
         case MessageType::kSparseCommitDevice: return "SparseCommitDevice";
         case MessageType::kLeasesToDevice: return "LeasesToDevice";
+        case MessageType::kSparseReadPlan: return "SparseReadPlan";
+        case MessageType::kSparseReadPlanReply: return "SparseReadPlanReply";
+        case MessageType::kLeaseRangesToDevice: return "LeaseRangesToDevice";
         case MessageType::kSparseAdmit: return "SparseAdmit";
         case MessageType::kSparseAdmitReply: return "SparseAdmitReply";
         case MessageType::kSparseManifest: return "SparseManifest";

@@ -57,7 +57,7 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// Message set version (Hello). 2: TensorItem carries the strides of a CUDA view. 5: commits
 /// of updates in the client's CUDA memory (SparseCommitDevice). 6: leased objects copied into
 /// the client's CUDA memory (LeasesToDevice).
-inline constexpr std::uint32_t kProtocolVersion = 6;
+inline constexpr std::uint32_t kProtocolVersion = 7;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -124,6 +124,9 @@ enum class MessageType : std::uint16_t {
     kSparseCommitBatchReply = 71,
     kSparseCommitDevice = 72,  ///< Replied by kSparseCommitBatchReply.
     kLeasesToDevice = 73,
+    kSparseReadPlan = 74,
+    kSparseReadPlanReply = 75,
+    kLeaseRangesToDevice = 76,  ///< Replied by kOk.
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".

@@ -29,6 +29,13 @@ Status LeasesToDeviceRequest::Validate() const {
     return destination.Validate();
 }
 
+Status LeaseRangesToDeviceRequest::Validate() const {
+    if (destination.ref.kind != BufferKind::kCudaIpc) {
+        return InvalidArgument("a LeaseRangesToDevice destination is not in CUDA memory");
+    }
+    return destination.Validate();
+}
+
 Status SparseWaitRequest::Validate() const {
     if (!(timeout_seconds >= 0 && timeout_seconds <= kMaxWaitSeconds)) {
         return InvalidArgument("wait timeout " + std::to_string(timeout_seconds) +

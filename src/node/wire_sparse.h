@@ -11,6 +11,8 @@
 //     SparseCurrentGenerationRequest -> SparseCurrentGenerationReply
 //     SparseReadRequest              -> SparseReadReply (target objects in segments, leased)
 //     LeasesToDeviceRequest          -> OkReply   (leased members into client CUDA memory)
+//     SparseReadPlanRequest          -> SparseReadPlanReply (a read's ranges, pieces; leased)
+//     LeaseRangesToDeviceRequest     -> OkReply   (leased byte ranges into client CUDA memory)
 //     MetricsRequest                 -> MetricsReply
 //     ClearCachesRequest             -> OkReply        drops the daemon's node-local caches
 //
@@ -403,6 +405,155 @@ struct SparseReadReply {
 
     static void Fields(auto& v, auto& m) { v("objects", m.objects, kMaxBatchItems); }
     friend bool operator==(const SparseReadReply&, const SparseReadReply&) = default;
+};
+
+/// A source object that a planned read takes ranges of: leased to the connection until the
+/// client releases `lease_id`, its indices and values where they lie in the segments.
+struct PlannedSource {
+    std::uint64_t lease_id = 0;
+    SegmentSlice indices;
+    SegmentSlice values;
+    std::uint32_t indices_member = 0;  ///< Their places in the object's member table.
+    std::uint32_t values_member = 0;
+    bool pinned = false;  ///< The members are in page-locked segment memory.
+
+    static void Fields(auto& v, auto& m) {
+        v("lease_id", m.lease_id);
+        v("indices", m.indices);
+        v("values", m.values);
+        v("indices_member", m.indices_member);
+        v("values_member", m.values_member);
+        v("pinned", m.pinned);
+    }
+    friend bool operator==(const PlannedSource&, const PlannedSource&) = default;
+};
+
+/// A unique entry range of a planned read (executor PlannedRead::Range): bytes of one planned
+/// source's members.
+struct PlannedRange {
+    std::uint32_t source = 0;          ///< Into SparseReadPlanReply::sources.
+    std::uint32_t manifest_index = 0;  ///< The source's place in the request's manifest.
+    std::uint64_t indices_offset = 0;  ///< Bytes into the source's indices member.
+    std::uint64_t indices_bytes = 0;
+    std::uint64_t values_offset = 0;   ///< Bytes into the source's values member.
+    std::uint64_t values_bytes = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("source", m.source);
+        v("manifest_index", m.manifest_index);
+        v("indices_offset", m.indices_offset);
+        v("indices_bytes", m.indices_bytes);
+        v("values_offset", m.values_offset);
+        v("values_bytes", m.values_bytes);
+    }
+    friend bool operator==(const PlannedRange&, const PlannedRange&) = default;
+};
+
+/// Entries of one range that a target takes (executor PlannedRead::Piece).
+struct PlannedPiece {
+    std::uint32_t range = 0;
+    std::uint64_t begin = 0;
+    std::uint64_t count = 0;
+    /// Set for a boundary tile's piece: only its entries inside this box (global
+    /// coordinates) are kept.
+    std::optional<Box> overlap;
+
+    static void Fields(auto& v, auto& m) {
+        v("range", m.range);
+        v("begin", m.begin);
+        v("count", m.count);
+        v("overlap", m.overlap);
+    }
+    friend bool operator==(const PlannedPiece&, const PlannedPiece&) = default;
+};
+
+/// A target of a planned read: its pieces follow those of the targets before it.
+struct PlannedTarget {
+    std::uint64_t pieces = 0;
+    /// Into the request's manifest (executor PlannedRead::Target::first_source); 0xffffffff for
+    /// a tensor the step leaves unchanged.
+    std::uint32_t first_source = 0xffffffffu;
+
+    static void Fields(auto& v, auto& m) {
+        v("pieces", m.pieces);
+        v("first_source", m.first_source);
+    }
+    friend bool operator==(const PlannedTarget&, const PlannedTarget&) = default;
+};
+
+/// SparseService::ReadPlanned run by the daemon for a client that builds the targets itself
+/// (a device read): the daemon plans the read of a step manifest, leases every source it reads
+/// ranges of to the connection, and replies with the ranges, the pieces each target takes and
+/// the leases. The client then has the ranges copied into its device memory
+/// (LeaseRangesToDevice), filters and rebases them there, and releases the leases.
+struct SparseReadPlanRequest {
+    static constexpr MessageType kType = MessageType::kSparseReadPlan;
+    Generation step;
+    std::vector<SourceDescriptor> manifest;
+    std::vector<TargetDescriptor> targets;
+    std::vector<std::string> unchanged;
+    SparseReadOptions options;
+
+    static void Fields(auto& v, auto& m) {
+        v("step", m.step);
+        v("manifest", m.manifest, kMaxBatchItems);
+        v("targets", m.targets, kMaxBatchItems);
+        v("unchanged", m.unchanged, kMaxBatchItems, kMaxNameBytes);
+        v("options", m.options);
+    }
+    friend bool operator==(const SparseReadPlanRequest&, const SparseReadPlanRequest&) = default;
+};
+
+struct SparseReadPlanReply {
+    static constexpr MessageType kType = MessageType::kSparseReadPlanReply;
+    std::vector<PlannedSource> sources;
+    std::vector<PlannedRange> ranges;
+    std::vector<PlannedPiece> pieces;
+    std::vector<PlannedTarget> targets;  ///< One per requested target, in order.
+
+    static void Fields(auto& v, auto& m) {
+        v("sources", m.sources, kMaxBatchItems);
+        v("ranges", m.ranges, kMaxBatchItems);
+        v("pieces", m.pieces, kMaxBatchItems);
+        v("targets", m.targets, kMaxBatchItems);
+    }
+    friend bool operator==(const SparseReadPlanReply&, const SparseReadPlanReply&) = default;
+};
+
+/// Bytes of a member of an object the connection leases, to be copied to `dst_offset`.
+struct LeaseRangeCopy {
+    std::uint64_t lease_id = 0;
+    std::uint32_t member = 0;  ///< Into the leased object's member table.
+    std::uint64_t offset = 0;  ///< Bytes into the member.
+    std::uint64_t bytes = 0;
+    std::uint64_t dst_offset = 0;
+
+    static void Fields(auto& v, auto& m) {
+        v("lease_id", m.lease_id);
+        v("member", m.member);
+        v("offset", m.offset);
+        v("bytes", m.bytes);
+        v("dst_offset", m.dst_offset);
+    }
+    friend bool operator==(const LeaseRangeCopy&, const LeaseRangeCopy&) = default;
+};
+
+/// Byte ranges of leased members (a planned read's ranges) copied by the daemon from its
+/// segments straight into a CUDA allocation of the client, by CUDA IPC. Every item is checked
+/// (a lease of this connection, a member it has, bytes inside the member and inside the
+/// destination) before any byte is written.
+struct LeaseRangesToDeviceRequest {
+    static constexpr MessageType kType = MessageType::kLeaseRangesToDevice;
+    std::vector<LeaseRangeCopy> items;
+    TensorLocation destination;  ///< kCudaIpc; ref covers the bytes the items may write.
+
+    static void Fields(auto& v, auto& m) {
+        v("items", m.items, kMaxBatchItems);
+        v("destination", m.destination);
+    }
+    Status Validate() const;
+    friend bool operator==(const LeaseRangesToDeviceRequest&,
+                           const LeaseRangesToDeviceRequest&) = default;
 };
 
 struct MetricsRequest {

@@ -659,6 +659,57 @@ TEST_F(NodeServerTest, LeasesToDeviceChecksEveryItemFirst) {
     }
 }
 
+/// Byte ranges of leased members (a planned read's ranges) copied into a client's CUDA memory:
+/// each item is checked (a lease of this connection, a member of its object, bytes inside the
+/// member and inside the destination) before the destination is mapped.
+TEST_F(NodeServerTest, LeaseRangesToDeviceChecksEveryItemFirst) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const auto a = Pattern(3000, 1);
+    std::vector<MemberData> members = {{"indices", DType::kUInt16, {1500}, a, 11}};
+    ASSERT_OK(client->Put("k", "meta", members, {PutMode::kCreate, false}));
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    auto lease = peer.Call<wire::LeaseReply>(wire::LeaseRequest{"k"});
+    ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+    wire::LeaseRangesToDeviceRequest req;
+    req.destination.ref.kind = wire::BufferKind::kCudaIpc;
+    req.destination.ref.size = 4096;
+    req.destination.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
+    req.destination.ref.device = 0;
+    req.destination.cuda_base = std::uint64_t{1} << 40;
+    req.destination.cuda_alloc_size = 4096;
+    const auto ask = [&](std::vector<wire::LeaseRangeCopy> items) {
+        req.items = std::move(items);
+        return peer.Request(req);
+    };
+    const std::uint64_t id = lease->lease_id;
+    EXPECT_THAT(ask({{id + 1000, 0, 0, 16, 0}}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "not held by this connection"));
+    EXPECT_THAT(ask({{id, 1, 0, 16, 0}}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "no member 1"));
+    EXPECT_THAT(ask({{id, 0, 2990, 16, 0}}),
+                StatusIsWithMessage(StatusCode::kOutOfRange, "run past the member"));
+    EXPECT_THAT(ask({{id, 0, ~std::uint64_t{0}, 16, 0}}),
+                StatusIsWithMessage(StatusCode::kOutOfRange, "run past the member"));
+    EXPECT_THAT(ask({{id, 0, 0, 3000, 2000}}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "run past the destination"));
+    // The first bad item fails the request, even after good ones.
+    EXPECT_THAT(ask({{id, 0, 0, 100, 0}, {id, 0, 100, 3000, 200}}),
+                StatusIsWithMessage(StatusCode::kOutOfRange, "item 1"));
+    // A well-formed copy reaches the mapping: no CUDA here; with CUDA, a handle that opens
+    // nothing.
+    const Status mapped = ask({{id, 0, 16, 1000, 64}, {id, 0, 2000, 1000, 2064}});
+    EXPECT_TRUE(mapped.code() == StatusCode::kUnimplemented ||
+                mapped.code() == StatusCode::kInvalidArgument)
+        << mapped.ToString();
+    // A destination outside CUDA memory does not decode.
+    req.destination = {wire::BufferRef::Client(0, 4096), 0, 0, ""};
+    req.items = {{id, 0, 0, 16, 0}};
+    EXPECT_THAT(peer.Request(req), StatusIs(StatusCode::kInvalidArgument));
+    EXPECT_OK(peer.Request(wire::StatRequest{"k"}));
+}
+
 TEST_F(NodeServerTest, MalformedAndTruncatedPayloadsGetErrorsAndTheDaemonStaysUp) {
     RawPeer peer(socket_);
     ASSERT_OK(peer.Request(wire::HelloRequest{}));

@@ -6,7 +6,9 @@
 // and through the node daemon's client, with the same answers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -20,6 +22,7 @@
 #include "node/node_client.h"
 #include "node/node_server.h"
 #include "node_test_util.h"
+#include "../planned_host_build.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -388,6 +391,117 @@ TEST(SparseServiceTest, ALargeReadGivesTheSameAnswersInProcessAndThroughTheDaemo
     ASSERT_TRUE(client.ok()) << client.status().ToString();
     const std::vector<ReadAnswer> daemon = LargeReadThrough(**client);
     EXPECT_EQ(daemon, in_process);
+    client->reset();
+    (*server)->Stop();
+}
+
+/// A planned read's targets built on the host, per target: the descriptor's fields and the
+/// entries (coordinates then value bytes), sorted.
+struct PlannedAnswer {
+    std::string target_id;
+    std::uint64_t nnz = 0;
+    DType index_dtype = DType::kUInt8;
+    DType value_dtype = DType::kUInt8;
+    Shape tile_shape;
+    Generation generation;
+    std::vector<std::vector<std::byte>> entries;
+    bool operator==(const PlannedAnswer&) const = default;
+};
+
+std::vector<std::vector<std::byte>> SortedEntries(std::span<const std::byte> idx,
+                                                  std::span<const std::byte> val, std::size_t isz,
+                                                  std::size_t vsz) {
+    std::vector<std::vector<std::byte>> out;
+    for (std::size_t e = 0; (e + 1) * vsz <= val.size(); ++e) {
+        std::vector<std::byte> one(idx.begin() + e * isz, idx.begin() + (e + 1) * isz);
+        one.insert(one.end(), val.begin() + e * vsz, val.begin() + (e + 1) * vsz);
+        out.push_back(std::move(one));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+/// A step of two changed tensors and an unchanged one, read planned (built on the host) and
+/// read as usual: the same targets.
+std::vector<PlannedAnswer> PlannedReadThrough(SparseService& s) {
+    const Coo w = RandomCoo(kRows, kCols, 900, 3), v = RandomCoo(kRows, kCols, 2000, 4);
+    std::vector<PutSparseRequest> reqs = {Request(w), Request(v)};
+    reqs[1].tensor_id = "v";
+    for (const auto& r : s.PutSparseObjects(reqs)) EXPECT_TRUE(r.ok()) << r.status().ToString();
+    const std::vector<std::string> ids = {"u", "v", "w"};
+    EXPECT_TRUE(s.SealGeneration({0, 1}, ids).ok());
+    auto step = s.GetManifest({0, 1});
+    EXPECT_TRUE(step.ok());
+    if (!step.ok()) return {};
+    std::vector<TargetDescriptor> targets = {Target("w", 0), Target("w", 1), Target("u", 0),
+                                             Target("v", 1)};
+    // Off the tile grid: boundary tiles filtered.
+    targets.push_back(*TargetDescriptor::Make("v/odd", "node0", "v",
+                                              *NamedAxes::Make({{"ep", 0}, {"tp", 0}}), {7, 13},
+                                              {90, 61}));
+    ReadOptions options;
+    options.num_threads = 2;
+    auto want = s.ReadViews(*step, targets, options);
+    EXPECT_TRUE(want.ok()) << want.status().ToString();
+    if (!want.ok()) return {};
+    testing::HostBuild build;
+    auto got = s.ReadPlanned(*step, targets, options, std::ref(build));
+    EXPECT_TRUE(got.ok()) << got.status().ToString();
+    if (!got.ok()) return {};
+    EXPECT_EQ(build.calls, 1);
+    std::vector<PlannedAnswer> out;
+    EXPECT_EQ(got->size(), targets.size());
+    for (std::size_t t = 0; t < got->size() && t < want->size(); ++t) {
+        const TargetObjectView& v = (*got)[t];
+        const TargetObjectView& w = (*want)[t];
+        SCOPED_TRACE(v.target_id);
+        EXPECT_EQ(v.target_id, targets[t].target_id);
+        EXPECT_EQ(v.target_box, targets[t].box);
+        EXPECT_EQ(v.coordinate_space, "local");
+        EXPECT_EQ(v.desc.nnz, w.desc.nnz);
+        EXPECT_EQ(v.desc.index_dtype, w.desc.index_dtype);
+        EXPECT_EQ(v.desc.value_dtype, w.desc.value_dtype);
+        EXPECT_EQ(v.desc.tile_shape, w.desc.tile_shape);
+        EXPECT_EQ(v.desc.generation, w.desc.generation);
+        EXPECT_EQ(v.desc.apply, w.desc.apply);
+        const std::size_t isz = DTypeSize(v.desc.index_dtype) * v.desc.rank();
+        const std::size_t vsz = DTypeSize(v.desc.value_dtype);
+        auto entries = SortedEntries(build.indices[t], build.values[t], isz, vsz);
+        EXPECT_EQ(entries, SortedEntries(w.indices, w.values, isz, vsz));
+        out.push_back({v.target_id, v.desc.nnz, v.desc.index_dtype, v.desc.value_dtype,
+                       v.desc.tile_shape, v.desc.generation, std::move(entries)});
+    }
+    // A full-source read is not planned.
+    ReadOptions full = options;
+    full.strategy = ReadStrategy::kFullSourcePerTarget;
+    EXPECT_EQ(s.ReadPlanned(*step, targets, full, std::ref(build)).status().code(),
+              StatusCode::kUnimplemented);
+    // The builder's error is the read's.
+    const auto fail = [](PlannedRead&) { return ResourceExhausted("no room for the targets"); };
+    EXPECT_EQ(s.ReadPlanned(*step, targets, options, fail).status().code(),
+              StatusCode::kResourceExhausted);
+    return out;
+}
+
+TEST(SparseServiceTest, APlannedReadGivesTheSameTargetsInProcessAndThroughTheDaemon) {
+    SparseStore local(MakeEmbeddedStore());
+    const std::vector<PlannedAnswer> in_process = PlannedReadThrough(local);
+    ASSERT_EQ(in_process.size(), 5u);
+    EXPECT_EQ(in_process[2].nnz, 0u);  // the unchanged tensor
+    EXPECT_GT(in_process[4].nnz, 0u);
+    testing::TempDir dir;
+    const std::string socket = dir.Path("node.sock");
+    auto server = NodeServer::Start(testing::SmallServer(socket, "sparse_service_planned", 16 << 20));
+    ASSERT_TRUE(server.ok()) << server.status().ToString();
+    auto client = NodeClient::Connect(ClientOptions(socket));
+    ASSERT_TRUE(client.ok()) << client.status().ToString();
+    EXPECT_EQ(PlannedReadThrough(**client), in_process);
+    // The sources the reads leased are released: nothing stays leased once the reads' views
+    // are gone.
+    ASSERT_TRUE((*client)->FlushReleases().ok());
+    auto metrics = (*client)->Metrics(false);
+    ASSERT_TRUE(metrics.ok());
+    EXPECT_EQ(Metric(*metrics, "shm_leases"), 0);
     client->reset();
     (*server)->Stop();
 }

@@ -312,6 +312,28 @@ std::vector<Message> SampleMessages() {
         l.destination = {CudaRef(0, 64 << 20), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"};
         out.push_back(l);
     }
+    {
+        // A device read planned by the daemon: a step's sources, the targets of two ranks and
+        // an unchanged tensor; the plan of two ranges of one leased source, one boundary piece.
+        SparseReadPlanRequest p;
+        p.step = {4, 5};
+        p.manifest = {SampleSource("layers.3.w1", 3)};
+        p.targets = {SampleTarget(0), SampleTarget(1)};
+        p.unchanged = {"u"};
+        p.options.plan.read_coalesce_gap = 2;
+        p.options.num_threads = 4;
+        out.push_back(p);
+        SparseReadPlanReply r;
+        r.sources = {{17, {2, 4096, 400}, {2, 4608, 200}, 0, 1, true}};
+        r.ranges = {{0, 0, 0, 120, 0, 60}, {0, 0, 200, 80, 100, 40}};
+        r.pieces = {{0, 0, 30, std::nullopt}, {1, 0, 20, Box::Make({40, 0}, {8, 16}).value()}};
+        r.targets = {{2, 0}, {0, 0xffffffffu}};
+        out.push_back(r);
+        LeaseRangesToDeviceRequest c;
+        c.items = {{17, 0, 0, 120, 0}, {17, 0, 200, 80, 208}, {17, 1, 0, 60, 512}};
+        c.destination = {CudaRef(0, 64 << 20), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"};
+        out.push_back(c);
+    }
     return out;
 }
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import mooncake.sparse as mcs
+from mooncake.sparse import _core
 from mooncake.sparse._gpu import DeviceSparseObject, gpu_available
 from mooncake.sparse.testing import find_node_daemon, start_node_daemon
 
@@ -179,14 +180,12 @@ def test_device_read_through_the_daemon_is_copied_by_it(store):
     host = store.read_sparse_objects(m, targets)
     dev = store.read_sparse_objects(m, targets, device="cuda")
     after = store.metrics()
-    # The daemon wrote every member straight into this process's GPU memory, a few copies in
-    # all (a read publishes its objects side by side in the daemon's segments).
-    def nbytes(x):
-        t = torch.as_tensor(x)
-        return t.numel() * t.element_size()
-    assert after["leases_to_device_bytes"] == sum(nbytes(h.indices) + nbytes(h.values)
-                                                  for h in host)
-    assert 1 <= after["leases_to_device_copies"] <= len(targets)
+    # The daemon planned the read and wrote each unique range of the sources straight into this
+    # process's GPU memory (whole targets: every entry of every source, once), a copy per
+    # member of a source at most (the ranges of one member lie side by side in both places).
+    assert after["leases_to_device_bytes"] == sum(s.nnz * s.entry_bytes for s in m)
+    assert 1 <= after["leases_to_device_copies"] <= 2 * len(m)
+    assert all(isinstance(d, DeviceSparseObject) for d in dev)
     for h, d in zip(host, dev):
         assert np.array_equal(np.asarray(h.indices), torch.as_tensor(d.indices).cpu().numpy())
         assert np.array_equal(bits(torch.as_tensor(h.values)), bits(torch.as_tensor(d.values).cpu()))
@@ -194,12 +193,17 @@ def test_device_read_through_the_daemon_is_copied_by_it(store):
         w = old.clone()
         mcs.apply_sparse_object(w, d)
         assert np.array_equal(bits(w), bits(new))
-    # The next read reuses the device memory once nothing views it: no new mapping.
+    # The next read reuses the device memory its ranges landed in: no new mapping.
     opens = after["cuda_ipc_opens"]
     del dev, d
     again = store.read_sparse_objects(m, targets, device="cuda")
     assert store.metrics()["cuda_ipc_opens"] == opens
     assert len(again) == len(targets)
+    # Nothing stays leased once the objects are gone: not the sources the planned reads leased
+    # (released with the next call), not the host read's targets.
+    del again, host, h
+    store.metrics()
+    assert store.metrics()["shm_leases"] == 0
 
 
 def test_device_read_on_the_embedded_store_views_in_place(store):
@@ -256,6 +260,32 @@ def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quot
     # pinned staging; mixed (a quota that pins the first objects only): both in one read.
     # Either way the targets are filtered and rebased on the GPU.
     store = mcs.connect(capacity_bytes=256 << 20, pinned_quota_bytes=pinned_quota)
+    check_targets_built_on_the_gpu(store)
+    store.close()
+
+
+def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path):
+    # The daemon plans the read and copies the ranges into this process's GPU memory; the
+    # targets are filtered and rebased here, as on the embedded store.
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4) as daemon:
+        store = mcs.connect(daemon.url)
+        if not store.capabilities().get("cuda_ipc_available"):
+            pytest.skip("no CUDA IPC with the daemon here")
+        before = _core._device_read_counters()
+        check_targets_built_on_the_gpu(store)
+        after = _core._device_read_counters()
+        m = store.metrics()
+        # Built here on the GPU from ranges the daemon planned and copied (the fold of the
+        # check is read on the daemon's host).
+        assert after["reads"] == before["reads"] + 1
+        assert after["ranges_seconds"] > before["ranges_seconds"]
+        assert m["planned_reads"] == 1 and m["leases_to_device_bytes"] > 0
+        store.close()
+
+
+def check_targets_built_on_the_gpu(store):
     pairs = pairs_of(MIXED)
     assert all(isinstance(r, dict) for r in commit_all(store, pairs, "g"))
     ids = [f"g{i}" for i in range(len(pairs))] + ["same"]
@@ -300,7 +330,6 @@ def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quot
     w = pairs[0][1].clone()
     mcs.apply_sparse_objects([w], folded)
     assert np.array_equal(bits(w), bits(stepped[0][0]))
-    store.close()
 
 
 def test_single_commit_of_device_members(store):

@@ -449,7 +449,10 @@ class Store(TensorMixin):
         a mooncake:// store ignores it. A device read on the embedded store views in place
         unless view_in_place=False, and is built on the GPU: each unique range is copied into
         device memory once (read straight from the store's page-locked memory by the GPU when
-        the store is pinned), then every target is filtered and rebased there; such objects
+        the store is pinned), then every target is filtered and rebased there. Through the
+        node daemon a device read is built on the GPU too: the daemon plans it, and copies
+        each unique range once from its segments into this process's GPU memory (CUDA IPC;
+        without it, through this process's read-only mapping of the segments); such objects
         carry no tile index (num_tiles 0: apply needs none) and their host members cannot be
         read (their indices and values are device arrays)."""
         if view_in_place is not None and not isinstance(view_in_place, bool):
@@ -464,9 +467,12 @@ class Store(TensorMixin):
         num_threads = _int(num_threads, "num_threads", minimum=0)
         generation = None if step is None else step.generation
         unchanged = [] if step is None else list(step.unchanged)
-        if device is not None and embedded and view_in_place and strategy == "sparse":
-            # Planned here, gathered, filtered and rebased on the GPU (None: a fold, which is
-            # merged on the host).
+        node = bool(self._core.remote)
+        if (device is not None and strategy == "sparse"
+                and ((embedded and view_in_place) or (node and view_in_place is None))):
+            # Planned here (by the node daemon, which then copies the ranges into this
+            # process's GPU memory itself), filtered and rebased on the GPU (None: a fold,
+            # which is merged on the host, or a daemon that cannot hand out its ranges).
             objs = _gpu.read_on_device(self._core, sources, ts, strategy, read_coalesce_gap,
                                        num_threads, generation, unchanged, device)
             if objs is not None:
