@@ -604,7 +604,7 @@ Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
                                  out.offsets[m.slot]});
     }
     request.destination = wire::CudaLocation(arena->exported, arena->exported.offset, arena->bytes);
-    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request, total).status());
+    MCS_RETURN_IF_ERROR(Call<wire::OkReply>(request, total));
     out.base = arena->address;
     out.owner = std::move(arena);
     return out;
@@ -887,7 +887,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
             MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
             copy.destination =
                 wire::CudaLocation(arena->exported, arena->exported.offset, arena->bytes);
-            MCS_RETURN_IF_ERROR(Call<wire::OkReply>(copy, total).status());
+            MCS_RETURN_IF_ERROR(Call<wire::OkReply>(copy, total));
             return PlannedRead::DeviceRanges{arena->address, std::move(arena)};
         };
     }

@@ -552,7 +552,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
         }
         return Status::Ok();
     };
-    MCS_RETURN_IF_ERROR(sparse_->ReadPlanned(step, req.targets, options, build).status());
+    MCS_RETURN_IF_ERROR(sparse_->ReadPlanned(step, req.targets, options, build));
     std::vector<std::uint64_t> ids;
     MCS_RETURN_IF_ERROR(AddLeases(std::move(leases), ids));
     for (std::size_t i = 0; i < ids.size(); ++i) reply.sources[i].lease_id = ids[i];
