@@ -64,6 +64,10 @@ struct NodeClientOptions {
     double spin_bytes_per_second = 8e9;
     /// The run's namespace of this client's sparse calls (docs/design.md §9); "" the default.
     std::string name_space;
+    /// Targets per SparseReadPlan request of a device read: a larger read is planned in
+    /// requests of about this many targets (a tensor's targets in one request), so that every
+    /// reply stays well inside the protocol's frame and item limits at a node's scale.
+    std::size_t planned_read_targets = 16384;
 };
 
 /// Keeps a zero-copy view valid: the lease (released when the last holder goes) and the

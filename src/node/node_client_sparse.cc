@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 
 #include "executor/tensor_store.h"
@@ -758,47 +761,148 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
         return Unimplemented("a planned read reads sparse ranges");
     }
     const bool ipc = CanCommitFromDevice();
-    wire::SparseReadPlanRequest request;
-    request.step = manifest.generation;
-    request.manifest.assign(manifest.sources.begin(), manifest.sources.end());
-    request.targets.assign(targets.begin(), targets.end());
-    request.unchanged.assign(manifest.unchanged.begin(), manifest.unchanged.end());
-    request.options = WireReadOptions(options);
-
-    std::unique_lock lock(mu_);
-    MCS_RETURN_IF_ERROR(EnsureConnected());
-    MCS_ASSIGN_OR_RETURN(wire::SparseReadPlanReply reply,
-                         Call<wire::SparseReadPlanReply>(request));
-    const std::shared_ptr<Session> session = session_;
-    // The leases go when this call returns, whatever fails below.
-    std::vector<LeaseKeepalive> keepalives;
-    keepalives.reserve(reply.sources.size());
-    for (const wire::PlannedSource& s : reply.sources) {
-        keepalives.push_back(MakeKeepalive(s.lease_id, s.indices.segment_id));
-    }
+    const std::span<const SourceDescriptor> sources = manifest.sources;
     const auto bad = [](const std::string& what) {
         return DataLoss("the node daemon's plan of the read: " + what);
     };
-    const std::span<const SourceDescriptor> sources = manifest.sources;
+
+    // The targets in requests of at most options_.planned_read_targets, a tensor's targets
+    // together (its ranges are then planned, and copied, once), each request with the sources
+    // of its tensors only. One request when the read is that small.
+    const std::size_t chunk = std::max<std::size_t>(options_.planned_read_targets, 1);
+    std::vector<std::uint32_t> order(targets.size());
+    for (std::size_t t = 0; t < order.size(); ++t) order[t] = static_cast<std::uint32_t>(t);
+    std::vector<std::vector<std::uint32_t>> chunks;
+    std::unordered_map<std::string_view, std::vector<std::uint32_t>> sources_of;
+    if (targets.size() <= chunk) {
+        chunks.push_back(std::move(order));
+    } else {
+        std::stable_sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+            return targets[a].tensor_id < targets[b].tensor_id;
+        });
+        for (std::size_t k = 0; k < order.size(); ++k) {
+            const bool full = chunks.empty() || chunks.back().size() >= chunk;
+            const bool same = !chunks.empty() && !chunks.back().empty() &&
+                              targets[chunks.back().back()].tensor_id == targets[order[k]].tensor_id;
+            if (chunks.empty() || (full && (!same || chunks.back().size() >= 2 * chunk))) {
+                chunks.emplace_back();
+            }
+            chunks.back().push_back(order[k]);
+        }
+        for (std::size_t i = 0; i < sources.size(); ++i) {
+            sources_of[sources[i].tensor_id].push_back(static_cast<std::uint32_t>(i));
+        }
+    }
+
+    // Every request's plan, merged: sources (leases) and ranges appended, indices of the whole
+    // manifest; each target's pieces where its request put them.
+    wire::SparseReadPlanReply all;
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> pieces_of(targets.size());  // first, count
+    std::vector<std::uint32_t> first_source(targets.size(), PlannedRead::kNoSource);
+    std::vector<LeaseKeepalive> keepalives;  // the leases go when this call returns
+    std::vector<std::array<std::span<const std::byte>, 2>> members;
+    std::shared_ptr<Session> session;
+    {
+        std::unique_lock lock(mu_);
+        MCS_RETURN_IF_ERROR(EnsureConnected());
+        session = session_;
+        for (const std::vector<std::uint32_t>& c : chunks) {
+            wire::SparseReadPlanRequest request;
+            request.step = manifest.generation;
+            request.options = WireReadOptions(options);
+            std::vector<std::uint32_t> manifest_of;  // request's manifest index -> manifest's
+            if (chunks.size() == 1) {
+                request.manifest.assign(sources.begin(), sources.end());
+                request.unchanged.assign(manifest.unchanged.begin(), manifest.unchanged.end());
+            } else {
+                std::vector<std::string_view> tensors;
+                for (std::uint32_t t : c) {
+                    if (tensors.empty() || tensors.back() != targets[t].tensor_id) {
+                        tensors.push_back(targets[t].tensor_id);
+                    }
+                }
+                for (std::string_view id : tensors) {
+                    if (auto it = sources_of.find(id); it != sources_of.end()) {
+                        for (std::uint32_t i : it->second) {
+                            request.manifest.push_back(sources[i]);
+                            manifest_of.push_back(i);
+                        }
+                    }
+                    if (std::binary_search(manifest.unchanged.begin(), manifest.unchanged.end(), id)) {
+                        request.unchanged.emplace_back(id);
+                    }
+                }
+            }
+            request.targets.reserve(c.size());
+            for (std::uint32_t t : c) request.targets.push_back(targets[t]);
+            MCS_ASSIGN_OR_RETURN(wire::SparseReadPlanReply reply,
+                                 Call<wire::SparseReadPlanReply>(request));
+            if (session_ != session) {
+                return Unavailable("the connection to the node daemon was lost during the read");
+            }
+            for (const wire::PlannedSource& ps : reply.sources) {
+                keepalives.push_back(MakeKeepalive(ps.lease_id, ps.indices.segment_id));
+            }
+            const auto to_manifest = [&](std::uint32_t i) -> std::optional<std::uint32_t> {
+                if (i >= request.manifest.size()) return std::nullopt;
+                return manifest_of.empty() ? i : manifest_of[i];
+            };
+            if (reply.targets.size() != c.size()) {
+                return bad(std::to_string(reply.targets.size()) + " targets for " +
+                           std::to_string(c.size()));
+            }
+            const std::uint32_t source_base = static_cast<std::uint32_t>(all.sources.size());
+            const std::uint32_t range_base = static_cast<std::uint32_t>(all.ranges.size());
+            for (const wire::PlannedSource& ps : reply.sources) {
+                members.emplace_back();
+                MCS_ASSIGN_OR_RETURN(members.back()[0], View(ps.indices));
+                MCS_ASSIGN_OR_RETURN(members.back()[1], View(ps.values));
+                all.sources.push_back(ps);
+            }
+            for (std::size_t r = 0; r < reply.ranges.size(); ++r) {
+                wire::PlannedRange pr = reply.ranges[r];
+                const std::optional<std::uint32_t> m = to_manifest(pr.manifest_index);
+                if (pr.source >= reply.sources.size() || !m) {
+                    return bad("range " + std::to_string(r) + " names no source");
+                }
+                pr.source += source_base;
+                pr.manifest_index = *m;
+                all.ranges.push_back(pr);
+            }
+            std::uint64_t k = all.pieces.size();
+            for (const wire::PlannedPiece& p : reply.pieces) {
+                all.pieces.push_back(p);
+                if (p.range >= reply.ranges.size()) {
+                    return bad("piece " + std::to_string(all.pieces.size() - 1) + " names no range");
+                }
+                all.pieces.back().range += range_base;
+            }
+            for (std::size_t j = 0; j < c.size(); ++j) {
+                const wire::PlannedTarget& wt = reply.targets[j];
+                if (wt.pieces > all.pieces.size() - k) {
+                    return bad("target " + targets[c[j]].target_id + " has pieces past the reply's");
+                }
+                pieces_of[c[j]] = {k, wt.pieces};
+                k += wt.pieces;
+                if (wt.first_source != PlannedRead::kNoSource) {
+                    const std::optional<std::uint32_t> m = to_manifest(wt.first_source);
+                    if (!m) return bad("target " + targets[c[j]].target_id + " names no source");
+                    first_source[c[j]] = *m;
+                }
+            }
+            if (k != all.pieces.size()) return bad("pieces of no target");
+        }
+    }
+
     PlannedRead read;
     read.manifest = sources;
     read.targets = targets;
-    // The sources' members in this process's read-only mapping of the segments.
-    std::vector<std::array<std::span<const std::byte>, 2>> members(reply.sources.size());
-    for (std::size_t i = 0; i < reply.sources.size(); ++i) {
-        MCS_ASSIGN_OR_RETURN(members[i][0], View(reply.sources[i].indices));
-        MCS_ASSIGN_OR_RETURN(members[i][1], View(reply.sources[i].values));
-    }
-    lock.unlock();
     // Every range inside its source's members and whole entries of its manifest source; every
-    // piece inside its range; the pieces and targets as many as the request's.
-    std::vector<std::uint64_t> entries(reply.ranges.size());
-    read.ranges.reserve(reply.ranges.size());
-    for (std::size_t r = 0; r < reply.ranges.size(); ++r) {
-        const wire::PlannedRange& pr = reply.ranges[r];
-        if (pr.source >= members.size() || pr.manifest_index >= sources.size()) {
-            return bad("range " + std::to_string(r) + " names no source");
-        }
+    // piece inside its range.
+    std::vector<std::uint64_t> entries(all.ranges.size());
+    read.ranges.reserve(all.ranges.size());
+    for (std::size_t r = 0; r < all.ranges.size(); ++r) {
+        const wire::PlannedRange& pr = all.ranges[r];
         const auto& m = members[pr.source];
         if (!RangeWithin(pr.indices_offset, pr.indices_bytes, m[0].size()) ||
             !RangeWithin(pr.values_offset, pr.values_bytes, m[1].size())) {
@@ -815,33 +919,23 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
                                m[1].subspan(pr.values_offset, pr.values_bytes),
                                pr.manifest_index, false});
     }
-    if (reply.targets.size() != targets.size()) {
-        return bad(std::to_string(reply.targets.size()) + " targets for " +
-                   std::to_string(targets.size()));
-    }
     std::vector<SourceDescriptor> descs(targets.size());
     read.per_target.resize(targets.size());
-    read.pieces.reserve(reply.pieces.size());
-    for (std::size_t t = 0, k = 0; t < targets.size(); ++t) {
-        const wire::PlannedTarget& wt = reply.targets[t];
+    read.pieces.reserve(all.pieces.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
         PlannedRead::Target& pt = read.per_target[t];
-        if (wt.first_source != PlannedRead::kNoSource && wt.first_source >= sources.size()) {
-            return bad("target " + targets[t].target_id + " names no source");
-        }
-        if (wt.pieces > reply.pieces.size() - k) {
-            return bad("target " + targets[t].target_id + " has pieces past the reply's");
-        }
-        pt.first_source = wt.first_source;
+        pt.first_source = first_source[t];
         const SourceDescriptor* first =
-            wt.first_source == PlannedRead::kNoSource ? nullptr : &sources[wt.first_source];
+            pt.first_source == PlannedRead::kNoSource ? nullptr : &sources[pt.first_source];
         MCS_ASSIGN_OR_RETURN(descs[t],
                              PlannedTargetDescriptor(targets[t], first, manifest.generation));
         pt.index_dtype = descs[t].index_dtype;
         pt.value_dtype = descs[t].value_dtype;
         pt.first_piece = read.pieces.size();
-        for (const std::size_t end = k + wt.pieces; k < end; ++k) {
-            const wire::PlannedPiece& p = reply.pieces[k];
-            if (p.range >= read.ranges.size() || !RangeWithin(p.begin, p.count, entries[p.range]) ||
+        const auto [begin, count] = pieces_of[t];
+        for (std::uint64_t k = begin; k < begin + count; ++k) {
+            const wire::PlannedPiece& p = all.pieces[k];
+            if (!RangeWithin(p.begin, p.count, entries[p.range]) ||
                 (p.overlap && p.overlap->rank() != targets[t].box.rank())) {
                 return bad("piece " + std::to_string(k) + " lies outside its range");
             }
@@ -850,15 +944,12 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
             pt.capacity += p.count;
         }
         pt.end_piece = read.pieces.size();
-        if (t + 1 == targets.size() && k != reply.pieces.size()) {
-            return bad("pieces of no target");
-        }
     }
     if (ipc) {
         read.ranges_to_device = [&](std::span<const std::uint64_t> at, std::uint64_t total,
                                     int device, std::uintptr_t stream)
             -> Result<PlannedRead::DeviceRanges> {
-            if (at.size() != 2 * reply.ranges.size()) {
+            if (at.size() != 2 * all.ranges.size()) {
                 return InvalidArgument("one offset per range member");
             }
             // Every range's indices, then every range's values: the ranges of one member
@@ -867,9 +958,9 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
             wire::LeaseRangesToDeviceRequest copy;
             copy.items.reserve(at.size());
             for (int k = 0; k < 2; ++k) {
-                for (std::size_t r = 0; r < reply.ranges.size(); ++r) {
-                    const wire::PlannedRange& pr = reply.ranges[r];
-                    const wire::PlannedSource& ps = reply.sources[pr.source];
+                for (std::size_t r = 0; r < all.ranges.size(); ++r) {
+                    const wire::PlannedRange& pr = all.ranges[r];
+                    const wire::PlannedSource& ps = all.sources[pr.source];
                     const std::uint64_t bytes = k == 0 ? pr.indices_bytes : pr.values_bytes;
                     if (bytes == 0) continue;
                     copy.items.push_back({ps.lease_id, k == 0 ? ps.indices_member : ps.values_member,

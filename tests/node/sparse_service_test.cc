@@ -502,8 +502,28 @@ TEST(SparseServiceTest, APlannedReadGivesTheSameTargetsInProcessAndThroughTheDae
     auto metrics = (*client)->Metrics(false);
     ASSERT_TRUE(metrics.ok());
     EXPECT_EQ(Metric(*metrics, "shm_leases"), 0);
+    // The read and the one whose builder failed (a full-source read is refused by the client).
+    EXPECT_EQ(Metric(*metrics, "planned_reads"), 2);
     client->reset();
     (*server)->Stop();
+
+    // A read planned in requests of two targets (a tensor's targets together, its sources
+    // only): the same targets.
+    testing::TempDir dir2;
+    const std::string socket2 = dir2.Path("node.sock");
+    auto server2 = NodeServer::Start(testing::SmallServer(socket2, "sparse_service_chunks", 16 << 20));
+    ASSERT_TRUE(server2.ok()) << server2.status().ToString();
+    NodeClientOptions small = ClientOptions(socket2);
+    small.planned_read_targets = 2;
+    auto chunked = NodeClient::Connect(small);
+    ASSERT_TRUE(chunked.ok()) << chunked.status().ToString();
+    EXPECT_EQ(PlannedReadThrough(**chunked), in_process);
+    auto chunked_metrics = (*chunked)->Metrics(false);
+    ASSERT_TRUE(chunked_metrics.ok());
+    // Each read in two requests: u and v's two targets (a tensor is not split), w's two.
+    EXPECT_EQ(Metric(*chunked_metrics, "planned_reads"), 4);
+    chunked->reset();
+    (*server2)->Stop();
 }
 
 TEST(SparseServiceTest, AnOwningViewKeepsItsObjectAfterTheStoreIsGone) {
