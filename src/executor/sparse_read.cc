@@ -803,17 +803,29 @@ Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
     return d;
 }
 
-Result<TargetObjectView> PlannedTargetView(const TargetDescriptor& target, SourceDescriptor desc,
-                                           std::uint64_t kept) {
-    desc.nnz = kept;
-    desc.num_tiles = 0;
-    TargetObjectView v;
-    MCS_ASSIGN_OR_RETURN(v.desc, SourceDescriptor::Make(std::move(desc)));
-    v.target_id = target.target_id;
-    v.node_id = target.node_id;
-    v.target_box = target.box;
-    v.coordinate_space = "local";
-    return v;
+Result<std::vector<TargetObjectView>> PlannedTargetViews(const PlannedRead& read,
+                                                         std::vector<SourceDescriptor> descs) {
+    const std::span<const TargetDescriptor> targets = read.targets;
+    if (read.kept.size() != targets.size() || descs.size() != targets.size()) {
+        return Internal("planned read: kept counts");
+    }
+    std::vector<TargetObjectView> out(targets.size());
+    for (std::size_t t = 0; t < targets.size(); ++t) {
+        if (read.kept[t] > read.per_target[t].capacity) {
+            return Internal("planned read: target " + targets[t].target_id +
+                            " kept more entries than its pieces hold");
+        }
+        SourceDescriptor& d = descs[t];
+        d.nnz = read.kept[t];
+        d.num_tiles = 0;
+        TargetObjectView& v = out[t];
+        MCS_ASSIGN_OR_RETURN(v.desc, SourceDescriptor::Make(std::move(d)));
+        v.target_id = targets[t].target_id;
+        v.node_id = targets[t].node_id;
+        v.target_box = targets[t].box;
+        v.coordinate_space = "local";
+    }
+    return out;
 }
 
 Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
@@ -927,17 +939,9 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
         MCS_RETURN_IF_ERROR(
             store_->ViewObjects(keys, hand_over).WithContext("viewing sources"));
     }
-    if (read.kept.size() != targets.size()) return Internal("planned read: kept counts");
-    std::vector<TargetObjectView> out(targets.size());
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-        if (read.kept[t] > read.per_target[t].capacity) {
-            return Internal("planned read: target " + targets[t].target_id +
-                            " kept more entries than its pieces hold");
-        }
-        MCS_ASSIGN_OR_RETURN(out[t], PlannedTargetView(targets[t], std::move(descs[t]),
-                                                       read.kept[t]));
-        m.target_bytes += out[t].desc.nnz * out[t].desc.EntryBytes();
-    }
+    MCS_ASSIGN_OR_RETURN(std::vector<TargetObjectView> out,
+                         PlannedTargetViews(read, std::move(descs)));
+    for (const TargetObjectView& v : out) m.target_bytes += v.desc.nnz * v.desc.EntryBytes();
     m.target_objects_published += targets.size();
     m.materialize_seconds += Seconds(start);
     AddReadMetrics(m);

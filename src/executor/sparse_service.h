@@ -240,11 +240,13 @@ using PlannedReadFn = std::function<Status(PlannedRead& read)>;
 Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
                                                  const SourceDescriptor* first, Generation step);
 
-/// The target object of a planned read once its build kept `kept` entries: `desc` (from
-/// PlannedTargetDescriptor) completed, members left for the builder to set.
-/// Errors: InvalidArgument (as SourceDescriptor::Make).
-Result<TargetObjectView> PlannedTargetView(const TargetDescriptor& target, SourceDescriptor desc,
-                                           std::uint64_t kept);
+/// The target objects of a planned read once its build set `read.kept`: `descs[t]` (from
+/// PlannedTargetDescriptor) completed with target t's kept entries, members left for the
+/// builder to set.
+/// Errors: Internal (a kept count missing, or above the target's capacity); InvalidArgument
+/// (as SourceDescriptor::Make).
+Result<std::vector<TargetObjectView>> PlannedTargetViews(const PlannedRead& read,
+                                                         std::vector<SourceDescriptor> descs);
 
 class SparseService {
 public:

@@ -984,17 +984,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
     }
     read.kept.assign(targets.size(), 0);
     MCS_RETURN_IF_ERROR(build(read));
-    if (read.kept.size() != targets.size()) return Internal("planned read: kept counts");
-    std::vector<TargetObjectView> out(targets.size());
-    for (std::size_t t = 0; t < targets.size(); ++t) {
-        if (read.kept[t] > read.per_target[t].capacity) {
-            return Internal("planned read: target " + targets[t].target_id +
-                            " kept more entries than its pieces hold");
-        }
-        MCS_ASSIGN_OR_RETURN(out[t], PlannedTargetView(targets[t], std::move(descs[t]),
-                                                       read.kept[t]));
-    }
-    return out;
+    return PlannedTargetViews(read, std::move(descs));
 }
 
 Result<StoreCounters> NodeClient::ObjectCounters() {

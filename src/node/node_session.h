@@ -100,6 +100,8 @@ private:
     Result<Reply> SparseCommitDevice(const wire::SparseCommitDeviceRequest& req);
     Result<Reply> LeasesToDevice(const wire::LeasesToDeviceRequest& req);
     Result<Reply> LeaseRangesToDevice(const wire::LeaseRangesToDeviceRequest& req);
+    /// Lease `lease_id` of this connection; InvalidArgument naming `what` when it holds none.
+    Result<const ObjectLease*> HeldLease(std::uint64_t lease_id, std::string_view what) const;
     Result<Reply> SparseReadPlan(const wire::SparseReadPlanRequest& req);
     /// Bytes of segment memory for CopySegmentsToDevice.
     struct SegmentCopy {

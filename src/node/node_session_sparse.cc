@@ -320,6 +320,16 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     return Reply{std::move(reply), {}};
 }
 
+Result<const ObjectLease*> NodeServer::Session::HeldLease(std::uint64_t lease_id,
+                                                         std::string_view what) const {
+    auto it = leases_.find(lease_id);
+    if (it == leases_.end()) {
+        return InvalidArgument(std::string(what) + ": lease " + std::to_string(lease_id) +
+                               " is not held by this connection");
+    }
+    return &it->second;
+}
+
 Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
     const wire::LeasesToDeviceRequest& req) {
     // Every item checked before any byte moves: a lease of this connection, a member of its
@@ -330,12 +340,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
     for (std::size_t i = 0; i < req.items.size(); ++i) {
         const wire::LeaseMemberCopy& item = req.items[i];
         const std::string what = "item " + std::to_string(i);
-        auto it = leases_.find(item.lease_id);
-        if (it == leases_.end()) {
-            return InvalidArgument(what + ": lease " + std::to_string(item.lease_id) +
-                                   " is not held by this connection");
-        }
-        const ObjectLease& lease = it->second;
+        MCS_ASSIGN_OR_RETURN(const ObjectLease* held, HeldLease(item.lease_id, what));
+        const ObjectLease& lease = *held;
         const std::vector<MemberInfo>& members = lease.info().members;
         std::size_t m = members.size();
         for (std::size_t k = 0; k < members.size(); ++k) {
@@ -365,12 +371,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeaseRangesToDevice(
     for (std::size_t i = 0; i < req.items.size(); ++i) {
         const wire::LeaseRangeCopy& item = req.items[i];
         const std::string what = "item " + std::to_string(i);
-        auto it = leases_.find(item.lease_id);
-        if (it == leases_.end()) {
-            return InvalidArgument(what + ": lease " + std::to_string(item.lease_id) +
-                                   " is not held by this connection");
-        }
-        const ObjectLease& lease = it->second;
+        MCS_ASSIGN_OR_RETURN(const ObjectLease* held, HeldLease(item.lease_id, what));
+        const ObjectLease& lease = *held;
         if (item.member >= lease.info().members.size()) {
             return InvalidArgument(what + ": the leased object has no member " +
                                    std::to_string(item.member));
