@@ -231,7 +231,19 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             t_enc, coo = phase("encode", lambda: mcs.encode_updates(pairs, apply=apply))
             updates = [dict(tensor_id=n, global_shape=tuple(new[n].shape), indices=i, values=v,
                             generation=gen_k, apply=apply) for n, (i, v) in zip(names, coo)]
+            mc0 = store.metrics()
             t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
+            mc1 = store.metrics()
+            # The commit's own clocks: indexing and writing in the store; through the daemon,
+            # its handler and the copies from the client's GPU within it.
+            phases_commit = {f"{k}_s": mc1.get(f"{k}_seconds", 0.0) - mc0.get(f"{k}_seconds", 0.0)
+                             for k in ("commit_index", "commit_write", "commit_put",
+                                       "commit_publish", "sparse_device_commit",
+                                       "sparse_device_commit_copy", "sparse_device_commit_check",
+                                       "sparse_device_commit_fill")}
+            phases_commit["commit_pageable_bytes"] = (
+                mc1.get("sparse_device_commit_pageable_bytes", 0)
+                - mc0.get("sparse_device_commit_pageable_bytes", 0))
             bad = [r for r in res if not isinstance(r, dict)]
             if bad:
                 raise bad[0]
@@ -326,7 +338,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
                  "encode_s": t_enc, "commit_s": t_commit, "read_s": t_read, "apply_s": t_apply,
-                 "read_host_s": t_read_host, **phases,
+                 "read_host_s": t_read_host, **phases, **phases_commit,
                  "sparse_s": sparse,
                  "commit_us_per_tensor": t_commit / len(specs) * 1e6,
                  "read_us_per_target": t_read / len(slots) * 1e6,

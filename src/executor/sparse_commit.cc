@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include <charconv>
+#include <chrono>
 #include <string>
 #include <vector>
 
@@ -541,6 +542,7 @@ std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
     // Entries already in canonical order are only indexed: the store copies them once, from the
     // caller's arrays.
     std::vector<EntryViews> entries(requests.size());
+    const auto start = std::chrono::steady_clock::now();
     internal::ParallelFor(num_threads, requests.size(), [&](std::size_t i) {
         if (std::optional<SparseObject> indexed = IndexSourceObject(requests[i])) {
             objects[i] = std::move(indexed);
@@ -556,7 +558,14 @@ std::vector<Result<CommitResult>> SparseStore::PutSparseObjects(
     });
     std::vector<bool> hard_pin(requests.size());
     for (std::size_t i = 0; i < requests.size(); ++i) hard_pin[i] = requests[i].hard_pin;
+    const auto indexed = std::chrono::steady_clock::now();
     CommitBuilt(objects, hard_pin, results, num_threads, entries);
+    {
+        const auto written = std::chrono::steady_clock::now();
+        std::lock_guard lock(metrics_mu_);
+        metrics_.commit_index_seconds += std::chrono::duration<double>(indexed - start).count();
+        metrics_.commit_write_seconds += std::chrono::duration<double>(written - indexed).count();
+    }
     for (std::size_t i = 0; i < requests.size(); ++i) {
         if (!results[i].ok()) {
             results[i] = results[i].status().WithContext("update " + std::to_string(i) + " ('" +
@@ -693,6 +702,7 @@ Result<std::vector<Result<CommitResult>>> SparseStore::PutIndexedObjects(
     }
     std::vector<bool> pins = hard_pin;
     pins.resize(n, true);
+    const auto start = std::chrono::steady_clock::now();
     std::vector<std::string> metadata;
     PrepareCommits(held, metadata, results, num_threads);
     std::vector<const SparseObject*> committed(n, nullptr);
@@ -704,6 +714,11 @@ Result<std::vector<Result<CommitResult>>> SparseStore::PutIndexedObjects(
         UndoMissedCommits(committed, results, batch);
     }
     CountCommits(batch);
+    {
+        std::lock_guard lock(metrics_mu_);
+        metrics_.commit_write_seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     return results;
 }
 
@@ -737,6 +752,7 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
     // 2. The source objects, in one PutFilled per class: the objects' own members copied in
     //    parallel, the external entries written by `fill`. A failure removes what the other
     //    classes wrote, so that nothing of the call stays.
+    const auto put_start = std::chrono::steady_clock::now();
     std::vector<std::string_view> written;
     MCS_RETURN_IF_ERROR(PutFilledByClass(
         objects, metadata, write, hard_pin, [&](std::size_t i) { return MembersOf(*objects[i]); },
@@ -753,9 +769,14 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
             return Status::Ok();
         }));
     // 3. Manifest entries and heads.
+    const auto publish_start = std::chrono::steady_clock::now();
     for (std::size_t i : write) {
         results[i] = PublishCommitLocked(*objects[i], metadata[i], heads[i], batch, bytes_of(i));
     }
+    const auto end = std::chrono::steady_clock::now();
+    std::lock_guard lock(metrics_mu_);
+    metrics_.commit_put_seconds += std::chrono::duration<double>(publish_start - put_start).count();
+    metrics_.commit_publish_seconds += std::chrono::duration<double>(end - publish_start).count();
     return Status::Ok();
 }
 

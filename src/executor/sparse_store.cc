@@ -36,6 +36,10 @@ std::vector<std::pair<std::string, double>> SparseMetrics::Items() const {
         {"plan_seconds", plan_seconds},
         {"read_seconds", read_seconds},
         {"materialize_seconds", materialize_seconds},
+        {"commit_index_seconds", commit_index_seconds},
+        {"commit_write_seconds", commit_write_seconds},
+        {"commit_put_seconds", commit_put_seconds},
+        {"commit_publish_seconds", commit_publish_seconds},
     };
 }
 

@@ -69,6 +69,14 @@ struct SparseMetrics {
     double plan_seconds = 0;
     double read_seconds = 0;
     double materialize_seconds = 0;
+    /// A batch commit of updates (PutSparseObjects): validating and indexing (or encoding) the
+    /// entries, then preparing and placing the objects in the store.
+    double commit_index_seconds = 0;
+    double commit_write_seconds = 0;
+    /// ... of which writing the objects (allocation and their bytes), and publishing them
+    /// (manifest entries, generation heads); PutIndexedObjects only.
+    double commit_put_seconds = 0;
+    double commit_publish_seconds = 0;
 
     /// (name, value) pairs in a stable order, for printing and for Python's metrics() dict.
     std::vector<std::pair<std::string, double>> Items() const;

@@ -154,8 +154,11 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
         auto v = ParseDuration(value);
         if (!v.ok()) return v.status().WithContext(key);
         (key == "frame_timeout" ? c.frame_timeout : c.idle_timeout) = *v;
-    } else if (key == "prefault_segments" || key == "read_in_place") {
-        bool& flag = key == "prefault_segments" ? c.prefault_segments : c.read_in_place;
+    } else if (key == "prefault_segments" || key == "read_in_place" ||
+               key == "gpu_commit_check") {
+        bool& flag = key == "prefault_segments" ? c.prefault_segments
+                     : key == "read_in_place"   ? c.read_in_place
+                                                : c.gpu_commit_check;
         const std::string v = Lower(Trim(value));
         if (v == "true" || v == "1" || v == "yes" || v == "on") {
             flag = true;
@@ -258,7 +261,8 @@ std::span<const std::string_view> ConfigKeys() {
         "cache_capacity_bytes", "client_buffer_max_bytes", "metadata_capacity_bytes",
         "read_threads",         "max_connections",  "frame_timeout",
         "idle_timeout",         "prefault_segments", "prepare_threads",
-        "log_level",            "read_in_place",    "commit_staging_pinned_bytes"};
+        "log_level",            "read_in_place",    "commit_staging_pinned_bytes",
+        "gpu_commit_check"};
     return kKeys;
 }
 
@@ -317,6 +321,7 @@ std::string ConfigToJson(const NodeDaemonConfig& c) {
     j["read_threads"] = c.read_threads;
     j["read_in_place"] = c.read_in_place;
     j["commit_staging_pinned_bytes"] = c.commit_staging_pinned_bytes;
+    j["gpu_commit_check"] = c.gpu_commit_check;
     j["max_connections"] = c.max_connections;
     j["frame_timeout"] = std::to_string(c.frame_timeout.count()) + "ms";
     j["idle_timeout"] = std::to_string(c.idle_timeout.count()) + "ms";

@@ -33,6 +33,9 @@ struct NodeDaemonConfig {
     std::uint32_t read_threads = 0;
     /// Reads build targets straight from the segments (no range copies, no range cache).
     bool read_in_place = false;
+    /// Commits from clients' CUDA memory are checked and indexed on the GPU (a daemon built
+    /// with the GPU codec, a usable GPU); off: on the host, from staging memory.
+    bool gpu_commit_check = true;
     /// Host bytes pinned for the commits copied from clients' CUDA memory.
     std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
     std::uint32_t max_connections = 1024;

@@ -20,6 +20,9 @@
 #include "node/daemon_config.h"
 #include "node/log.h"
 #include "node/node_server.h"
+#ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
+#include "cuda/gpu_index.h"
+#endif
 
 DEFINE_string(socket_path, "",
               "Unix socket the daemon listens on (created mode 0600, its directory 0700 when "
@@ -47,6 +50,10 @@ DEFINE_bool(read_in_place, false,
 DEFINE_string(commit_staging_pinned_bytes, "1GiB",
               "Host bytes pinned for commits copied from clients' CUDA memory by CUDA IPC; "
               "beyond it they land in pageable memory.");
+DEFINE_bool(gpu_commit_check, true,
+            "Commits from clients' CUDA memory are checked, indexed and checksummed on the GPU "
+            "and copied once into the store (a daemon built with the GPU codec); off: copied "
+            "into staging memory and checked on the host.");
 DEFINE_uint32(max_connections, 1024,
               "Connections served at once; when full, a new one evicts the longest-idle "
               "connection that holds no client buffer and no lease.");
@@ -65,6 +72,36 @@ DEFINE_string(log_level, "info", "debug | info | warning | error");
 namespace mcs = mooncake::sparse;
 
 namespace {
+
+#ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
+/// NodeServerOptions::device_index: the GPU codec's check of canonical entries.
+mcs::Result<std::vector<mcs::DeviceIndexResult>> CheckOnDevice(
+    std::span<const mcs::DeviceIndexItem> items, mcs::CudaStream stream) {
+    std::vector<mcs::cuda::IndexItem> launch(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const mcs::SourceDescriptor& d = *items[i].plan;
+        mcs::cuda::IndexItem& it = launch[i];
+        it.indices = {items[i].indices, items[i].device};
+        it.values = {items[i].values, items[i].device};
+        it.index_dtype = d.index_dtype;
+        it.value_dtype = d.value_dtype;
+        it.nnz = d.nnz;
+        it.global_shape = d.global_shape;
+        it.box_origin.assign(d.box.origin().begin(), d.box.origin().end());
+        it.box_shape.assign(d.box.shape().begin(), d.box.shape().end());
+        it.tile_shape = d.tile_shape;
+    }
+    MCS_ASSIGN_OR_RETURN(std::vector<mcs::cuda::IndexResult> found,
+                         mcs::cuda::IndexCanonicalBatch(launch, stream));
+    std::vector<mcs::DeviceIndexResult> out(found.size());
+    for (std::size_t i = 0; i < found.size(); ++i) {
+        out[i] = {found[i].canonical, std::move(found[i].tile_coords),
+                  std::move(found[i].tile_ptr), found[i].checksum_indices,
+                  found[i].checksum_values};
+    }
+    return out;
+}
+#endif
 
 /// Defaults < --config file < flags given on the command line.
 mcs::Result<mcs::NodeDaemonConfig> ResolveConfig() {
@@ -161,6 +198,11 @@ int main(int argc, char** argv) {
         return 1;
     }
 
+#ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
+    if (config->gpu_commit_check && mcs::cuda::Available()) {
+        options->device_index = &CheckOnDevice;
+    }
+#endif
     auto server = mcs::NodeServer::Start(*options);
     if (!server.ok()) {
         LOG(ERROR) << "cannot start: " << server.status().ToString();

@@ -25,9 +25,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,10 +38,34 @@
 #include "executor/tensor_store.h"
 #include "mooncake/sparse/status.h"
 #include "store/shm_store.h"
+#include "transport/cuda_runtime.h"  // CudaStream
 #include "transport/pinned_pool.h"
 #include "node/uds.h"
 
 namespace mooncake::sparse {
+
+/// One update of a device commit put to the GPU check: its members in device memory (mapped
+/// into the daemon) and the plan of its object (PlanIndexedSource).
+struct DeviceIndexItem {
+    std::uintptr_t indices = 0;
+    std::uintptr_t values = 0;
+    int device = 0;
+    const SourceDescriptor* plan = nullptr;
+};
+
+/// What the GPU check found (as cuda::IndexResult): canonical entries, their tile index and the
+/// XXH3-64 sums of both members; not canonical says nothing more.
+struct DeviceIndexResult {
+    bool canonical = false;
+    std::vector<TileCoord> tile_coords;
+    std::vector<std::uint64_t> tile_ptr;
+    std::uint64_t checksum_indices = 0;
+    std::uint64_t checksum_values = 0;
+};
+
+/// Checks a batch on its device, ordered on `stream`; returns once the results are on the host.
+using DeviceIndexFn = std::function<Result<std::vector<DeviceIndexResult>>(
+    std::span<const DeviceIndexItem>, CudaStream stream)>;
 
 struct NodeServerOptions {
     std::string socket_path;
@@ -69,6 +95,14 @@ struct NodeServerOptions {
     /// Host bytes the daemon may pin for the commits it copies from clients' CUDA memory
     /// (SparseCommitDevice); beyond it they land in pageable memory (slower device copies).
     std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
+    /// The GPU check of commits from clients' CUDA memory (SparseCommitDevice): the daemon
+    /// binary sets cuda::IndexCanonicalBatch (src/cuda/gpu_index.h) here when it is built with
+    /// the GPU codec and a GPU is usable. Canonical updates are then checked, indexed and
+    /// checksummed by this daemon on the GPU where the client's bytes lie, and copied once,
+    /// from the client's memory straight into the store's; the bytes that land are
+    /// checksummed on the host against the GPU's sums. Null (or an update the GPU does not
+    /// take): the update is copied into staging memory, then checked and indexed on the host.
+    DeviceIndexFn device_index;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
     /// Reads build their targets straight from the stored bytes (ReadOptions::view_in_place)
@@ -182,6 +216,12 @@ private:
     std::atomic<std::uint64_t> device_commit_items_{0};  ///< SparseCommitDevice updates.
     std::atomic<std::uint64_t> device_commit_bytes_{0};  ///< ... and their entries' bytes.
     std::atomic<std::uint64_t> device_commit_copies_{0};  ///< ... in this many D2H copies.
+    std::atomic<std::uint64_t> device_commit_gpu_items_{0};  ///< ... checked on the GPU.
+    std::atomic<std::uint64_t> device_commit_check_nanos_{0};  ///< ... the GPU check,
+    std::atomic<std::uint64_t> device_commit_fill_nanos_{0};  ///< ... copies and host sums,
+    std::atomic<std::uint64_t> device_commit_pageable_bytes_{0};  ///< ... into pageable memory.
+    std::atomic<std::uint64_t> device_commit_copy_nanos_{0};  ///< ... mapping and copying,
+    std::atomic<std::uint64_t> device_commit_nanos_{0};       ///< ... the whole of the handler.
     std::atomic<std::uint64_t> leases_to_device_bytes_{0};   ///< LeasesToDevice members' bytes.
     std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies.
     std::atomic<std::uint64_t> leases_to_device_nanos_{0};   ///< ... taking this long.

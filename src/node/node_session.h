@@ -6,6 +6,7 @@
 // run), node_session_tensor.cc (the tensor fast path).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <optional>
@@ -98,6 +99,20 @@ private:
     Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
     Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);
     Result<Reply> SparseCommitDevice(const wire::SparseCommitDeviceRequest& req);
+    /// One member of a SparseCommitDevice update, mapped.
+    struct DevicePiece {
+        DeviceMemory src;
+        const CudaIpcMapping* mapping = nullptr;
+        std::size_t slot = 0;  ///< 2 * update + member
+    };
+    /// The updates of `req` that options().device_index takes (mapped, canonical on the GPU):
+    /// committed with their entries copied from the client's memory into the store's, each
+    /// one's result set in `outcome`; the others are left unset.
+    void CommitCheckedOnDevice(const wire::SparseCommitDeviceRequest& req,
+                               const std::vector<PutSparseRequest>& requests,
+                               const std::vector<std::array<DevicePiece, 2>>& mapped,
+                               const std::vector<Status>& failed,
+                               std::vector<std::optional<Result<CommitResult>>>& outcome);
     Result<Reply> LeasesToDevice(const wire::LeasesToDeviceRequest& req);
     Result<Reply> LeaseRangesToDevice(const wire::LeaseRangesToDeviceRequest& req);
     /// Lease `lease_id` of this connection; InvalidArgument naming `what` when it holds none.

@@ -5,13 +5,17 @@
 // seals, waits, retention, anchors.
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "codec/codec.h"
 #include "node/node_session.h"
 #include "transport/parallel_for.h"
+#include "node/log.h"
 #include "node/wire.h"
 #include "transport/cuda_runtime.h"
 #include "transport/host_copy.h"
@@ -185,18 +189,13 @@ PutSparseRequest RequestOf(const wire::DeviceUpdate& u) {
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     const wire::SparseCommitDeviceRequest& req) {
+    const auto start = std::chrono::steady_clock::now();
     // 1. Every member mapped (CUDA IPC, cached per allocation); an update whose members cannot
     //    be mapped fails alone.
     const std::size_t n = req.items.size();
     std::vector<Status> failed(n);
     std::vector<PutSparseRequest> requests(n);
-    struct Piece {
-        DeviceMemory src;
-        const CudaIpcMapping* mapping;
-        std::size_t slot;  ///< 2 * item + member
-    };
-    std::vector<Piece> pieces;
-    pieces.reserve(2 * n);
+    std::vector<std::array<DevicePiece, 2>> mapped(n);
     std::vector<std::shared_ptr<const CudaIpcMapping>> holders;
     for (std::size_t i = 0; i < n; ++i) {
         const wire::DeviceUpdate& u = req.items[i];
@@ -207,29 +206,36 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
         for (int k = 0; k < 2 && s.ok(); ++k) {
             s = DeviceMemberBytes(*members[k], k == 0 ? "indices" : "values").status();
         }
-        std::array<Piece, 2> mapped{};
         for (int k = 0; k < 2 && s.ok(); ++k) {
             auto m = MapCuda(members[k]->location);
             if (!m.ok()) {
                 s = m.status().WithContext(k == 0 ? "indices" : "values");
                 break;
             }
-            mapped[k] = {m->first, m->second.get(), 2 * i + k};
+            mapped[i][k] = {m->first, m->second.get(), 2 * i + k};
             holders.push_back(std::move(m->second));
         }
-        if (!s.ok()) {
-            failed[i] = s;
-            continue;
-        }
-        pieces.push_back(mapped[0]);
-        pieces.push_back(mapped[1]);
+        failed[i] = s;
     }
 
-    // 2. The device-to-host copies: members of one mapping that lie close together (the
-    //    client's arena holds a batch densely) move as one copy of their span, so a batch of
-    //    thousands of updates takes a few copies, not two per update.
+    // 2. Updates the GPU takes: checked and indexed there, copied once into the store.
+    std::vector<std::optional<Result<CommitResult>>> outcome(n);
+    if (server_.options_.device_index) {
+        CommitCheckedOnDevice(req, requests, mapped, failed, outcome);
+    }
+
+    const auto staging = std::chrono::steady_clock::now();
+    // 3. The others: device-to-host copies into staging memory. Members of one mapping that
+    //    lie close together (the client's arena holds a batch densely) move as one copy of
+    //    their span, so a batch of thousands of updates takes a few copies, not two per update.
+    std::vector<DevicePiece> pieces;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!failed[i].ok() || outcome[i]) continue;
+        pieces.push_back(mapped[i][0]);
+        pieces.push_back(mapped[i][1]);
+    }
     constexpr std::uint64_t kMaxGap = 4096;
-    std::sort(pieces.begin(), pieces.end(), [](const Piece& a, const Piece& b) {
+    std::sort(pieces.begin(), pieces.end(), [](const DevicePiece& a, const DevicePiece& b) {
         return a.mapping != b.mapping ? a.mapping < b.mapping : a.src.address < b.src.address;
     });
     struct Run {
@@ -240,7 +246,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     std::vector<std::uint64_t> landing_at(2 * n);
     std::uint64_t total = 0;
     for (std::size_t k = 0; k < pieces.size();) {
-        const Piece& first = pieces[k];
+        const DevicePiece& first = pieces[k];
         std::uintptr_t end = first.src.address + first.src.bytes;
         std::size_t last = k + 1;
         while (last < pieces.size() && pieces[last].mapping == first.mapping &&
@@ -275,16 +281,20 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     }
     holders.clear();
     server_.device_commit_copies_.fetch_add(runs.size(), std::memory_order_relaxed);
+    server_.device_commit_copy_nanos_.fetch_add(NanosSince(staging), std::memory_order_relaxed);
 
-    // 3. The updates as an in-process batch commit takes them (validated, encoded, committed
+    // 4. Those updates as an in-process batch commit takes them (validated, encoded, committed
     //    together; each fails alone).
     std::vector<PutSparseRequest> valid;
     std::vector<std::size_t> of;
     valid.reserve(n);
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
-        if (!failed[i].ok()) continue;
         const wire::DeviceUpdate& u = req.items[i];
+        if (failed[i].ok() && outcome[i]) {
+            bytes += u.indices.location.ref.size + u.values.location.ref.size;
+        }
+        if (!failed[i].ok() || outcome[i]) continue;
         PutSparseRequest& r = requests[i];
         r.indices = {u.indices.dtype, u.indices.shape,
                      {landing.data() + landing_at[2 * i],
@@ -296,8 +306,24 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
         valid.push_back(std::move(r));
         of.push_back(i);
     }
-    std::vector<Result<CommitResult>> results = sparse_->PutSparseObjects(valid, 0);
-    server_.device_commit_items_.fetch_add(valid.size(), std::memory_order_relaxed);
+    std::vector<Result<CommitResult>> results;
+    if (!valid.empty()) results = sparse_->PutSparseObjects(valid, 0);
+    for (std::size_t k = 0; k < results.size(); ++k) {
+        // PutSparseObjects names a failed update by its place among `valid`; the client names
+        // it by its place in the caller's batch.
+        if (!results[k].ok()) {
+            const std::string named =
+                "update " + std::to_string(k) + " ('" + valid[k].tensor_id + "'): ";
+            const std::string& message = results[k].status().message();
+            if (message.starts_with(named)) {
+                results[k] = Status(results[k].status().code(), message.substr(named.size()));
+            }
+        }
+        outcome[of[k]] = std::move(results[k]);
+    }
+    server_.device_commit_items_.fetch_add(n - std::count_if(failed.begin(), failed.end(),
+                                                             [](const Status& s) { return !s.ok(); }),
+                                           std::memory_order_relaxed);
     server_.device_commit_bytes_.fetch_add(bytes, std::memory_order_relaxed);
     wire::SparseCommitBatchReply reply;
     reply.items.resize(n);
@@ -306,18 +332,218 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
         out.message = s.message();
     };
     for (std::size_t i = 0; i < n; ++i) {
-        if (!failed[i].ok()) fail(reply.items[i], failed[i]);
+        wire::SparseCommitOutcome& out = reply.items[i];
+        if (!failed[i].ok()) {
+            fail(out, failed[i]);
+        } else if (!outcome[i] || !outcome[i]->ok()) {
+            fail(out, outcome[i] ? outcome[i]->status() : Internal("update not committed"));
+        } else {
+            const CommitResult& c = **outcome[i];
+            out.result = {c.source_ref, c.created, c.nnz, c.bytes};
+        }
     }
-    for (std::size_t k = 0; k < results.size(); ++k) {
-        wire::SparseCommitOutcome& out = reply.items[of[k]];
-        if (!results[k].ok()) {
-            fail(out, results[k].status());
+    server_.device_commit_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    return Reply{std::move(reply), {}};
+}
+
+/// Threads that copy and sum the large objects of a device commit checked on the GPU: enough
+/// that the sums of landed objects keep up with the copies still running.
+constexpr int kDirectCopyThreads = 8;
+
+void NodeServer::Session::CommitCheckedOnDevice(
+    const wire::SparseCommitDeviceRequest& req, const std::vector<PutSparseRequest>& requests,
+    const std::vector<std::array<DevicePiece, 2>>& mapped, const std::vector<Status>& failed,
+    std::vector<std::optional<Result<CommitResult>>>& outcome) {
+    const std::size_t n = req.items.size();
+    // What the GPU may take: what the host's sorted fast path would, as far as the plan tells
+    // without the entries; all on one device, no tensor with two generations (its second step
+    // commits after the first one's head moved: the host path orders them).
+    std::vector<std::optional<SourceDescriptor>> plans(n);
+    std::vector<DeviceIndexItem> items;
+    std::vector<std::size_t> item_of;
+    std::map<std::string_view, Generation, std::less<>> generation_of;
+    int device = -1;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (!failed[i].ok()) continue;
+        const wire::DeviceUpdate& u = req.items[i];
+        auto [it, fresh] = generation_of.try_emplace(u.tensor_id, u.generation);
+        if (!fresh && it->second != u.generation) return;
+        const DeviceMemory& di = mapped[i][0].src;
+        const DeviceMemory& dv = mapped[i][1].src;
+        if (device < 0) device = di.device;
+        if (di.device != device || dv.device != device) return;
+        const CooLayout layout{u.indices.dtype, u.indices.shape, di.bytes,
+                               u.values.dtype,  u.values.shape,  dv.bytes};
+        plans[i] = PlanIndexedSource(requests[i], layout);
+        if (!plans[i]) continue;
+        items.push_back({di.address, dv.address, device, &*plans[i]});
+        item_of.push_back(i);
+    }
+    if (items.empty()) return;
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::vector<DeviceIndexResult>> indexed =
+        server_.options_.device_index(items, kCudaPerThreadStream);
+    server_.device_commit_check_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    if (!indexed.ok()) {
+        MCS_LOG(kWarning) << "device commit: the GPU check failed ("
+                          << indexed.status().ToString() << "); checking on the host";
+        return;
+    }
+    // The objects, from the GPU's tile indexes and sums.
+    std::vector<SparseObject> batch;
+    std::vector<bool> hard_pin;
+    std::vector<std::size_t> batch_of;
+    struct Sums {
+        std::uint64_t indices = 0, values = 0;
+    };
+    std::vector<Sums> sums;
+    for (std::size_t t = 0; t < items.size(); ++t) {
+        DeviceIndexResult& r = (*indexed)[t];
+        if (!r.canonical) continue;
+        const std::size_t i = item_of[t];
+        std::optional<SparseObject> object =
+            FinishCanonicalEntries(std::move(*plans[i]), std::move(r.tile_coords),
+                                   std::move(r.tile_ptr), r.checksum_indices, r.checksum_values);
+        if (!object) continue;
+        batch.push_back(std::move(*object));
+        hard_pin.push_back(requests[i].hard_pin);
+        batch_of.push_back(i);
+        sums.push_back({r.checksum_indices, r.checksum_values});
+    }
+    if (batch.empty()) return;
+    // The entries go from the client's memory straight into the store's; the bytes that land
+    // must be the bytes the GPU checked (a client that writes its memory during the commit
+    // fails it, and nothing of it stays).
+    const EntryFill fill = [&](std::span<const EntryTarget> targets) -> Status {
+        // Objects bound for pinned memory go by device-to-host copies of their own, on several
+        // threads, each summing its objects as they land while the others' copies run. The
+        // others (small ones, which the store keeps out of its pinned pool, or any bound for
+        // pageable memory) through pinned staging: the runs they form in the client's memory (a
+        // batch lies there densely) in a few copies, then host copies to their places.
+        constexpr std::uint64_t kDirectBytes = std::uint64_t{64} << 10;
+        constexpr std::uint64_t kMaxGap = 4096;
+        const auto copies = std::chrono::steady_clock::now();
+        const auto source = [&](const EntryTarget& t, int k) -> const DeviceMemory& {
+            return mapped[batch_of[t.object]][k].src;
+        };
+        std::atomic<bool> same{true};
+        const auto check = [&](const EntryTarget& t) {
+            const Sums& want = sums[t.object];
+            if (Checksum(t.indices) != want.indices || Checksum(t.values) != want.values) {
+                same.store(false, std::memory_order_relaxed);
+            }
+        };
+        struct Staged {
+            std::span<std::byte> dst;
+            DeviceMemory src;
+        };
+        std::vector<Staged> staged;
+        std::vector<const EntryTarget*> direct, small;
+        std::uint64_t pageable = 0;
+        for (const EntryTarget& t : targets) {
+            if (!t.pinned) pageable += t.indices.size() + t.values.size();
+            const std::span<std::byte> dst[2] = {t.indices, t.values};
+            for (int k = 0; k < 2; ++k) {
+                if (dst[k].size() != source(t, k).bytes) return Internal("filled entry size");
+            }
+            if (t.pinned && t.indices.size() + t.values.size() >= kDirectBytes) {
+                direct.push_back(&t);
+                continue;
+            }
+            small.push_back(&t);
+            for (int k = 0; k < 2; ++k) {
+                if (!dst[k].empty()) staged.push_back({dst[k], source(t, k)});
+            }
+        }
+        std::sort(staged.begin(), staged.end(), [](const Staged& a, const Staged& b) {
+            return a.src.address < b.src.address;
+        });
+        struct Run {
+            std::uintptr_t begin, end;
+            std::uint64_t at;  ///< Into the landing buffer.
+        };
+        std::vector<Run> runs;
+        std::uint64_t total = 0;
+        for (const Staged& m : staged) {
+            const std::uintptr_t end = m.src.address + m.src.bytes;
+            if (!runs.empty() && m.src.address <= runs.back().end + kMaxGap) {
+                Run& r = runs.back();
+                if (end > r.end) {
+                    total += end - r.end;
+                    r.end = end;
+                }
+                continue;
+            }
+            total = (total + 63) / 64 * 64;
+            runs.push_back({m.src.address, end, total});
+            total += m.src.bytes;
+        }
+        HostBuffer landing;
+        if (total > 0) {
+            MCS_ASSIGN_OR_RETURN(landing, server_.commit_staging_->Allocate(total));
+            for (const Run& r : runs) {
+                MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(
+                    landing.data() + r.at, reinterpret_cast<const void*>(r.begin), r.end - r.begin,
+                    cuda::CopyKind::kDeviceToHost, kCudaPerThreadStream, device));
+            }
+        }
+        std::mutex failure_mu;
+        Status failure;
+        internal::ParallelFor(kDirectCopyThreads, direct.size(), [&](std::size_t x) {
+            const EntryTarget& t = *direct[x];
+            const std::span<std::byte> dst[2] = {t.indices, t.values};
+            Status s;
+            for (int k = 0; k < 2 && s.ok(); ++k) {
+                if (dst[k].empty()) continue;
+                s = cuda::MemcpyAsync(dst[k].data(),
+                                      reinterpret_cast<const void*>(source(t, k).address),
+                                      dst[k].size(), cuda::CopyKind::kDeviceToHost,
+                                      kCudaPerThreadStream, device);
+            }
+            if (s.ok()) s = cuda::StreamSynchronize(kCudaPerThreadStream, device);
+            if (!s.ok()) {
+                std::lock_guard lock(failure_mu);
+                failure = s;
+                return;
+            }
+            check(t);
+        });
+        MCS_RETURN_IF_ERROR(failure);
+        MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
+        if (!staged.empty()) {
+            std::vector<HostCopy> moves;
+            moves.reserve(staged.size());
+            std::size_t run = 0;
+            for (const Staged& m : staged) {
+                while (m.src.address >= runs[run].end) ++run;
+                moves.push_back({m.dst.data(),
+                                 landing.data() + runs[run].at + (m.src.address - runs[run].begin),
+                                 m.src.bytes});
+            }
+            ParallelCopies(moves, DefaultCopyThreads());
+            internal::ParallelFor(0, small.size(), [&](std::size_t x) { check(*small[x]); }, 0);
+        }
+        server_.device_commit_copies_.fetch_add(runs.size() + 2 * direct.size(),
+                                                std::memory_order_relaxed);
+        server_.device_commit_fill_nanos_.fetch_add(NanosSince(copies), std::memory_order_relaxed);
+        server_.device_commit_pageable_bytes_.fetch_add(pageable, std::memory_order_relaxed);
+        if (!same.load()) {
+            return DataLoss("the entries changed in the client's memory while they were "
+                            "committed: commit them again");
+        }
+        return Status::Ok();
+    };
+    Result<std::vector<Result<CommitResult>>> committed =
+        sparse_->PutIndexedObjects(std::move(batch), hard_pin, fill, 0);
+    for (std::size_t b = 0; b < batch_of.size(); ++b) {
+        const std::size_t i = batch_of[b];
+        if (!committed.ok()) {
+            outcome[i] = committed.status();
             continue;
         }
-        const CommitResult& c = *results[k];
-        out.result = {c.source_ref, c.created, c.nnz, c.bytes};
+        outcome[i] = std::move((*committed)[b]);  // the client names a failure
     }
-    return Reply{std::move(reply), {}};
+    server_.device_commit_gpu_items_.fetch_add(batch_of.size(), std::memory_order_relaxed);
 }
 
 Result<const ObjectLease*> NodeServer::Session::HeldLease(std::uint64_t lease_id,

@@ -288,6 +288,10 @@ TEST(DaemonConfigTest, TimeoutsAndPreparationKeys) {
     EXPECT_EQ(o->commit_staging_pinned_bytes, std::uint64_t{64} << 20);
     EXPECT_NE(ConfigToJson(c).find("\"read_in_place\":true"), std::string::npos);
     EXPECT_FALSE(SetConfigKey(c, "read_in_place", "perhaps").ok());
+    EXPECT_TRUE(c.gpu_commit_check);
+    ASSERT_TRUE(ApplyYamlConfig("gpu_commit_check: off\n", c).ok());
+    EXPECT_FALSE(c.gpu_commit_check);
+    EXPECT_NE(ConfigToJson(c).find("\"gpu_commit_check\":false"), std::string::npos);
     EXPECT_FALSE(SetConfigKey(c, "commit_staging_pinned_bytes", "lots").ok());
     EXPECT_FALSE(SetConfigKey(c, "prefault_segments", "maybe").ok());
     EXPECT_FALSE(SetConfigKey(c, "prepare_threads", "0").ok());

@@ -156,8 +156,12 @@ def test_device_commit_through_the_daemon_goes_by_cuda_ipc(store):
     assert m["sparse_device_commit_bytes"] == sum(
         i.numel() * i.element_size() + v.numel() * v.element_size() for i, v in coo)
     assert m["cuda_ipc_opens"] >= 1
-    # The batch lies densely in the client's commit arena: one device-to-host copy for all.
-    assert m["sparse_device_commit_copies"] == 1
+    # The rank-2 updates are checked on the daemon's GPU, the others on its host. Either way
+    # the batch lies densely in the client's commit arena: one device-to-host copy of each
+    # group's members (these are all small: through pinned staging).
+    on_gpu = m.get("sparse_device_commit_gpu_items", 0)
+    assert on_gpu in (0, sum(n.dim() == 2 for n, _ in pairs))
+    assert m["sparse_device_commit_copies"] <= (4 if on_gpu else 1)
     # A second step reuses the client's commit arena: no new mapping in the daemon.
     opens = m["cuda_ipc_opens"]
     stepped = pairs_of(MIXED, seed=SEED + 1)
@@ -727,3 +731,85 @@ def test_embedded_commit_from_the_gpu_of_two_steps_of_a_tensor_takes_the_staging
     assert dev == host
     assert dev_store.current_generation("a") == (1, 2)
     assert counted(dev_store) == counted(host_store)
+
+
+def daemon_checks_on_its_gpu(store):
+    return store.metrics().get("sparse_device_commit_gpu_items", 0) > 0
+
+
+@pytest.mark.skipif(not HAVE_DAEMON, reason="mooncake_sparse_node is not built")
+def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_updates_alone(
+        tmp_path):
+    pairs = pairs_of([((64, 48), torch.bfloat16)] * 6 + [((300, 200), torch.float32)],
+                     density=0.2)
+    coo = mcs.encode_updates(pairs)
+    ups = [dict(tensor_id=f"b{i}", global_shape=tuple(n.shape), indices=i_, values=v)
+           for i, ((n, _), (i_, v)) in enumerate(zip(pairs, coo))]
+
+    def as_i16(idx):
+        return idx.view(torch.int16)
+
+    # As the embedded store's test: unsorted (sorted on the host: it commits), outside the box,
+    # a duplicate, outside the shape, and a stale step; each fails or commits alone.
+    ups[1]["indices"] = as_i16(coo[1][0]).flip(0).contiguous().view(coo[1][0].dtype)
+    ups[1]["values"] = coo[1][1].flip(0).contiguous()
+    ups[2]["global_offset"], ups[2]["local_shape"] = (0, 0), (32, 48)
+    ups[3]["indices"] = torch.cat([as_i16(coo[3][0])[:1], as_i16(coo[3][0])]).view(coo[3][0].dtype)
+    ups[3]["values"] = torch.cat([coo[3][1][:1], coo[3][1]])
+    ups[4]["global_shape"] = (40, 48)
+    ups[5]["tensor_id"] = "stale"
+    results = []
+    with start_node_daemon(tmp_path / "gpu", segment_size="64MiB", num_segments=2) as a, \
+            start_node_daemon(tmp_path / "host", segment_size="64MiB", num_segments=2,
+                              gpu_commit_check="false") as b:
+        stores = [mcs.connect(a.url), mcs.connect(b.url)]
+        for s in stores:
+            for g in ((0, 1), (1, 2)):
+                first = dict(ups[5], generation=g, indices=coo[0][0].cpu(), values=coo[0][1].cpu())
+                assert isinstance(s.put_sparse_objects([first])[0], dict)
+        ups[5]["generation"] = (0, 3)
+        for s in stores:
+            before = s.metrics().get("sparse_device_commit_gpu_items", 0)
+            results.append(s.put_sparse_objects(ups))
+            results.append(s.metrics().get("sparse_device_commit_gpu_items", 0) - before)
+        dev, on_gpu, host, on_host_gpu = results
+        if not daemon_checks_on_its_gpu(stores[0]):
+            pytest.skip("this daemon is built without the GPU codec")
+        assert on_host_gpu == 0
+        # b0, the float32 one and the stale step were checked on the GPU; the others went
+        # through the host's check, which found what is wrong with them.
+        assert on_gpu == 3
+        assert isinstance(dev[0], dict) and isinstance(dev[1], dict) and isinstance(dev[6], dict)
+        assert isinstance(dev[2], mcs.InvalidArgument) and "outside the source box" in str(dev[2])
+        assert isinstance(dev[3], mcs.InvalidArgument) and "duplicate" in str(dev[3])
+        assert isinstance(dev[4], mcs.InvalidArgument)
+        assert isinstance(dev[5], mcs.StaleGeneration)
+        assert [type(r) for r in dev] == [type(r) for r in host]
+        for d, h in zip(dev, host):
+            if isinstance(h, dict):
+                assert d == h
+            else:
+                assert str(d) == str(h)
+        # The same objects, bit for bit, through either check.
+        ma = sorted(stores[0].manifest((0, 1)), key=lambda x: x.source_ref)
+        mb = sorted(stores[1].manifest((0, 1)), key=lambda x: x.source_ref)
+        assert [repr(x) for x in ma] == [repr(x) for x in mb]
+        assert {x.tensor_id for x in ma} == {"b0", "b1", "b6", "stale"}
+        targets = [mcs.Target(x.tensor_id, f"n/{x.tensor_id}", "n", {}, (0, 0),
+                              tuple(x.global_shape)) for x in ma]
+        for oa, ob in zip(stores[0].read_sparse_objects(ma, targets),
+                          stores[1].read_sparse_objects(mb, targets)):
+            assert np.array_equal(np.asarray(oa.indices), np.asarray(ob.indices))
+            assert np.array_equal(bits(torch.as_tensor(oa.values)),
+                                  bits(torch.as_tensor(ob.values)))
+        # Two steps of one tensor in one batch: the host check orders them.
+        two = [dict(tensor_id="t", global_shape=(64, 48), indices=coo[0][0], values=coo[0][1],
+                    generation=(0, 1)),
+               dict(tensor_id="t", global_shape=(64, 48), indices=coo[1][0],
+                    values=coo[1][1], generation=(1, 2))]
+        before = stores[0].metrics()["sparse_device_commit_gpu_items"]
+        assert all(isinstance(r, dict) for r in stores[0].put_sparse_objects(two))
+        assert stores[0].metrics()["sparse_device_commit_gpu_items"] == before
+        assert stores[0].current_generation("t") == (1, 2)
+        for s in stores:
+            s.close()
