@@ -410,7 +410,9 @@ def main() -> int:
             store = mcs.connect(capacity_bytes=store_bytes, pinned_quota_bytes=store_bytes)
             out += run_backend(store, backend, args, device, dtype, seed)
             store.close()
-        elif backend == "node":
+        elif backend in ("node", "node_host_check"):
+            # node_host_check: the daemon checks commits from CUDA memory on its host (its
+            # gpu_commit_check off), as before it checked them on the GPU.
             try:
                 find_node_daemon()
             except FileNotFoundError:
@@ -421,7 +423,8 @@ def main() -> int:
                     start_node_daemon(tmp, segment_size=f"{seg >> 20}MiB",
                                       num_segments=max(2, -(-store_bytes // seg)),
                                       # Its segments pinned as the embedded store's memory is.
-                                      pinned_quota_bytes=str(store_bytes)) as d:
+                                      pinned_quota_bytes=str(store_bytes),
+                                      gpu_commit_check=str(backend == "node").lower()) as d:
                 store = mcs.connect(d.url)
                 out += run_backend(store, backend, args, device, dtype, seed)
                 store.close()
