@@ -17,27 +17,43 @@ std::shared_ptr<const SourceIndex> NodeCache::FindIndex(const std::string& ref) 
     return FindIndexLocked(ref);
 }
 
-NodeCache::IndexClaim NodeCache::ClaimIndex(const std::string& ref) {
-    IndexClaim claim;
+NodeCache::IndexClaims NodeCache::ClaimIndexes(std::span<const std::string* const> refs) {
+    IndexClaims claims;
+    claims.hits.resize(refs.size());
+    std::shared_future<IndexBatch> mine;
     std::lock_guard lock(mu_);
-    claim.hit = FindIndexLocked(ref);
-    if (claim.hit) return claim;
-    if (auto it = index_flights_.find(ref); it != index_flights_.end()) {
-        claim.in_flight = it->second;
-    } else {
-        index_flights_.emplace(ref, claim.flight.get_future().share());
+    const std::uint64_t call = ++index_claims_;
+    for (std::size_t k = 0; k < refs.size(); ++k) {
+        const std::string& ref = *refs[k];
+        if ((claims.hits[k] = FindIndexLocked(ref))) continue;
+        if (auto it = index_flights_.find(ref); it != index_flights_.end()) {
+            if (it->second.call == call) {
+                claims.repeats.emplace_back(k, it->second.slot);
+            } else {
+                claims.waits.push_back({k, it->second.batch, it->second.slot});
+            }
+            continue;
+        }
+        if (!mine.valid()) mine = claims.flight.get_future().share();
+        index_flights_.emplace(ref, IndexFlight{mine, claims.missing.size(), call});
+        claims.missing.push_back(k);
     }
-    return claim;
+    return claims;
 }
 
-void NodeCache::FinishIndex(const std::string& ref, IndexClaim& claim, const IndexResult& result) {
+void NodeCache::FinishIndexes(std::span<const std::string* const> refs, IndexClaims& claims,
+                              const std::vector<IndexResult>& results) {
+    if (claims.missing.empty()) return;
     {
-        // Cache and retire the flight under one lock: a later request finds one or the other.
+        // Cache and retire the flights under one lock: a later request finds one or the other.
         std::lock_guard lock(mu_);
-        if (result.ok()) AddIndex(ref, *result);
-        index_flights_.erase(ref);
+        for (std::size_t j = 0; j < claims.missing.size(); ++j) {
+            const std::string& ref = *refs[claims.missing[j]];
+            if (results[j].ok()) AddIndex(ref, *results[j]);
+            index_flights_.erase(ref);
+        }
     }
-    claim.flight.set_value(result);
+    claims.flight.set_value(std::make_shared<const std::vector<IndexResult>>(results));
 }
 
 std::shared_ptr<const SourceIndex> NodeCache::FindIndexLocked(const std::string& ref) {

@@ -68,19 +68,35 @@ public:
     /// The cached index of source `ref`, or nullptr.
     std::shared_ptr<const SourceIndex> FindIndex(const std::string& ref);
 
-    /// How a request gets the index of one source: exactly one of `hit` (cached) or
-    /// `in_flight` (another request is reading it: wait) is set; when neither is, the index is
-    /// the caller's to read, and concurrent requests wait on `flight` until FinishIndex.
-    struct IndexClaim {
-        std::shared_ptr<const SourceIndex> hit;
-        std::shared_future<IndexResult> in_flight;
-        std::promise<IndexResult> flight;
-    };
-    IndexClaim ClaimIndex(const std::string& ref);
+    /// The indexes one request read, completed together: other requests wait on them.
+    using IndexBatch = std::shared_ptr<const std::vector<IndexResult>>;
 
-    /// Ends the caller's read of the index of `ref` (a claim with neither hit nor in_flight):
-    /// caches `result` when it is ok, then completes the flight with it.
-    void FinishIndex(const std::string& ref, IndexClaim& claim, const IndexResult& result);
+    /// An index another request is reading: its batch and its place there.
+    struct IndexWait {
+        std::size_t ref = 0;  ///< Into the claimed refs.
+        std::shared_future<IndexBatch> batch;
+        std::size_t slot = 0;  ///< Into the batch.
+    };
+
+    /// How a request gets the indexes of its sources: each is cached (`hits`), another
+    /// request's read to wait for (`waits`), or the caller's to read (`missing`), which other
+    /// requests then wait for until FinishIndexes. A ref the call names twice is read once: its
+    /// repeats are in `repeats` (ref, place in `missing`).
+    struct IndexClaims {
+        std::vector<std::shared_ptr<const SourceIndex>> hits;  ///< Per ref: cached, or null.
+        std::vector<IndexWait> waits;
+        std::vector<std::size_t> missing;
+        std::vector<std::pair<std::size_t, std::size_t>> repeats;
+        std::promise<IndexBatch> flight;
+    };
+
+    /// Claims the index of every ref under one lock.
+    IndexClaims ClaimIndexes(std::span<const std::string* const> refs);
+
+    /// Ends the caller's reads of `claims.missing` (`results[k]` for missing[k]): caches those
+    /// that are ok and retires their flights under one lock, then completes the flight.
+    void FinishIndexes(std::span<const std::string* const> refs, IndexClaims& claims,
+                       const std::vector<IndexResult>& results);
 
     // ---- Range reads -----------------------------------------------------------------------
 
@@ -192,7 +208,14 @@ private:
     std::list<std::pair<RangeSource*, std::uint64_t>> range_lru_;
     std::uint64_t range_bytes_ = 0;  ///< Capacity of the slabs cached ranges pin.
     std::unordered_map<const ReadSlab*, std::uint32_t> slab_pins_;  ///< Cached ranges per slab.
-    std::unordered_map<std::string, std::shared_future<IndexResult>> index_flights_;
+    /// An index being read: the reading request's batch and its place there.
+    struct IndexFlight {
+        std::shared_future<IndexBatch> batch;
+        std::size_t slot = 0;
+        std::uint64_t call = 0;  ///< The ClaimIndexes that made it.
+    };
+    std::unordered_map<std::string, IndexFlight> index_flights_;
+    std::uint64_t index_claims_ = 0;  ///< ClaimIndexes calls so far.
     std::unordered_map<std::string, std::vector<RangeFlight>> range_flights_;
     ReadSlabPool slabs_;
 };

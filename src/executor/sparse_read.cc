@@ -399,26 +399,62 @@ Status SparseStore::SelectTargetSources(ReadCall& call) {
 Status SparseStore::LoadIndexes(ReadCall& call) {
     call.indexes.resize(call.manifest.size());
     call.lookup.assign(call.manifest.size(), nullptr);
-    // Each source's index loads on its own (the node cache locks per claim, and a source
-    // another request is loading is waited for, not loaded twice): a step's thousands of
-    // sources load side by side. The first error in source order is the call's.
+    // Every source's index claimed from the node cache under one lock; those no other request
+    // has or is reading load side by side (a step's thousands of sources), then join the cache
+    // under one lock. The cache holds each index with the stored descriptor it was built from;
+    // a requester's entry must match it, so a wrong manifest entry fails its own read and never
+    // poisons the node's cache for others. The first error in source order is the call's.
     const std::vector<std::uint32_t>& needed = call.selection.needed_sources;
+    std::vector<const std::string*> refs(needed.size());
+    for (std::size_t k = 0; k < needed.size(); ++k) refs[k] = &call.manifest[needed[k]].source_ref;
+    NodeCache::IndexClaims claims = cache_->ClaimIndexes(refs);
+    std::vector<NodeCache::IndexResult> loaded(claims.missing.size(), Internal("unset"));
     constexpr std::size_t kSourcesPerThread = 64;
-    const int threads = needed.size() < 2 * kSourcesPerThread ? 1 : call.options.num_threads;
-    std::vector<Status> errors(needed.size());
+    const int threads =
+        claims.missing.size() < 2 * kSourcesPerThread ? 1 : call.options.num_threads;
     internal::ParallelFor(
-        threads, needed.size(),
-        [&](std::size_t k) {
-            const std::size_t si = needed[k];
-            Result<std::shared_ptr<const TileIndex>> index = LoadIndex(call.manifest[si]);
-            if (!index.ok()) {
-                errors[k] = index.status();
+        threads, claims.missing.size(),
+        [&](std::size_t j) { loaded[j] = ReadIndex(call.manifest[needed[claims.missing[j]]]); },
+        0);
+    cache_->FinishIndexes(refs, claims, loaded);
+
+    std::vector<Status> errors(needed.size());
+    const auto take = [&](std::size_t k, const NodeCache::IndexResult& r, bool check) {
+        if (!r.ok()) {
+            errors[k] = r.status();
+            return;
+        }
+        const SourceDescriptor& src = call.manifest[needed[k]];
+        if (check) {
+            if (Status s = CheckClaim(src, (*r)->source); !s.ok()) {
+                errors[k] = s;
                 return;
             }
-            call.indexes[si] = std::move(index).value();
-            call.lookup[si] = call.indexes[si].get();
-        },
-        0);
+        }
+        call.indexes[needed[k]] = std::shared_ptr<const TileIndex>(*r, &(*r)->index);
+        call.lookup[needed[k]] = call.indexes[needed[k]].get();
+    };
+    std::uint64_t hits = 0, gets = 0;
+    for (std::size_t k = 0; k < needed.size(); ++k) {
+        if (claims.hits[k]) {
+            take(k, claims.hits[k], true);
+            ++hits;
+        }
+    }
+    // Read for this entry: ReadIndex checked the stored object against it.
+    for (std::size_t j = 0; j < claims.missing.size(); ++j) {
+        take(claims.missing[j], loaded[j], false);
+        gets += loaded[j].ok();
+    }
+    for (const auto& [k, j] : claims.repeats) take(k, loaded[j], true);
+    for (const NodeCache::IndexWait& w : claims.waits) take(w.ref, (*w.batch.get())[w.slot], true);
+    {
+        std::lock_guard mlock(metrics_mu_);
+        metrics_.cache_hits += hits;
+        metrics_.index_cache_hits += hits;
+        metrics_.index_single_flight_waits += claims.waits.size();
+        metrics_.index_gets += gets;
+    }
     for (const Status& s : errors) MCS_RETURN_IF_ERROR(s);
     return Status::Ok();
 }
@@ -1027,35 +1063,6 @@ Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claim
     return StoredDescriptor(claimed);
 }
 
-Result<std::shared_ptr<const TileIndex>> SparseStore::LoadIndex(const SourceDescriptor& src) {
-    using IndexResult = NodeCache::IndexResult;
-    // The cache holds the index together with the stored descriptor it was built from; a
-    // requester's entry must match that descriptor, so a wrong manifest entry fails its own
-    // read and never poisons the node's cache for others.
-    const auto checked = [&](const IndexResult& r) -> Result<std::shared_ptr<const TileIndex>> {
-        if (!r.ok()) return r.status();
-        MCS_RETURN_IF_ERROR(CheckClaim(src, (*r)->source));
-        return std::shared_ptr<const TileIndex>(*r, &(*r)->index);
-    };
-    NodeCache::IndexClaim claim = cache_->ClaimIndex(src.source_ref);
-    if (claim.hit) {
-        std::lock_guard mlock(metrics_mu_);
-        ++metrics_.cache_hits;
-        ++metrics_.index_cache_hits;
-        return checked(claim.hit);
-    }
-    if (claim.in_flight.valid()) {
-        {
-            std::lock_guard mlock(metrics_mu_);
-            ++metrics_.index_single_flight_waits;
-        }
-        return checked(claim.in_flight.get());
-    }
-    const IndexResult result = ReadIndex(src);
-    cache_->FinishIndex(src.source_ref, claim, result);
-    return checked(result);
-}
-
 Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(const SourceDescriptor& src) {
     // Sized from the stored metadata only (checked against the members), never from the
     // requester's numbers.
@@ -1068,10 +1075,6 @@ Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(const SourceDe
     MCS_RETURN_IF_ERROR(store_->ReadMember(
         stored.source_ref, "tile_ptr",
         {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
-    {
-        std::lock_guard mlock(metrics_mu_);
-        ++metrics_.index_gets;
-    }
     MCS_ASSIGN_OR_RETURN(TileIndex index,
                          TileIndex::Make(stored, std::move(coords), std::move(ptr)));
     return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});

@@ -441,14 +441,12 @@ private:
     /// Adds a successful call's metrics to the store's.
     void AddReadMetrics(const SparseMetrics& call_metrics);
 
-    /// The tile index of a source, from the node cache or one index-only GET. Built from the
-    /// stored object's metadata, which `source` (a requester's manifest entry) must match.
-    /// Errors: NotFound; InvalidArgument (the entry describes another object); DataLoss.
-    Result<std::shared_ptr<const TileIndex>> LoadIndex(const SourceDescriptor& source);
-    /// The index-only GET of LoadIndex, sized from the stored descriptor. Errors: as LoadIndex.
+    /// The tile index of a source by one index-only GET, built from the stored object's
+    /// metadata, which `claimed` (a requester's manifest entry) must match. Errors: NotFound;
+    /// InvalidArgument (the entry describes another object); DataLoss.
     Result<std::shared_ptr<const SourceIndex>> ReadIndex(const SourceDescriptor& claimed);
     /// The stored object's descriptor, read with one Stat and checked against `claimed` and
-    /// against the sizes of its members. Errors: as LoadIndex.
+    /// against the sizes of its members. Errors: as ReadIndex.
     Result<SourceDescriptor> StoredDescriptor(const SourceDescriptor& claimed);
     /// StoredDescriptor, answered from the index cache when the source is in it.
     Result<SourceDescriptor> VerifySource(const SourceDescriptor& claimed);

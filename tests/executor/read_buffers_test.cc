@@ -183,6 +183,55 @@ TEST(NodeCacheFlightTest, AFailedReadFailsItsWaiters) {
     cache.FinishRanges(keys, &waiter, Unavailable("store down"), waiter_reads, next);
 }
 
+TEST(NodeCacheFlightTest, IndexClaimsOfACallAreReadOnceAndWaitedForByOthers) {
+    NodeCache cache(1 << 20, 1 << 20);
+    const std::string a = "a", b = "b", c = "c", a_again = "a";
+    const auto index_of = [](const std::string& ref) {
+        SourceDescriptor d;
+        d.tensor_id = "w";
+        d.source_ref = ref;
+        d.global_shape = {16, 16};
+        d.box = Box::Make({0, 0}, {16, 16}).value();
+        d.generation = {0, 1};
+        d.tile_shape = {4, 4};
+        d.nnz = 0;
+        d.num_tiles = 0;
+        Result<TileIndex> index = TileIndex::Make(d, {}, {0});
+        EXPECT_TRUE(index.ok());
+        return std::make_shared<const SourceIndex>(SourceIndex{d, std::move(index).value()});
+    };
+    // One call names `a` twice: it reads it once.
+    const std::vector<const std::string*> first = {&a, &b, &a_again};
+    NodeCache::IndexClaims mine = cache.ClaimIndexes(first);
+    EXPECT_EQ(mine.missing, (std::vector<std::size_t>{0, 1}));
+    ASSERT_EQ(mine.repeats.size(), 1u);
+    EXPECT_EQ(mine.repeats[0], (std::pair<std::size_t, std::size_t>{2, 0}));
+    EXPECT_TRUE(mine.waits.empty());
+    // Another call waits for `b` and `a`, and reads `c` itself.
+    const std::vector<const std::string*> second = {&c, &b, &a_again};
+    NodeCache::IndexClaims theirs = cache.ClaimIndexes(second);
+    EXPECT_EQ(theirs.missing, std::vector<std::size_t>{0});
+    ASSERT_EQ(theirs.waits.size(), 2u);
+    cache.FinishIndexes(first, mine, {index_of("a"), NotFound("no b")});
+    for (const NodeCache::IndexWait& w : theirs.waits) {
+        const NodeCache::IndexResult& got = (*w.batch.get())[w.slot];
+        if (w.ref == 2) {
+            ASSERT_TRUE(got.ok());
+            EXPECT_EQ((*got)->source.source_ref, "a");
+        } else {
+            EXPECT_EQ(w.ref, 1u);
+            EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
+        }
+    }
+    cache.FinishIndexes(second, theirs, {index_of("c")});
+    // `a` and `c` are cached; the failed `b` is not, and no flight is left for it.
+    NodeCache::IndexClaims later = cache.ClaimIndexes(second);
+    EXPECT_TRUE(later.hits[0] && later.hits[2]);
+    EXPECT_EQ(later.missing, std::vector<std::size_t>{1});
+    EXPECT_TRUE(later.waits.empty());
+    cache.FinishIndexes(second, later, {NotFound("no b")});
+}
+
 // ---- Through SparseStore: reuse across calls keeps results identical. ----------------------
 
 std::map<std::vector<std::uint64_t>, std::uint32_t> Entries(const TargetObject& o) {
