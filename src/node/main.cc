@@ -201,6 +201,7 @@ int main(int argc, char** argv) {
 #ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
     if (config->gpu_commit_check && mcs::cuda::Available()) {
         options->device_index = &CheckOnDevice;
+        LOG(INFO) << "commits from CUDA memory are checked on the GPU (gpu_commit_check)";
     }
 #endif
     auto server = mcs::NodeServer::Start(*options);

@@ -101,7 +101,8 @@ struct NodeServerOptions {
     /// checksummed by this daemon on the GPU where the client's bytes lie, and copied once,
     /// from the client's memory straight into the store's; the bytes that land are
     /// checksummed on the host against the GPU's sums. Null (or an update the GPU does not
-    /// take): the update is copied into staging memory, then checked and indexed on the host.
+    /// take, or one of less than 64 KiB of entries): the update is copied into staging memory,
+    /// then checked and indexed on the host.
     DeviceIndexFn device_index;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;

@@ -350,6 +350,9 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
 /// that the sums of landed objects keep up with the copies still running.
 constexpr int kDirectCopyThreads = 8;
 
+/// Entry bytes from which an update of a device commit is checked on the GPU.
+constexpr std::uint64_t kGpuCheckMinBytes = std::uint64_t{64} << 10;
+
 void NodeServer::Session::CommitCheckedOnDevice(
     const wire::SparseCommitDeviceRequest& req, const std::vector<PutSparseRequest>& requests,
     const std::vector<std::array<DevicePiece, 2>>& mapped, const std::vector<Status>& failed,
@@ -372,6 +375,9 @@ void NodeServer::Session::CommitCheckedOnDevice(
         const DeviceMemory& dv = mapped[i][1].src;
         if (device < 0) device = di.device;
         if (di.device != device || dv.device != device) return;
+        // A small update costs the host little to check, and its fixed costs on the GPU path
+        // (a tile index of its own to send back, an object built from it) more than its bytes.
+        if (di.bytes + dv.bytes < kGpuCheckMinBytes) continue;
         const CooLayout layout{u.indices.dtype, u.indices.shape, di.bytes,
                                u.values.dtype,  u.values.shape,  dv.bytes};
         plans[i] = PlanIndexedSource(requests[i], layout);

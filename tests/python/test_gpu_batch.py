@@ -156,12 +156,14 @@ def test_device_commit_through_the_daemon_goes_by_cuda_ipc(store):
     assert m["sparse_device_commit_bytes"] == sum(
         i.numel() * i.element_size() + v.numel() * v.element_size() for i, v in coo)
     assert m["cuda_ipc_opens"] >= 1
-    # The rank-2 updates are checked on the daemon's GPU, the others on its host. Either way
-    # the batch lies densely in the client's commit arena: one device-to-host copy of each
-    # group's members (these are all small: through pinned staging).
+    # The large rank-2 updates are checked on the daemon's GPU, the others on its host. Either
+    # way the batch lies densely in the client's commit arena: a few device-to-host copies of
+    # runs of members (one when all go the host's way), not two per update.
     on_gpu = m.get("sparse_device_commit_gpu_items", 0)
-    assert on_gpu in (0, sum(n.dim() == 2 for n, _ in pairs))
-    assert m["sparse_device_commit_copies"] <= (4 if on_gpu else 1)
+    large = sum(n.dim() == 2 and i.numel() * i.element_size() + v.numel() * v.element_size()
+                >= 64 << 10 for (n, _), (i, v) in zip(pairs, coo))
+    assert on_gpu in (0, large)
+    assert m["sparse_device_commit_copies"] <= (len(pairs) - 1 if on_gpu else 1)
     # A second step reuses the client's commit arena: no new mapping in the daemon.
     opens = m["cuda_ipc_opens"]
     stepped = pairs_of(MIXED, seed=SEED + 1)
@@ -740,7 +742,9 @@ def daemon_checks_on_its_gpu(store):
 @pytest.mark.skipif(not HAVE_DAEMON, reason="mooncake_sparse_node is not built")
 def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_updates_alone(
         tmp_path):
-    pairs = pairs_of([((64, 48), torch.bfloat16)] * 6 + [((300, 200), torch.float32)],
+    # Large enough to be checked on the GPU (64 KiB of entries and more), and one small one.
+    pairs = pairs_of([((512, 384), torch.bfloat16)] * 6 + [((300, 200), torch.float32),
+                                                            ((64, 48), torch.bfloat16)],
                      density=0.2)
     coo = mcs.encode_updates(pairs)
     ups = [dict(tensor_id=f"b{i}", global_shape=tuple(n.shape), indices=i_, values=v)
@@ -753,10 +757,10 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
     # a duplicate, outside the shape, and a stale step; each fails or commits alone.
     ups[1]["indices"] = as_i16(coo[1][0]).flip(0).contiguous().view(coo[1][0].dtype)
     ups[1]["values"] = coo[1][1].flip(0).contiguous()
-    ups[2]["global_offset"], ups[2]["local_shape"] = (0, 0), (32, 48)
+    ups[2]["global_offset"], ups[2]["local_shape"] = (0, 0), (256, 384)
     ups[3]["indices"] = torch.cat([as_i16(coo[3][0])[:1], as_i16(coo[3][0])]).view(coo[3][0].dtype)
     ups[3]["values"] = torch.cat([coo[3][1][:1], coo[3][1]])
-    ups[4]["global_shape"] = (40, 48)
+    ups[4]["global_shape"] = (320, 384)
     ups[5]["tensor_id"] = "stale"
     results = []
     with start_node_daemon(tmp_path / "gpu", segment_size="64MiB", num_segments=2) as a, \
@@ -776,10 +780,10 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
         if not daemon_checks_on_its_gpu(stores[0]):
             pytest.skip("this daemon is built without the GPU codec")
         assert on_host_gpu == 0
-        # b0, the float32 one and the stale step were checked on the GPU; the others went
-        # through the host's check, which found what is wrong with them.
+        # b0, the float32 one and the stale step were checked on the GPU; the others (and the
+        # small b7) went through the host's check, which found what is wrong with them.
         assert on_gpu == 3
-        assert isinstance(dev[0], dict) and isinstance(dev[1], dict) and isinstance(dev[6], dict)
+        assert all(isinstance(dev[k], dict) for k in (0, 1, 6, 7))
         assert isinstance(dev[2], mcs.InvalidArgument) and "outside the source box" in str(dev[2])
         assert isinstance(dev[3], mcs.InvalidArgument) and "duplicate" in str(dev[3])
         assert isinstance(dev[4], mcs.InvalidArgument)
@@ -794,7 +798,7 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
         ma = sorted(stores[0].manifest((0, 1)), key=lambda x: x.source_ref)
         mb = sorted(stores[1].manifest((0, 1)), key=lambda x: x.source_ref)
         assert [repr(x) for x in ma] == [repr(x) for x in mb]
-        assert {x.tensor_id for x in ma} == {"b0", "b1", "b6", "stale"}
+        assert {x.tensor_id for x in ma} == {"b0", "b1", "b6", "b7", "stale"}
         targets = [mcs.Target(x.tensor_id, f"n/{x.tensor_id}", "n", {}, (0, 0),
                               tuple(x.global_shape)) for x in ma]
         for oa, ob in zip(stores[0].read_sparse_objects(ma, targets),
@@ -803,9 +807,9 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
             assert np.array_equal(bits(torch.as_tensor(oa.values)),
                                   bits(torch.as_tensor(ob.values)))
         # Two steps of one tensor in one batch: the host check orders them.
-        two = [dict(tensor_id="t", global_shape=(64, 48), indices=coo[0][0], values=coo[0][1],
-                    generation=(0, 1)),
-               dict(tensor_id="t", global_shape=(64, 48), indices=coo[1][0],
+        two = [dict(tensor_id="t", global_shape=(512, 384), indices=coo[0][0],
+                    values=coo[0][1], generation=(0, 1)),
+               dict(tensor_id="t", global_shape=(512, 384), indices=coo[1][0],
                     values=coo[1][1], generation=(1, 2))]
         before = stores[0].metrics()["sparse_device_commit_gpu_items"]
         assert all(isinstance(r, dict) for r in stores[0].put_sparse_objects(two))
