@@ -246,18 +246,8 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
         const CooLayout layout{di.dtype, di.shape, di.bytes, dv.dtype, dv.shape, dv.bytes};
         plans[k] = PlanIndexedSource(puts[k]->request, layout);
         if (!plans[k]) continue;
-        const SourceDescriptor& d = *plans[k];
-        cuda::IndexItem it;
-        it.indices = {di.address, di.device};
-        it.values = {dv.address, dv.device};
-        it.index_dtype = d.index_dtype;
-        it.value_dtype = d.value_dtype;
-        it.nnz = d.nnz;
-        it.global_shape = d.global_shape;
-        it.box_origin.assign(d.box.origin().begin(), d.box.origin().end());
-        it.box_shape.assign(d.box.shape().begin(), d.box.shape().end());
-        it.tile_shape = d.tile_shape;
-        items.push_back(std::move(it));
+        items.push_back(cuda::IndexItemOf(*plans[k], {di.address, di.device},
+                                          {dv.address, dv.device}));
         item_of.push_back(k);
     }
     if (items.empty()) return std::nullopt;

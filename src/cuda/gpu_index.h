@@ -32,6 +32,21 @@ struct IndexItem {
     Shape tile_shape;
 };
 
+/// The item of a COO in device memory whose object `plan` describes (PlanCanonicalEntries).
+inline IndexItem IndexItemOf(const SourceDescriptor& plan, DevicePtr indices, DevicePtr values) {
+    IndexItem it;
+    it.indices = indices;
+    it.values = values;
+    it.index_dtype = plan.index_dtype;
+    it.value_dtype = plan.value_dtype;
+    it.nnz = plan.nnz;
+    it.global_shape = plan.global_shape;
+    it.box_origin.assign(plan.box.origin().begin(), plan.box.origin().end());
+    it.box_shape.assign(plan.box.shape().begin(), plan.box.shape().end());
+    it.tile_shape = plan.tile_shape;
+    return it;
+}
+
 /// What IndexCanonicalBatch establishes about one item.
 struct IndexResult {
     /// True when the index dtype is the narrowest for the shape, every coordinate lies in the

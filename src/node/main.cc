@@ -77,19 +77,11 @@ namespace {
 /// NodeServerOptions::device_index: the GPU codec's check of canonical entries.
 mcs::Result<std::vector<mcs::DeviceIndexResult>> CheckOnDevice(
     std::span<const mcs::DeviceIndexItem> items, mcs::CudaStream stream) {
-    std::vector<mcs::cuda::IndexItem> launch(items.size());
-    for (std::size_t i = 0; i < items.size(); ++i) {
-        const mcs::SourceDescriptor& d = *items[i].plan;
-        mcs::cuda::IndexItem& it = launch[i];
-        it.indices = {items[i].indices, items[i].device};
-        it.values = {items[i].values, items[i].device};
-        it.index_dtype = d.index_dtype;
-        it.value_dtype = d.value_dtype;
-        it.nnz = d.nnz;
-        it.global_shape = d.global_shape;
-        it.box_origin.assign(d.box.origin().begin(), d.box.origin().end());
-        it.box_shape.assign(d.box.shape().begin(), d.box.shape().end());
-        it.tile_shape = d.tile_shape;
+    std::vector<mcs::cuda::IndexItem> launch;
+    launch.reserve(items.size());
+    for (const mcs::DeviceIndexItem& item : items) {
+        launch.push_back(mcs::cuda::IndexItemOf(*item.plan, {item.indices, item.device},
+                                                {item.values, item.device}));
     }
     MCS_ASSIGN_OR_RETURN(std::vector<mcs::cuda::IndexResult> found,
                          mcs::cuda::IndexCanonicalBatch(launch, stream));
