@@ -466,10 +466,14 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     return out;
 }
 
-/// encode_updates of CUDA (new, old) pairs on the device, synchronized on the first pair's stream.
+/// encode_updates of CUDA (new, old) pairs on the device, on the first pair's stream. With
+/// `synchronize`, the call returns once the results are complete (for consumers on any stream);
+/// without, once they are sized, their last kernels still running on that stream (torch's
+/// current stream, which the results' torch consumers are ordered on, as after any torch op).
 std::vector<cuda::GpuEncoded> EncodeBatch(const pyb::list& news, const pyb::list& olds,
                                           const std::string& apply, double threshold,
-                                          const pyb::object& tile_shape, const pyb::object& stream) {
+                                          const pyb::object& tile_shape, const pyb::object& stream,
+                                          bool synchronize) {
     if (olds.size() != news.size()) {
         ThrowIfError(InvalidArgument(std::to_string(news.size()) + " new tensors but " +
                                      std::to_string(olds.size()) + " old ones"));
@@ -495,8 +499,7 @@ std::vector<cuda::GpuEncoded> EncodeBatch(const pyb::list& news, const pyb::list
     {
         pyb::gil_scoped_release nogil;
         r = cuda::EncodeUpdates(n, o, opt);
-        // Consumers that import the arrays through DLPack may use another stream.
-        if (r.ok()) ThrowIfError(cuda::Synchronize(opt.stream));
+        if (r.ok() && synchronize) ThrowIfError(cuda::Synchronize(opt.stream));
     }
     return ValueOrThrow(std::move(r));
 }
@@ -623,7 +626,7 @@ void RegisterGpu(pyb::module_& m) {
         [](const pyb::list& news, const pyb::list& olds, const std::string& apply, double threshold,
            const pyb::object& tile_shape, const pyb::object& stream) {
             pyb::list out;
-            for (const cuda::GpuEncoded& e : EncodeBatch(news, olds, apply, threshold, tile_shape, stream)) {
+            for (const cuda::GpuEncoded& e : EncodeBatch(news, olds, apply, threshold, tile_shape, stream, true)) {
                 out.append(EncodedTuple(e));
             }
             return out;
@@ -638,14 +641,15 @@ void RegisterGpu(pyb::module_& m) {
         [](const pyb::list& news, const pyb::list& olds, const std::string& apply, double threshold,
            const pyb::object& tile_shape, const pyb::object& stream) {
             const std::vector<cuda::GpuEncoded> encoded =
-                EncodeBatch(news, olds, apply, threshold, tile_shape, stream);
+                EncodeBatch(news, olds, apply, threshold, tile_shape, stream, false);
             return pyb::make_tuple(Runs(encoded, true), Runs(encoded, false));
         },
         pyb::arg("news"), pyb::arg("olds"), pyb::arg("apply"), pyb::arg("threshold"),
         pyb::arg("tile_shape"), pyb::arg("stream"),
         "GPU batch encode, the members as runs: (index runs, value runs), each run (array, "
         "entries per item, items): the run's items' members back to back in one device array "
-        "([entries, rank] indices or [entries] values, one dtype), in item order.");
+        "([entries, rank] indices or [entries] values, one dtype), in item order. Returns with "
+        "the last kernels still running on `stream` (for torch consumers on that stream).");
 
     m.def(
         "_gpu_upload_batch",

@@ -135,18 +135,21 @@ struct Bits;
 template <>
 struct Bits<__nv_bfloat16> {
     using U = std::uint16_t;
+    static constexpr U kMagnitude = 0x7fffu;  ///< every bit but the sign
     static __device__ float ToFloat(U u) { return __bfloat162float(__ushort_as_bfloat16(u)); }
     static __device__ U FromFloat(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
 };
 template <>
 struct Bits<__half> {
     using U = std::uint16_t;
+    static constexpr U kMagnitude = 0x7fffu;  ///< every bit but the sign
     static __device__ float ToFloat(U u) { return __half2float(__ushort_as_half(u)); }
     static __device__ U FromFloat(float f) { return __half_as_ushort(__float2half_rn(f)); }
 };
 template <>
 struct Bits<float> {
     using U = std::uint32_t;
+    static constexpr U kMagnitude = 0x7fffffffu;  ///< every bit but the sign
     static __device__ float ToFloat(U u) { return __uint_as_float(u); }
     static __device__ U FromFloat(float f) { return __float_as_uint(f); }
 };
@@ -162,15 +165,21 @@ __device__ __forceinline__ typename Bits<T>::U Stored(typename Bits<T>::U n, typ
     }
 }
 
-/// Whether element (n, o) is kept: overwrite where the bits differ; scatter_add where
-/// |new - old| > threshold and the stored difference (Stored) is not zero.
+/// Whether element (n, o) is kept: overwrite where the bits differ; scatter_add where the bits
+/// differ, |new - old| is not at most the threshold (a NaN difference is kept, as on the host)
+/// and the stored difference (Stored) is not zero. With threshold 0 that is a test of bits:
+/// two different values of the dtype differ by at least its smallest subnormal, which the
+/// float difference and its rounding back keep, so only +0 against -0 is dropped (the
+/// arithmetic would cost the mask pass half again its time).
 template <typename T, bool kOverwrite>
 __device__ __forceinline__ bool Keep(typename Bits<T>::U n, typename Bits<T>::U o, float threshold) {
     if constexpr (kOverwrite) {
         return n != o;
     } else {
+        if (threshold == 0.0f) return n != o && ((n | o) & Bits<T>::kMagnitude) != 0;
+        if (n == o) return false;
         const float d = Bits<T>::ToFloat(n) - Bits<T>::ToFloat(o);
-        return fabsf(d) > threshold && Bits<T>::ToFloat(Bits<T>::FromFloat(d)) != 0.0f;
+        return !(fabsf(d) <= threshold) && Bits<T>::ToFloat(Bits<T>::FromFloat(d)) != 0.0f;
     }
 }
 

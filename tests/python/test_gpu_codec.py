@@ -79,6 +79,43 @@ def test_scatter_add_on_gpu_matches_cpu():
     assert np.array_equal(w_gpu.cpu().numpy(), w_cpu)
 
 
+def _special_pairs(dtype):
+    """(new, old) with every kind of pair a scatter_add delta can hit: signed zeros, smallest
+    subnormals, NaN, infinities, the largest finite values, tiny and ordinary changes, equal
+    bits; each value against each other, then random values around them."""
+    info = torch.finfo(dtype)
+    vals = [0.0, -0.0, info.tiny, -info.tiny, info.smallest_normal * 0.5, float("nan"),
+            float("inf"), -float("inf"), info.max, -info.max, 1.0, 1.0 + info.eps, -1.0, 3e-3,
+            0.5, 2.0 ** -20]
+    v = torch.tensor(vals, dtype=torch.float32).to(dtype)
+    if dtype != torch.float32:  # the dtype's smallest subnormal, by its bits
+        one = torch.tensor([1], dtype=torch.int16).view(dtype)
+        v = torch.cat([v, one, -one])
+    n, o = torch.meshgrid(v, v, indexing="ij")
+    g = torch.Generator().manual_seed(SEED)
+    r_old = torch.randn(64, 64, generator=g).to(dtype) * 1e-3
+    r_new = r_old.clone()
+    flip = torch.rand(64, 64, generator=g) < 0.3
+    r_new[flip] = (r_new[flip].float() + torch.randn(int(flip.sum()), generator=g) * 1e-6).to(dtype)
+    return torch.cat([n.reshape(-1), r_new.reshape(-1)]), torch.cat([o.reshape(-1), r_old.reshape(-1)])
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1e-6])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_scatter_add_encode_of_special_values_matches_host(dtype, threshold):
+    new, old = _special_pairs(dtype)
+    gi, gv = mcs.encode_updates([(new.cuda(), old.cuda())], apply="scatter_add",
+                                threshold=threshold)[0]
+    ci, cv = mcs.encode_update(new, old, apply="scatter_add", threshold=threshold)
+    assert np.array_equal(gi.cpu().numpy(), np.asarray(ci))
+    # The same deltas bit for bit, NaN ones as NaN (the payload is the processor's).
+    g, c = gv.cpu(), torch.as_tensor(cv)
+    nan = torch.isnan(g.float())
+    assert torch.equal(nan, torch.isnan(c.float()))
+    assert np.array_equal(bits(g[~nan]), bits(c[~nan]))
+    assert len(ci) > 0 and nan.any()
+
+
 def test_bad_input_leaves_weight_unchanged():
     old, new = pair((256, 256), 0.02)
     store = mcs.connect()

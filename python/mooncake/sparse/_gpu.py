@@ -72,9 +72,9 @@ def _device_index(device: Any) -> int:
 
 def _out(a: Any) -> Any:
     """A device array as a torch tensor (zero-copy through DLPack) when torch is in use. The
-    capsule goes to torch's C++ importer directly: the array is complete on its stream already
-    (the producing call synchronized it), and from_dlpack's Python-level stream handling would
-    cost more than the rest of a small object's batch call."""
+    capsule goes to torch's C++ importer directly: the array is complete, or being written on
+    torch's current stream by the producing call (the GPU encode), and from_dlpack's Python-level
+    stream handling would cost more than the rest of a small object's batch call."""
     torch = torch_module()
     if torch is None:
         return a
@@ -115,6 +115,8 @@ def encode_updates_gpu(pairs: list[tuple[Any, Any]], apply: str, threshold: floa
             continue
         # torch: each run of members that lie back to back is imported once and split into
         # the items' views (one import per member would cost more than the encode's launches).
+        # The call returns while its last kernels run on torch's current stream, so that these
+        # imports overlap them; the results are then ordered as any torch op's are.
         index_runs, value_runs = _core._gpu_encode_runs(news, olds, apply, float(threshold), shape,
                                                         stream)
         idx = [None] * len(items)
