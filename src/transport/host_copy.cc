@@ -21,16 +21,10 @@ void ParallelMemcpy(std::byte* dst, const std::byte* src, std::uint64_t bytes, u
         return;
     }
     const std::uint64_t chunk = (bytes + parts - 1) / parts;
-    std::vector<std::thread> workers;
-    workers.reserve(parts - 1);
-    for (std::uint64_t p = 1; p < parts; ++p) {
+    internal::ParallelFor(static_cast<int>(parts), static_cast<std::size_t>(parts), [&](std::size_t p) {
         const std::uint64_t begin = p * chunk;
-        if (begin >= bytes) break;
-        const std::uint64_t n = std::min(chunk, bytes - begin);
-        workers.emplace_back([=] { std::memcpy(dst + begin, src + begin, n); });
-    }
-    std::memcpy(dst, src, std::min(chunk, bytes));
-    for (auto& w : workers) w.join();
+        if (begin < bytes) std::memcpy(dst + begin, src + begin, std::min(chunk, bytes - begin));
+    });
 }
 
 namespace {
@@ -66,16 +60,9 @@ void ParallelCopies(std::span<const HostCopy> copies, unsigned threads) {
     }
     std::vector<HostCopy> pieces;
     CutPieces(copies, total, threads, pieces);
-    std::atomic<std::size_t> next{0};
-    auto work = [&] {
-        for (std::size_t i = next.fetch_add(1); i < pieces.size(); i = next.fetch_add(1)) {
-            std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
-        }
-    };
-    std::vector<std::thread> workers;
-    for (unsigned t = 1; t < threads; ++t) workers.emplace_back(work);
-    work();
-    for (auto& w : workers) w.join();
+    internal::ParallelFor(static_cast<int>(threads), pieces.size(), [&](std::size_t i) {
+        std::memcpy(pieces[i].dst, pieces[i].src, pieces[i].bytes);
+    });
 }
 
 unsigned DefaultCopyThreads() { return std::min(internal::HardwareThreads(), 8u); }
