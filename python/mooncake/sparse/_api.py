@@ -11,6 +11,10 @@ import sys
 import threading
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
+# numpy before the native core: on an H200 host (torch 2.11, Python 3.12), loading the core
+# first and then torch crashed torch's import; with numpy loaded first it did not.
+import numpy  # noqa: F401  (isort: skip)
+
 from . import _core
 from ._arrays import as_core_array, values_out
 from ._errors import (Conflict, Error, FailedPrecondition, InvalidArgument, NotFound,
