@@ -83,7 +83,8 @@ def run(store, backend: str, n: int, args, rng) -> dict:
         news = [torch.from_numpy(w).cuda() for w in news]
     names = [f"{backend}.t{i}" for i in range(n)]
     r = {"what": "batch", "backend": backend, "device": args.device, "objects": n,
-         "shape": list(shape), "density": args.density, "repeats": args.repeats}
+         "shape": list(shape), "density": args.density, "repeats": args.repeats,
+         "steps": args.steps, "keep_last": args.keep_last}
 
     # encode
     r["encode_single_s"] = best(lambda: [mcs.encode_update(a, b) for a, b in zip(news, olds)],
@@ -109,8 +110,8 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     r["commit_batch_s"] = time.perf_counter() - t
     assert all(isinstance(x, dict) and x["created"] for x in results), results[:3]
     store.seal_generation((1, 2), names)
-    # The steady state of a run: more steps, the store keeping the last 2 generations.
-    store.set_retention(2)
+    # The steady state of a run: more steps, the store keeping the last --keep-last generations.
+    store.set_retention(args.keep_last)
     steady = []
     last = (1, 2)
     for k in range(2, 2 + args.steps):
@@ -203,7 +204,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--backends", default="embedded,node")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6,
-                    help="batch commits after the first, the store keeping the last 2 steps")
+                    help="batch commits after the first, the store keeping the last --keep-last")
+    ap.add_argument("--keep-last", type=int, default=2,
+                    help="steps the store keeps (more: a store of more objects, as a run that "
+                         "keeps several steps for its readers to catch up)")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="cuda: the tensors live on the GPU (GPU encode, CUDA commits, "
                          "device reads, GPU apply)")

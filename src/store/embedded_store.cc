@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "store/keyed_map.h"
 #include "store/object_store.h"
 #include "transport/pinned_pool.h"
 
@@ -184,7 +185,7 @@ private:
     const EmbeddedStoreOptions options_;
 
     mutable std::shared_mutex mu_;
-    std::map<std::string, ObjectPtr, std::less<>> objects_;  // Guarded by mu_.
+    internal::KeyedMap<ObjectPtr> objects_;  // Guarded by mu_.
     std::uint64_t used_bytes_ = 0;                            // Guarded by mu_.
     /// The highest version any removed object had: a new key starts above it, so a key that is
     /// removed and written again never repeats a version (no per-key tombstones are kept).

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "store/keyed_map.h"
 #include "store/shm_segment.h"
 #include "store/shm_store.h"
 
@@ -111,7 +112,7 @@ struct ShmState {
 
     /// The object table and what is accounted with it.
     mutable std::shared_mutex mu;
-    std::map<std::string, std::shared_ptr<const ShmObject>, std::less<>> objects;  // mu
+    internal::KeyedMap<std::shared_ptr<const ShmObject>> objects;  // mu
     std::uint64_t metadata_bytes = 0;                                               // mu
     std::uint64_t removed_version_floor = 0;                                        // mu
 

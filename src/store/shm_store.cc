@@ -117,7 +117,7 @@ ShmStore::~ShmStore() {
     state_->preparer->Stop();
     // The table's objects hold extents, which hold the state that holds the table: break the
     // cycle. Leases (and snapshots in flight) keep what they use alive on their own.
-    std::map<std::string, std::shared_ptr<const ShmObject>, std::less<>> objects;
+    internal::KeyedMap<std::shared_ptr<const ShmObject>> objects;
     {
         std::unique_lock lock(state_->mu);
         objects.swap(state_->objects);
@@ -230,7 +230,7 @@ Result<std::shared_ptr<ShmExtent>> ShmStore::AllocateExtent(std::string_view key
     // Eviction: unpinned entries that nobody leases, least recently used first.
     std::unique_lock lock(st.mu);
     if (auto extent = try_allocate()) return extent;  // Something was freed meanwhile.
-    std::vector<std::pair<std::uint64_t, std::map<std::string, ObjectPtr>::iterator>> candidates;
+    std::vector<std::pair<std::uint64_t, decltype(st.objects)::iterator>> candidates;
     std::uint64_t evictable = 0;
     for (auto it = st.objects.begin(); it != st.objects.end(); ++it) {
         if (it->second->Evictable()) {

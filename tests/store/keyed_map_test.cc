@@ -1,0 +1,91 @@
+// Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
+//
+// KeyedMap: lookups by key through its hash index agree with the sorted tree through every
+// insert, erase, swap and move; listing by prefix walks the keys in order.
+#include "store/keyed_map.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace mooncake::sparse::internal {
+namespace {
+
+/// Every key of `ref` is found with its value, a few absent keys are not, and the walk from
+/// the first key is `ref`'s order.
+void ExpectSame(const KeyedMap<int>& m, const std::map<std::string, int>& ref) {
+    ASSERT_EQ(m.size(), ref.size());
+    for (const auto& [k, v] : ref) {
+        auto it = m.find(k);
+        ASSERT_NE(it, m.end()) << k;
+        EXPECT_EQ(it->first, k);
+        EXPECT_EQ(it->second, v);
+    }
+    for (const char* absent : {"", "zz", "key/", "key/-1"}) EXPECT_EQ(m.find(absent), m.end());
+    auto it = m.lower_bound("");
+    for (const auto& [k, v] : ref) {
+        ASSERT_NE(it, m.end());
+        EXPECT_EQ(it->first, k);
+        ++it;
+    }
+    EXPECT_EQ(it, m.end());
+}
+
+TEST(KeyedMapTest, FindAgreesWithTheTreeThroughInsertsAndErases) {
+    KeyedMap<int> m;
+    std::map<std::string, int> ref;
+    std::mt19937 rng(7);
+    for (int round = 0; round < 4000; ++round) {
+        const std::string key = "key/" + std::to_string(rng() % 500);
+        if (rng() % 3 != 0) {
+            const auto [it, inserted] = m.emplace(key, round);
+            const bool fresh = ref.emplace(key, round).second;
+            EXPECT_EQ(inserted, fresh);
+            EXPECT_EQ(it->second, ref.at(key));
+        } else if (auto it = m.find(key); it != m.end()) {
+            m.erase(it);
+            ref.erase(key);
+        } else {
+            EXPECT_EQ(ref.count(key), 0u);
+        }
+    }
+    ExpectSame(m, ref);
+}
+
+TEST(KeyedMapTest, ListsAPrefixInOrderFromLowerBound) {
+    KeyedMap<int> m;
+    for (const char* k : {"b/2", "a/1", "b/10", "c", "b/1"}) m.emplace(k, 0);
+    std::vector<std::string> listed;
+    for (auto it = m.lower_bound("b/"); it != m.end() && it->first.starts_with("b/"); ++it) {
+        listed.push_back(it->first);
+    }
+    EXPECT_EQ(listed, (std::vector<std::string>{"b/1", "b/10", "b/2"}));
+}
+
+TEST(KeyedMapTest, SwapAndMoveKeepEachIndexWithItsTree) {
+    KeyedMap<int> a, b;
+    std::map<std::string, int> ra, rb;
+    for (int i = 0; i < 100; ++i) {
+        a.emplace("a" + std::to_string(i), i);
+        ra.emplace("a" + std::to_string(i), i);
+    }
+    b.emplace("b", 1);
+    rb.emplace("b", 1);
+    a.swap(b);
+    ExpectSame(a, rb);
+    ExpectSame(b, ra);
+    KeyedMap<int> c(std::move(b));
+    ExpectSame(c, ra);
+    c.erase(c.find("a5"));
+    ra.erase("a5");
+    ExpectSame(c, ra);
+    a = std::move(c);
+    ExpectSame(a, ra);
+}
+
+}  // namespace
+}  // namespace mooncake::sparse::internal
