@@ -32,12 +32,7 @@ import gpu_sync_bench as layer_bench  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--experts", type=int, default=96)
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--moe-inter", type=int, default=2048)
-    ap.add_argument("--shared-inter", type=int, default=2048)
-    ap.add_argument("--heads", type=int, default=64)
-    ap.add_argument("--no-attention", dest="attention", action="store_false")
+    layer_bench.add_layer_args(ap)
     ap.add_argument("--density", type=float, default=0.01)
     ap.add_argument("--calls", type=int, default=8)
     ap.add_argument("--json", default=None)

@@ -357,15 +357,20 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
     return results
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def add_layer_args(ap: argparse.ArgumentParser) -> None:
+    """The layer's shape (layer() reads these)."""
     ap.add_argument("--experts", type=int, default=96)
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--moe-inter", type=int, default=2048)
     ap.add_argument("--shared-inter", type=int, default=2048)
     ap.add_argument("--heads", type=int, default=64, help="attention heads of the layer")
     ap.add_argument("--no-attention", dest="attention", action="store_false")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_layer_args(ap)
     ap.add_argument("--ep", type=int, default=4)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--density", type=float, default=0.01)

@@ -27,19 +27,18 @@ struct PoolJob {
 class WorkerPool {
 public:
     explicit WorkerPool(unsigned threads) {
-        workers_.reserve(threads);
         for (unsigned t = 0; t < threads; ++t) {
             try {
-                workers_.emplace_back([this] { Loop(); });
+                std::thread([this] { Loop(); }).detach();
             } catch (const std::system_error&) {
                 break;  // Out of threads: the ones started (or the callers alone) do the work.
             }
+            ++workers_;
         }
-        for (std::thread& w : workers_) w.detach();
     }
 
     void Run(unsigned helpers, void (*body)(void*), void* ctx) {
-        const unsigned wanted = std::min<unsigned>(helpers, static_cast<unsigned>(workers_.size()));
+        const unsigned wanted = std::min(helpers, workers_);
         if (wanted == 0) {
             body(ctx);
             return;
@@ -100,7 +99,7 @@ private:
     std::condition_variable wake_;  ///< A job was opened.
     std::condition_variable done_;  ///< A closed job's last helper left.
     std::vector<PoolJob*> open_;    ///< Jobs that want helpers. Guarded by mu_.
-    std::vector<std::thread> workers_;
+    unsigned workers_ = 0;  ///< Threads started (detached: they wait here for good).
 };
 
 std::mutex pool_mu;                     ///< Held while the pool starts.
