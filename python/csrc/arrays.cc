@@ -7,6 +7,7 @@
 #include <bit>
 #include <string>
 
+#include "torch_arrays.h"
 #include "transport/host_copy.h"
 
 namespace mooncake::sparse::py {
@@ -123,8 +124,11 @@ BorrowedArray BorrowNumpy(pyb::array arr, const char* what, Access access) {
     return out;
 }
 
+/// Borrows a DLPack producer, or an unconsumed capsule (torch's C++ exporter).
 BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what, Access access) {
-    pyb::object capsule_obj = obj.attr("__dlpack__")();
+    pyb::object capsule_obj = PyCapsule_CheckExact(obj.ptr())
+                                  ? pyb::reinterpret_borrow<pyb::object>(obj)
+                                  : obj.attr("__dlpack__")();
     PyObject* cap = capsule_obj.ptr();
     if (!PyCapsule_IsValid(cap, "dltensor")) {
         ThrowIfError(InvalidArgument(std::string(what) + ": __dlpack__ did not return a DLPack capsule"));
@@ -182,6 +186,11 @@ BorrowedArray BorrowAny(const pyb::handle& obj, const char* what, Access access)
     if (pyb::isinstance<pyb::array>(obj)) {
         return BorrowNumpy(pyb::reinterpret_borrow<pyb::array>(obj), what, access);
     }
+    // torch through its C++ exporter (a tensor with a lazy bit takes the generic path below).
+    if (pyb::object capsule = TorchCapsule(obj.ptr(), false)) {
+        return BorrowDLPack(capsule, what, access);
+    }
+    if (PyCapsule_CheckExact(obj.ptr())) return BorrowDLPack(obj, what, access);
     if (pyb::hasattr(obj, "__dlpack__")) {
         pyb::object resolved = ResolveLazyBits(obj, what, access == Access::kWrite);
         return BorrowDLPack(resolved, what, access);

@@ -2,6 +2,7 @@
 #include "bind_common.h"
 
 #include "tensor_args.h"
+#include "torch_arrays.h"
 #include "transport/host_copy.h"
 
 #include <algorithm>
@@ -169,16 +170,23 @@ ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape
     req.global_shape = ShapeArg(global_shape, "global_shape");
     req.global_offset = OptShape(global_offset, "global_offset");
     req.local_shape = OptShape(local_shape, "local_shape");
-    if (IsCudaArray(indices)) {
-        p.device_indices = ParseDeviceMember(indices, "indices");
+    // torch members as capsules of its C++ exporter (CUDA ones made contiguous on torch's
+    // stream): told apart and parsed without Python-level calls.
+    const auto member = [](const pyb::object& m) {
+        pyb::object capsule = TorchCapsule(m.ptr(), true);
+        return capsule ? capsule : m;
+    };
+    const pyb::object index_member = member(indices), value_member = member(values);
+    if (IsCudaArray(index_member)) {
+        p.device_indices = ParseDeviceMember(index_member, "indices");
     } else {
-        p.indices = Borrow(indices, "indices");
+        p.indices = Borrow(index_member, "indices");
         req.indices = p.indices.view();
     }
-    if (IsCudaArray(values)) {
-        p.device_values = ParseDeviceMember(values, "values");
+    if (IsCudaArray(value_member)) {
+        p.device_values = ParseDeviceMember(value_member, "values");
     } else {
-        p.values = Borrow(values, "values");
+        p.values = Borrow(value_member, "values");
         req.values = p.values.view();
     }
     req.source_placement = AxesFromDict(source_placement, "source_placement");
@@ -201,11 +209,24 @@ ParsedPut ParsePut(const std::string& tensor_id, const pyb::object& global_shape
 
 pyb::dict CommitDict(const std::string& source_ref, bool created, std::uint64_t nnz,
                      std::uint64_t bytes) {
+    // A step commits tens of thousands of updates: the keys are made once.
+    static PyObject* const* const keys = [] {
+        static PyObject* k[4];
+        const char* names[4] = {"source_ref", "created", "nnz", "bytes"};
+        for (int i = 0; i < 4; ++i) {
+            k[i] = PyUnicode_InternFromString(names[i]);
+            if (k[i] == nullptr) throw pyb::error_already_set();
+        }
+        return k;
+    }();
     pyb::dict out;
-    out["source_ref"] = source_ref;
-    out["created"] = created;
-    out["nnz"] = nnz;
-    out["bytes"] = bytes;
+    const pyb::object values[4] = {pyb::str(source_ref), pyb::bool_(created), pyb::int_(nnz),
+                                   pyb::int_(bytes)};
+    for (int i = 0; i < 4; ++i) {
+        if (PyDict_SetItem(out.ptr(), keys[i], values[i].ptr()) != 0) {
+            throw pyb::error_already_set();
+        }
+    }
     return out;
 }
 

@@ -25,6 +25,7 @@
 #include "object_store_handle.h"
 #include "python_object_store.h"
 #include "sparse_object.h"
+#include "torch_arrays.h"
 
 namespace mooncake::sparse::py {
 
@@ -111,7 +112,7 @@ pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
 /// per update in order, its commit dict or (status code, message) for its error. An update
 /// that does not parse fails alone, like one the store rejects.
 pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads,
-                           std::uintptr_t stream) {
+                           std::optional<std::uintptr_t> stream_arg) {
     // The fields of an update, looked up by interned keys (a step parses tens of thousands of
     // updates: no key string is made or converted per update).
     enum Field {
@@ -205,14 +206,26 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         if (p && p->on_device()) on_device.push_back(&*p);
         if (p && !(p->device_indices && p->device_values)) all_on_device = false;
     }
-    std::vector<PutSparseRequest> requests;
-    std::vector<std::size_t> of;  // request -> update
-    requests.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        if (!parsed[i]) continue;
-        requests.push_back(parsed[i]->request);
-        of.push_back(i);
+    // The stream the copies from the device are ordered on: the caller's, else torch's current
+    // stream of the first CUDA member's device (the stream that produced it).
+    std::uintptr_t stream = stream_arg.value_or(0);
+    if (!stream_arg && !on_device.empty()) {
+        const ParsedPut& first = *on_device.front();
+        stream = TorchCurrentStream(first.device_indices ? first.device_indices->device
+                                                         : first.device_values->device);
     }
+    std::vector<std::size_t> of;  // request -> update
+    of.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (parsed[i]) of.push_back(i);
+    }
+    // The requests, moved out of the parsed updates (which keep their members' memory).
+    const auto take_requests = [&] {
+        std::vector<PutSparseRequest> requests;
+        requests.reserve(of.size());
+        for (std::size_t i : of) requests.push_back(std::move(parsed[i]->request));
+        return requests;
+    };
     std::vector<Result<CommitResult>> results;
     NodeClient* node = s.node();
     bool device_commit = !on_device.empty() && all_on_device && node != nullptr;
@@ -230,8 +243,8 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         // Through the daemon, a batch that is all on the GPU stays there: the daemon copies
         // its members by CUDA IPC into its own pinned memory.
         std::vector<NodeClient::DeviceMember> indices, values;
-        indices.reserve(requests.size());
-        values.reserve(requests.size());
+        indices.reserve(of.size());
+        values.reserve(of.size());
         const auto member = [](const DeviceMember& m) {
             return NodeClient::DeviceMember{m.dtype, m.shape, {m.address, m.bytes, m.device}};
         };
@@ -239,6 +252,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
             indices.push_back(member(*parsed[i]->device_indices));
             values.push_back(member(*parsed[i]->device_values));
         }
+        const std::vector<PutSparseRequest> requests = take_requests();
         pyb::gil_scoped_release nogil;
         results = node->PutSparseObjectsFromDevice(requests, indices, values, stream);
     } else if (direct) {
@@ -247,7 +261,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         // CUDA members (a batch encoded on the GPU) reach host memory in a few large copies.
         std::shared_ptr<void> staged;
         if (!on_device.empty()) staged = StageDeviceMembers(on_device, stream);
-        for (std::size_t k = 0; k < of.size(); ++k) requests[k] = parsed[of[k]]->request;
+        const std::vector<PutSparseRequest> requests = take_requests();
         pyb::gil_scoped_release nogil;
         results = s.service().PutSparseObjects(requests, num_threads);
     }
@@ -434,7 +448,7 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("global_offset") = pyb::none(), pyb::arg("local_shape") = pyb::none(),
              pyb::arg("hard_pin") = true, pyb::arg("num_threads") = 0)
         .def("put_sparse_objects", &PutSparseObjects, pyb::arg("updates"),
-             pyb::arg("num_threads") = 0, pyb::arg("stream") = 0)
+             pyb::arg("num_threads") = 0, pyb::arg("stream") = pyb::none())
         .def("manifest",
              [](Store& s, GenerationArg g) {
                  return SourcesList(

@@ -25,6 +25,7 @@
 #include "store.h"
 #include "store/tensor_object.h"
 #include "tensor_args.h"
+#include "torch_arrays.h"
 
 namespace mooncake::sparse::py {
 namespace {
@@ -201,6 +202,11 @@ ParsedTensor ParseTensor(const pyb::handle& obj, const std::string& what, bool d
     if (obj.is_none()) ThrowIfError(InvalidArgument(what + " is None"));
     if (PyCapsule_CheckExact(obj.ptr())) {
         return FromCapsule(pyb::reinterpret_borrow<pyb::object>(obj), what, stream, obj);
+    }
+    // torch: its C++ exporter, without __dlpack__'s Python-level checks (a CUDA source that is
+    // not contiguous is made so on torch's stream first; a tensor with a lazy bit goes on below).
+    if (pyb::object capsule = TorchCapsule(obj.ptr(), !destination)) {
+        return FromCapsule(capsule, what, stream, obj);
     }
     if (pyb::isinstance<pyb::array>(obj)) {
         // numpy: the buffer path keeps its read-only flag (DLPack export refuses read-only).

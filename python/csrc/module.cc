@@ -12,6 +12,7 @@ void RegisterNodeServer(pyb::module_& m);   // bind_node_server.cc
 void RegisterGpu(pyb::module_& m);          // bind_gpu.cc
 void RegisterGpuCommit(pyb::module_& m);    // bind_gpu_commit.cc
 void RegisterBatch(pyb::module_& m);        // bind_batch.cc
+void RegisterTorchArrays(pyb::module_& m);  // torch_arrays.cc
 }  // namespace mooncake::sparse::py
 
 PYBIND11_MODULE(_core, m) {
@@ -25,4 +26,5 @@ PYBIND11_MODULE(_core, m) {
     mooncake::sparse::py::RegisterGpu(m);
     mooncake::sparse::py::RegisterGpuCommit(m);
     mooncake::sparse::py::RegisterBatch(m);
+    mooncake::sparse::py::RegisterTorchArrays(m);
 }

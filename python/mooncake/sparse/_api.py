@@ -265,13 +265,18 @@ class Store(TensorMixin):
         capsule = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
         gpu = _core.HAS_GPU_CODEC
         ndarray = np.ndarray
-        # A step commits tens of thousands of updates: the common members (numpy arrays, torch
-        # tensors) are told apart by exact type, without the generic checks.
+        # A step commits tens of thousands of updates: the common members are told apart by
+        # exact type, without the generic checks. numpy arrays go as they are; so do torch
+        # tensors when this build has the GPU codec: the core takes them through torch's C++
+        # exporter (CUDA members copied from the device on torch's current stream of theirs).
+        direct = (ndarray, tensor) if gpu and tensor is not None else (ndarray,)
+        torch_members = False
         for u in updates:
             if type(u) is dict:
                 idx, vals = u.get("indices"), u.get("values")
                 ti, tv = type(idx), type(vals)
-                if ti is ndarray and tv is ndarray:
+                if ti in direct and tv in direct:
+                    torch_members = torch_members or ti is tensor or tv is tensor
                     batch.append(u)
                     continue
             elif not isinstance(u, Mapping):
@@ -315,8 +320,14 @@ class Store(TensorMixin):
                             v = capsule(v.detach())
                 u[k] = as_core_array(v)
             batch.append(u)
+        # The stream of the copies from the device: torch's current stream of the first CUDA
+        # member's device (the core finds it where torch tensors went to it as they are).
+        if on_device:
+            stream = _gpu.stream_for_commit(on_device)
+        else:
+            stream = None if torch_members else 0
         raw = self._core.put_sparse_objects(batch, _int(num_threads, "num_threads", minimum=0),
-                                            _gpu.stream_for_commit(on_device) if on_device else 0)
+                                            stream)
         return [r if isinstance(r, dict) else error_class(r[0])(r[1]) for r in raw]
 
     def admit(
@@ -735,9 +746,16 @@ def apply_sparse_objects(weights: Sequence[Any], objs: Sequence[SparseObject], *
     every host pair before any host weight is written; a pair that fails in its apply (say, a
     dtype mismatch) leaves its weight unchanged, and its error is raised once the others are
     applied."""
-    weights, objs = list(weights), list(objs)
+    weights = weights if type(weights) is list else list(weights)
+    objs = objs if type(objs) is list else list(objs)
     if len(weights) != len(objs):
         raise InvalidArgument(f"{len(weights)} weights but {len(objs)} objects")
+    if weights and _core.HAS_GPU_CODEC and sys.modules.get("torch") is not None:
+        # A rank's step: torch CUDA weights of one device and objects of a device read, taken
+        # by the core in one pass (anything else: the general path below).
+        dests, streams, device = _core._torch_prepare(weights, True)
+        if device >= 0 and _core._gpu_apply_objects(dests, objs, streams[0]):
+            return
     cuda = [i for i, w in enumerate(weights) if _gpu.is_cuda(w)]
     for i in cuda:
         if not isinstance(objs[i], (SparseObject, _gpu.DeviceSparseObject)):
@@ -767,6 +785,23 @@ def encode_updates(
     pair, same order. Host pairs encode side by side on up to `num_threads` threads (0: every
     hardware thread); CUDA pairs encode on the GPU. With torch inputs, indices and values come
     back as torch tensors."""
+    pairs = pairs if type(pairs) is list else list(pairs)
+    if pairs and _core.HAS_GPU_CODEC and sys.modules.get("torch") is not None:
+        # A step's torch CUDA pairs on one device, taken by the core in one pass each side
+        # (anything else: the general path below).
+        try:
+            news = [new for new, _ in pairs]
+            olds = [old for _, old in pairs]
+        except (TypeError, ValueError):
+            news = olds = None
+        if news is not None:
+            new_objs, streams, device = _core._torch_prepare(news, False)
+            if device >= 0:
+                old_objs, _, old_device = _core._torch_prepare(olds, False)
+                if old_device == device:
+                    return _gpu.encode_prepared(new_objs, old_objs, streams[0],
+                                                _str(apply, "apply"),
+                                                _real(threshold, "threshold"), tile_shape)
     pairs = [tuple(p) for p in pairs]
     for i, p in enumerate(pairs):
         if len(p) != 2:

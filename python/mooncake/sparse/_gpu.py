@@ -104,28 +104,36 @@ def encode_updates_gpu(pairs: list[tuple[Any, Any]], apply: str, threshold: floa
     for i, (new, _) in enumerate(pairs):
         by_device.setdefault(_device_of(new), []).append(i)
     out: list[Any] = [None] * len(pairs)
-    shape = None if tile_shape is None else tuple(tile_shape)
     for items in by_device.values():
         news, stream = _capsules([pairs[i][0] for i in items])
         olds, _ = _capsules([pairs[i][1] for i in items])
-        if torch_module() is None:
-            raw = _core._gpu_encode_updates(news, olds, apply, float(threshold), shape, stream)
-            for i, (idx, vals, _, _, _) in zip(items, raw):
-                out[i] = (_out(idx), _out(vals))
-            continue
-        # torch: each run of members that lie back to back is imported once and split into
-        # the items' views (one import per member would cost more than the encode's launches).
-        # The call returns while its last kernels run on torch's current stream, so that these
-        # imports overlap them; the results are then ordered as any torch op's are.
-        index_runs, value_runs = _core._gpu_encode_runs(news, olds, apply, float(threshold), shape,
-                                                        stream)
-        idx = [None] * len(items)
-        for arr, sizes, which in index_runs:
-            for k, part in zip(which, _out(arr).split(sizes)):
-                idx[k] = part
-        for arr, sizes, which in value_runs:
-            for k, part in zip(which, _out(arr).split(sizes)):
-                out[items[k]] = (idx[k], part)
+        for i, coo in zip(items, encode_prepared(news, olds, stream, apply, threshold, tile_shape)):
+            out[i] = coo
+    return out
+
+
+def encode_prepared(news: list[Any], olds: list[Any], stream: Any, apply: str, threshold: float,
+                    tile_shape: Any) -> list[tuple[Any, Any]]:
+    """encode_updates_gpu of pairs of one device, as _capsules prepares them."""
+    _require()
+    shape = None if tile_shape is None else tuple(tile_shape)
+    if torch_module() is None:
+        raw = _core._gpu_encode_updates(news, olds, apply, float(threshold), shape, stream)
+        return [(_out(idx), _out(vals)) for idx, vals, _, _, _ in raw]
+    # torch: each run of members that lie back to back is imported once and split into the
+    # items' views (one import per member would cost more than the encode's launches). The call
+    # returns while its last kernels run on torch's current stream, so that these imports
+    # overlap them; the results are then ordered as any torch op's are.
+    index_runs, value_runs = _core._gpu_encode_runs(news, olds, apply, float(threshold), shape,
+                                                    stream)
+    idx: list[Any] = [None] * len(news)
+    out: list[Any] = [None] * len(news)
+    for arr, sizes, which in index_runs:
+        for k, part in zip(which, _out(arr).split(sizes)):
+            idx[k] = part
+    for arr, sizes, which in value_runs:
+        for k, part in zip(which, _out(arr).split(sizes)):
+            out[k] = (idx[k], part)
     return out
 
 

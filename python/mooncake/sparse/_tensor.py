@@ -140,6 +140,10 @@ def _prepare_all(tensors: Sequence[Any], destination: bool = False
     A non-contiguous CUDA source is made contiguous on its stream (its data moves anyway);
     host views go as they are, copied through their strides by the core."""
     torch = torch_module()
+    if torch is not None and type(tensors) is list:
+        # The same, in one call to the core (a few µs less per tensor).
+        objects, streams, _ = _core._torch_prepare(tensors, destination)
+        return objects, streams
     to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
     objects: list[Any] = []
     streams: list[int | None] = []
