@@ -57,41 +57,50 @@ Status ValidateObjectKey(std::string_view key) {
     return Status::Ok();
 }
 
-Result<std::uint64_t> ValidateMemberSpec(const MemberSpec& m) {
-    if (m.name.empty()) return InvalidArgument("member name is empty");
-    if (m.name.size() > kMaxMemberNameBytes) {
-        return InvalidArgument("member name is " + std::to_string(m.name.size()) +
+namespace {
+
+/// ValidateMemberSpec of a member's fields (a MemberSpec or a MemberData). The error text is
+/// made only for an error: every object of a commit passes here.
+Result<std::uint64_t> ValidateMember(const std::string& name, DType dtype, const Shape& shape) {
+    if (name.empty()) return InvalidArgument("member name is empty");
+    if (name.size() > kMaxMemberNameBytes) {
+        return InvalidArgument("member name is " + std::to_string(name.size()) +
                                " bytes, longer than the limit of " +
                                std::to_string(kMaxMemberNameBytes));
     }
-    if (m.name.find('\0') != std::string::npos) {
+    if (name.find('\0') != std::string::npos) {
         return InvalidArgument("member name contains a NUL byte");
     }
-    const std::string where = "member " + Quote(m.name);
-    const auto dtype_value = static_cast<int>(m.dtype);
-    if (dtype_value < 0 || dtype_value >= kNumDTypes || DTypeSize(m.dtype) == 0) {
-        return InvalidArgument(where + ": unknown dtype value " + std::to_string(dtype_value));
+    const auto where = [&] { return "member " + Quote(name); };
+    const auto dtype_value = static_cast<int>(dtype);
+    if (dtype_value < 0 || dtype_value >= kNumDTypes || DTypeSize(dtype) == 0) {
+        return InvalidArgument(where() + ": unknown dtype value " + std::to_string(dtype_value));
     }
-    if (m.shape.empty()) return InvalidArgument(where + ": shape has rank 0 (need rank >= 1)");
-    std::uint64_t size = DTypeSize(m.dtype);
-    for (std::size_t axis = 0; axis < m.shape.size(); ++axis) {
-        const Index extent = m.shape[axis];
+    if (shape.empty()) return InvalidArgument(where() + ": shape has rank 0 (need rank >= 1)");
+    std::uint64_t size = DTypeSize(dtype);
+    for (std::size_t axis = 0; axis < shape.size(); ++axis) {
+        const Index extent = shape[axis];
         if (extent < 0 || (axis > 0 && extent == 0)) {
-            return InvalidArgument(where + ": shape " + JoinShape(m.shape) + " has extent " +
+            return InvalidArgument(where() + ": shape " + JoinShape(shape) + " has extent " +
                                    std::to_string(extent) + " on axis " + std::to_string(axis) +
                                    " (axis 0 must be >= 0, other axes >= 1)");
         }
         if (__builtin_mul_overflow(size, static_cast<std::uint64_t>(extent), &size)) {
-            return InvalidArgument(where + ": shape " + JoinShape(m.shape) +
+            return InvalidArgument(where() + ": shape " + JoinShape(shape) +
                                    " overflows the byte size");
         }
     }
     return size;
 }
 
+}  // namespace
+
+Result<std::uint64_t> ValidateMemberSpec(const MemberSpec& m) {
+    return ValidateMember(m.name, m.dtype, m.shape);
+}
+
 Result<std::uint64_t> ValidateMemberData(const MemberData& m) {
-    MCS_ASSIGN_OR_RETURN(const std::uint64_t size,
-                         ValidateMemberSpec({m.name, m.dtype, m.shape, m.checksum}));
+    MCS_ASSIGN_OR_RETURN(const std::uint64_t size, ValidateMember(m.name, m.dtype, m.shape));
     if (m.bytes.size() != size) {
         return InvalidArgument("member " + Quote(m.name) + ": " + std::to_string(m.bytes.size()) +
                                " bytes given, shape " + JoinShape(m.shape) + " of " +
