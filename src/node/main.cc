@@ -22,6 +22,7 @@
 #include "node/node_server.h"
 #ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
 #include "cuda/gpu_index.h"
+#include "cuda/gpu_read.h"
 #endif
 
 DEFINE_string(socket_path, "",
@@ -92,6 +93,21 @@ mcs::Result<std::vector<mcs::DeviceIndexResult>> CheckOnDevice(
                   found[i].checksum_values};
     }
     return out;
+}
+
+/// NodeServerOptions::device_gather: the GPU codec's copy kernel, reading the pinned segments
+/// by their host addresses.
+mcs::Status GatherOnDevice(std::span<const mcs::DeviceRangeCopy> ranges, int device,
+                           mcs::CudaStream stream) {
+    if (!mcs::cuda::HostPointersAreDeviceAddresses(device)) {
+        return mcs::Unimplemented("this device does not address pinned host memory directly");
+    }
+    std::vector<mcs::cuda::RangeCopy> copies;
+    copies.reserve(ranges.size());
+    for (const mcs::DeviceRangeCopy& r : ranges) {
+        copies.push_back({reinterpret_cast<std::uintptr_t>(r.src), r.dst, r.bytes});
+    }
+    return mcs::cuda::CopyRanges(copies, device, stream);
 }
 #endif
 
@@ -195,6 +211,7 @@ int main(int argc, char** argv) {
         options->device_index = &CheckOnDevice;
         LOG(INFO) << "commits from CUDA memory are checked on the GPU (gpu_commit_check)";
     }
+    if (mcs::cuda::Available()) options->device_gather = &GatherOnDevice;
 #endif
     auto server = mcs::NodeServer::Start(*options);
     if (!server.ok()) {

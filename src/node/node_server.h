@@ -67,6 +67,20 @@ struct DeviceIndexResult {
 using DeviceIndexFn = std::function<Result<std::vector<DeviceIndexResult>>(
     std::span<const DeviceIndexItem>, CudaStream stream)>;
 
+/// One range of a DeviceGatherFn: `bytes` bytes from page-locked host memory at `src` (its host
+/// address) to device address `dst`.
+struct DeviceRangeCopy {
+    const std::byte* src = nullptr;
+    std::uintptr_t dst = 0;
+    std::uint64_t bytes = 0;
+};
+
+/// Copies every range into memory of `device` with one kernel launch, ordered on `stream` (not
+/// waited for). Unimplemented: the device cannot read page-locked host memory by its host
+/// address (the caller copies range by range).
+using DeviceGatherFn =
+    std::function<Status(std::span<const DeviceRangeCopy>, int device, CudaStream stream)>;
+
 struct NodeServerOptions {
     std::string socket_path;
     std::string node_id = "node0";
@@ -104,6 +118,12 @@ struct NodeServerOptions {
     /// take, or one of less than 64 KiB of entries): the update is copied into staging memory,
     /// then checked and indexed on the host.
     DeviceIndexFn device_index;
+    /// The copies of device reads from the segments into clients' GPU memory (LeasesToDevice,
+    /// LeaseRangesToDevice): the daemon binary sets cuda::CopyRanges (src/cuda/gpu_read.h) here
+    /// when it is built with the GPU codec. A read's ranges then cross PCIe in one kernel that
+    /// reads the pinned segments, where the copy engine takes one transfer per range (a step's
+    /// read holds thousands). Null: one copy-engine transfer per range.
+    DeviceGatherFn device_gather;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
     /// Reads build their targets straight from the stored bytes (ReadOptions::view_in_place)

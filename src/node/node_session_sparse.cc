@@ -686,8 +686,22 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
         ParallelCopies(gathers, DefaultCopyThreads());
     }
     std::uint64_t issued = 0;
+    bool gathered = false;
+    if (server_.options_.device_gather && (pageable.empty() || bounce.pinned())) {
+        // Every run in one kernel that reads the pinned memory (the bounce buffer included).
+        std::vector<DeviceRangeCopy> ranges;
+        ranges.reserve(pinned.size() + pageable.size());
+        for (const std::vector<Run>* runs : {&pinned, &pageable}) {
+            for (const Run& r : *runs) ranges.push_back({r.src, dst.address + r.offset, r.bytes});
+        }
+        const Status s = server_.options_.device_gather(ranges, dst.device, kCudaPerThreadStream);
+        if (!s.ok() && s.code() != StatusCode::kUnimplemented) return s;
+        gathered = s.ok();
+        issued = gathered && !ranges.empty() ? 1 : 0;
+    }
     for (const std::vector<Run>* runs : {&pinned, &pageable}) {
         for (const Run& r : *runs) {
+            if (gathered) break;
             MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(reinterpret_cast<void*>(dst.address + r.offset),
                                                   r.src, r.bytes, cuda::CopyKind::kHostToDevice,
                                                   kCudaPerThreadStream, dst.device));
