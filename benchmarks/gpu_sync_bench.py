@@ -151,20 +151,21 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def profile(what: str, fn, device) -> None:
-    """Where a phase's host time goes (--profile): the top functions by own time, to stderr."""
+def profile(what: str, fn):
+    """Where a phase's host time goes (--profile): fn() under cProfile, its top functions by own
+    time to stderr; returns fn's result."""
     import cProfile
-    import io
     import pstats
     prof = cProfile.Profile()
-    sync(device)
     prof.enable()
-    fn()
-    sync(device)
+    out = fn()
     prof.disable()
-    text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(12)
-    log(f"--- profile: {what}\n{text.getvalue()}")
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, ncalls, own, cumulative, _)
+    top = sorted(stats.items(), key=lambda kv: -kv[1][2])[:14]
+    lines = [f"{own * 1e3:9.3f} {cum * 1e3:9.3f} {calls:7d}  {os.path.basename(f)}:{line}({name})"
+             for (f, line, name), (_, calls, own, cum, _) in top]
+    log(f"--- profile: {what} (own ms, cumulative ms, calls)\n" + "\n".join(lines))
+    return out
 
 
 def ceilings(device, nbytes: int) -> dict:
@@ -223,7 +224,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                                                  if device.type == "cuda" else []))
                 prof.__enter__()
 
+            profiled = args.profile and rep == args.repeats - 1
+
             def phase(name, fn):
+                if profiled:  # --profile: this step's phases under cProfile (slower by its cost)
+                    return profile(f"{backend} {apply} {name}", lambda: timed(fn, device))
                 if prof is None:
                     return timed(fn, device)
                 with torch.profiler.record_function(f"phase:{name}"):
@@ -268,13 +273,6 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 prof.__exit__(None, None, None)
                 os.makedirs(args.trace, exist_ok=True)
                 prof.export_chrome_trace(os.path.join(args.trace, f"trace_{backend}_{apply}.json"))
-            if args.profile and rep == args.repeats - 1:
-                profile(f"{backend} {apply} read",
-                        lambda: store.read_sparse_objects(manifest, targets, **kw), device)
-                if apply == "overwrite":  # applying twice is the same weights only here
-                    profile(f"{backend} {apply} apply",
-                            lambda: mcs.apply_sparse_objects([sl.view for sl in slots], objs),
-                            device)
             # Where the read's time goes: the same read on the host only (plan, range reads,
             # filter/rebase), outside the step's total; the rest of read_s is the upload.
             t_read_host = None
@@ -381,7 +379,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",
-                    help="cProfile the read and the apply of each mode's last step (stderr)")
+                    help="cProfile the four phases of each mode's last step (stderr; that step's "
+                         "timings include its overhead)")
     ap.add_argument("--trace", default=None, metavar="DIR",
                     help="profile the four phases of each mode's last step with the torch profiler "
                          "(timings of that step include its overhead): DIR/trace_BACKEND_APPLY.json")
