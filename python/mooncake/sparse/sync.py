@@ -206,12 +206,17 @@ def _split_tensors(plan: SyncPlan, rank: int) -> frozenset[str]:
 def _encode(specs: Sequence[SourceSpec], new_of: Callable[[SourceSpec], Tensor],
             old_of: Callable[[SourceSpec], Tensor], generation: Generation, rank: int,
             split: frozenset[str], *, apply: str, threshold: float) -> EncodedStep:
-    boxes = []
     t0 = time.perf_counter()
-    for spec in specs:
-        new = new_of(spec)
-        idx, vals = _api.encode_update(new, old_of(spec), apply=apply, threshold=threshold,
-                                       global_offset=spec.global_offset)
+    news = [new_of(spec) for spec in specs]
+    # Every box in one encode_updates (on the GPU: a few launches for the whole step), then the
+    # indices of partial boxes moved to the tensor's coordinates.
+    coos = _api.encode_updates([(new, old_of(spec)) for spec, new in zip(specs, news)],
+                               apply=apply, threshold=threshold)
+    boxes = []
+    for spec, new, (idx, vals) in zip(specs, news, coos):
+        if any(spec.global_offset):
+            idx = _api._offset_indices(idx, tuple(spec.global_offset),
+                                       tuple(int(e) for e in new.shape))
         boxes.append(_EncodedBox(spec, new, idx, vals))
     return EncodedStep(generation, rank, tuple(boxes), split, time.perf_counter() - t0)
 
