@@ -330,6 +330,80 @@ class Store(TensorMixin):
                                             stream)
         return [r if isinstance(r, dict) else error_class(r[0])(r[1]) for r in raw]
 
+    def commit_updates(
+        self,
+        pairs: Iterable[tuple[Any, Any]],
+        updates: Iterable[Mapping[str, Any]],
+        *,
+        apply: str = "overwrite",
+        threshold: float = 0.0,
+        tile_shape: Sequence[int] | None = None,
+        num_threads: int = 0,
+    ) -> tuple[list[tuple[Any, Any]], list[dict[str, Any] | Error]]:
+        """A trainer's step in one call: encode_updates(pairs) and put_sparse_objects of what
+        they encode. updates[i] holds put_sparse_object's keyword arguments for pairs[i] but
+        indices and values (and apply, which is `apply`). Returns (each pair's COO, as
+        encode_updates returns it; each update's result, as put_sparse_objects returns it).
+
+        With torch CUDA pairs of one device (a step of GBs), the two overlap: the step is
+        encoded in parts, and each part is committed on a side stream, by a worker thread,
+        while the next part encodes (the commit's copies from the device run beside the
+        encode's kernels). An error that encode_updates raises for a later part leaves the
+        parts committed before it (a retry of the step commits them again idempotently)."""
+        pairs = list(pairs)
+        updates = list(updates)
+        if len(pairs) != len(updates):
+            raise InvalidArgument(f"{len(pairs)} pairs but {len(updates)} updates")
+        apply = _str(apply, "apply")
+
+        def with_coo(ups: list, coos: list) -> list:
+            out = []
+            for i, (u, (idx, vals)) in enumerate(zip(ups, coos)):
+                if not isinstance(u, Mapping):
+                    raise InvalidArgument(f"updates[{i}] is not a dict of put_sparse_object's "
+                                          "keyword arguments")
+                out.append({**u, "indices": idx, "values": vals, "apply": apply})
+            return out
+
+        plan = _gpu.pipeline_parts(pairs)
+        if plan is None:
+            coos = encode_updates(pairs, apply=apply, threshold=threshold, tile_shape=tile_shape)
+            return coos, self.put_sparse_objects(with_coo(updates, coos),
+                                                 num_threads=num_threads)
+        import torch
+
+        device, parts = plan
+        main = torch.cuda.current_stream(device)
+        side = _gpu.side_stream(device)
+        worker = _gpu.commit_worker()
+
+        def commit(ups: list, encoded: Any) -> list:
+            with torch.cuda.stream(side):
+                side.wait_event(encoded)  # the part's encode, on the caller's stream
+                return self.put_sparse_objects(ups, num_threads=num_threads)
+
+        from concurrent.futures import wait
+
+        coos: list[Any] = [None] * len(pairs)
+        results: list[Any] = [None] * len(pairs)
+        pending = []
+        try:
+            for lo, hi in parts:
+                part = encode_updates(pairs[lo:hi], apply=apply, threshold=threshold,
+                                      tile_shape=tile_shape)
+                coos[lo:hi] = part
+                encoded = torch.cuda.Event()
+                encoded.record(main)
+                pending.append((lo, hi, worker.submit(commit, with_coo(updates[lo:hi], part),
+                                                      encoded)))
+        finally:
+            # Every submitted part completes (or fails) before this call returns or raises: the
+            # side stream is done with the COO when the caller gets it.
+            wait([future for _, _, future in pending])
+        for lo, hi, future in pending:
+            results[lo:hi] = future.result()  # the first part that raised, raises
+        return coos, results
+
     def admit(
         self,
         tensor_id: str,
