@@ -233,23 +233,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                     return timed(fn, device)
                 with torch.profiler.record_function(f"phase:{name}"):
                     return timed(fn, device)
+            t_enc, coo = phase("encode", lambda: mcs.encode_updates(pairs, apply=apply))
+            updates = [dict(tensor_id=n, global_shape=tuple(new[n].shape), indices=i, values=v,
+                            generation=gen_k, apply=apply) for n, (i, v) in zip(names, coo)]
             mc0 = store.metrics()
-            if args.trainer == "overlapped":
-                # encode + commit in one call (Store.commit_updates): on the GPU the step is
-                # encoded in parts, each committed while the next encodes. Timed as one phase
-                # (encode_s holds it, commit_s is 0).
-                metas = [dict(tensor_id=n, global_shape=tuple(new[n].shape), generation=gen_k)
-                         for n in names]
-                t_enc, (coo, res) = phase("encode+commit", lambda: store.commit_updates(
-                    pairs, metas, apply=apply))
-                t_commit = 0.0
-            else:
-                t_enc, coo = phase("encode", lambda: mcs.encode_updates(pairs, apply=apply))
-                updates = [dict(tensor_id=n, global_shape=tuple(new[n].shape), indices=i,
-                                values=v, generation=gen_k, apply=apply)
-                           for n, (i, v) in zip(names, coo)]
-                mc0 = store.metrics()
-                t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
+            t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
             mc1 = store.metrics()
             # The commit's own clocks: indexing and writing in the store; through the daemon,
             # its handler and the copies from the client's GPU within it.
@@ -343,7 +331,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 floor = (2 * dense_bytes + coo_bytes + read_bytes) / (ceil["memcpy_gbps"] * 1e9)
             r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
-                 "trainer": args.trainer, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -381,10 +369,6 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     add_layer_args(ap)
-    ap.add_argument("--trainer", choices=["phases", "overlapped"], default="phases",
-                    help="phases: encode_updates then put_sparse_objects, each timed; overlapped: "
-                         "Store.commit_updates (encode and commit overlap on the GPU), timed as "
-                         "one phase (encode_s; commit_s 0)")
     ap.add_argument("--ep", type=int, default=4)
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--density", type=float, default=0.01)

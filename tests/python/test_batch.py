@@ -74,27 +74,6 @@ def test_a_step_through_the_batch_calls_is_bit_exact(store):
     assert all(isinstance(r, dict) and not r["created"] for r in again)
 
 
-def test_commit_updates_is_encode_updates_then_put_sparse_objects(store):
-    rng = np.random.default_rng(5)
-    shapes = [(int(rng.integers(1, 40)), int(rng.integers(1, 30))) for _ in range(50)]
-    old = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-    new = [changed(rng, w, 0.1) for w in old]
-    pairs = list(zip(new, old))
-    updates = [{"tensor_id": f"c{i}", "global_shape": s, "generation": (0, 1)}
-               for i, s in enumerate(shapes)]
-    coos, results = store.commit_updates(pairs, updates, apply="scatter_add")
-    for (i, v), (wi, wv) in zip(coos, mcs.encode_updates(pairs, apply="scatter_add")):
-        assert np.array_equal(i, wi) and np.array_equal(v, wv)
-    assert all(isinstance(r, dict) and r["created"] for r in results)
-    assert [r["nnz"] for r in results] == [len(v) for _, v in coos]
-    man = store.manifest((0, 1))
-    assert {s.apply for s in man} == {"scatter_add"}
-    with pytest.raises(mcs.InvalidArgument):
-        store.commit_updates(pairs, updates[:-1])
-    with pytest.raises(mcs.InvalidArgument):
-        store.commit_updates(pairs[:1], ["not a dict"])
-
-
 def test_a_read_takes_its_manifest_in_every_form(store):
     """A step's manifest as the store gave it is read where it lies; a slice, a reversed list,
     entries of two manifests joined, or a plain list all read the same objects, and an entry

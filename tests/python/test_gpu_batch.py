@@ -431,51 +431,6 @@ def test_step_on_gpu_end_to_end_into_fused_and_strided_weights(store, apply):
         assert np.array_equal(bits(norm), bits(new["norm"]))
 
 
-@pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
-def test_commit_updates_in_overlapping_parts_equals_encode_then_put(store, apply, monkeypatch):
-    from mooncake.sparse import _gpu
-
-    # Parts of a few KB: the step is encoded and committed in overlapping parts.
-    monkeypatch.setattr(_gpu, "PIPELINE_PART_BYTES", 16 << 10)
-    specs = [((96, 80), torch.bfloat16), ((128, 64), torch.float32), ((1000,), torch.float16),
-             ((64, 33), torch.bfloat16), ((2, 4000), torch.bfloat16), ((70, 70), torch.float16)]
-    pairs = pairs_of(specs * 3, density=0.04)
-    device, parts = _gpu.pipeline_parts(pairs)
-    assert device == torch.cuda.current_device() and len(parts) == _gpu.PIPELINE_MAX_PARTS
-    assert parts[0][0] == 0 and parts[-1][1] == len(pairs)
-    assert all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
-    names = [f"t{i}" for i in range(len(pairs))]
-    updates = [dict(tensor_id=t, global_shape=tuple(n.shape), generation=(0, 1))
-               for t, (n, _) in zip(names, pairs)]
-    coos, results = store.commit_updates(pairs, updates, apply=apply)
-    want = mcs.encode_updates(pairs, apply=apply)
-    for (i, v), (wi, wv) in zip(coos, want):
-        assert np.array_equal(i.cpu().numpy(), wi.cpu().numpy())
-        assert np.array_equal(bits(v), bits(wv))
-    assert [r["nnz"] for r in results] == [len(v) for _, v in want]
-    assert all(r["created"] for r in results)
-    # What was committed is what a read gives back: every tensor whole, applied to its old copy.
-    targets = [mcs.Target(t, f"r/{t}", "n", {}, (0,) * n.dim(), tuple(n.shape))
-               for t, (n, _) in zip(names, pairs)]
-    objs = store.read_sparse_objects(store.manifest((0, 1)), targets, device="cuda")
-    weights = [o.clone() for _, o in pairs]
-    mcs.apply_sparse_objects(weights, objs)
-    torch.cuda.synchronize()
-    for w, (n, _) in zip(weights, pairs):
-        if apply == "overwrite":
-            assert np.array_equal(bits(w), bits(n))
-        else:
-            torch.testing.assert_close(w.float(), n.float(), rtol=2e-2, atol=2e-2)
-    # A retry of the step commits nothing new; a bad update fails alone.
-    _, again = store.commit_updates(pairs, updates, apply=apply)
-    assert all(isinstance(r, dict) and not r["created"] for r in again)
-    bad = [dict(u, generation=(1, 2)) for u in updates]
-    bad[5]["global_shape"] = (3, 3)
-    _, mixed = store.commit_updates(pairs, bad, apply=apply)
-    assert isinstance(mixed[5], mcs.InvalidArgument)
-    assert all(isinstance(r, dict) and r["created"] for k, r in enumerate(mixed) if k != 5)
-
-
 def test_batched_apply_matches_host_apply_on_views():
     g = torch.Generator(device="cuda").manual_seed(SEED)
     parent = torch.randn(64, 96, generator=g, device="cuda").to(torch.bfloat16)

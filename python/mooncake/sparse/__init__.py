@@ -99,14 +99,6 @@ def put_sparse_objects(updates: Iterable[Mapping[str, Any]], *,
     return default_store().put_sparse_objects(updates, num_threads=num_threads)
 
 
-def commit_updates(pairs: Iterable[tuple[Any, Any]], updates: Iterable[Mapping[str, Any]], *,
-                   apply: str = "overwrite", threshold: float = 0.0,
-                   tile_shape: Sequence[int] | None = None,
-                   num_threads: int = 0) -> tuple[list[tuple[Any, Any]], list[dict[str, Any] | Error]]:
-    return default_store().commit_updates(pairs, updates, apply=apply, threshold=threshold,
-                                          tile_shape=tile_shape, num_threads=num_threads)
-
-
 def read_sparse_objects(
     manifest: Sequence[SourceInfo],
     targets: Iterable[Target],
@@ -228,7 +220,6 @@ __all__ = [
     "metrics",
     "put_sparse_object",
     "put_sparse_objects",
-    "commit_updates",
     "read_sparse_objects",
     "seal_generation",
     "wait_generation",

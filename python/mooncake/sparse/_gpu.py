@@ -14,8 +14,6 @@ otherwise these raise Unimplemented / Unavailable, and everything else still wor
 
 from __future__ import annotations
 
-import os
-import threading
 from typing import Any
 
 from . import _core
@@ -284,82 +282,3 @@ def apply_gpu(weight: Any, obj: Any) -> None:
     updated where it lies, the rest of its parent untouched. Overlapping views (expand) are
     refused."""
     apply_gpu_batch([weight], [obj])
-
-
-# -- encode and commit, overlapped (Store.commit_updates) ---------------------------------------
-
-_side_streams: dict[int, Any] = {}
-_worker: Any = None
-_worker_lock = threading.Lock()
-
-
-def _reset_after_fork() -> None:
-    global _worker
-    _worker = None  # the parent's thread does not exist in the child
-    _side_streams.clear()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def commit_worker() -> Any:
-    """The thread that commits a pipelined step's parts (one per process, started on first use)."""
-    global _worker
-    with _worker_lock:
-        if _worker is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            _worker = ThreadPoolExecutor(max_workers=1,
-                                         thread_name_prefix="mooncake-sparse-commit")
-        return _worker
-
-
-def side_stream(device: int) -> Any:
-    """A torch CUDA stream of `device` for a pipelined step's commits (one per device)."""
-    torch = torch_module()
-    with _worker_lock:
-        stream = _side_streams.get(device)
-        if stream is None:
-            stream = _side_streams[device] = torch.cuda.Stream(device=device)
-        return stream
-
-
-#: Dense bytes per part of a pipelined step (Store.commit_updates): parts of a few GB keep the
-#: encode's kernels and the commit's copies long enough to hide each other.
-PIPELINE_PART_BYTES = 2 << 30
-PIPELINE_MAX_PARTS = 4
-
-
-def pipeline_parts(pairs: list) -> tuple[int, list[tuple[int, int]]] | None:
-    """(device, [lo, hi) ranges of `pairs`) when the step is torch CUDA pairs of one device large
-    enough to be encoded and committed in overlapping parts; None otherwise."""
-    torch = torch_module()
-    if torch is None or not _core.HAS_GPU_CODEC or len(pairs) < 2:
-        return None
-    tensor = torch.Tensor
-    device = None
-    sizes = []
-    for p in pairs:
-        if len(p) != 2:
-            return None
-        new, old = p
-        if not isinstance(new, tensor) or not isinstance(old, tensor) or not new.is_cuda:
-            return None
-        d = new.device.index
-        if device is None:
-            device = d
-        elif d != device:
-            return None
-        sizes.append(new.numel() * new.element_size())
-    total = sum(sizes)
-    count = min(PIPELINE_MAX_PARTS, len(pairs), total // PIPELINE_PART_BYTES)
-    if count < 2:
-        return None
-    parts, lo, acc, goal = [], 0, 0, total / count
-    for i, b in enumerate(sizes):
-        acc += b
-        if acc >= goal * (len(parts) + 1) and len(parts) < count - 1 and i + 1 < len(pairs):
-            parts.append((lo, i + 1))
-            lo = i + 1
-    parts.append((lo, len(pairs)))
-    return int(device), parts
