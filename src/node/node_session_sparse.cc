@@ -695,9 +695,17 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
             for (const Run& r : *runs) ranges.push_back({r.src, dst.address + r.offset, r.bytes});
         }
         const Status s = server_.options_.device_gather(ranges, dst.device, kCudaPerThreadStream);
-        if (!s.ok() && s.code() != StatusCode::kUnimplemented) return s;
         gathered = s.ok();
         issued = gathered && !ranges.empty() ? 1 : 0;
+        if (!gathered && s.code() != StatusCode::kUnimplemented) {
+            // A kernel this build cannot launch here (say, no image for the device's
+            // architecture): the copies below move the same bytes to the same places.
+            static std::atomic<bool> warned{false};
+            if (!warned.exchange(true)) {
+                MCS_LOG(kWarning) << "device reads fall back to one copy per range: "
+                                  << s.ToString();
+            }
+        }
     }
     for (const std::vector<Run>* runs : {&pinned, &pageable}) {
         for (const Run& r : *runs) {
