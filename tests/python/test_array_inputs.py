@@ -151,6 +151,33 @@ def test_negation_bit_is_resolved_for_inputs(store):
     assert_same(got, ref)
 
 
+def test_batch_calls_take_torch_members_as_they_are(store):
+    # The core takes torch tensors through torch's C++ exporter: gradients, non-contiguous
+    # views and a negation bit (resolved through the generic path) all come out right.
+    from mooncake.sparse import _core
+
+    x = torch.tensor([[1.0, -2.0, 3.5], [0.25, 0.0, -8.0]])
+    objects, streams, device = _core._torch_prepare(
+        [x, x.t(), torch._neg_view(x), np.ones(2)], False)
+    assert streams == [None] * 4 and device == -1
+    assert type(objects[0]).__name__ == "PyCapsule" and objects[2] is not x
+    assert objects[3] is not None and type(objects[3]) is np.ndarray
+    vals = torch.tensor([1.0, -3.0], requires_grad=True)
+    idx = torch.tensor([[0, 0], [1, 2]], dtype=torch.int64)
+    results = store.put_sparse_objects([
+        {"tensor_id": "g", "global_shape": (2, 3), "indices": idx, "values": vals},
+        {"tensor_id": "n", "global_shape": (2, 3), "indices": idx,
+         "values": torch._neg_view(vals.detach())},
+        {"tensor_id": "s", "global_shape": (2, 3), "indices": idx.t().contiguous().t(),
+         "values": torch.tensor([[4.0, 9.0], [5.0, 9.0]])[:, 0]},
+    ])
+    assert all(isinstance(r, dict) and r["created"] for r in results), results
+    for name, want in (("g", (1.0, -3.0)), ("n", (-1.0, 3.0)), ("s", (4.0, 5.0))):
+        w = torch.zeros(2, 3)
+        mcs.apply_sparse_objects([w], [read_whole(store, name, (2, 3))])
+        assert (float(w[0, 0]), float(w[1, 2])) == want, name
+
+
 def test_negation_bit_destinations_are_refused_untouched(store):
     store.put_tensor("t", np.ones((2, 3), np.float32))
     base = torch.zeros(2, 3)
