@@ -139,30 +139,11 @@ def _prepare_all(tensors: Sequence[Any], destination: bool = False
     conjugation bit go as they are: the core resolves (sources) or refuses (destinations) them.
     A non-contiguous CUDA source is made contiguous on its stream (its data moves anyway);
     host views go as they are, copied through their strides by the core."""
-    torch = torch_module()
-    if torch is not None and type(tensors) is list:
-        # The same, in one call to the core (a few µs less per tensor).
-        objects, streams, _ = _core._torch_prepare(tensors, destination)
-        return objects, streams
-    to_dlpack = getattr(getattr(torch, "_C", None), "_to_dlpack", None) if torch else None
-    objects: list[Any] = []
-    streams: list[int | None] = []
-    current: dict[Any, int] = {}
-    for t in tensors:
-        stream = None
-        if torch is not None and isinstance(t, torch.Tensor):
-            if t.requires_grad:
-                t = t.detach()
-            if t.is_cuda:
-                stream = current.get(t.device)
-                if stream is None:
-                    stream = current[t.device] = torch.cuda.current_stream(t.device).cuda_stream
-                if not destination and not t.is_contiguous():
-                    t = t.contiguous()
-            if to_dlpack is not None and not t.is_conj() and not t.is_neg():
-                t = to_dlpack(t)
-        objects.append(t)
-        streams.append(stream)
+    tensors = tensors if type(tensors) is list else list(tensors)
+    if torch_module() is None:
+        return tensors, [None] * len(tensors)  # no torch tensor among them
+    # One call to the core for the whole list (no Python-level call per tensor).
+    objects, streams, _ = _core._torch_prepare(tensors, destination)
     return objects, streams
 
 
