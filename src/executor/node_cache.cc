@@ -2,6 +2,7 @@
 #include "executor/node_cache.h"
 
 #include <algorithm>
+#include <iterator>
 
 namespace mooncake::sparse {
 
@@ -24,18 +25,26 @@ NodeCache::IndexClaims NodeCache::ClaimIndexes(std::span<const std::string* cons
     std::lock_guard lock(mu_);
     const std::uint64_t call = ++index_claims_;
     for (std::size_t k = 0; k < refs.size(); ++k) {
-        const std::string& ref = *refs[k];
-        if ((claims.hits[k] = FindIndexLocked(ref))) continue;
-        if (auto it = index_flights_.find(ref); it != index_flights_.end()) {
-            if (it->second.call == call) {
-                claims.repeats.emplace_back(k, it->second.slot);
+        // One entry per source holds its cached index and its read in progress.
+        auto [it, added] = index_.try_emplace(*refs[k]);
+        IndexEntry& e = it->second;
+        if (e.index) {
+            index_lru_.splice(index_lru_.begin(), index_lru_, e.lru);
+            claims.hits[k] = e.index;
+            continue;
+        }
+        if (e.flight.valid()) {
+            if (e.call == call) {
+                claims.repeats.emplace_back(k, e.slot);
             } else {
-                claims.waits.push_back({k, it->second.batch, it->second.slot});
+                claims.waits.push_back({k, e.flight, e.slot});
             }
             continue;
         }
         if (!mine.valid()) mine = claims.flight.get_future().share();
-        index_flights_.emplace(ref, IndexFlight{mine, claims.missing.size(), call});
+        e.flight = mine;
+        e.slot = claims.missing.size();
+        e.call = call;
         claims.missing.push_back(k);
     }
     return claims;
@@ -48,9 +57,14 @@ void NodeCache::FinishIndexes(std::span<const std::string* const> refs, IndexCla
         // Cache and retire the flights under one lock: a later request finds one or the other.
         std::lock_guard lock(mu_);
         for (std::size_t j = 0; j < claims.missing.size(); ++j) {
-            const std::string& ref = *refs[claims.missing[j]];
-            if (results[j].ok()) AddIndex(ref, *results[j]);
-            index_flights_.erase(ref);
+            auto it = index_.find(*refs[claims.missing[j]]);
+            if (it == index_.end()) continue;  // not possible: an entry in flight stays
+            it->second.flight = {};
+            if (results[j].ok() && !it->second.index) {
+                AddIndex(*it, *results[j]);  // may evict, never the entry just added
+            } else if (!it->second.index) {
+                index_.erase(it);
+            }
         }
     }
     claims.flight.set_value(std::make_shared<const std::vector<IndexResult>>(results));
@@ -58,23 +72,31 @@ void NodeCache::FinishIndexes(std::span<const std::string* const> refs, IndexCla
 
 std::shared_ptr<const SourceIndex> NodeCache::FindIndexLocked(const std::string& ref) {
     auto it = index_.find(ref);
-    if (it == index_.end()) return nullptr;
+    if (it == index_.end() || !it->second.index) return nullptr;
     index_lru_.splice(index_lru_.begin(), index_lru_, it->second.lru);
     return it->second.index;
 }
 
-void NodeCache::AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx) {
-    if (index_.count(ref)) return;
-    const std::uint64_t bytes = idx->index.MemoryBytes() + sizeof(SourceIndex);
-    index_lru_.push_front(ref);
-    index_.emplace(ref, IndexEntry{std::move(idx), bytes, index_lru_.begin()});
-    index_bytes_ += bytes;
+void NodeCache::AddIndex(IndexMap::value_type& entry, std::shared_ptr<const SourceIndex> idx) {
+    IndexEntry& e = entry.second;
+    e.bytes = idx->index.MemoryBytes() + sizeof(SourceIndex);
+    e.index = std::move(idx);
+    index_lru_.push_front(&entry.first);
+    e.lru = index_lru_.begin();
+    index_bytes_ += e.bytes;
     while (index_bytes_ > index_capacity_bytes_ && index_lru_.size() > 1) {
-        auto victim = index_.find(index_lru_.back());
-        index_bytes_ -= victim->second.bytes;
-        index_.erase(victim);
-        index_lru_.pop_back();
+        DropIndex(index_.find(*index_lru_.back()));
     }
+}
+
+void NodeCache::DropIndex(IndexMap::iterator it) {
+    IndexEntry& e = it->second;
+    if (!e.index) return;
+    index_bytes_ -= e.bytes;
+    index_lru_.erase(e.lru);
+    e.index.reset();
+    e.bytes = 0;
+    if (!e.flight.valid()) index_.erase(it);
 }
 
 // ---- Range reads -------------------------------------------------------------------------------
@@ -95,34 +117,32 @@ NodeCache::RangeClaims NodeCache::ClaimRanges(std::span<const RangeKey> ranges,
     claims.batch->done = claims.flight.get_future().share();
     std::lock_guard lock(mu_);
     const std::string* ref = nullptr;
-    RangeMap* cached = nullptr;                   // The cached ranges of `ref`, if any.
-    std::vector<RangeFlight>* flights = nullptr;  // Its reads in progress, if any.
+    // The entry of `ref` (its cached ranges and reads in progress): found, or made for the
+    // first read of ours it needs. Elements of an unordered_map keep their address while others
+    // are inserted, and nothing is erased here.
+    RangeSourceEntry* entry = nullptr;
     for (std::size_t r = 0; r < ranges.size(); ++r) {
         const RangeKey& key = ranges[r];
         if (ref == nullptr || !SameSource(key.source_ref, ref)) {
             ref = key.source_ref;
-            auto c = ranges_.find(*ref);
-            cached = c == ranges_.end() ? nullptr : &c->second;
-            auto f = range_flights_.find(*ref);
-            flights = f == range_flights_.end() ? nullptr : &f->second;
+            auto it = ranges_.find(*ref);
+            entry = it == ranges_.end() ? nullptr : &it->second;
         }
-        if (cached != nullptr) {
-            if (auto hit = FindRange(*cached, key.start, key.end)) {
+        if (entry != nullptr) {
+            if (auto hit = FindRange(entry->cached, key.start, key.end)) {
                 reads[r] = *hit;
                 ++claims.hits;
                 continue;
             }
-        }
-        if (flights != nullptr) {
-            if (RangeFlight* f = FindFlight(*flights, key.start, key.end, caller)) {
+            if (RangeFlight* f = FindFlight(entry->flights, key.start, key.end, caller)) {
                 f->batch->waited = true;
                 claims.waits.push_back({r, f->batch->done, f->slot});
                 continue;
             }
+        } else {
+            entry = &ranges_[*ref];
         }
-        // Elements of an unordered_map keep their address while others are inserted.
-        if (flights == nullptr) flights = &range_flights_[*ref];
-        flights->push_back({key.start, key.end, caller, claims.batch, claims.missing.size()});
+        entry->flights.push_back({key.start, key.end, caller, claims.batch, claims.missing.size()});
         claims.missing.push_back(r);
     }
     return claims;
@@ -138,16 +158,27 @@ void NodeCache::FinishRanges(std::span<const RangeKey> ranges, const void* /*cal
         std::lock_guard lock(mu_);
         const std::string* ref = nullptr;
         RangeSource* source = nullptr;
+        const auto retire = [&] {
+            if (source == nullptr) return;
+            std::vector<RangeFlight>& v = source->second.flights;
+            const RangeBatch* batch = claims.batch.get();
+            v.erase(std::remove_if(v.begin(), v.end(),
+                                   [&](const RangeFlight& f) { return f.batch.get() == batch; }),
+                    v.end());
+            EraseRangeSourceIfEmpty(*source);
+        };
         for (std::size_t r : claims.missing) {
             const RangeKey& key = ranges[r];
             if (ref == nullptr || !SameSource(key.source_ref, ref)) {
+                retire();
                 ref = key.source_ref;
-                EraseFlights(*ref, claims.batch.get());
-                // Not erased while we add to it: eviction spares the range added last.
-                if (status.ok()) source = &*ranges_.try_emplace(*ref).first;
+                // Held by our flights until retire(), so eviction never erases it meanwhile;
+                // made again when a later run of the same source finds it erased.
+                source = &*ranges_.try_emplace(*ref).first;
             }
             if (status.ok()) AddRange(*source, key.start, key.end, reads[r]);
         }
+        retire();
         waited = claims.batch->waited;
     }
     if (!waited) {
@@ -188,7 +219,7 @@ void NodeCache::UnpinSlab(const ReadSlab* slab) {
 
 void NodeCache::AddRange(RangeSource& source, std::uint64_t start, std::uint64_t end,
                          const ReadData& data) {
-    RangeMap& m = source.second;
+    RangeMap& m = source.second.cached;
     auto [it, added] = m.try_emplace(start);
     if (!added) return;
     range_lru_.emplace_front(&source, start);
@@ -197,11 +228,11 @@ void NodeCache::AddRange(RangeSource& source, std::uint64_t start, std::uint64_t
     // The slab memory goes back to the pool once no cached range and no call holds it.
     while (range_bytes_ > range_capacity_bytes_ && range_lru_.size() > 1) {
         auto [victim, vstart] = range_lru_.back();
-        auto ve = victim->second.find(vstart);
+        auto ve = victim->second.cached.find(vstart);
         UnpinSlab(ve->second.data.slab.get());
-        victim->second.erase(ve);
+        victim->second.cached.erase(ve);
         range_lru_.pop_back();
-        if (victim->second.empty()) ranges_.erase(ranges_.find(victim->first));
+        EraseRangeSourceIfEmpty(*victim);
     }
 }
 
@@ -214,22 +245,30 @@ NodeCache::RangeFlight* NodeCache::FindFlight(std::vector<RangeFlight>& flights,
     return nullptr;
 }
 
-void NodeCache::EraseFlights(const std::string& ref, const RangeBatch* batch) {
-    auto it = range_flights_.find(ref);
-    if (it == range_flights_.end()) return;
-    auto& v = it->second;
-    v.erase(std::remove_if(v.begin(), v.end(),
-                           [&](const RangeFlight& f) { return f.batch.get() == batch; }),
-            v.end());
-    if (v.empty()) range_flights_.erase(it);
+void NodeCache::EraseRangeSourceIfEmpty(RangeSource& source) {
+    if (source.second.cached.empty() && source.second.flights.empty()) {
+        ranges_.erase(ranges_.find(source.first));
+    }
 }
 
 void NodeCache::Clear() {
     std::lock_guard lock(mu_);
-    index_.clear();
+    // Reads in progress keep their entries (their requests finish them).
+    for (auto it = index_.begin(); it != index_.end();) {
+        if (it->second.flight.valid()) {
+            it->second.index.reset();
+            it->second.bytes = 0;
+            ++it;
+        } else {
+            it = index_.erase(it);
+        }
+    }
     index_lru_.clear();
     index_bytes_ = 0;
-    ranges_.clear();
+    for (auto it = ranges_.begin(); it != ranges_.end();) {
+        it->second.cached.clear();
+        it = it->second.flights.empty() ? ranges_.erase(it) : std::next(it);
+    }
     range_lru_.clear();
     slab_pins_.clear();
     range_bytes_ = 0;
@@ -238,17 +277,14 @@ void NodeCache::Clear() {
 void NodeCache::Forget(std::span<const std::string> refs) {
     std::lock_guard lock(mu_);
     for (const std::string& ref : refs) {
-        if (auto it = index_.find(ref); it != index_.end()) {
-            index_bytes_ -= it->second.bytes;
-            index_lru_.erase(it->second.lru);
-            index_.erase(it);
-        }
+        if (auto it = index_.find(ref); it != index_.end()) DropIndex(it);
         if (auto it = ranges_.find(ref); it != ranges_.end()) {
-            for (auto& [start, entry] : it->second) {
+            for (auto& [start, entry] : it->second.cached) {
                 UnpinSlab(entry.data.slab.get());
                 range_lru_.erase(entry.lru);
             }
-            ranges_.erase(it);
+            it->second.cached.clear();
+            EraseRangeSourceIfEmpty(*it);
         }
     }
 }

@@ -157,21 +157,21 @@ public:
     void Forget(std::span<const std::string> refs);
 
 private:
+    /// A source's tile index: cached (`index` set, in the LRU list), or being read by a
+    /// request (`flight` valid), or both for an instant while that read's result joins.
     struct IndexEntry {
         std::shared_ptr<const SourceIndex> index;
         std::uint64_t bytes = 0;
-        std::list<std::string>::iterator lru;
+        std::list<const std::string*>::iterator lru;  ///< Valid while `index` is set.
+        /// A read in progress: the reading request's batch, its place there, and the
+        /// ClaimIndexes that made it.
+        std::shared_future<IndexBatch> flight;
+        std::size_t slot = 0;
+        std::uint64_t call = 0;
     };
+    using IndexMap = std::unordered_map<std::string, IndexEntry>;
     struct RangeEntry;
     using RangeMap = std::map<std::uint64_t, RangeEntry>;
-    /// An element of ranges_: its address stays valid until it is erased (which happens only
-    /// once its map is empty, so no LRU entry points to it any more).
-    using RangeSource = std::pair<const std::string, RangeMap>;
-    struct RangeEntry {
-        std::uint64_t end = 0;
-        ReadData data;
-        std::list<std::pair<RangeSource*, std::uint64_t>>::iterator lru;
-    };
     struct RangeFlight {
         std::uint64_t start = 0;
         std::uint64_t end = 0;
@@ -179,10 +179,26 @@ private:
         std::shared_ptr<RangeBatch> batch;
         std::size_t slot = 0;  ///< Into the batch.
     };
+    /// A source's cached ranges and its range reads in progress. Erased once both are empty.
+    struct RangeSourceEntry {
+        RangeMap cached;
+        std::vector<RangeFlight> flights;
+    };
+    /// An element of ranges_: its address stays valid until it is erased (which happens only
+    /// once it holds no cached range, so no LRU entry points to it any more, and no flight).
+    using RangeSource = std::pair<const std::string, RangeSourceEntry>;
+    struct RangeEntry {
+        std::uint64_t end = 0;
+        ReadData data;
+        std::list<std::pair<RangeSource*, std::uint64_t>>::iterator lru;
+    };
 
     // All below hold mu_.
     std::shared_ptr<const SourceIndex> FindIndexLocked(const std::string& ref);
-    void AddIndex(const std::string& ref, std::shared_ptr<const SourceIndex> idx);
+    /// Caches `idx` in `entry` (the entry of `key`), evicting beyond the capacity.
+    void AddIndex(IndexMap::value_type& entry, std::shared_ptr<const SourceIndex> idx);
+    /// Drops the cached index of `it`, and the entry itself unless a read of it is in flight.
+    void DropIndex(IndexMap::iterator it);
     /// A cached read of the source `ranges` containing [start, end), if any.
     std::optional<ReadData> FindRange(RangeMap& ranges, std::uint64_t start, std::uint64_t end);
     void AddRange(RangeSource& source, std::uint64_t start, std::uint64_t end,
@@ -194,29 +210,21 @@ private:
     /// `caller` that contains [start, end), or nullptr.
     static RangeFlight* FindFlight(std::vector<RangeFlight>& flights, std::uint64_t start,
                                    std::uint64_t end, const void* caller);
-    /// Retires the flights of `batch` of the source `ref`.
-    void EraseFlights(const std::string& ref, const RangeBatch* batch);
+    /// Erases a source's entry of ranges_ once it holds neither a cached range nor a flight.
+    void EraseRangeSourceIfEmpty(RangeSource& source);
 
     const std::uint64_t index_capacity_bytes_;
     const std::uint64_t range_capacity_bytes_;
 
     std::mutex mu_;
-    std::unordered_map<std::string, IndexEntry> index_;
-    std::list<std::string> index_lru_;
+    IndexMap index_;
+    std::list<const std::string*> index_lru_;  ///< Keys of index_ (whose nodes never move).
     std::uint64_t index_bytes_ = 0;
-    std::unordered_map<std::string, RangeMap> ranges_;
+    std::uint64_t index_claims_ = 0;  ///< ClaimIndexes calls so far.
+    std::unordered_map<std::string, RangeSourceEntry> ranges_;
     std::list<std::pair<RangeSource*, std::uint64_t>> range_lru_;
     std::uint64_t range_bytes_ = 0;  ///< Capacity of the slabs cached ranges pin.
     std::unordered_map<const ReadSlab*, std::uint32_t> slab_pins_;  ///< Cached ranges per slab.
-    /// An index being read: the reading request's batch and its place there.
-    struct IndexFlight {
-        std::shared_future<IndexBatch> batch;
-        std::size_t slot = 0;
-        std::uint64_t call = 0;  ///< The ClaimIndexes that made it.
-    };
-    std::unordered_map<std::string, IndexFlight> index_flights_;
-    std::uint64_t index_claims_ = 0;  ///< ClaimIndexes calls so far.
-    std::unordered_map<std::string, std::vector<RangeFlight>> range_flights_;
     ReadSlabPool slabs_;
 };
 

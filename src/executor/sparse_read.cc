@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <optional>
 #include <thread>
@@ -409,13 +410,21 @@ Status SparseStore::LoadIndexes(ReadCall& call) {
     for (std::size_t k = 0; k < needed.size(); ++k) refs[k] = &call.manifest[needed[k]].source_ref;
     NodeCache::IndexClaims claims = cache_->ClaimIndexes(refs);
     std::vector<NodeCache::IndexResult> loaded(claims.missing.size(), Internal("unset"));
-    constexpr std::size_t kSourcesPerThread = 64;
-    const int threads =
-        claims.missing.size() < 2 * kSourcesPerThread ? 1 : call.options.num_threads;
-    internal::ParallelFor(
-        threads, claims.missing.size(),
-        [&](std::size_t j) { loaded[j] = ReadIndex(call.manifest[needed[claims.missing[j]]]); },
-        0);
+    // In batches of kSourcesPerBatch, side by side.
+    constexpr std::size_t kSourcesPerBatch = 64;
+    const std::size_t batches = (claims.missing.size() + kSourcesPerBatch - 1) / kSourcesPerBatch;
+    std::vector<const SourceDescriptor*> missing(claims.missing.size());
+    for (std::size_t j = 0; j < missing.size(); ++j) {
+        missing[j] = &call.manifest[needed[claims.missing[j]]];
+    }
+    internal::ParallelFor(batches < 2 ? 1 : call.options.num_threads, batches,
+                          [&](std::size_t b) {
+                              const std::size_t lo = b * kSourcesPerBatch;
+                              const std::size_t n =
+                                  std::min(kSourcesPerBatch, missing.size() - lo);
+                              ReadIndexes(std::span(missing).subspan(lo, n),
+                                          std::span(loaded).subspan(lo, n));
+                          });
     cache_->FinishIndexes(refs, claims, loaded);
 
     std::vector<Status> errors(needed.size());
@@ -1012,18 +1021,24 @@ void SparseStore::AddReadMetrics(const SparseMetrics& m) {
 // ---------------------------------------------------------------------------------------------
 // Sources: what the store holds, checked against what a manifest entry claims.
 // ---------------------------------------------------------------------------------------------
-Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& claimed) {
-    MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", claimed.source_ref));
-    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat,
-                         store_->StatShared(claimed.source_ref));
-    const ObjectInfo& info = *stat;
+namespace {
+
+constexpr std::array<const char*, 4> kSourceMembers = {"indices", "values", "tile_coords",
+                                                       "tile_ptr"};
+constexpr std::size_t kTileCoordsMember = 2;
+constexpr std::size_t kTilePtrMember = 3;
+
+/// The stored descriptor of `info` (the object `claimed` names), checked against `claimed` and
+/// against the sizes of its members; `members` receives the members in kSourceMembers order.
+Result<SourceDescriptor> DescriptorOfStored(
+    const SourceDescriptor& claimed, const ObjectInfo& info,
+    std::array<const MemberInfo*, kSourceMembers.size()>& members) {
     // A manifest entry of this store names the object with exactly its metadata: written
     // again from the entry and compared, several times cheaper than decoding it. Anything else
     // (another writer's formatting, another object) is decoded and compared field by field.
-    constexpr std::array<const char*, 4> kMembers = {"indices", "values", "tile_coords",
-                                                     "tile_ptr"};
-    std::array<const MemberInfo*, kMembers.size()> members{};
-    for (std::size_t i = 0; i < kMembers.size(); ++i) members[i] = info.FindMember(kMembers[i]);
+    for (std::size_t i = 0; i < kSourceMembers.size(); ++i) {
+        members[i] = info.FindMember(kSourceMembers[i]);
+    }
     const auto checksum = [&](std::size_t i) {
         return members[i] == nullptr ? std::uint64_t{0} : members[i]->checksum;
     };
@@ -1036,16 +1051,16 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
         MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
     }
     // The members must hold what the metadata says: every later allocation is sized from it.
-    const std::array<std::uint64_t, kMembers.size()> expected = {
+    const std::array<std::uint64_t, kSourceMembers.size()> expected = {
         stored.nnz * stored.rank() * DTypeSize(stored.index_dtype),
         stored.nnz * DTypeSize(stored.value_dtype),
         stored.num_tiles * stored.rank() * sizeof(TileCoord),
         (stored.num_tiles + 1) * sizeof(std::uint64_t),
     };
-    for (std::size_t i = 0; i < kMembers.size(); ++i) {
+    for (std::size_t i = 0; i < kSourceMembers.size(); ++i) {
         const MemberInfo* m = members[i];
         if (m == nullptr || m->size_bytes != expected[i]) {
-            return DataLoss("stored object " + claimed.source_ref + " member " + kMembers[i] +
+            return DataLoss("stored object " + claimed.source_ref + " member " + kSourceMembers[i] +
                             (m == nullptr ? " is missing"
                                           : " holds " + std::to_string(m->size_bytes) +
                                                 " bytes, its metadata says " +
@@ -1053,6 +1068,59 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
         }
     }
     return stored;
+}
+
+/// The tile index of a viewed source object (the object `claimed` names).
+NodeCache::IndexResult IndexOfView(const SourceDescriptor& claimed, const ObjectView& view) {
+    std::array<const MemberInfo*, kSourceMembers.size()> members{};
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored, DescriptorOfStored(claimed, *view.info, members));
+    const auto bytes = [&](std::size_t i) {
+        return view.members[static_cast<std::size_t>(members[i] - view.info->members.data())];
+    };
+    const std::span<const std::byte> coords_bytes = bytes(kTileCoordsMember);
+    const std::span<const std::byte> ptr_bytes = bytes(kTilePtrMember);
+    std::vector<TileCoord> coords(coords_bytes.size() / sizeof(TileCoord));
+    std::vector<std::uint64_t> ptr(ptr_bytes.size() / sizeof(std::uint64_t));
+    if (!coords_bytes.empty()) std::memcpy(coords.data(), coords_bytes.data(), coords_bytes.size());
+    if (!ptr_bytes.empty()) std::memcpy(ptr.data(), ptr_bytes.data(), ptr_bytes.size());
+    MCS_ASSIGN_OR_RETURN(TileIndex index,
+                         TileIndex::Make(stored, std::move(coords), std::move(ptr)));
+    return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});
+}
+
+}  // namespace
+
+Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& claimed) {
+    MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", claimed.source_ref));
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat,
+                         store_->StatShared(claimed.source_ref));
+    std::array<const MemberInfo*, kSourceMembers.size()> members{};
+    return DescriptorOfStored(claimed, *stat, members);
+}
+
+void SparseStore::ReadIndexes(std::span<const SourceDescriptor* const> sources,
+                              std::span<NodeCache::IndexResult> out) {
+    // One view of all of them (one lookup and one lock for the batch, the members read where
+    // they lie) where the store views in place; a source that fails its checks fails alone.
+    // A batch with a missing or invalid key is read source by source, for each source's error.
+    bool viewed = false;
+    if (store_->ViewsInPlace()) {
+        std::vector<std::string_view> keys(sources.size());
+        bool valid = true;
+        for (std::size_t i = 0; i < sources.size() && valid; ++i) {
+            valid = internal::ValidateId("source_ref", sources[i]->source_ref).ok();
+            keys[i] = sources[i]->source_ref;
+        }
+        viewed = valid && store_->ViewObjects(keys, [&](std::span<const ObjectView> views) {
+                              for (std::size_t i = 0; i < views.size(); ++i) {
+                                  out[i] = IndexOfView(*sources[i], views[i]);
+                              }
+                              return Status::Ok();
+                          }).ok();
+    }
+    if (!viewed) {
+        for (std::size_t i = 0; i < sources.size(); ++i) out[i] = ReadIndex(*sources[i]);
+    }
 }
 
 Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claimed) {

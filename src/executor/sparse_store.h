@@ -445,6 +445,10 @@ private:
     /// metadata, which `claimed` (a requester's manifest entry) must match. Errors: NotFound;
     /// InvalidArgument (the entry describes another object); DataLoss.
     Result<std::shared_ptr<const SourceIndex>> ReadIndex(const SourceDescriptor& claimed);
+    /// ReadIndex of each source into out[i], as one view of the batch where the store views
+    /// objects in place.
+    void ReadIndexes(std::span<const SourceDescriptor* const> sources,
+                     std::span<Result<std::shared_ptr<const SourceIndex>>> out);
     /// The stored object's descriptor, read with one Stat and checked against `claimed` and
     /// against the sizes of its members. Errors: as ReadIndex.
     Result<SourceDescriptor> StoredDescriptor(const SourceDescriptor& claimed);

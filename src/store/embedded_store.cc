@@ -496,6 +496,7 @@ Status EmbeddedStore::ViewObjects(std::span<const std::string_view> keys, const 
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < keys.size(); ++i) {
         const Object& o = *snapshots[i];
+        spans[i].reserve(o.info.members.size());
         for (std::size_t m = 0; m < o.info.members.size(); ++m) {
             spans[i].push_back(o.Bytes(m));
             bytes += o.info.members[m].size_bytes;

@@ -54,6 +54,7 @@ Status ShmStore::ViewObjects(std::span<const std::string_view> keys, const ViewF
         std::uint64_t bytes = 0;
         for (std::size_t i = 0; i < keys.size(); ++i) {
             const ShmObject& o = *objects[i];
+            spans[i].reserve(o.info.members.size());
             for (std::size_t m = 0; m < o.info.members.size(); ++m) {
                 spans[i].push_back(o.Bytes(m));
                 bytes += o.info.members[m].size_bytes;

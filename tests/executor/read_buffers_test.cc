@@ -232,6 +232,76 @@ TEST(NodeCacheFlightTest, IndexClaimsOfACallAreReadOnceAndWaitedForByOthers) {
     cache.FinishIndexes(second, later, {NotFound("no b")});
 }
 
+TEST(NodeCacheFlightTest, ASourceInTwoRunsOfOneCallIsCachedWhileEvictionRuns) {
+    // One call reads a, b, a (the planner groups by (source, node), so a source can come back),
+    // with room for one range: caching b evicts a's first range, and a's second run must still
+    // find (or make again) its source's entry.
+    constexpr std::uint64_t kSlab = 64 << 10;
+    NodeCache cache(1 << 20, kSlab);
+    const std::string a = "a", b = "b";
+    const std::vector<NodeCache::RangeKey> keys = {{&a, 0, 10}, {&b, 0, 10}, {&a, 50, 60}};
+    std::vector<ReadData> reads(keys.size());
+    const int caller = 0;
+    NodeCache::RangeClaims claims = cache.ClaimRanges(keys, &caller, reads);
+    ASSERT_EQ(claims.missing.size(), 3u);
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+        auto slab = cache.slabs().Acquire(kSlab);
+        ASSERT_TRUE(slab.ok());
+        reads[k] = {*slab, {(*slab)->data(), 32}, {(*slab)->data() + 32, 32}, keys[k].start};
+    }
+    cache.FinishRanges(keys, &caller, Status::Ok(), reads, claims);
+    // Only the range added last stays cached, and no flight is left behind.
+    std::vector<ReadData> again(keys.size());
+    const int later = 1;
+    NodeCache::RangeClaims next = cache.ClaimRanges(keys, &later, again);
+    EXPECT_EQ(next.hits, 1u);
+    EXPECT_EQ(again[2].base, 50u);
+    EXPECT_EQ(next.missing, (std::vector<std::size_t>{0, 1}));
+    EXPECT_TRUE(next.waits.empty());
+    cache.FinishRanges(keys, &later, InvalidArgument("not read"), again, next);
+}
+
+TEST(NodeCacheFlightTest, ClearAndForgetKeepReadsInProgress) {
+    NodeCache cache(1 << 20, 1 << 20);
+    const std::string a = "a";
+    const std::vector<const std::string*> refs = {&a};
+    NodeCache::IndexClaims mine = cache.ClaimIndexes(refs);
+    ASSERT_EQ(mine.missing.size(), 1u);
+    const std::vector<NodeCache::RangeKey> keys = {{&a, 0, 10}};
+    std::vector<ReadData> reads(1), waiter_reads(1);
+    const int owner = 0, waiter = 1;
+    NodeCache::RangeClaims ranges = cache.ClaimRanges(keys, &owner, reads);
+    cache.Clear();
+    cache.Forget(std::vector<std::string>{"a"});
+    // Another call still waits on both reads instead of starting its own.
+    NodeCache::IndexClaims theirs = cache.ClaimIndexes(refs);
+    EXPECT_TRUE(theirs.missing.empty());
+    ASSERT_EQ(theirs.waits.size(), 1u);
+    NodeCache::RangeClaims their_ranges = cache.ClaimRanges(keys, &waiter, waiter_reads);
+    EXPECT_EQ(their_ranges.waits.size(), 1u);
+    SourceDescriptor d;
+    d.tensor_id = "w";
+    d.source_ref = "a";
+    d.global_shape = {16, 16};
+    d.box = Box::Make({0, 0}, {16, 16}).value();
+    d.generation = {0, 1};
+    d.tile_shape = {4, 4};
+    Result<TileIndex> index = TileIndex::Make(d, {}, {0});
+    ASSERT_TRUE(index.ok());
+    cache.FinishIndexes(refs, mine, {std::make_shared<const SourceIndex>(
+                                        SourceIndex{d, std::move(index).value()})});
+    EXPECT_TRUE((*theirs.waits[0].batch.get())[0].ok());
+    EXPECT_NE(cache.FindIndex(a), nullptr);  // cached once its read ended
+    auto slab = cache.slabs().Acquire(64);
+    ASSERT_TRUE(slab.ok());
+    reads[0] = {*slab, {(*slab)->data(), 32}, {(*slab)->data() + 32, 32}, 0};
+    cache.FinishRanges(keys, &owner, Status::Ok(), reads, ranges);
+    EXPECT_TRUE(their_ranges.waits[0].batch.get().ok());
+    std::vector<ReadData> again(1);
+    NodeCache::RangeClaims hit = cache.ClaimRanges(keys, &waiter, again);
+    EXPECT_EQ(hit.hits, 1u);
+}
+
 // ---- Through SparseStore: reuse across calls keeps results identical. ----------------------
 
 std::map<std::vector<std::uint64_t>, std::uint32_t> Entries(const TargetObject& o) {
