@@ -59,22 +59,9 @@ void WireWriter::WriteCount(std::size_t count, std::size_t max_count, std::strin
 // WireReader.
 // ---------------------------------------------------------------------------------------------
 
-Status WireReader::Need(std::size_t n) const {
-    if (n > remaining()) {
-        return InvalidArgument("truncated message: need " + Num(n) + " bytes at offset " +
-                               Num(offset_) + ", have " + Num(remaining()));
-    }
-    return Status::Ok();
-}
-
-std::uint64_t WireReader::TakeLE(std::size_t n) {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        v |= static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(data_[offset_ + i]))
-             << (8 * i);
-    }
-    offset_ += n;
-    return v;
+Status WireReader::Truncated(std::size_t n) const {
+    return InvalidArgument("truncated message: need " + Num(n) + " bytes at offset " +
+                           Num(offset_) + ", have " + Num(remaining()));
 }
 
 Result<bool> WireReader::ReadBool() {

@@ -36,6 +36,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <string>
@@ -206,7 +207,13 @@ public:
 
 private:
     void WriteLE(std::uint64_t v, std::size_t n) {
-        for (std::size_t i = 0; i < n; ++i) buf_.push_back(static_cast<std::byte>(v >> (8 * i)));
+        const std::size_t at = buf_.size();
+        buf_.resize(at + n);
+        if constexpr (std::endian::native == std::endian::little) {
+            std::memcpy(buf_.data() + at, &v, n);  // a frame holds millions of fields
+        } else {
+            for (std::size_t i = 0; i < n; ++i) buf_[at + i] = static_cast<std::byte>(v >> (8 * i));
+        }
     }
 
     std::vector<std::byte> buf_;
@@ -222,7 +229,7 @@ public:
 
     template <std::integral T>
     Result<T> ReadInt() {
-        MCS_RETURN_IF_ERROR(Need(sizeof(T)));
+        if (sizeof(T) > remaining()) return Truncated(sizeof(T));
         return static_cast<T>(static_cast<std::make_unsigned_t<T>>(TakeLE(sizeof(T))));
     }
     Result<std::uint8_t> ReadU8() { return ReadInt<std::uint8_t>(); }
@@ -248,8 +255,25 @@ public:
     std::size_t remaining() const { return data_.size() - offset_; }
 
 private:
-    Status Need(std::size_t n) const;
-    std::uint64_t TakeLE(std::size_t n);
+    Status Need(std::size_t n) const {
+        return n > remaining() ? Truncated(n) : Status::Ok();
+    }
+    /// The error of a read of `n` bytes past the end.
+    Status Truncated(std::size_t n) const;
+    /// The next `n` <= 8 bytes (present), little-endian.
+    std::uint64_t TakeLE(std::size_t n) {
+        std::uint64_t v = 0;
+        if constexpr (std::endian::native == std::endian::little) {
+            std::memcpy(&v, data_.data() + offset_, n);
+        } else {
+            for (std::size_t i = 0; i < n; ++i) {
+                v |= static_cast<std::uint64_t>(std::to_integer<std::uint8_t>(data_[offset_ + i]))
+                     << (8 * i);
+            }
+        }
+        offset_ += n;
+        return v;
+    }
 
     std::span<const std::byte> data_;
     std::size_t offset_ = 0;
