@@ -871,8 +871,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
     constexpr std::uint64_t kParallelPublishBytes = std::uint64_t{8} << 20;
     const int threads = bytes < kParallelPublishBytes ? 1 : options.num_threads;
     internal::ParallelFor(threads, objects.size(), [&](std::size_t i) {
-        const TargetObject& t = objects[i];
-        const SparseObject& o = t.object;
+        TargetObject& t = objects[i];
+        SparseObject& o = t.object;
         const SourceDescriptor& d = o.desc;
         const Index nnz = Index(d.nnz), rank = Index(d.rank()), tiles = Index(d.num_tiles);
         const MemberData members[] = {
@@ -893,12 +893,13 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
             return {{l.segment_id(), l.member_offset(m), l.info().members[m].size_bytes},
                     l.info().members[m].checksum};
         };
+        // The object's bytes are in the segment now: its descriptor moves into the reply.
         wire::TargetObjectLocation& loc = reply.objects[i];
-        loc.target_id = t.target_id;
-        loc.node_id = t.node_id;
-        loc.target_box = t.target_box;
-        loc.desc = d;
-        loc.coordinate_space = o.coordinate_space;
+        loc.target_id = std::move(t.target_id);
+        loc.node_id = std::move(t.node_id);
+        loc.target_box = std::move(t.target_box);
+        loc.desc = std::move(o.desc);
+        loc.coordinate_space = std::move(o.coordinate_space);
         loc.indices = slice(0);
         loc.values = slice(1);
         loc.tile_coords = slice(2);

@@ -358,9 +358,11 @@ concept SchemaValidate = requires(const T& t) {
 template <typename T>
 inline constexpr bool kIsScalar = std::is_arithmetic_v<T> || std::is_enum_v<T>;
 
-/// Vectors of structs reserve at most this many elements up front; beyond it they grow with the
-/// elements actually decoded.
-inline constexpr std::size_t kMaxReserve = 1024;
+/// Vectors of structs reserve up front at most this many bytes of elements (and at most the
+/// elements whose minimal encodings the message holds); beyond it they grow with the elements
+/// actually decoded. A read reply of 10,000 targets reserves all of them: growing by doubling
+/// moved every element several times.
+inline constexpr std::size_t kMaxReserveBytes = std::size_t{64} << 20;
 
 /// Visits the fields of a struct-like `value` with `visitor`: its own Fields, or its Schema's
 /// over `value` (or over Schema<T>::ViewOf(value)).
@@ -561,8 +563,10 @@ private:
         }
         out.clear();
         // ReadCount checked that count * MinBytes<E>() bytes are present: scalars may reserve
-        // all of them, larger elements (which may each own much more) only a few.
-        out.reserve(internal::kIsScalar<E> ? *count : std::min(*count, internal::kMaxReserve));
+        // all of them, larger elements (which may each own much more) up to a bound in bytes.
+        out.reserve(internal::kIsScalar<E>
+                        ? *count
+                        : std::min(*count, internal::kMaxReserveBytes / sizeof(E)));
         for (std::size_t i = 0; i < *count; ++i) {
             (*this)(name, out.emplace_back(), element_bounds...);
             if (!ok()) {
