@@ -99,6 +99,47 @@ TEST(ObjectMetadataTest, RejectsWhatIsNotASparseObjectV1) {
     EXPECT_THAT(decoded.status().message(), HasSubstr("not a mooncake.sparse_object v1"));
 }
 
+TEST(ObjectMetadataTest, WrittenAsCompactSortedJsonForEveryShapeOfDescriptor) {
+    // Metadata is written with plain copies unless a string needs escaping: the text must be
+    // what a JSON library writes for the same document (compact, keys sorted), for any rank,
+    // placement, policy, dtype and checksum, and names with UTF-8 in them.
+    struct Case {
+        Shape shape;
+        std::vector<std::pair<std::string, std::int64_t>> placement;
+        PlacementPolicy policy;
+        std::string tensor_id;
+    };
+    const std::vector<Case> cases = {
+        {{7}, {}, PlacementPolicy::None(), "w"},
+        {{16, 16}, {{"ep", 0}}, PlacementPolicy::Replicate("ep").value(), "layers.0.mlp/w1"},
+        {{4, 6, 8}, {{"expert", 3}, {"tp", 1}}, PlacementPolicy::Owner("expert").value(),
+         "experts.\u00e9\u4e2d"},
+        {{2, 3, 4, 5}, {{"pp", 12345678901}}, PlacementPolicy::None(), std::string(300, 'x')},
+    };
+    for (const Case& c : cases) {
+        SourceDescriptor d = MakeDesc(c.shape, ApplyMode::kOverwrite);
+        d.tensor_id = c.tensor_id;
+        d.placement = NamedAxes::Make(c.placement).value();
+        d.policy = c.policy;
+        d.generation = {18446744073709551614ull, 18446744073709551615ull};
+        std::vector<std::int64_t> idx(c.shape.size(), 1);
+        ASSERT_OK_AND_ASSIGN(SparseObject obj,
+                             BuildSparseObject(d, View(idx, {1, Index(c.shape.size())}),
+                                               View(std::vector<float>{2.0f}, {1})));
+        obj.checksum_values = 18446744073709551615ull;
+        const std::string json = EncodeObjectMetadata(obj);
+        SCOPED_TRACE(json);
+        EXPECT_EQ(nlohmann::json::parse(json).dump(), json);
+        ASSERT_OK_AND_ASSIGN(SourceDescriptor back, DecodeObjectMetadata("mcs/src/w", json));
+        EXPECT_TRUE(IsMetadataOf(json, back, "global",
+                                 {obj.checksum_indices, obj.checksum_values,
+                                  obj.checksum_tile_coords, obj.checksum_tile_ptr}));
+        EXPECT_FALSE(IsMetadataOf(json + " ", back, "global",
+                                  {obj.checksum_indices, obj.checksum_values,
+                                   obj.checksum_tile_coords, obj.checksum_tile_ptr}));
+    }
+}
+
 TEST(ObjectMetadataTest, EveryFieldIsCheckedAndStringsRoundTrip) {
     SourceDescriptor d = MakeDesc({16, 16});
     d.tensor_id = "layers.0/\"quoted\"\\back\u00e9";
