@@ -10,7 +10,8 @@ the bytes), on the embedded store and through the node daemon, it times:
   retention keeping the last 2 (a training run's steady state: each step's objects reuse the
   memory the retired ones freed; `commit_steady_s`, their median);
 - read: one read_sparse_objects of N targets (already a batch), after the step's manifest
-  (timed apart: `manifest_s`); the node caches are cleared and the last read's objects freed
+  (timed apart: `manifest_s`, and a second reader's call for it, `manifest_again_s`, which the
+  store answers from its manifests of sealed steps); the node caches are cleared and the last read's objects freed
   before each run, outside the timing; on the embedded store also in place
   (`view_in_place=True`: `read_in_place_s`);
 - apply: N x apply_sparse_object vs one apply_sparse_objects;
@@ -172,7 +173,7 @@ def run(store, backend: str, n: int, args, rng) -> dict:
         # A step's read as a reader makes it: the manifest, then one read of every target.
         # Clearing the node caches (the step's sources are new to them) and freeing the last
         # read's objects are set-up, outside the timing.
-        man_times, read_times = [], []
+        man_times, again_times, read_times = [], [], []
         clocks = Clocks(store)
         for _ in range(args.repeats):
             store.clear_caches()
@@ -180,6 +181,10 @@ def run(store, backend: str, n: int, args, rng) -> dict:
             sync(DEVICE)
             t0 = time.perf_counter()
             m = store.manifest(last)
+            t1 = time.perf_counter()
+            # Another reader of the node (a rank through the same daemon) reads it again.
+            store.manifest(last)
+            again_times.append(time.perf_counter() - t1)
             t1 = time.perf_counter()
             with clocks:
                 objs[:] = store.read_sparse_objects(m, targets, **kw, **extra)
@@ -189,6 +194,7 @@ def run(store, backend: str, n: int, args, rng) -> dict:
             read_times.append(t2 - t1)
         r["read_in_place_clocks_us_per_target" if extra else "read_clocks_us_per_target"] = \
             clocks.per_object(n * args.repeats)
+        r["manifest_again_s"] = min(again_times)
         return min(man_times), min(read_times)
 
     if backend == "embedded":
@@ -223,7 +229,7 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     dst_dense = np.empty_like(flat_dense)
     r["memcpy_dense_s"] = best(lambda: np.copyto(dst_dense, flat_dense), args.repeats)
     for k in ("encode_single", "encode_batch", "commit_single", "commit_batch", "commit_steady",
-              "manifest",
+              "manifest", "manifest_again",
               "read", "read_in_place", "apply_single", "apply_batch"):
         if f"{k}_s" in r:
             r[f"{k}_us_per_object"] = r[f"{k}_s"] / n * 1e6
@@ -290,7 +296,8 @@ def main(argv: list[str]) -> int:
                 f" -> {rec['commit_batch_us_per_object']:.1f} us (steady "
                 f"{rec.get('commit_steady_us_per_object', float('nan')):.1f}), read "
                 f"{rec['read_us_per_object']:.1f} us (manifest "
-                f"{rec['manifest_us_per_object']:.1f}"
+                f"{rec['manifest_us_per_object']:.1f}, again "
+                f"{rec['manifest_again_us_per_object']:.1f}"
                 + (f", in place {rec['read_in_place_us_per_object']:.1f}"
                    if "read_in_place_s" in rec else "") + "), apply "
                 f"{rec['apply_single_us_per_object']:.1f} -> "

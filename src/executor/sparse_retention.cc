@@ -76,6 +76,7 @@ Status SparseStore::FreeStep(Generation step) {
     }
     std::lock_guard lock(seal_cache_mu_);
     seal_cache_.erase(step.delta);
+    manifest_cache_.erase(step.delta);
     return Status::Ok();
 }
 

@@ -355,6 +355,12 @@ Result<std::shared_ptr<const SparseStore::SealRecord>> SparseStore::ReadSeal(Gen
 }
 
 Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation step) {
+    {
+        std::lock_guard lock(seal_cache_mu_);
+        if (auto it = manifest_cache_.find(step.delta); it != manifest_cache_.end()) {
+            return *it->second;
+        }
+    }
     MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(step));
     const std::size_t prefix = keys_.Source().size();
@@ -367,6 +373,10 @@ Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation ste
                         std::to_string(seal->sources.size()) + " source objects, " +
                         std::to_string(sources.size()) + " of them are in its manifest");
     }
+    auto cached = std::make_shared<const std::vector<SourceDescriptor>>(sources);
+    std::lock_guard lock(seal_cache_mu_);
+    manifest_cache_[step.delta] = std::move(cached);
+    if (manifest_cache_.size() > kCachedManifests) manifest_cache_.erase(manifest_cache_.begin());
     return sources;
 }
 

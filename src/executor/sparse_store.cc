@@ -77,6 +77,8 @@ Result<MetricItems> SparseStore::Metrics(bool reset) {
 
 Status SparseStore::ClearCaches() {
     cache_->Clear();
+    std::lock_guard lock(seal_cache_mu_);
+    manifest_cache_.clear();
     return Status::Ok();
 }
 

@@ -244,7 +244,8 @@ public:
     void ResetMetrics();
     /// Metrics().Items(), then ResetMetrics() when `reset`, in one step (SparseService).
     Result<MetricItems> Metrics(bool reset) override;
-    /// Drops the node-local index and range caches. Never fails.
+    /// Drops the node-local index and range caches and the cached manifests of sealed steps.
+    /// Never fails.
     Status ClearCaches() override;
     Result<StoreCounters> ObjectCounters() override;
     Result<std::vector<std::string>> ListKeys(std::string_view prefix) override;
@@ -478,6 +479,12 @@ private:
     std::uint64_t lease_holder_ = 0;  ///< Random per store: lease keys of two processes differ.
     std::mutex seal_cache_mu_;
     std::map<std::uint64_t, std::shared_ptr<const SealRecord>> seal_cache_;
+    /// The manifests of the last few sealed steps read (by delta; guarded by seal_cache_mu_):
+    /// a sealed step's manifest never changes, and every reader of a node (each rank, through
+    /// the node daemon) reads the same one. Dropped by ClearCaches and when retention frees
+    /// the step.
+    std::map<std::uint64_t, std::shared_ptr<const std::vector<SourceDescriptor>>> manifest_cache_;
+    static constexpr std::size_t kCachedManifests = 4;
     std::mutex scratch_mu_;
     std::unique_ptr<PlanScratch> scratch_;
     mutable std::mutex metrics_mu_;

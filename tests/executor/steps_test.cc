@@ -434,6 +434,33 @@ TEST(StepsTest, SealListsTheModelAndIsFinal) {
     EXPECT_EQ(*store.LatestGeneration(), Step(2));
 }
 
+TEST(StepsTest, ASealedManifestReadAgainIsTheSameUntilRetentionFreesTheStep) {
+    // Readers of a node read each sealed step's manifest once per rank; the store keeps the last
+    // few. A cached manifest never outlives its step, in this store or in another of the run.
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    SparseStore reader(os, Options("n0"));
+    ASSERT_OK(trainer.SetRetention(1));
+    CommitAndSeal(trainer, {"w", "v"}, 1);
+    ASSERT_OK_AND_ASSIGN(StepManifest first, reader.GetManifest(Step(1)));
+    ASSERT_OK_AND_ASSIGN(StepManifest again, reader.GetManifest(Step(1)));
+    ASSERT_OK_AND_ASSIGN(StepManifest own, trainer.GetManifest(Step(1)));
+    ASSERT_EQ(first.sources.size(), 2u);
+    EXPECT_EQ(again.sources, first.sources);
+    EXPECT_EQ(own.sources, first.sources);
+    ASSERT_OK(reader.ClearCaches());
+    ASSERT_OK_AND_ASSIGN(StepManifest cleared, reader.GetManifest(Step(1)));
+    EXPECT_EQ(cleared.sources, first.sources);
+    // Step 2 sealed: retention frees step 1 (through the trainer), whose manifest both stores
+    // had cached.
+    CommitAndSeal(trainer, {"w", "v"}, 2);
+    EXPECT_THAT(reader.GetManifest(Step(1)), StatusIs(StatusCode::kNotFound));
+    EXPECT_THAT(trainer.GetManifest(Step(1)), StatusIs(StatusCode::kNotFound));
+    ASSERT_OK_AND_ASSIGN(StepManifest second, reader.GetManifest(Step(2)));
+    ASSERT_EQ(second.sources.size(), 2u);
+    EXPECT_EQ(second.sources[0].generation, Step(2));
+}
+
 TEST(StepsTest, SealWaitsForEveryAdmittedWriter) {
     SparseStore store(MakeEmbeddedStore());
     const auto owner = *PlacementPolicy::Parse("owner(expert)");
