@@ -507,10 +507,15 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
         MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), step.delta));
     }
     {
+        // The manifest just checked is the sealed step's (every source it lists is in the
+        // seal): its readers through this store (a node daemon's ranks) need not decode it.
+        auto manifest = std::make_shared<const std::vector<SourceDescriptor>>(std::move(sources));
         std::lock_guard cache(seal_cache_mu_);
         seal_cache_[step.delta] =
             std::make_shared<SealRecord>(SealRecord{std::move(ids), std::move(committed)});
         if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
+        manifest_cache_[step.delta] = std::move(manifest);
+        if (manifest_cache_.size() > kCachedManifests) manifest_cache_.erase(manifest_cache_.begin());
     }
     ++seals_;
     sealed_cv_.notify_all();
