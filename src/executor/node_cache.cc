@@ -29,7 +29,7 @@ NodeCache::IndexClaims NodeCache::ClaimIndexes(std::span<const std::string* cons
         auto [it, added] = index_.try_emplace(*refs[k]);
         IndexEntry& e = it->second;
         if (e.index) {
-            index_lru_.splice(index_lru_.begin(), index_lru_, e.lru);
+            index_lru_.MoveToFront(&e);
             claims.hits[k] = e.index;
             continue;
         }
@@ -42,6 +42,7 @@ NodeCache::IndexClaims NodeCache::ClaimIndexes(std::span<const std::string* cons
             continue;
         }
         if (!mine.valid()) mine = claims.flight.get_future().share();
+        e.key = &it->first;
         e.flight = mine;
         e.slot = claims.missing.size();
         e.call = call;
@@ -73,7 +74,7 @@ void NodeCache::FinishIndexes(std::span<const std::string* const> refs, IndexCla
 std::shared_ptr<const SourceIndex> NodeCache::FindIndexLocked(const std::string& ref) {
     auto it = index_.find(ref);
     if (it == index_.end() || !it->second.index) return nullptr;
-    index_lru_.splice(index_lru_.begin(), index_lru_, it->second.lru);
+    index_lru_.MoveToFront(&it->second);
     return it->second.index;
 }
 
@@ -81,11 +82,11 @@ void NodeCache::AddIndex(IndexMap::value_type& entry, std::shared_ptr<const Sour
     IndexEntry& e = entry.second;
     e.bytes = idx->index.MemoryBytes() + sizeof(SourceIndex);
     e.index = std::move(idx);
-    index_lru_.push_front(&entry.first);
-    e.lru = index_lru_.begin();
+    e.key = &entry.first;
+    index_lru_.PushFront(&e);
     index_bytes_ += e.bytes;
     while (index_bytes_ > index_capacity_bytes_ && index_lru_.size() > 1) {
-        DropIndex(index_.find(*index_lru_.back()));
+        DropIndex(index_.find(*index_lru_.back()->key));
     }
 }
 
@@ -93,7 +94,7 @@ void NodeCache::DropIndex(IndexMap::iterator it) {
     IndexEntry& e = it->second;
     if (!e.index) return;
     index_bytes_ -= e.bytes;
-    index_lru_.erase(e.lru);
+    index_lru_.Remove(&e);
     e.index.reset();
     e.bytes = 0;
     if (!e.flight.valid()) index_.erase(it);
@@ -199,7 +200,7 @@ std::optional<ReadData> NodeCache::FindRange(RangeMap& m, std::uint64_t start, s
     if (e == m.begin()) return std::nullopt;
     --e;
     if (e->second.end < end) return std::nullopt;
-    range_lru_.splice(range_lru_.begin(), range_lru_, e->second.lru);
+    range_lru_.MoveToFront(&e->second);
     ReadData hit = e->second.data;
     hit.base = e->first;
     return hit;
@@ -222,17 +223,17 @@ void NodeCache::AddRange(RangeSource& source, std::uint64_t start, std::uint64_t
     RangeMap& m = source.second.cached;
     auto [it, added] = m.try_emplace(start);
     if (!added) return;
-    range_lru_.emplace_front(&source, start);
-    it->second = RangeEntry{end, data, range_lru_.begin()};
+    it->second = RangeEntry{end, data, {}, &source, start};
+    range_lru_.PushFront(&it->second);
     PinSlab(data.slab.get());
     // The slab memory goes back to the pool once no cached range and no call holds it.
     while (range_bytes_ > range_capacity_bytes_ && range_lru_.size() > 1) {
-        auto [victim, vstart] = range_lru_.back();
-        auto ve = victim->second.cached.find(vstart);
-        UnpinSlab(ve->second.data.slab.get());
-        victim->second.cached.erase(ve);
-        range_lru_.pop_back();
-        EraseRangeSourceIfEmpty(*victim);
+        RangeEntry* victim = range_lru_.back();
+        RangeSource* source = victim->source;
+        UnpinSlab(victim->data.slab.get());
+        range_lru_.Remove(victim);
+        source->second.cached.erase(victim->start);
+        EraseRangeSourceIfEmpty(*source);
     }
 }
 
@@ -281,7 +282,7 @@ void NodeCache::Forget(std::span<const std::string> refs) {
         if (auto it = ranges_.find(ref); it != ranges_.end()) {
             for (auto& [start, entry] : it->second.cached) {
                 UnpinSlab(entry.data.slab.get());
-                range_lru_.erase(entry.lru);
+                range_lru_.Remove(&entry);
             }
             it->second.cached.clear();
             EraseRangeSourceIfEmpty(*it);

@@ -12,7 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <future>
-#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -157,12 +156,55 @@ public:
     void Forget(std::span<const std::string> refs);
 
 private:
+    /// Links of an element of an IntrusiveLru.
+    template <typename T>
+    struct LruLinks {
+        T* prev = nullptr;
+        T* next = nullptr;
+    };
+    /// A least-recently-used order threaded through its elements' `lru` links: no allocation
+    /// per element (a step's read adds tens of thousands of indexes and ranges).
+    template <typename T>
+    class IntrusiveLru {
+    public:
+        void PushFront(T* e) {
+            e->lru = {nullptr, head_};
+            (head_ != nullptr ? head_->lru.prev : tail_) = e;
+            head_ = e;
+            ++size_;
+        }
+        void Remove(T* e) {
+            (e->lru.prev != nullptr ? e->lru.prev->lru.next : head_) = e->lru.next;
+            (e->lru.next != nullptr ? e->lru.next->lru.prev : tail_) = e->lru.prev;
+            e->lru = {};
+            --size_;
+        }
+        void MoveToFront(T* e) {
+            if (e == head_) return;
+            Remove(e);
+            PushFront(e);
+        }
+        T* back() const { return tail_; }
+        std::size_t size() const { return size_; }
+        /// Forgets every element (whose links are then stale: they are erased or re-added).
+        void clear() {
+            head_ = tail_ = nullptr;
+            size_ = 0;
+        }
+
+    private:
+        T* head_ = nullptr;
+        T* tail_ = nullptr;
+        std::size_t size_ = 0;
+    };
+
     /// A source's tile index: cached (`index` set, in the LRU list), or being read by a
     /// request (`flight` valid), or both for an instant while that read's result joins.
     struct IndexEntry {
         std::shared_ptr<const SourceIndex> index;
         std::uint64_t bytes = 0;
-        std::list<const std::string*>::iterator lru;  ///< Valid while `index` is set.
+        LruLinks<IndexEntry> lru;  ///< In index_lru_ while `index` is set.
+        const std::string* key = nullptr;  ///< Its key in index_ (whose nodes never move).
         /// A read in progress: the reading request's batch, its place there, and the
         /// ClaimIndexes that made it.
         std::shared_future<IndexBatch> flight;
@@ -190,7 +232,9 @@ private:
     struct RangeEntry {
         std::uint64_t end = 0;
         ReadData data;
-        std::list<std::pair<RangeSource*, std::uint64_t>>::iterator lru;
+        LruLinks<RangeEntry> lru;
+        RangeSource* source = nullptr;  ///< Where it is cached, at key `start`.
+        std::uint64_t start = 0;
     };
 
     // All below hold mu_.
@@ -218,11 +262,11 @@ private:
 
     std::mutex mu_;
     IndexMap index_;
-    std::list<const std::string*> index_lru_;  ///< Keys of index_ (whose nodes never move).
+    IntrusiveLru<IndexEntry> index_lru_;
     std::uint64_t index_bytes_ = 0;
     std::uint64_t index_claims_ = 0;  ///< ClaimIndexes calls so far.
     std::unordered_map<std::string, RangeSourceEntry> ranges_;
-    std::list<std::pair<RangeSource*, std::uint64_t>> range_lru_;
+    IntrusiveLru<RangeEntry> range_lru_;
     std::uint64_t range_bytes_ = 0;  ///< Capacity of the slabs cached ranges pin.
     std::unordered_map<const ReadSlab*, std::uint32_t> slab_pins_;  ///< Cached ranges per slab.
     ReadSlabPool slabs_;
