@@ -12,6 +12,7 @@ import sys
 
 METRICS = [("commit_steady_us_per_object", "commit (steady)"),
            ("manifest_us_per_object", "manifest"),
+           ("manifest_again_us_per_object", "manifest, again"),
            ("read_us_per_object", "read")]
 
 
@@ -33,7 +34,7 @@ def main(argv: list[str]) -> int:
     out_dir = pathlib.Path(argv[0])
     devices = [d for d in ("cpu", "cuda") if list(out_dir.glob(f"{d}_before*.jsonl"))]
     backends = ("embedded", "node")
-    fig, axes = plt.subplots(len(devices), len(backends), figsize=(11, 3.6 * len(devices)),
+    fig, axes = plt.subplots(len(devices), len(backends), figsize=(13, 3.6 * len(devices)),
                              squeeze=False)
     for i, dev in enumerate(devices):
         for j, backend in enumerate(backends):

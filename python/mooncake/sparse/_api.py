@@ -506,7 +506,8 @@ class Store(TensorMixin):
         self._core.reset_metrics()
 
     def clear_caches(self) -> None:
-        """Drops the node-local tile-index and range caches (the daemon's, for a node store)."""
+        """Drops the node-local tile-index and range caches and the manifests kept of sealed
+        steps (the daemon's, for a node store)."""
         self._core.clear_caches()
 
     def store_counters(self) -> dict[str, int]:
