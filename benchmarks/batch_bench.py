@@ -11,9 +11,11 @@ the bytes), on the embedded store and through the node daemon, it times:
   memory the retired ones freed; `commit_steady_s`, their median);
 - read: one read_sparse_objects of N targets (already a batch), after the step's manifest
   (timed apart: `manifest_s`, and a second reader's call for it, `manifest_again_s`, which the
-  store answers from its manifests of sealed steps); the node caches are cleared and the last read's objects freed
-  before each run, outside the timing; on the embedded store also in place
-  (`view_in_place=True`: `read_in_place_s`);
+  store answers from its manifests of sealed steps); the node caches are cleared and the last
+  read's objects freed before each run, outside the timing; on the embedded store also in
+  place (`view_in_place=True`: `read_in_place_s`); with --read-fraction F < 1 also a read of
+  the first F * N targets against the whole manifest (`read_part_us_per_target`: a rank's part
+  of a step);
 - apply: N x apply_sparse_object vs one apply_sparse_objects;
 
 and, as the floor of the same run, a memcpy of the bytes each phase moves (numpy copy of the
@@ -200,6 +202,22 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     if backend == "embedded":
         r["read_in_place_s"] = step_read(view_in_place=True)[1]
     r["manifest_s"], r["read_s"] = step_read()
+    if args.read_fraction < 1:
+        # A rank reads its part of a step: its targets against the whole step's manifest
+        # (a Kimi-K2 step lists about four times a rank's targets).
+        part = targets[:max(1, int(n * args.read_fraction))]
+        part_times = []
+        for _ in range(args.repeats):
+            store.clear_caches()
+            sync(DEVICE)
+            m = store.manifest(last)
+            t0 = time.perf_counter()
+            got = store.read_sparse_objects(m, part, **kw)
+            sync(DEVICE)
+            part_times.append(time.perf_counter() - t0)
+            del got
+        r["read_part_targets"] = len(part)
+        r["read_part_us_per_target"] = min(part_times) / len(part) * 1e6
 
     # apply: single calls vs one batch, from the same objects; results bit-identical
     w_single = [o.clone() if cuda else o.copy() for o in olds]
@@ -248,6 +266,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6,
                     help="batch commits after the first, the store keeping the last --keep-last")
+    ap.add_argument("--read-fraction", type=float, default=1.0,
+                    help="also read this fraction of the targets against the whole manifest "
+                         "(read_part_us_per_target: a rank's part of a step)")
     ap.add_argument("--keep-last", type=int, default=2,
                     help="steps the store keeps (more: a store of more objects, as a run that "
                          "keeps several steps for its readers to catch up)")

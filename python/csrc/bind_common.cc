@@ -259,12 +259,20 @@ pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items) 
     return d;
 }
 
-pyb::tuple StepManifestTuple(StepManifest m) {
-    return pyb::make_tuple(SourcesList(std::move(m.sources)), pyb::cast(std::move(m.unchanged)),
-                           m.sealed);
+pyb::tuple StepManifestTuple(StepManifest m) { return StepManifestTuple(std::move(m), nullptr); }
+
+pyb::tuple StepManifestTuple(StepManifest m,
+                             std::shared_ptr<const std::vector<SourceDescriptor>>* array) {
+    return pyb::make_tuple(SourcesList(std::move(m.sources), array),
+                           pyb::cast(std::move(m.unchanged)), m.sealed);
 }
 
 pyb::list SourcesList(std::vector<SourceDescriptor> sources) {
+    return SourcesList(std::move(sources), nullptr);
+}
+
+pyb::list SourcesList(std::vector<SourceDescriptor> sources,
+                      std::shared_ptr<const std::vector<SourceDescriptor>>* array) {
     // Each SourceInfo shares the ownership of the array (an aliasing holder), so the array
     // lives while any of them does.
     auto all = std::make_shared<std::vector<SourceDescriptor>>(std::move(sources));
@@ -272,6 +280,7 @@ pyb::list SourcesList(std::vector<SourceDescriptor> sources) {
     for (std::size_t i = 0; i < all->size(); ++i) {
         out[i] = pyb::cast(std::shared_ptr<SourceDescriptor>(all, &(*all)[i]));
     }
+    if (array != nullptr) *array = all;
     return out;
 }
 

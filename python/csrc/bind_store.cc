@@ -306,7 +306,11 @@ std::vector<std::shared_ptr<SparseObjectView>> Read(
         step.emplace(ValueOrThrow(Generation::Make(generation->first, generation->second)),
                      manifest.sources, unchanged_sorted);
     }
+    // The manifest of a sealed step exactly as the node daemon returned it: the daemon reads it
+    // with its own copy of that manifest, and only the step is sent.
+    const bool by_step = step && s.IsSealedManifest(step->generation, manifest.sources);
     std::vector<TargetObjectView> views = NoGil([&] {
+        if (by_step) return s.node()->ReadSealedStepViews(step->generation, tds, options);
         return step ? s.service().ReadViews(*step, tds, options)
                     : s.service().ReadViews(manifest.sources, tds, options);
     });
@@ -425,6 +429,42 @@ std::unique_ptr<PyStore> PyStore::Connect(const std::string& socket_path,
     return std::unique_ptr<PyStore>(new PyStore(client, client));
 }
 
+void PyStore::RememberSealedManifest(
+    Generation step, const std::shared_ptr<const std::vector<SourceDescriptor>>& array) {
+    if (node_ == nullptr || array == nullptr || array->empty()) return;
+    std::lock_guard lock(sealed_mu_);
+    sealed_.push_back({step, array});
+    if (sealed_.size() > kSealedManifests) sealed_.pop_front();
+}
+
+bool PyStore::IsSealedManifest(Generation step, std::span<const SourceDescriptor> sources) {
+    if (node_ == nullptr || sources.empty()) return false;
+    std::lock_guard lock(sealed_mu_);
+    for (const SealedManifest& m : sealed_) {
+        if (m.step != step) continue;
+        // Alive, so its memory is not another's: the same address is the same array.
+        const std::shared_ptr<const std::vector<SourceDescriptor>> array = m.array.lock();
+        if (array && array->data() == sources.data() && array->size() == sources.size()) {
+            return true;
+        }
+    }
+    return false;
+}
+
+namespace {
+
+/// A step manifest for Python; a node store notes a sealed step's (its reads name the step).
+pyb::tuple StepManifestOf(PyStore& s, StepManifest m) {
+    const Generation step = m.generation;
+    const bool remember = m.sealed && s.node() != nullptr && step.delta == step.base + 1;
+    std::shared_ptr<const std::vector<SourceDescriptor>> array;
+    pyb::tuple out = StepManifestTuple(std::move(m), remember ? &array : nullptr);
+    if (remember) s.RememberSealedManifest(step, array);
+    return out;
+}
+
+}  // namespace
+
 void RegisterStore(pyb::module_& m) {
     using Store = PyStore;
     auto cls = pyb::class_<Store>(
@@ -462,14 +502,15 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("view_in_place") = pyb::none())
         .def("step_manifest",
              [](Store& s, GenerationArg g) {
-                 return StepManifestTuple(
-                     NoGil([&] { return s.service().GetManifest(GenerationOf(g)); }));
+                 return StepManifestOf(
+                     s, NoGil([&] { return s.service().GetManifest(GenerationOf(g)); }));
              },
              pyb::arg("generation"))
         .def("wait_generation",
              [](Store& s, GenerationArg g, double timeout) {
-                 return StepManifestTuple(NoGil(
-                     [&] { return s.service().WaitGeneration(GenerationOf(g), timeout); }));
+                 return StepManifestOf(s, NoGil([&] {
+                     return s.service().WaitGeneration(GenerationOf(g), timeout);
+                 }));
              },
              pyb::arg("generation"), pyb::arg("timeout"))
         .def("seal_generation",

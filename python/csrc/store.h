@@ -11,9 +11,13 @@
 #include <pybind11/pybind11.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "executor/sparse_service.h"
 
@@ -47,12 +51,28 @@ public:
     /// connection has (its Hello, its counters, leases of raw objects, disconnecting).
     NodeClient* node() { return node_.get(); }
 
+    /// Notes a sealed step's manifest this store got from its node daemon (`array`: what its
+    /// SourceInfo view). The last few are kept, weakly.
+    void RememberSealedManifest(Generation step,
+                                const std::shared_ptr<const std::vector<SourceDescriptor>>& array);
+    /// Whether `sources` is exactly the manifest of the sealed step `step` that this store
+    /// got from its daemon: the same array, whole (the daemon holds the same manifest, which
+    /// never changes, so a read may name the step instead of sending the sources).
+    bool IsSealedManifest(Generation step, std::span<const SourceDescriptor> sources);
+
 private:
     PyStore(std::shared_ptr<SparseService> service, std::shared_ptr<NodeClient> node)
         : service_(std::move(service)), node_(std::move(node)) {}
 
     std::shared_ptr<SparseService> service_;
     std::shared_ptr<NodeClient> node_;  ///< service_'s object, as a connection; null embedded.
+    struct SealedManifest {
+        Generation step;
+        std::weak_ptr<const std::vector<SourceDescriptor>> array;
+    };
+    std::mutex sealed_mu_;
+    std::deque<SealedManifest> sealed_;  ///< The last kSealedManifests remembered.
+    static constexpr std::size_t kSealedManifests = 8;
 };
 
 }  // namespace mooncake::sparse::py

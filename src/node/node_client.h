@@ -190,6 +190,12 @@ public:
     Result<std::vector<TargetObjectView>> ReadViews(const StepManifestView& manifest,
                                                     std::span<const TargetDescriptor> targets,
                                                     const ReadOptions& options) override;
+    /// ReadViews of the sealed step `step` against the daemon's own manifest of it
+    /// (SparseReadStep): for a caller that holds that manifest as this daemon returned it (a
+    /// sealed step's never changes), without sending its sources back.
+    /// Errors: NotFound (the step was freed); FailedPrecondition (not sealed); as ReadViews.
+    Result<std::vector<TargetObjectView>> ReadSealedStepViews(
+        Generation step, std::span<const TargetDescriptor> targets, const ReadOptions& options);
     /// A device read through the daemon (SparseReadPlan): the daemon plans the read and leases
     /// the sources it takes ranges of; `build` gets the ranges viewed in this process's
     /// read-only mapping of the segments and, where CUDA IPC with the daemon works,
@@ -334,8 +340,9 @@ private:
                                   std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
     template <typename Reply>
     Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
-    Result<std::vector<LeasedTargetObject>> CallRead(wire::SparseReadRequest request,
-                                                     std::size_t num_targets);
+    /// A SparseRead or SparseReadStep request, and its objects from the reply.
+    template <typename Request>
+    Result<std::vector<LeasedTargetObject>> CallRead(Request request, std::size_t num_targets);
     /// Polls the connection until a reply is readable or the spin budget of a call moving
     /// `bytes` runs out. True when the reply came while polling.
     bool SpinForReply(int fd, std::uint64_t bytes) const;

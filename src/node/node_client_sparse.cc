@@ -280,7 +280,8 @@ Result<std::uint64_t> NodeClient::Retention() {
     return reply.keep_last;
 }
 
-Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(wire::SparseReadRequest request,
+template <typename Request>
+Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(Request request,
                                                              std::size_t num_targets) {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
@@ -752,6 +753,15 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadViews(
     const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options) {
     return ReadSparseObjects(manifest, targets, WireReadOptions(options));
+}
+
+Result<std::vector<TargetObjectView>> NodeClient::ReadSealedStepViews(
+    Generation step, std::span<const TargetDescriptor> targets, const ReadOptions& options) {
+    wire::SparseReadStepRequest request;
+    request.step = step;
+    request.targets.assign(targets.begin(), targets.end());
+    request.options = WireReadOptions(options);
+    return CallRead(std::move(request), targets.size());
 }
 
 Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(

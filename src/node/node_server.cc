@@ -172,6 +172,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kSparseManifest, SparseManifest)
         MCS_DISPATCH_(kSparseCurrentGeneration, SparseCurrentGeneration)
         MCS_DISPATCH_(kSparseRead, SparseRead)
+        MCS_DISPATCH_(kSparseReadStep, SparseReadStep)
         MCS_DISPATCH_(kMetrics, Metrics)
         MCS_DISPATCH_(kClearCaches, ClearCaches)
         MCS_DISPATCH_(kTensorPut, TensorPut)
@@ -655,6 +656,7 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"leases_to_device_seconds",
          1e-9 * double(leases_to_device_nanos_.load(std::memory_order_relaxed))},
         {"planned_reads", double(planned_reads_.load(std::memory_order_relaxed))},
+        {"step_reads", double(step_reads_.load(std::memory_order_relaxed))},
         {"planned_read_seconds", 1e-9 * double(planned_read_nanos_.load(std::memory_order_relaxed))},
         {"tensors_put", double(tensors.tensors_put)},
         {"tensor_bytes_put", double(tensors.bytes_put)},

@@ -247,6 +247,7 @@ private:
     std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies.
     std::atomic<std::uint64_t> leases_to_device_nanos_{0};   ///< ... taking this long.
     std::atomic<std::uint64_t> planned_reads_{0};            ///< SparseReadPlan requests served.
+    std::atomic<std::uint64_t> step_reads_{0};  ///< SparseReadStep requests served.
     std::atomic<std::uint64_t> planned_read_nanos_{0};       ///< ... taking this long.
 };
 

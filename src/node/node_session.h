@@ -136,6 +136,11 @@ private:
     Result<Reply> SparseManifest(const wire::SparseManifestRequest& req);
     Result<Reply> SparseCurrentGeneration(const wire::SparseCurrentGenerationRequest& req);
     Result<Reply> SparseRead(const wire::SparseReadRequest& req);
+    Result<Reply> SparseReadStep(const wire::SparseReadStepRequest& req);
+    /// A read's options in executor terms (threads bounded, the daemon's in-place setting).
+    ReadOptions ReadOptionsOf(const wire::SparseReadOptions& options) const;
+    /// A read's objects published into segment memory, leased to this connection: the reply.
+    Result<Reply> PublishRead(std::vector<TargetObject> objects, int num_threads);
     Result<Reply> Metrics(const wire::MetricsRequest& req);
     Result<Reply> ClearCaches(const wire::ClearCachesRequest& req);
     Result<Reply> TensorPut(const wire::TensorPutRequest& req);

@@ -837,17 +837,22 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCurrentGeneration(
     return Reply{wire::SparseCurrentGenerationReply{generation}, {}};
 }
 
-Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
-    const wire::SparseReadRequest& req) {
+ReadOptions NodeServer::Session::ReadOptionsOf(const wire::SparseReadOptions& o) const {
     ReadOptions options;
-    options.plan = req.options.plan;
-    options.strategy = req.options.strategy == wire::ReadStrategy::kFullSourcePerTarget
+    options.plan = o.plan;
+    options.strategy = o.strategy == wire::ReadStrategy::kFullSourcePerTarget
                            ? ReadStrategy::kFullSourcePerTarget
                            : ReadStrategy::kSparseRanges;
     options.num_threads = static_cast<int>(
-        req.options.num_threads == 0 ? server_.options_.read_threads
-                                     : std::min(req.options.num_threads, kMaxReadThreads));
+        o.num_threads == 0 ? server_.options_.read_threads
+                           : std::min(o.num_threads, kMaxReadThreads));
     options.view_in_place = server_.options_.read_in_place;
+    return options;
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
+    const wire::SparseReadRequest& req) {
+    const ReadOptions options = ReadOptionsOf(req.options);
     std::vector<TargetObject> objects;
     if (req.step) {
         // The request's sources are read where they lie; only the unchanged ids are sorted.
@@ -859,7 +864,32 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
         MCS_ASSIGN_OR_RETURN(objects,
                              sparse_->ReadSparseObjects(req.manifest, req.targets, options));
     }
+    return PublishRead(std::move(objects), options.num_threads);
+}
 
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadStep(
+    const wire::SparseReadStepRequest& req) {
+    // The manifest is this daemon's own of the sealed step (kept since the seal or the first
+    // reader's call): the one the client got from it, since a sealed step's never changes. A
+    // step freed meanwhile is NotFound, as a read of its sources would be.
+    if (req.step.delta != req.step.base + 1) {
+        return InvalidArgument("SparseReadStep reads a step (k - 1, k), got " +
+                               req.step.ToString());
+    }
+    MCS_ASSIGN_OR_RETURN(StepManifest m, sparse_->GetManifest(req.step));
+    if (!m.sealed) {
+        return FailedPrecondition("step " + req.step.ToString() +
+                                  " is not sealed: read it with its manifest");
+    }
+    const ReadOptions options = ReadOptionsOf(req.options);
+    MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
+                         sparse_->ReadSparseObjects(StepManifestView(m), req.targets, options));
+    server_.step_reads_.fetch_add(1, std::memory_order_relaxed);
+    return PublishRead(std::move(objects), options.num_threads);
+}
+
+Result<NodeServer::Session::Reply> NodeServer::Session::PublishRead(
+    std::vector<TargetObject> objects, int num_threads) {
     // Publish each target-local object into segment memory, leased to this connection: on the
     // read's threads when there are many bytes to copy.
     wire::SparseReadReply reply;
@@ -869,7 +899,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseRead(
     std::uint64_t bytes = 0;
     for (const TargetObject& t : objects) bytes += t.object.PayloadBytes();
     constexpr std::uint64_t kParallelPublishBytes = std::uint64_t{8} << 20;
-    const int threads = bytes < kParallelPublishBytes ? 1 : options.num_threads;
+    const int threads = bytes < kParallelPublishBytes ? 1 : num_threads;
     internal::ParallelFor(threads, objects.size(), [&](std::size_t i) {
         TargetObject& t = objects[i];
         SparseObject& o = t.object;

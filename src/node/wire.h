@@ -109,7 +109,7 @@ using Message = std::variant<
     SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
     SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply,
     SparseCommitDeviceRequest, LeasesToDeviceRequest, SparseReadPlanRequest, SparseReadPlanReply,
-    LeaseRangesToDeviceRequest>;
+    LeaseRangesToDeviceRequest, SparseReadStepRequest>;
 
 MessageType TypeOf(const Message& message);
 

@@ -158,6 +158,7 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kSparseReadPlan: return "SparseReadPlan";
         case MessageType::kSparseReadPlanReply: return "SparseReadPlanReply";
         case MessageType::kLeaseRangesToDevice: return "LeaseRangesToDevice";
+        case MessageType::kSparseReadStep: return "SparseReadStep";
         case MessageType::kSparseAdmit: return "SparseAdmit";
         case MessageType::kSparseAdmitReply: return "SparseAdmitReply";
         case MessageType::kSparseManifest: return "SparseManifest";

@@ -57,8 +57,9 @@ inline constexpr std::uint32_t kWireMagic = 0x5053434Du;  ///< "MCSP" read as li
 inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout version.
 /// Message set version (Hello). 2: TensorItem carries the strides of a CUDA view. 5: commits
 /// of updates in the client's CUDA memory (SparseCommitDevice). 6: leased objects copied into
-/// the client's CUDA memory (LeasesToDevice).
-inline constexpr std::uint32_t kProtocolVersion = 7;
+/// the client's CUDA memory (LeasesToDevice). 8: reads of a sealed step by its generation
+/// (SparseReadStep).
+inline constexpr std::uint32_t kProtocolVersion = 8;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -128,6 +129,7 @@ enum class MessageType : std::uint16_t {
     kSparseReadPlan = 74,
     kSparseReadPlanReply = 75,
     kLeaseRangesToDevice = 76,  ///< Replied by kOk.
+    kSparseReadStep = 77,       ///< Replied by kSparseReadReply.
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".

@@ -10,11 +10,13 @@
 //     SparseManifestRequest          -> SparseManifestReply
 //     SparseCurrentGenerationRequest -> SparseCurrentGenerationReply
 //     SparseReadRequest              -> SparseReadReply (target objects in segments, leased)
+//     SparseReadStepRequest          -> SparseReadReply (the same, a sealed step by its generation)
 //     LeasesToDeviceRequest          -> OkReply   (leased members into client CUDA memory)
 //     SparseReadPlanRequest          -> SparseReadPlanReply (a read's ranges, pieces; leased)
 //     LeaseRangesToDeviceRequest     -> OkReply   (leased byte ranges into client CUDA memory)
 //     MetricsRequest                 -> MetricsReply
 //     ClearCachesRequest             -> OkReply        drops the daemon's node-local caches
+//                                                      and its manifests of sealed steps
 //
 // and the steps of a training run (docs/design.md §9):
 //
@@ -354,6 +356,23 @@ struct SparseReadRequest {
         v("unchanged", m.unchanged, kMaxBatchItems, kMaxNameBytes);
     }
     friend bool operator==(const SparseReadRequest&, const SparseReadRequest&) = default;
+};
+
+/// A read of a sealed step against the daemon's own manifest of it, which the client got from
+/// this daemon and passes unchanged: the step instead of its sources (a step of a large model
+/// lists tens of thousands). Replied by SparseReadReply.
+struct SparseReadStepRequest {
+    static constexpr MessageType kType = MessageType::kSparseReadStep;
+    Generation step;
+    std::vector<TargetDescriptor> targets;
+    SparseReadOptions options;
+
+    static void Fields(auto& v, auto& m) {
+        v("step", m.step);
+        v("targets", m.targets, kMaxBatchItems);
+        v("options", m.options);
+    }
+    friend bool operator==(const SparseReadStepRequest&, const SparseReadStepRequest&) = default;
 };
 
 /// A member the daemon published into a segment.

@@ -547,6 +547,54 @@ TEST_F(NodeServerTest, RequestsBeforeHelloAreRefused) {
               MAP_FAILED);
 }
 
+/// A read by a step's generation takes the daemon's own manifest of a sealed step only: a step
+/// that is not sealed, a fold, or an unknown step is a typed error, and the connection serves
+/// on.
+TEST_F(NodeServerTest, ReadsByStepNeedASealedStep) {
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const std::vector<std::int64_t> idx = {1, 2, 3, 4};
+    const std::vector<float> val = {1.0f, 2.0f};
+    PutSparseRequest req;
+    req.tensor_id = "w";
+    req.global_shape = {8, 8};
+    req.generation = {0, 1};
+    req.indices = {DType::kInt64, {2, 2}, std::as_bytes(std::span(idx))};
+    req.values = {DType::kFloat32, {2}, std::as_bytes(std::span(val))};
+    ASSERT_OK(client->PutSparseObject(req).status());
+    const TargetDescriptor target =
+        *TargetDescriptor::Make("r0", "node0", "w", *NamedAxes::Make({}), {0, 0}, {8, 8});
+    wire::SparseReadStepRequest read;
+    read.step = {0, 1};
+    read.targets = {target};
+    EXPECT_THAT(peer.Request(read), StatusIs(StatusCode::kFailedPrecondition));  // not sealed
+    read.step = {0, 2};
+    EXPECT_THAT(peer.Request(read), StatusIs(StatusCode::kInvalidArgument));  // a fold
+    read.step = {5, 6};
+    EXPECT_FALSE(peer.Request(read).ok());  // never committed: not sealed either
+    ASSERT_OK(client->SealGeneration({0, 1}, std::vector<std::string>{"w"}));
+    read.step = {0, 1};
+    auto reply = peer.Call<wire::SparseReadReply>(read);
+    ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+    ASSERT_EQ(reply->objects.size(), 1u);
+    EXPECT_EQ(reply->objects[0].desc.nnz, 2u);
+    // The same objects as a read of the manifest the daemon returns for it.
+    const ReadOptions options;
+    auto by_step = client->ReadSealedStepViews({0, 1}, std::span(&target, 1), options);
+    ASSERT_TRUE(by_step.ok()) << by_step.status().ToString();
+    auto manifest = client->GetManifest({0, 1});
+    ASSERT_TRUE(manifest.ok());
+    auto sent = client->ReadViews(StepManifestView(*manifest), std::span(&target, 1), options);
+    ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+    ASSERT_EQ(by_step->size(), 1u);
+    ASSERT_EQ(sent->size(), 1u);
+    EXPECT_EQ((*by_step)[0].desc.nnz, (*sent)[0].desc.nnz);
+    EXPECT_TRUE(std::equal((*by_step)[0].indices.begin(), (*by_step)[0].indices.end(),
+                           (*sent)[0].indices.begin(), (*sent)[0].indices.end()));
+}
+
 /// A device commit whose members the daemon cannot reach: each update fails alone with its
 /// typed error (its sizes first, then the CUDA mapping), nothing is committed, and the
 /// connection and the daemon go on serving.

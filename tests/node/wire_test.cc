@@ -334,6 +334,14 @@ std::vector<Message> SampleMessages() {
         c.destination = {CudaRef(0, 64 << 20), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"};
         out.push_back(c);
     }
+    {
+        // A read of a sealed step by its generation: the targets of two ranks.
+        SparseReadStepRequest r;
+        r.step = {4, 5};
+        r.targets = {SampleTarget(0), SampleTarget(1)};
+        r.options.num_threads = 4;
+        out.push_back(r);
+    }
     return out;
 }
 

@@ -228,6 +228,53 @@ def test_clear_caches_and_reset_metrics_reach_the_daemon(store, rng):
     assert store.metrics()["range_gets"] == 1
 
 
+def test_a_sealed_steps_manifest_is_read_by_naming_the_step(node, store, rng):
+    # A sealed step's manifest exactly as this daemon returned it: the read names the step and
+    # the daemon reads with its own manifest of it (the same, a sealed step's never changes).
+    # A list of other entries, or the manifest from another connection, is sent as it is.
+    shape = (256, 384)
+    ids = ["a", "b", "c"]
+    for name in ids:
+        idx, vals = random_coo(rng, shape, 2000)
+        store.put_sparse_object(name, shape, idx, vals, generation=GEN)
+    store.seal_generation(GEN, ids + ["u"])  # "u" unchanged: its targets read as empty
+    targets = [mcs.Target(n, f"r/{n}/{i}", "node0", {}, (0, 128 * i), (256, 128))
+               for n in ids + ["u"] for i in range(3)]
+    man = store.manifest(GEN)
+    assert man.sealed and man.unchanged == ("u",)
+
+    def contents(objs):
+        return [(o.target_id, o.nnz, np.asarray(o.indices).tobytes(),
+                 np.asarray(o.values).tobytes()) for o in objs]
+
+    steps = store.metrics()["step_reads"]
+    by_step = contents(store.read_sparse_objects(man, targets))
+    assert store.metrics()["step_reads"] == steps + 1
+    other = mcs.connect(node.url)
+    sent = contents(other.read_sparse_objects(man, targets))  # not this connection's manifest
+    copied = mcs.Manifest._of(GEN, (list(reversed(man)), man.unchanged, True))
+    reordered = contents(store.read_sparse_objects(copied, targets))
+    assert store.metrics()["step_reads"] == steps + 1
+    assert by_step == sent == reordered
+    assert [n for _, n, _, _ in by_step][-3:] == [0, 0, 0]  # "u"
+    # A sealed manifest of fewer entries is its own: its reads never take the step's.
+    part = mcs.Manifest._of(GEN, (man[:2], man.unchanged, True))
+    objs = store.read_sparse_objects(part, targets[:6])
+    assert store.metrics()["step_reads"] == steps + 1
+    assert contents(objs) == by_step[:6]
+    # The step freed by retention: NotFound, whichever way the read goes.
+    store.set_retention(1)
+    for name in ids:
+        idx, vals = random_coo(rng, shape, 100)
+        store.put_sparse_object(name, shape, idx, vals, generation=(1, 2))
+    store.seal_generation((1, 2), ids)
+    with pytest.raises(mcs.NotFound):
+        store.read_sparse_objects(man, targets)
+    with pytest.raises(mcs.NotFound):
+        other.read_sparse_objects(man, targets)
+    other.close()
+
+
 def test_a_daemon_that_reads_in_place_builds_the_same_targets(tmp_path, rng):
     shape = (384, 256)
     idx, vals = random_coo(rng, shape, 4000)
