@@ -259,16 +259,10 @@ pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items) 
     return d;
 }
 
-pyb::tuple StepManifestTuple(StepManifest m) { return StepManifestTuple(std::move(m), nullptr); }
-
 pyb::tuple StepManifestTuple(StepManifest m,
                              std::shared_ptr<const std::vector<SourceDescriptor>>* array) {
     return pyb::make_tuple(SourcesList(std::move(m.sources), array),
                            pyb::cast(std::move(m.unchanged)), m.sealed);
-}
-
-pyb::list SourcesList(std::vector<SourceDescriptor> sources) {
-    return SourcesList(std::move(sources), nullptr);
 }
 
 pyb::list SourcesList(std::vector<SourceDescriptor> sources,

@@ -101,16 +101,14 @@ pyb::dict MetricsDict(const std::vector<std::pair<std::string, double>>& items);
 pyb::object GenerationOrNone(const std::optional<Generation>& g);
 
 /// A step manifest as Python gets it: (sources, unchanged tensor ids, sealed).
-pyb::tuple StepManifestTuple(StepManifest m);
-/// StepManifestTuple; `array` (when not null) receives the array its SourceInfo view.
+/// `array` (when not null) receives the array its SourceInfo view.
 pyb::tuple StepManifestTuple(StepManifest m,
-                             std::shared_ptr<const std::vector<SourceDescriptor>>* array);
+                             std::shared_ptr<const std::vector<SourceDescriptor>>* array = nullptr);
 /// Sources as a list of SourceInfo: views of one shared array, in its order (what
 /// ManifestFrom passes to a read as it lies).
-pyb::list SourcesList(std::vector<SourceDescriptor> sources);
-/// SourcesList; `array` (when not null) receives the array its SourceInfo view.
+/// `array` (when not null) receives the array its SourceInfo view.
 pyb::list SourcesList(std::vector<SourceDescriptor> sources,
-                      std::shared_ptr<const std::vector<SourceDescriptor>>* array);
+                      std::shared_ptr<const std::vector<SourceDescriptor>>* array = nullptr);
 
 /// The sources of a read. A list of SourceInfo that views one array of SourcesList, in its
 /// order (a step's manifest as the store gave it, or a slice of it), is read where it lies;

@@ -1070,6 +1070,14 @@ Result<SourceDescriptor> DescriptorOfStored(
     return stored;
 }
 
+/// A source's tile index from its stored descriptor and tile members.
+NodeCache::IndexResult IndexOf(SourceDescriptor stored, std::vector<TileCoord> coords,
+                               std::vector<std::uint64_t> ptr) {
+    MCS_ASSIGN_OR_RETURN(TileIndex index,
+                         TileIndex::Make(stored, std::move(coords), std::move(ptr)));
+    return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});
+}
+
 /// The tile index of a viewed source object (the object `claimed` names).
 NodeCache::IndexResult IndexOfView(const SourceDescriptor& claimed, const ObjectView& view) {
     std::array<const MemberInfo*, kSourceMembers.size()> members{};
@@ -1083,9 +1091,7 @@ NodeCache::IndexResult IndexOfView(const SourceDescriptor& claimed, const Object
     std::vector<std::uint64_t> ptr(ptr_bytes.size() / sizeof(std::uint64_t));
     if (!coords_bytes.empty()) std::memcpy(coords.data(), coords_bytes.data(), coords_bytes.size());
     if (!ptr_bytes.empty()) std::memcpy(ptr.data(), ptr_bytes.data(), ptr_bytes.size());
-    MCS_ASSIGN_OR_RETURN(TileIndex index,
-                         TileIndex::Make(stored, std::move(coords), std::move(ptr)));
-    return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});
+    return IndexOf(std::move(stored), std::move(coords), std::move(ptr));
 }
 
 }  // namespace
@@ -1143,9 +1149,7 @@ Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(const SourceDe
     MCS_RETURN_IF_ERROR(store_->ReadMember(
         stored.source_ref, "tile_ptr",
         {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
-    MCS_ASSIGN_OR_RETURN(TileIndex index,
-                         TileIndex::Make(stored, std::move(coords), std::move(ptr)));
-    return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});
+    return IndexOf(std::move(stored), std::move(coords), std::move(ptr));
 }
 
 std::unique_ptr<SparseStore::PlanScratch> SparseStore::TakeScratch() {
