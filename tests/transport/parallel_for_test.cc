@@ -10,8 +10,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
-#include <mutex>
-#include <set>
 #include <thread>
 #include <vector>
 
@@ -66,16 +64,12 @@ TEST(ParallelForTest, CallersOnManyThreadsEachGetTheirTasksDone) {
 TEST(ParallelForTest, IdlePoolThreadsJoinTheLoop) {
     if (HardwareThreads() < 2) GTEST_SKIP() << "one hardware thread: the caller works alone";
     ParallelFor(0, 2, [](std::size_t) {});  // the pool is started
-    // Task 0 waits (bounded) for another thread to take a task; a helper from the pool does.
-    std::mutex mu;
-    std::set<std::thread::id> ids;
+    // Task 0 waits (bounded) for a thread other than the caller to take a task; a helper from the
+    // pool does. The caller itself may run no task at all: a helper that wakes first can take
+    // every task, task 0 included, before the caller claims one.
     std::atomic<bool> other{false};
     const auto caller = std::this_thread::get_id();
     ParallelFor(0, 64, [&](std::size_t i) {
-        {
-            std::lock_guard lock(mu);
-            ids.insert(std::this_thread::get_id());
-        }
         if (std::this_thread::get_id() != caller) other = true;
         if (i == 0) {
             const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -83,7 +77,6 @@ TEST(ParallelForTest, IdlePoolThreadsJoinTheLoop) {
         }
     });
     EXPECT_TRUE(other.load());
-    EXPECT_GE(ids.size(), 2u);
 }
 
 TEST(ParallelForTest, AForkedChildRunsLoopsOnAPoolOfItsOwn) {
