@@ -660,7 +660,7 @@ private:
         if (const auto* lease = std::get_if<w::LeaseReply>(&message)) {
             for (const w::SegmentSlice& s : lease->locations) CheckSlice(s, "a leased member");
         } else if (const auto* read = std::get_if<w::SparseReadReply>(&message)) {
-            for (const w::TargetObjectLocation& o : read->objects) {
+            for (const w::ReadTargetLocation& o : read->objects) {
                 for (const w::SegmentMember* m :
                      {&o.indices, &o.values, &o.tile_coords, &o.tile_ptr}) {
                     CheckSlice(m->slice, "a target object member");

@@ -827,6 +827,27 @@ Result<std::vector<TargetObject>> SparseStore::PublishTargets(ReadCall& call) {
     return out;
 }
 
+Result<SourceDescriptor> TargetObjectDescriptor(const TargetDescriptor& target,
+                                                TargetObjectFacts facts) {
+    const std::span<const Index> local = target.box.shape();
+    SourceDescriptor d;
+    d.source_ref.reserve(7 + target.target_id.size() + 1 + target.tensor_id.size());
+    d.source_ref.append("target/").append(target.target_id).append("/").append(target.tensor_id);
+    d.tensor_id = target.tensor_id;
+    d.global_shape.assign(local.begin(), local.end());
+    MCS_ASSIGN_OR_RETURN(d.box, Box::Whole(d.global_shape));
+    d.generation = facts.generation;
+    d.placement = target.placement;
+    d.tile_shape = std::move(facts.tile_shape);
+    d.nnz = facts.nnz;
+    d.num_tiles = facts.num_tiles;
+    d.apply = facts.apply;
+    d.index_dtype = facts.index_dtype;
+    d.value_dtype = facts.value_dtype;
+    MCS_RETURN_IF_ERROR(SourceDescriptor::Validate(d));
+    return d;
+}
+
 Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
                                                  const SourceDescriptor* first, Generation step) {
     Shape local(target.box.shape().begin(), target.box.shape().end());

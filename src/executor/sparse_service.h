@@ -240,6 +240,26 @@ using PlannedReadFn = std::function<Status(PlannedRead& read)>;
 Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
                                                  const SourceDescriptor* first, Generation step);
 
+/// What a read decides about one target-local object. The rest of its descriptor follows from
+/// its target, the same for every read (TargetObjectDescriptor).
+struct TargetObjectFacts {
+    Generation generation;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    DType index_dtype = DType::kUInt16;
+    DType value_dtype = DType::kBFloat16;
+    Shape tile_shape;
+    std::uint64_t nnz = 0;
+    std::uint64_t num_tiles = 0;
+};
+
+/// The descriptor of `target`'s object: source_ref "target/<target_id>/<tensor_id>", the
+/// target's tensor_id and placement, its box's shape as the global shape and the whole of it as
+/// the box (local coordinates), and `facts`. What a store's read gives every target object, so
+/// that a reply across a process boundary need only carry the facts.
+/// Errors: InvalidArgument (as SourceDescriptor::Make).
+Result<SourceDescriptor> TargetObjectDescriptor(const TargetDescriptor& target,
+                                                TargetObjectFacts facts);
+
 /// The target objects of a planned read once its build set `read.kept`: `descs[t]` (from
 /// PlannedTargetDescriptor) completed with target t's kept entries, members left for the
 /// builder to set.

@@ -340,9 +340,11 @@ private:
                                   std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
     template <typename Reply>
     Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
-    /// A SparseRead or SparseReadStep request, and its objects from the reply.
+    /// A SparseRead or SparseReadStep request of `targets`, and its objects from the reply
+    /// (each described from its target and what the daemon's read decided of it).
     template <typename Request>
-    Result<std::vector<LeasedTargetObject>> CallRead(Request request, std::size_t num_targets);
+    Result<std::vector<LeasedTargetObject>> CallRead(const Request& request,
+                                                     std::span<const TargetDescriptor> targets);
     /// Polls the connection until a reply is readable or the spin budget of a call moving
     /// `bytes` runs out. True when the reply came while polling.
     bool SpinForReply(int fd, std::uint64_t bytes) const;

@@ -155,7 +155,7 @@ Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
     request.manifest.assign(manifest.begin(), manifest.end());
     request.targets.assign(targets.begin(), targets.end());
     request.options = options;
-    return CallRead(std::move(request), targets.size());
+    return CallRead(request, targets);
 }
 
 Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
@@ -167,7 +167,7 @@ Result<std::vector<LeasedTargetObject>> NodeClient::ReadSparseObjects(
     request.options = options;
     request.step = manifest.generation;
     request.unchanged.assign(manifest.unchanged.begin(), manifest.unchanged.end());
-    return CallRead(std::move(request), targets.size());
+    return CallRead(request, targets);
 }
 
 namespace {
@@ -281,8 +281,8 @@ Result<std::uint64_t> NodeClient::Retention() {
 }
 
 template <typename Request>
-Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(Request request,
-                                                             std::size_t num_targets) {
+Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(
+    const Request& request, std::span<const TargetDescriptor> targets) {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
     MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseReadReply>(request));
@@ -290,14 +290,23 @@ Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(Request request,
     out.reserve(reply.objects.size());
     // Keepalives first, so that every lease is released whatever fails below.
     std::vector<LeaseKeepalive> keepalives;
+    keepalives.reserve(reply.objects.size());
     for (const auto& o : reply.objects) keepalives.push_back(MakeKeepalive(o.lease_id, 0));
-    if (reply.objects.size() != num_targets) {
+    if (reply.objects.size() != targets.size()) {
         return DataLoss("the node daemon returned " + std::to_string(reply.objects.size()) +
-                        " objects for " + std::to_string(num_targets) + " targets");
+                        " objects for " + std::to_string(targets.size()) + " targets");
     }
     for (std::size_t i = 0; i < reply.objects.size(); ++i) {
-        wire::TargetObjectLocation& o = reply.objects[i];
-        const SourceDescriptor& d = o.desc;
+        wire::ReadTargetLocation& o = reply.objects[i];
+        const TargetDescriptor& target = targets[i];
+        Result<SourceDescriptor> desc = TargetObjectDescriptor(
+            target, {o.generation, o.apply, o.index_dtype, o.value_dtype, std::move(o.tile_shape),
+                     o.nnz, o.num_tiles});
+        if (!desc.ok()) {
+            return DataLoss("the node daemon returned an object for " + target.target_id +
+                            " that its target cannot have: " + desc.status().message());
+        }
+        const SourceDescriptor& d = *desc;
         const auto index_bytes = Product(d.nnz, d.rank(), DTypeSize(d.index_dtype));
         const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
         const auto coord_bytes = Product(d.num_tiles, d.rank(), sizeof(TileCoord));
@@ -305,19 +314,19 @@ Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(Request request,
         if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
             o.indices.slice.size != *index_bytes || o.values.slice.size != *value_bytes ||
             o.tile_coords.slice.size != *coord_bytes || o.tile_ptr.slice.size != *ptr_bytes) {
-            return DataLoss("the node daemon returned members of " + o.target_id +
+            return DataLoss("the node daemon returned members of " + target.target_id +
                             " whose sizes do not match its descriptor");
         }
-        LeasedTargetObject t;
+        LeasedTargetObject& t = out.emplace_back();
         MCS_ASSIGN_OR_RETURN(t.indices, View(o.indices.slice));
         MCS_ASSIGN_OR_RETURN(t.values, View(o.values.slice));
         MCS_ASSIGN_OR_RETURN(t.tile_coords, View(o.tile_coords.slice));
         MCS_ASSIGN_OR_RETURN(t.tile_ptr, View(o.tile_ptr.slice));
-        t.target_id = std::move(o.target_id);
-        t.node_id = std::move(o.node_id);
-        t.target_box = std::move(o.target_box);
-        t.desc = std::move(o.desc);
-        t.coordinate_space = std::move(o.coordinate_space);
+        t.target_id = target.target_id;
+        t.node_id = target.node_id;
+        t.target_box = target.box;
+        t.desc = std::move(desc).value();
+        t.coordinate_space = "local";
         t.checksum_indices = o.indices.checksum;
         t.checksum_values = o.values.checksum;
         t.checksum_tile_coords = o.tile_coords.checksum;
@@ -325,7 +334,6 @@ Result<std::vector<LeasedTargetObject>> NodeClient::CallRead(Request request,
         t.keepalive = std::move(keepalives[i]);
         t.lease_id = o.lease_id;
         t.lease_scope = session_.get();
-        out.push_back(std::move(t));
     }
     return out;
 }
@@ -761,7 +769,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadSealedStepViews(
     request.step = step;
     request.targets.assign(targets.begin(), targets.end());
     request.options = WireReadOptions(options);
-    return CallRead(std::move(request), targets.size());
+    return CallRead(request, targets);
 }
 
 Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(

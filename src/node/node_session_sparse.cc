@@ -923,13 +923,16 @@ Result<NodeServer::Session::Reply> NodeServer::Session::PublishRead(
             return {{l.segment_id(), l.member_offset(m), l.info().members[m].size_bytes},
                     l.info().members[m].checksum};
         };
-        // The object's bytes are in the segment now: its descriptor moves into the reply.
-        wire::TargetObjectLocation& loc = reply.objects[i];
-        loc.target_id = std::move(t.target_id);
-        loc.node_id = std::move(t.node_id);
-        loc.target_box = std::move(t.target_box);
-        loc.desc = std::move(o.desc);
-        loc.coordinate_space = std::move(o.coordinate_space);
+        // The object's bytes are in the segment now. The reply carries what the read decided;
+        // the client has the rest of the descriptor from its target.
+        wire::ReadTargetLocation& loc = reply.objects[i];
+        loc.generation = d.generation;
+        loc.tile_shape = std::move(o.desc.tile_shape);
+        loc.nnz = d.nnz;
+        loc.num_tiles = d.num_tiles;
+        loc.apply = d.apply;
+        loc.index_dtype = d.index_dtype;
+        loc.value_dtype = d.value_dtype;
         loc.indices = slice(0);
         loc.values = slice(1);
         loc.tile_coords = slice(2);

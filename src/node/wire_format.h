@@ -58,8 +58,9 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// Message set version (Hello). 2: TensorItem carries the strides of a CUDA view. 5: commits
 /// of updates in the client's CUDA memory (SparseCommitDevice). 6: leased objects copied into
 /// the client's CUDA memory (LeasesToDevice). 8: reads of a sealed step by its generation
-/// (SparseReadStep).
-inline constexpr std::uint32_t kProtocolVersion = 8;
+/// (SparseReadStep). 9: a read's reply carries what the read decided of each target object
+/// (ReadTargetLocation), not its whole descriptor.
+inline constexpr std::uint32_t kProtocolVersion = 9;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;

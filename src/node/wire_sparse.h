@@ -387,14 +387,19 @@ struct SegmentMember {
     friend bool operator==(const SegmentMember&, const SegmentMember&) = default;
 };
 
-/// One target-local object (executor TargetObject) published into the daemon's segments; the
-/// client reads it from its read-only mapping, then releases `lease_id`.
-struct TargetObjectLocation {
-    std::string target_id;
-    std::string node_id;
-    Box target_box;
-    SourceDescriptor desc;
-    std::string coordinate_space = "local";  ///< "global" or "local".
+/// One target-local object (executor TargetObject) published into the daemon's segments: what
+/// the read decided about it (executor TargetObjectFacts). Its ids, box and the rest of its
+/// descriptor follow from the request's target (executor TargetObjectDescriptor), so they do not
+/// travel back. The client reads the members from its read-only mapping, then releases
+/// `lease_id`.
+struct ReadTargetLocation {
+    Generation generation;
+    Shape tile_shape;
+    std::uint64_t nnz = 0;
+    std::uint64_t num_tiles = 0;
+    ApplyMode apply = ApplyMode::kOverwrite;
+    DType index_dtype = DType::kUInt16;
+    DType value_dtype = DType::kBFloat16;
     SegmentMember indices;
     SegmentMember values;
     SegmentMember tile_coords;
@@ -402,25 +407,26 @@ struct TargetObjectLocation {
     std::uint64_t lease_id = 0;
 
     static void Fields(auto& v, auto& m) {
-        v("target_id", m.target_id, kMaxNameBytes);
-        v("node_id", m.node_id, kMaxNameBytes);
-        v("target_box", m.target_box);
-        v("desc", m.desc);
-        v("coordinate_space", m.coordinate_space, kMaxNameBytes);
+        v("generation", m.generation);
+        v("tile_shape", m.tile_shape, kMaxRank);
+        v("nnz", m.nnz);
+        v("num_tiles", m.num_tiles);
+        v("apply", m.apply);
+        v("index_dtype", m.index_dtype);
+        v("value_dtype", m.value_dtype);
         v("indices", m.indices);
         v("values", m.values);
         v("tile_coords", m.tile_coords);
         v("tile_ptr", m.tile_ptr);
         v("lease_id", m.lease_id);
     }
-    Status Validate() const { return CheckCoordinateSpace(coordinate_space); }
-    friend bool operator==(const TargetObjectLocation&, const TargetObjectLocation&) = default;
+    friend bool operator==(const ReadTargetLocation&, const ReadTargetLocation&) = default;
 };
 
 /// One object per target, in request order.
 struct SparseReadReply {
     static constexpr MessageType kType = MessageType::kSparseReadReply;
-    std::vector<TargetObjectLocation> objects;
+    std::vector<ReadTargetLocation> objects;
 
     static void Fields(auto& v, auto& m) { v("objects", m.objects, kMaxBatchItems); }
     friend bool operator==(const SparseReadReply&, const SparseReadReply&) = default;

@@ -579,7 +579,7 @@ TEST_F(NodeServerTest, ReadsByStepNeedASealedStep) {
     auto reply = peer.Call<wire::SparseReadReply>(read);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
     ASSERT_EQ(reply->objects.size(), 1u);
-    EXPECT_EQ(reply->objects[0].desc.nnz, 2u);
+    EXPECT_EQ(reply->objects[0].nnz, 2u);
     // The same objects as a read of the manifest the daemon returns for it.
     const ReadOptions options;
     auto by_step = client->ReadSealedStepViews({0, 1}, std::span(&target, 1), options);

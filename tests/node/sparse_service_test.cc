@@ -79,6 +79,9 @@ TargetDescriptor Target(const std::string& tensor, int tp) {
 /// What a read gave, per target, in plain values.
 struct ReadAnswer {
     std::string target_id;
+    std::string node_id;
+    Box target_box;
+    SourceDescriptor desc;  ///< Every field, as a read in this process gives it.
     std::string coordinate_space;
     std::uint64_t nnz = 0;
     std::vector<std::byte> indices;
@@ -95,6 +98,9 @@ std::vector<ReadAnswer> Answers(const std::vector<TargetObjectView>& views) {
         EXPECT_EQ(v.nbytes(),
                   v.indices.size() + v.values.size() + v.tile_coords.size() + v.tile_ptr.size());
         out.push_back({v.target_id,
+                       v.node_id,
+                       v.target_box,
+                       v.desc,
                        v.coordinate_space,
                        v.desc.nnz,
                        {v.indices.begin(), v.indices.end()},

@@ -97,25 +97,15 @@ ObjectInfo SampleInfo() {
     return info;
 }
 
-TargetObjectLocation SampleLocation(int rank) {
-    TargetObjectLocation o;
-    o.target_id = "node0/rank" + std::to_string(rank);
-    o.node_id = "node0";
-    o.target_box = Box::Make({0, 3584}, {2048, 3584}).value();
-    SourceDescriptor d;
-    d.source_ref = "target/" + o.target_id + "/layers.3.w1";
-    d.tensor_id = "layers.3.w1";
-    d.global_shape = {2048, 3584};
-    d.box = Box::Whole(d.global_shape).value();
-    d.generation = {3, 4};
-    d.placement = Axes({{"expert", 3}, {"tp", rank}});
-    d.tile_shape = {128, 256};
-    d.nnz = 1000;
-    d.num_tiles = 12;
-    d.index_dtype = DType::kUInt16;
-    d.value_dtype = DType::kBFloat16;
-    o.desc = SourceDescriptor::Make(std::move(d)).value();
-    o.coordinate_space = "local";
+ReadTargetLocation SampleLocation(int rank) {
+    ReadTargetLocation o;
+    o.generation = {3, 4};
+    o.tile_shape = {128, 256};
+    o.nnz = 1000;
+    o.num_tiles = 12 + static_cast<std::uint64_t>(rank);
+    o.apply = ApplyMode::kScatterAdd;
+    o.index_dtype = DType::kUInt16;
+    o.value_dtype = DType::kBFloat16;
     o.indices = {{1, 4096, 4000}, 11};
     o.values = {{1, 8192, 2000}, 12};
     o.tile_coords = {{2, 0, 96}, 13};
@@ -558,7 +548,7 @@ TEST(WireTest, MinBytesAreTheShortestEncodings) {
     EXPECT_EQ(MinBytes<Box>(), 4u + 4);
     EXPECT_EQ(MinBytes<SourceDescriptor>(), 2 * 4u + 4 + 8 + 16 + 4 + 1 + 4 + 4 + 16 + 3);
     EXPECT_EQ(MinBytes<TargetDescriptor>(), 3 * 4u + 4 + 8);
-    EXPECT_EQ(MinBytes<TargetObjectLocation>(), 2 * 4u + 8 + 68 + 4 + 4 * 28 + 8);
+    EXPECT_EQ(MinBytes<ReadTargetLocation>(), 16u + 4 + 8 + 8 + 3 + 4 * 28 + 8);
     EXPECT_EQ(MinBytes<MetricItem>(), 4u + 8);
     // ... + strides count + box origin count
     EXPECT_EQ(MinBytes<TensorItem>(), 4u + 1 + 4 + 17 + 8 + 8 + 4 + 4 + 4);
