@@ -265,17 +265,22 @@ pyb::tuple StepManifestTuple(StepManifest m,
                            pyb::cast(std::move(m.unchanged)), m.sealed);
 }
 
-pyb::list SourcesList(std::vector<SourceDescriptor> sources,
-                      std::shared_ptr<const std::vector<SourceDescriptor>>* array) {
+pyb::list SourcesList(std::shared_ptr<const std::vector<SourceDescriptor>> all) {
     // Each SourceInfo shares the ownership of the array (an aliasing holder), so the array
-    // lives while any of them does.
-    auto all = std::make_shared<std::vector<SourceDescriptor>>(std::move(sources));
+    // lives while any of them does. SourceInfo is read-only: the array is never written.
+    auto writable = std::const_pointer_cast<std::vector<SourceDescriptor>>(all);
     pyb::list out(all->size());
     for (std::size_t i = 0; i < all->size(); ++i) {
-        out[i] = pyb::cast(std::shared_ptr<SourceDescriptor>(all, &(*all)[i]));
+        out[i] = pyb::cast(std::shared_ptr<SourceDescriptor>(writable, &(*writable)[i]));
     }
-    if (array != nullptr) *array = all;
     return out;
+}
+
+pyb::list SourcesList(std::vector<SourceDescriptor> sources,
+                      std::shared_ptr<const std::vector<SourceDescriptor>>* array) {
+    auto all = std::make_shared<const std::vector<SourceDescriptor>>(std::move(sources));
+    if (array != nullptr) *array = all;
+    return SourcesList(std::move(all));
 }
 
 ManifestArg ManifestFrom(const pyb::list& sources) {

@@ -109,6 +109,9 @@ pyb::tuple StepManifestTuple(StepManifest m,
 /// `array` (when not null) receives the array its SourceInfo view.
 pyb::list SourcesList(std::vector<SourceDescriptor> sources,
                       std::shared_ptr<const std::vector<SourceDescriptor>>* array = nullptr);
+/// The same of an array that is shared already (a store's kept manifest of a sealed step):
+/// viewed, not copied.
+pyb::list SourcesList(std::shared_ptr<const std::vector<SourceDescriptor>> all);
 
 /// The sources of a read. A list of SourceInfo that views one array of SourcesList, in its
 /// order (a step's manifest as the store gave it, or a slice of it), is read where it lies;

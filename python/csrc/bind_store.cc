@@ -501,7 +501,14 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("unchanged") = std::vector<std::string>{},
              pyb::arg("view_in_place") = pyb::none())
         .def("step_manifest",
-             [](Store& s, GenerationArg g) {
+             [](Store& s, GenerationArg g) -> pyb::tuple {
+                 if (auto* local = dynamic_cast<SparseStore*>(&s.service())) {
+                     // The store's own arrays of a sealed step, viewed (no copy per call).
+                     SparseStore::SharedStepManifest m =
+                         NoGil([&] { return local->GetManifestShared(GenerationOf(g)); });
+                     return pyb::make_tuple(SourcesList(std::move(m.sources)),
+                                            pyb::cast(*m.unchanged), m.sealed);
+                 }
                  return StepManifestOf(
                      s, NoGil([&] { return s.service().GetManifest(GenerationOf(g)); }));
              },

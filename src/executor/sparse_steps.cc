@@ -354,11 +354,38 @@ Result<std::shared_ptr<const SparseStore::SealRecord>> SparseStore::ReadSeal(Gen
     return std::shared_ptr<const SealRecord>(record);
 }
 
-Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation step) {
+namespace {
+
+/// The ids of `tensor_ids` (sorted) that no entry of `sources` is of, sorted.
+std::vector<std::string> UnchangedOf(std::span<const std::string> tensor_ids,
+                                     std::span<const SourceDescriptor> sources) {
+    std::vector<std::string_view> changed;
+    changed.reserve(sources.size());
+    for (const SourceDescriptor& s : sources) changed.emplace_back(s.tensor_id);
+    std::sort(changed.begin(), changed.end());
+    std::vector<std::string> out;
+    for (const std::string& id : tensor_ids) {
+        if (!std::binary_search(changed.begin(), changed.end(), std::string_view(id))) {
+            out.push_back(id);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+void SparseStore::KeepSealedManifestLocked(Generation step,
+                                           std::shared_ptr<const SealedStepManifest> m) {
+    manifest_cache_[step.delta] = std::move(m);
+    if (manifest_cache_.size() > kCachedManifests) manifest_cache_.erase(manifest_cache_.begin());
+}
+
+Result<std::shared_ptr<const SparseStore::SealedStepManifest>> SparseStore::SealedManifest(
+    Generation step) {
     {
         std::lock_guard lock(seal_cache_mu_);
         if (auto it = manifest_cache_.find(step.delta); it != manifest_cache_.end()) {
-            return *it->second;
+            return it->second;
         }
     }
     MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
@@ -373,11 +400,12 @@ Result<std::vector<SourceDescriptor>> SparseStore::SealedManifest(Generation ste
                         std::to_string(seal->sources.size()) + " source objects, " +
                         std::to_string(sources.size()) + " of them are in its manifest");
     }
-    auto cached = std::make_shared<const std::vector<SourceDescriptor>>(sources);
+    std::vector<std::string> unchanged = UnchangedOf(seal->tensor_ids, sources);
+    auto kept = std::make_shared<const SealedStepManifest>(
+        SealedStepManifest{std::move(sources), std::move(unchanged)});
     std::lock_guard lock(seal_cache_mu_);
-    manifest_cache_[step.delta] = std::move(cached);
-    if (manifest_cache_.size() > kCachedManifests) manifest_cache_.erase(manifest_cache_.begin());
-    return sources;
+    KeepSealedManifestLocked(step, kept);
+    return kept;
 }
 
 Status SparseStore::CheckCommitsNotMissed(Generation step, std::span<const std::string_view> refs,
@@ -509,13 +537,14 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     {
         // The manifest just checked is the sealed step's (every source it lists is in the
         // seal): its readers through this store (a node daemon's ranks) need not decode it.
-        auto manifest = std::make_shared<const std::vector<SourceDescriptor>>(std::move(sources));
+        std::vector<std::string> unchanged = UnchangedOf(ids, sources);
+        auto manifest = std::make_shared<const SealedStepManifest>(
+            SealedStepManifest{std::move(sources), std::move(unchanged)});
         std::lock_guard cache(seal_cache_mu_);
         seal_cache_[step.delta] =
             std::make_shared<SealRecord>(SealRecord{std::move(ids), std::move(committed)});
         if (seal_cache_.size() > 64) seal_cache_.erase(seal_cache_.begin());
-        manifest_cache_[step.delta] = std::move(manifest);
-        if (manifest_cache_.size() > kCachedManifests) manifest_cache_.erase(manifest_cache_.begin());
+        KeepSealedManifestLocked(step, std::move(manifest));
     }
     ++seals_;
     sealed_cv_.notify_all();
@@ -582,7 +611,11 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
     if (generation.delta == generation.base + 1) {
         MCS_ASSIGN_OR_RETURN(out.sealed, IsSealed(generation));
         if (out.sealed) {
-            MCS_ASSIGN_OR_RETURN(out.sources, SealedManifest(generation));
+            MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealedStepManifest> kept,
+                                 SealedManifest(generation));
+            out.sources = kept->sources;
+            out.unchanged = kept->unchanged;
+            return out;
         } else {
             MCS_ASSIGN_OR_RETURN(out.sources, Manifest(generation));
         }
@@ -617,25 +650,36 @@ Result<StepManifest> SparseStore::GetManifest(Generation generation) {
                 return NotFound("fold " + generation.ToString() + ": step " + step.ToString() +
                                 " is not sealed (or was freed by retention)");
             }
-            MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> step_sources,
+            MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealedStepManifest> kept,
                                  SealedManifest(step));
-            for (SourceDescriptor& s : step_sources) out.sources.push_back(std::move(s));
+            out.sources.insert(out.sources.end(), kept->sources.begin(), kept->sources.end());
         }
         out.sealed = true;
     }
     if (out.sealed) {
         const Generation last{generation.delta - 1, generation.delta};
         MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(last));
-        const std::vector<std::string>* ids = &seal->tensor_ids;
-        std::vector<std::string> changed;
-        changed.reserve(out.sources.size());
-        for (const SourceDescriptor& s : out.sources) changed.push_back(s.tensor_id);
-        std::sort(changed.begin(), changed.end());
-        for (const std::string& id : *ids) {
-            if (!std::binary_search(changed.begin(), changed.end(), id)) out.unchanged.push_back(id);
-        }
+        out.unchanged = UnchangedOf(seal->tensor_ids, out.sources);
     }
     return out;
+}
+
+Result<SparseStore::SharedStepManifest> SparseStore::GetManifestShared(Generation generation) {
+    MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
+    if (generation.delta == generation.base + 1) {
+        MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(generation));
+        if (sealed) {
+            MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealedStepManifest> kept,
+                                 SealedManifest(generation));
+            return SharedStepManifest{
+                generation, std::shared_ptr<const std::vector<SourceDescriptor>>(kept, &kept->sources),
+                std::shared_ptr<const std::vector<std::string>>(kept, &kept->unchanged), true};
+        }
+    }
+    MCS_ASSIGN_OR_RETURN(StepManifest m, GetManifest(generation));
+    return SharedStepManifest{
+        m.generation, std::make_shared<const std::vector<SourceDescriptor>>(std::move(m.sources)),
+        std::make_shared<const std::vector<std::string>>(std::move(m.unchanged)), m.sealed};
 }
 
 // A reader's lease on the steps it reads: its keys go when the read ends (retention checks

@@ -172,6 +172,19 @@ public:
     /// Errors: InvalidArgument; NotFound (a step of a fold is not sealed, or past retention).
     Result<StepManifest> GetManifest(Generation generation) override;
 
+    /// GetManifest's answer with its arrays shared, not copied: a sealed step's are the ones
+    /// this store keeps (the last few sealed steps'), so that a reader of the step (a node
+    /// daemon's read by step, a rank's manifest) costs no copy of its tens of thousands of
+    /// entries. Errors: as GetManifest.
+    struct SharedStepManifest {
+        Generation generation;
+        std::shared_ptr<const std::vector<SourceDescriptor>> sources;  ///< Never null.
+        std::shared_ptr<const std::vector<std::string>> unchanged;     ///< Never null; sorted.
+        bool sealed = false;
+        StepManifestView view() const { return {generation, *sources, *unchanged}; }
+    };
+    Result<SharedStepManifest> GetManifestShared(Generation generation);
+
     /// Seals a step: `tensor_ids` is the model's complete list of tensors at that step; those
     /// without a source in the step are unchanged. Then frees what retention no longer keeps.
     /// Errors: InvalidArgument (bad id, a committed tensor missing from the list);
@@ -290,9 +303,18 @@ private:
     };
     /// The record of a sealed step (cached: a seal never changes). Errors: NotFound.
     Result<std::shared_ptr<const SealRecord>> ReadSeal(Generation step);
-    /// The entries of a sealed step's manifest that its seal holds: a commit that listed itself
-    /// after the seal read the manifest (another process's, on a shared store) is not one.
-    Result<std::vector<SourceDescriptor>> SealedManifest(Generation step);
+    /// A sealed step's manifest as this store keeps it: the entries its seal holds (a commit
+    /// that listed itself after the seal read the manifest, another process's on a shared
+    /// store, is not one) and the tensor ids the seal lists that have none (sorted).
+    struct SealedStepManifest {
+        std::vector<SourceDescriptor> sources;
+        std::vector<std::string> unchanged;
+    };
+    /// The kept one, or read and kept. Errors: as Manifest and ReadSeal; DataLoss.
+    Result<std::shared_ptr<const SealedStepManifest>> SealedManifest(Generation step);
+    /// Keeps `manifest` as sealed step `step`'s (the last kCachedManifests). Needs
+    /// seal_cache_mu_.
+    void KeepSealedManifestLocked(Generation step, std::shared_ptr<const SealedStepManifest> m);
     /// After commits of `step` (their source refs) listed themselves in its manifest: which of
     /// them a seal of the step by another process missed (`missed`; those are undone:
     /// Conflict). Waits while a seal of the step is in progress.
@@ -483,7 +505,7 @@ private:
     /// a sealed step's manifest never changes, and every reader of a node (each rank, through
     /// the node daemon) reads the same one. Dropped by ClearCaches and when retention frees
     /// the step.
-    std::map<std::uint64_t, std::shared_ptr<const std::vector<SourceDescriptor>>> manifest_cache_;
+    std::map<std::uint64_t, std::shared_ptr<const SealedStepManifest>> manifest_cache_;
     static constexpr std::size_t kCachedManifests = 4;
     std::mutex scratch_mu_;
     std::unique_ptr<PlanScratch> scratch_;

@@ -876,14 +876,14 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadStep(
         return InvalidArgument("SparseReadStep reads a step (k - 1, k), got " +
                                req.step.ToString());
     }
-    MCS_ASSIGN_OR_RETURN(StepManifest m, sparse_->GetManifest(req.step));
+    MCS_ASSIGN_OR_RETURN(SparseStore::SharedStepManifest m, sparse_->GetManifestShared(req.step));
     if (!m.sealed) {
         return FailedPrecondition("step " + req.step.ToString() +
                                   " is not sealed: read it with its manifest");
     }
     const ReadOptions options = ReadOptionsOf(req.options);
     MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
-                         sparse_->ReadSparseObjects(StepManifestView(m), req.targets, options));
+                         sparse_->ReadSparseObjects(m.view(), req.targets, options));
     server_.step_reads_.fetch_add(1, std::memory_order_relaxed);
     return PublishRead(std::move(objects), options.num_threads);
 }

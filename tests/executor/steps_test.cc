@@ -461,6 +461,48 @@ TEST(StepsTest, ASealedManifestReadAgainIsTheSameUntilRetentionFreesTheStep) {
     EXPECT_EQ(second.sources[0].generation, Step(2));
 }
 
+TEST(StepsTest, ASharedManifestOfASealedStepIsTheKeptOneUntilRetentionFreesIt) {
+    // GetManifestShared hands out the kept arrays of a sealed step (every reader of the node
+    // the same, never copied); an unsealed step or a fold gets arrays of its own.
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    SparseStore reader(os, Options("n0"));
+    ASSERT_OK(trainer.SetRetention(2));
+    CommitAndSeal(trainer, {"w", "v"}, 1);
+    ASSERT_OK(trainer.SealGeneration(Step(2), std::vector<std::string>{"w", "v", "u"}));
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest first, reader.GetManifestShared(Step(1)));
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest again, reader.GetManifestShared(Step(1)));
+    ASSERT_OK_AND_ASSIGN(StepManifest copied, reader.GetManifest(Step(1)));
+    EXPECT_TRUE(first.sealed);
+    EXPECT_EQ(first.sources.get(), again.sources.get());  // the kept array, not a copy
+    EXPECT_EQ(first.unchanged.get(), again.unchanged.get());
+    EXPECT_EQ(*first.sources, copied.sources);
+    EXPECT_EQ(*first.unchanged, copied.unchanged);
+    EXPECT_EQ(first.view().sources.data(), first.sources->data());
+    // The step sealed through this store: its seal's check of the manifest is what it keeps,
+    // with the seal's unchanged ids.
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest empty, trainer.GetManifestShared(Step(2)));
+    EXPECT_TRUE(empty.sealed);
+    EXPECT_TRUE(empty.sources->empty());
+    EXPECT_EQ(*empty.unchanged, (std::vector<std::string>{"u", "v", "w"}));
+    ASSERT_OK_AND_ASSIGN(StepManifest empty_copied, reader.GetManifest(Step(2)));
+    EXPECT_EQ(empty_copied.unchanged, *empty.unchanged);
+    // A fold and an unsealed step: arrays of their own, equal to GetManifest's.
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest fold, reader.GetManifestShared({0, 2}));
+    ASSERT_OK_AND_ASSIGN(StepManifest fold_copied, reader.GetManifest({0, 2}));
+    EXPECT_NE(fold.sources.get(), first.sources.get());
+    EXPECT_EQ(*fold.sources, fold_copied.sources);
+    EXPECT_EQ(*fold.unchanged, fold_copied.unchanged);
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest open, reader.GetManifestShared(Step(3)));
+    EXPECT_FALSE(open.sealed);
+    EXPECT_TRUE(open.sources->empty());
+    // A reader's arrays outlive the store's kept copy: retention frees step 1 after step 3.
+    CommitAndSeal(trainer, {"w", "v"}, 3);
+    EXPECT_THAT(reader.GetManifestShared(Step(1)), StatusIs(StatusCode::kNotFound));
+    EXPECT_EQ(*first.sources, copied.sources);
+    EXPECT_THAT(reader.GetManifestShared({0, 0}), StatusIs(StatusCode::kInvalidArgument));
+}
+
 TEST(StepsTest, SealWaitsForEveryAdmittedWriter) {
     SparseStore store(MakeEmbeddedStore());
     const auto owner = *PlacementPolicy::Parse("owner(expert)");

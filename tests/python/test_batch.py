@@ -113,6 +113,47 @@ def test_a_read_takes_its_manifest_in_every_form(store):
         store.read_sparse_objects(list(m1) + ["not a source"], targets)
 
 
+def test_a_sealed_steps_manifest_outlives_the_stores_kept_copy(store):
+    """A sealed step's manifest is the store's kept copy of it, viewed: every call gives the
+    same entries, and a list keeps its entries after clear_caches and after retention frees
+    the step (whose sources then read as NotFound)."""
+    rng = np.random.default_rng(9)
+    names = [f"k{i}" for i in range(6)]
+    old = {n: rng.standard_normal((16, 8)).astype(np.float32) for n in names}
+    targets = [mcs.Target(n, f"{n}/t", "node0", {}, (0, 0), (16, 8)) for n in names]
+    store.set_retention(1)
+
+    def commit(k):
+        new = {n: changed(rng, w, 0.2) for n, w in old.items()}
+        store.put_sparse_objects(
+            [{"tensor_id": n, "global_shape": (16, 8), "indices": i, "values": v,
+              "generation": (k - 1, k)}
+             for n, (i, v) in zip(names, mcs.encode_updates([(new[n], old[n]) for n in names]))])
+        store.seal_generation((k - 1, k), names + ["idle"])
+
+    def entries(m):
+        return [(s.source_ref, s.tensor_id, s.nnz, s.tile_shape, s.generation) for s in m]
+
+    commit(1)
+    m = store.manifest((0, 1))
+    again = store.manifest((0, 1))
+    assert entries(m) == entries(again) and len(m) == len(names)
+    assert m.unchanged == again.unchanged == ("idle",)
+    store.clear_caches()
+    assert entries(store.manifest((0, 1))) == entries(m)
+    want = [(o.target_id, o.nnz, np.asarray(o.values).tobytes())
+            for o in store.read_sparse_objects(m, targets)]
+    assert [(o.target_id, o.nnz, np.asarray(o.values).tobytes())
+            for o in store.read_sparse_objects(again, targets)] == want
+    kept = entries(m)
+    commit(2)  # retention keeps one step: step 1 goes
+    assert entries(m) == kept
+    with pytest.raises(mcs.NotFound):
+        store.manifest((0, 1))
+    with pytest.raises(mcs.NotFound):
+        store.read_sparse_objects(m, targets)
+
+
 def test_targets_take_every_sequence_form_and_bad_ones_are_typed_errors(store):
     """A target's offset and shape as a tuple, a list, numpy integers, a range or a generator
     read the same object; a missing field, a non-str id or a non-integer extent is
