@@ -298,6 +298,9 @@ std::vector<std::shared_ptr<SparseObjectView>> Read(
         }
         options.view_in_place = *view_in_place;
     }
+    // A viewed array (a manifest as the store returned it) is immutable and shared: the
+    // indexes the node cache keeps refer to its entries.
+    options.manifest_owner = manifest.owner;
     std::optional<StepManifestView> step;
     std::vector<std::string> unchanged_sorted;
     if (generation) {

@@ -41,7 +41,9 @@ struct ReadData {
 /// A source's tile index with the descriptor it was built from: the stored object's own
 /// metadata, never a requester's manifest entry (which may describe another object).
 struct SourceIndex {
-    SourceDescriptor source;
+    /// The stored object's descriptor: its own copy, or the requester's manifest entry (which
+    /// says exactly the stored metadata) shared with the manifest that holds it.
+    std::shared_ptr<const SourceDescriptor> source;
     TileIndex index;
 };
 

@@ -423,6 +423,7 @@ Status SparseStore::LoadIndexes(ReadCall& call) {
                               const std::size_t n =
                                   std::min(kSourcesPerBatch, missing.size() - lo);
                               ReadIndexes(std::span(missing).subspan(lo, n),
+                                          call.options.manifest_owner,
                                           std::span(loaded).subspan(lo, n));
                           });
     cache_->FinishIndexes(refs, claims, loaded);
@@ -435,7 +436,7 @@ Status SparseStore::LoadIndexes(ReadCall& call) {
         }
         const SourceDescriptor& src = call.manifest[needed[k]];
         if (check) {
-            if (Status s = CheckClaim(src, (*r)->source); !s.ok()) {
+            if (Status s = CheckClaim(src, *(*r)->source); !s.ok()) {
                 errors[k] = s;
                 return;
             }
@@ -1051,9 +1052,11 @@ constexpr std::size_t kTilePtrMember = 3;
 
 /// The stored descriptor of `info` (the object `claimed` names), checked against `claimed` and
 /// against the sizes of its members; `members` receives the members in kSourceMembers order.
-Result<SourceDescriptor> DescriptorOfStored(
-    const SourceDescriptor& claimed, const ObjectInfo& info,
-    std::array<const MemberInfo*, kSourceMembers.size()>& members) {
+/// When the metadata is exactly `claimed`'s and `owner` owns `claimed` (ReadOptions::
+/// manifest_owner), the result is `claimed` itself, shared with its owner; else a copy.
+Result<std::shared_ptr<const SourceDescriptor>> DescriptorOfStored(
+    const SourceDescriptor& claimed, const std::shared_ptr<const void>& owner,
+    const ObjectInfo& info, std::array<const MemberInfo*, kSourceMembers.size()>& members) {
     // A manifest entry of this store names the object with exactly its metadata: written
     // again from the entry and compared, several times cheaper than decoding it. Anything else
     // (another writer's formatting, another object) is decoded and compared field by field.
@@ -1063,14 +1066,18 @@ Result<SourceDescriptor> DescriptorOfStored(
     const auto checksum = [&](std::size_t i) {
         return members[i] == nullptr ? std::uint64_t{0} : members[i]->checksum;
     };
-    SourceDescriptor stored;
+    std::shared_ptr<const SourceDescriptor> held;
     if (IsMetadataOf(info.metadata, claimed, "global",
                      {checksum(0), checksum(1), checksum(2), checksum(3)})) {
-        stored = claimed;
+        held = owner ? std::shared_ptr<const SourceDescriptor>(owner, &claimed)
+                     : std::make_shared<const SourceDescriptor>(claimed);
     } else {
-        MCS_ASSIGN_OR_RETURN(stored, DecodeObjectMetadata(claimed.source_ref, info.metadata));
-        MCS_RETURN_IF_ERROR(CheckClaim(claimed, stored));
+        MCS_ASSIGN_OR_RETURN(SourceDescriptor decoded,
+                             DecodeObjectMetadata(claimed.source_ref, info.metadata));
+        MCS_RETURN_IF_ERROR(CheckClaim(claimed, decoded));
+        held = std::make_shared<const SourceDescriptor>(std::move(decoded));
     }
+    const SourceDescriptor& stored = *held;
     // The members must hold what the metadata says: every later allocation is sized from it.
     const std::array<std::uint64_t, kSourceMembers.size()> expected = {
         stored.nnz * stored.rank() * DTypeSize(stored.index_dtype),
@@ -1088,21 +1095,24 @@ Result<SourceDescriptor> DescriptorOfStored(
                                                 std::to_string(expected[i])));
         }
     }
-    return stored;
+    return held;
 }
 
 /// A source's tile index from its stored descriptor and tile members.
-NodeCache::IndexResult IndexOf(SourceDescriptor stored, std::vector<TileCoord> coords,
-                               std::vector<std::uint64_t> ptr) {
+NodeCache::IndexResult IndexOf(std::shared_ptr<const SourceDescriptor> stored,
+                               std::vector<TileCoord> coords, std::vector<std::uint64_t> ptr) {
     MCS_ASSIGN_OR_RETURN(TileIndex index,
-                         TileIndex::Make(stored, std::move(coords), std::move(ptr)));
+                         TileIndex::Make(*stored, std::move(coords), std::move(ptr)));
     return std::make_shared<const SourceIndex>(SourceIndex{std::move(stored), std::move(index)});
 }
 
 /// The tile index of a viewed source object (the object `claimed` names).
-NodeCache::IndexResult IndexOfView(const SourceDescriptor& claimed, const ObjectView& view) {
+NodeCache::IndexResult IndexOfView(const SourceDescriptor& claimed,
+                                   const std::shared_ptr<const void>& owner,
+                                   const ObjectView& view) {
     std::array<const MemberInfo*, kSourceMembers.size()> members{};
-    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored, DescriptorOfStored(claimed, *view.info, members));
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SourceDescriptor> stored,
+                         DescriptorOfStored(claimed, owner, *view.info, members));
     const auto bytes = [&](std::size_t i) {
         return view.members[static_cast<std::size_t>(members[i] - view.info->members.data())];
     };
@@ -1122,10 +1132,13 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat,
                          store_->StatShared(claimed.source_ref));
     std::array<const MemberInfo*, kSourceMembers.size()> members{};
-    return DescriptorOfStored(claimed, *stat, members);
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SourceDescriptor> stored,
+                         DescriptorOfStored(claimed, nullptr, *stat, members));
+    return *stored;
 }
 
 void SparseStore::ReadIndexes(std::span<const SourceDescriptor* const> sources,
+                              const std::shared_ptr<const void>& owner,
                               std::span<NodeCache::IndexResult> out) {
     // One view of all of them (one lookup and one lock for the batch, the members read where
     // they lie) where the store views in place; a source that fails its checks fails alone.
@@ -1140,28 +1153,34 @@ void SparseStore::ReadIndexes(std::span<const SourceDescriptor* const> sources,
         }
         viewed = valid && store_->ViewObjects(keys, [&](std::span<const ObjectView> views) {
                               for (std::size_t i = 0; i < views.size(); ++i) {
-                                  out[i] = IndexOfView(*sources[i], views[i]);
+                                  out[i] = IndexOfView(*sources[i], owner, views[i]);
                               }
                               return Status::Ok();
                           }).ok();
     }
     if (!viewed) {
-        for (std::size_t i = 0; i < sources.size(); ++i) out[i] = ReadIndex(*sources[i]);
+        for (std::size_t i = 0; i < sources.size(); ++i) out[i] = ReadIndex(*sources[i], owner);
     }
 }
 
 Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claimed) {
     if (auto hit = cache_->FindIndex(claimed.source_ref)) {
-        MCS_RETURN_IF_ERROR(CheckClaim(claimed, hit->source));
-        return hit->source;
+        MCS_RETURN_IF_ERROR(CheckClaim(claimed, *hit->source));
+        return *hit->source;
     }
     return StoredDescriptor(claimed);
 }
 
-Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(const SourceDescriptor& src) {
+Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(
+    const SourceDescriptor& src, const std::shared_ptr<const void>& owner) {
     // Sized from the stored metadata only (checked against the members), never from the
     // requester's numbers.
-    MCS_ASSIGN_OR_RETURN(SourceDescriptor stored, StoredDescriptor(src));
+    MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", src.source_ref));
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat, store_->StatShared(src.source_ref));
+    std::array<const MemberInfo*, kSourceMembers.size()> members{};
+    MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SourceDescriptor> held,
+                         DescriptorOfStored(src, owner, *stat, members));
+    const SourceDescriptor& stored = *held;
     std::vector<TileCoord> coords(stored.num_tiles * stored.rank());
     std::vector<std::uint64_t> ptr(stored.num_tiles + 1);
     MCS_RETURN_IF_ERROR(store_->ReadMember(
@@ -1170,7 +1189,7 @@ Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(const SourceDe
     MCS_RETURN_IF_ERROR(store_->ReadMember(
         stored.source_ref, "tile_ptr",
         {reinterpret_cast<std::byte*>(ptr.data()), ptr.size() * sizeof(std::uint64_t)}));
-    return IndexOf(std::move(stored), std::move(coords), std::move(ptr));
+    return IndexOf(std::move(held), std::move(coords), std::move(ptr));
 }
 
 std::unique_ptr<SparseStore::PlanScratch> SparseStore::TakeScratch() {

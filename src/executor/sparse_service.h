@@ -96,6 +96,13 @@ struct ReadOptions {
     /// manifest is fixed for a generation, so every read call of that generation can share it.
     /// nullptr builds one per call. It must have been built from the manifest passed.
     const ManifestIndex* manifest_index = nullptr;
+    /// Owns the manifest's entries and keeps them unchanged, when the caller's manifest is
+    /// shared (a store's kept manifest of a sealed step, a Python manifest's array): the tile
+    /// indexes the node cache keeps of its sources then refer to their entries (keeping the
+    /// array alive while any is cached) instead of each holding a copy. It must own the very
+    /// entries the call is given (a read that derives another manifest from them passes null).
+    /// Null copies.
+    std::shared_ptr<const void> manifest_owner;
     /// With a store that views its objects in place (ObjectStore::ViewsInPlace: the embedded
     /// store, the node's shared-memory store), the planned ranges are materialized straight from
     /// the stored bytes, viewed under one snapshot of every source the plan reads, instead of

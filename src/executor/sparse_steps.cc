@@ -753,6 +753,7 @@ Result<std::vector<TargetObject>> SparseStore::ReadSparseObjects(
     for (const SourceDescriptor& s : manifest.sources) by_step[s.generation.delta].push_back(s);
     ReadOptions step_options = options;
     step_options.manifest_index = nullptr;  // built for the whole manifest, not for one step
+    step_options.manifest_owner = nullptr;  // owns the caller's entries, not these copies
     std::vector<std::vector<TargetObject>> parts(targets.size());
     for (auto& [delta, sources] : by_step) {
         std::vector<std::string> ids;

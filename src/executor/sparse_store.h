@@ -466,11 +466,14 @@ private:
 
     /// The tile index of a source by one index-only GET, built from the stored object's
     /// metadata, which `claimed` (a requester's manifest entry) must match. Errors: NotFound;
-    /// InvalidArgument (the entry describes another object); DataLoss.
-    Result<std::shared_ptr<const SourceIndex>> ReadIndex(const SourceDescriptor& claimed);
+    /// InvalidArgument (the entry describes another object); DataLoss. `owner`: as
+    /// ReadOptions::manifest_owner, of `claimed`.
+    Result<std::shared_ptr<const SourceIndex>> ReadIndex(const SourceDescriptor& claimed,
+                                                         const std::shared_ptr<const void>& owner);
     /// ReadIndex of each source into out[i], as one view of the batch where the store views
     /// objects in place.
     void ReadIndexes(std::span<const SourceDescriptor* const> sources,
+                     const std::shared_ptr<const void>& owner,
                      std::span<Result<std::shared_ptr<const SourceIndex>>> out);
     /// The stored object's descriptor, read with one Stat and checked against `claimed` and
     /// against the sizes of its members. Errors: as ReadIndex.

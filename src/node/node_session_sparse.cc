@@ -881,7 +881,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadStep(
         return FailedPrecondition("step " + req.step.ToString() +
                                   " is not sealed: read it with its manifest");
     }
-    const ReadOptions options = ReadOptionsOf(req.options);
+    ReadOptions options = ReadOptionsOf(req.options);
+    options.manifest_owner = m.sources;  // the indexes cached refer to the kept manifest's entries
     MCS_ASSIGN_OR_RETURN(std::vector<TargetObject> objects,
                          sparse_->ReadSparseObjects(m.view(), req.targets, options));
     server_.step_reads_.fetch_add(1, std::memory_order_relaxed);

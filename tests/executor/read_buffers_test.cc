@@ -198,7 +198,7 @@ TEST(NodeCacheFlightTest, IndexClaimsOfACallAreReadOnceAndWaitedForByOthers) {
         d.num_tiles = 0;
         Result<TileIndex> index = TileIndex::Make(d, {}, {0});
         EXPECT_TRUE(index.ok());
-        return std::make_shared<const SourceIndex>(SourceIndex{d, std::move(index).value()});
+        return std::make_shared<const SourceIndex>(SourceIndex{std::make_shared<const SourceDescriptor>(d), std::move(index).value()});
     };
     // One call names `a` twice: it reads it once.
     const std::vector<const std::string*> first = {&a, &b, &a_again};
@@ -217,7 +217,7 @@ TEST(NodeCacheFlightTest, IndexClaimsOfACallAreReadOnceAndWaitedForByOthers) {
         const NodeCache::IndexResult& got = (*w.batch.get())[w.slot];
         if (w.ref == 2) {
             ASSERT_TRUE(got.ok());
-            EXPECT_EQ((*got)->source.source_ref, "a");
+            EXPECT_EQ((*got)->source->source_ref, "a");
         } else {
             EXPECT_EQ(w.ref, 1u);
             EXPECT_EQ(got.status().code(), StatusCode::kNotFound);
@@ -289,7 +289,7 @@ TEST(NodeCacheFlightTest, ClearAndForgetKeepReadsInProgress) {
     Result<TileIndex> index = TileIndex::Make(d, {}, {0});
     ASSERT_TRUE(index.ok());
     cache.FinishIndexes(refs, mine, {std::make_shared<const SourceIndex>(
-                                        SourceIndex{d, std::move(index).value()})});
+                                        SourceIndex{std::make_shared<const SourceDescriptor>(d), std::move(index).value()})});
     EXPECT_TRUE((*theirs.waits[0].batch.get())[0].ok());
     EXPECT_NE(cache.FindIndex(a), nullptr);  // cached once its read ended
     auto slab = cache.slabs().Acquire(64);

@@ -503,6 +503,60 @@ TEST(StepsTest, ASharedManifestOfASealedStepIsTheKeptOneUntilRetentionFreesIt) {
     EXPECT_THAT(reader.GetManifestShared({0, 0}), StatusIs(StatusCode::kInvalidArgument));
 }
 
+TEST(StepsTest, IndexesCachedFromAnOwnedManifestReferToItUntilTheCacheDropsThem) {
+    // A read given its manifest's owner (ReadOptions::manifest_owner) caches indexes that
+    // refer to the manifest's entries: the same objects as a read without it, the array kept
+    // while they are cached, and a fold (which reads copies of the entries per step) is right.
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore store(os, Options("n0"));
+    CommitAndSeal(store, {"w", "v"}, 1);
+    CommitAndSeal(store, {"w", "v"}, 2);
+    const std::vector<TargetDescriptor> targets = {Target("w/t", "w", "n0", {0, 0}, {8, 8}),
+                                                   Target("v/t", "v", "n0", {0, 4}, {8, 4})};
+    ASSERT_OK_AND_ASSIGN(StepManifest step, store.GetManifest(Step(2)));
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> plain,
+                         store.ReadSparseObjects(StepManifestView(step), targets, {}));
+    ASSERT_OK(store.ClearCaches());
+    auto owner = std::make_shared<const StepManifest>(step);
+    std::weak_ptr<const StepManifest> watch = owner;
+    ReadOptions options;
+    options.manifest_owner = owner;
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> owned,
+                         store.ReadSparseObjects(StepManifestView(*owner), targets, options));
+    ASSERT_EQ(owned.size(), plain.size());
+    for (std::size_t t = 0; t < owned.size(); ++t) {
+        EXPECT_EQ(Entries(owned[t]), Entries(plain[t]));
+        EXPECT_EQ(owned[t].object.desc, plain[t].object.desc);
+    }
+    options.manifest_owner.reset();
+    owner.reset();
+    EXPECT_FALSE(watch.expired());  // the cached indexes refer to its entries
+    // Another requester's copy of the same entries hits the cache and reads the same.
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> again,
+                         store.ReadSparseObjects(StepManifestView(step), targets, {}));
+    EXPECT_EQ(Entries(again[0]), Entries(plain[0]));
+    ASSERT_OK(store.ClearCaches());
+    EXPECT_TRUE(watch.expired());
+
+    // A fold of steps 1-2 with its owner: per-step copies are read, never referred to.
+    ASSERT_OK_AND_ASSIGN(StepManifest fold, store.GetManifest({0, 2}));
+    auto fold_owner = std::make_shared<const StepManifest>(fold);
+    ReadOptions fold_options;
+    fold_options.manifest_owner = fold_owner;
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> folded,
+                         store.ReadSparseObjects(StepManifestView(*fold_owner), targets,
+                                                 fold_options));
+    fold_options.manifest_owner.reset();
+    fold_owner.reset();
+    // Served from the indexes the fold cached (whose descriptors must still be there).
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> folded_plain,
+                         store.ReadSparseObjects(StepManifestView(fold), targets, {}));
+    ASSERT_EQ(folded.size(), 2u);
+    for (std::size_t t = 0; t < folded.size(); ++t) {
+        EXPECT_EQ(Entries(folded[t]), Entries(folded_plain[t]));
+    }
+}
+
 TEST(StepsTest, SealWaitsForEveryAdmittedWriter) {
     SparseStore store(MakeEmbeddedStore());
     const auto owner = *PlacementPolicy::Parse("owner(expert)");
