@@ -227,7 +227,7 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
                                    " reads sources with different apply modes or value dtypes");
         }
     }
-    Shape local(target.box.shape().begin(), target.box.shape().end());
+    const std::span<const Index> local = target.box.shape();
     const DType out_index = NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
     const std::size_t osz = DTypeSize(out_index) * local.size();
     const std::size_t out_vsz = DTypeSize(first.value_dtype);
@@ -241,10 +241,13 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
         if (!e) return Internal("range read does not hold the planned region");
         fanout_bytes += e->count * (e->index_bytes + e->value_bytes);
     }
+    // Each field built in place (a target's object is made once per read of it: no temporary
+    // strings or shapes).
     SourceDescriptor desc;
-    desc.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
+    desc.source_ref.reserve(7 + target.target_id.size() + 1 + target.tensor_id.size());
+    desc.source_ref.append("target/").append(target.target_id).append("/").append(target.tensor_id);
     desc.tensor_id = target.tensor_id;
-    desc.global_shape = local;
+    desc.global_shape.assign(local.begin(), local.end());
     MCS_ASSIGN_OR_RETURN(desc.box, Box::Whole(local));
     desc.generation = first.generation;
     desc.placement = target.placement;
@@ -265,7 +268,7 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     if (const std::optional<std::uint64_t> nnz = RebaseWithTileIndex(
             manifest, indexes, target, pieces, tile, out_index, indices, values, direct)) {
         shrink(*nnz);
-        desc.tile_shape = tile;
+        desc.tile_shape = std::move(tile);
         desc.index_dtype = out_index;
         desc.value_dtype = first.value_dtype;
         desc.nnz = *nnz;

@@ -40,26 +40,33 @@ std::vector<Result<CommitResult>> SparseService::PutSparseObjects(
 }
 
 TargetObjectView TargetObjectView::Owning(TargetObject&& object) {
-    // The members move with the vectors that hold them, so the spans are taken from the copy
-    // the keepalive owns; the rest (ids, box, descriptor) moves into the view, the keepalive
-    // only has to hold the bytes.
-    auto owned = std::make_shared<TargetObject>(std::move(object));
-    SparseObject& o = owned->object;
+    // The keepalive holds the member bytes only (their buffers move, the bytes stay where they
+    // are); the ids, box and descriptor move into the view.
+    struct Members {
+        ByteBuffer indices;
+        ByteBuffer values;
+        std::vector<TileCoord> tile_coords;
+        std::vector<std::uint64_t> tile_ptr;
+    };
+    SparseObject& o = object.object;
+    auto owned = std::make_shared<const Members>(Members{std::move(o.indices), std::move(o.values),
+                                                         std::move(o.tile_coords),
+                                                         std::move(o.tile_ptr)});
     TargetObjectView view;
-    view.target_id = std::move(owned->target_id);
-    view.node_id = std::move(owned->node_id);
-    view.target_box = std::move(owned->target_box);
+    view.target_id = std::move(object.target_id);
+    view.node_id = std::move(object.node_id);
+    view.target_box = std::move(object.target_box);
     view.desc = std::move(o.desc);
     view.coordinate_space = std::move(o.coordinate_space);
-    view.indices = o.indices;
-    view.values = o.values;
-    view.tile_coords = AsBytes(o.tile_coords);
-    view.tile_ptr = AsBytes(o.tile_ptr);
+    view.indices = owned->indices;
+    view.values = owned->values;
+    view.tile_coords = AsBytes(owned->tile_coords);
+    view.tile_ptr = AsBytes(owned->tile_ptr);
     view.checksum_indices = o.checksum_indices;
     view.checksum_values = o.checksum_values;
     view.checksum_tile_coords = o.checksum_tile_coords;
     view.checksum_tile_ptr = o.checksum_tile_ptr;
-    view.keepalive = std::shared_ptr<const void>(std::move(owned));
+    view.keepalive = std::move(owned);
     return view;
 }
 
