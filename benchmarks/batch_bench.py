@@ -15,7 +15,8 @@ the bytes), on the embedded store and through the node daemon, it times:
   read's objects freed before each run, outside the timing; on the embedded store also in
   place (`view_in_place=True`: `read_in_place_s`); with --read-fraction F < 1 also a read of
   the first F * N targets against the whole manifest (`read_part_us_per_target`: a rank's part
-  of a step);
+  of a step); and the same read with the targets converted once (`mcs.TargetBatch`, as a
+  reader keeps them for a run: `read_target_batch_s`);
 - apply: N x apply_sparse_object vs one apply_sparse_objects;
 
 and, as the floor of the same run, a memcpy of the bytes each phase moves (numpy copy of the
@@ -202,6 +203,20 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     if backend == "embedded":
         r["read_in_place_s"] = step_read(view_in_place=True)[1]
     r["manifest_s"], r["read_s"] = step_read()
+    # The same read with the targets converted once (a TargetBatch, as a reader keeps them for
+    # a run), not at every read.
+    batch = mcs.TargetBatch(targets)
+    batch_times = []
+    for _ in range(args.repeats):
+        store.clear_caches()
+        sync(DEVICE)
+        m = store.manifest(last)
+        t0 = time.perf_counter()
+        got = store.read_sparse_objects(m, batch, **kw)
+        sync(DEVICE)
+        batch_times.append(time.perf_counter() - t0)
+        del got
+    r["read_target_batch_s"] = min(batch_times)
     if args.read_fraction < 1:
         # A rank reads its part of a step: its targets against the whole step's manifest
         # (a Kimi-K2 step lists about four times a rank's targets).
@@ -248,7 +263,7 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     r["memcpy_dense_s"] = best(lambda: np.copyto(dst_dense, flat_dense), args.repeats)
     for k in ("encode_single", "encode_batch", "commit_single", "commit_batch", "commit_steady",
               "manifest", "manifest_again",
-              "read", "read_in_place", "apply_single", "apply_batch"):
+              "read", "read_in_place", "read_target_batch", "apply_single", "apply_batch"):
         if f"{k}_s" in r:
             r[f"{k}_us_per_object"] = r[f"{k}_s"] / n * 1e6
     r["commit_batch_over_single"] = r["commit_batch_s"] / r["commit_single_s"]
@@ -318,7 +333,8 @@ def main(argv: list[str]) -> int:
                 f"{rec.get('commit_steady_us_per_object', float('nan')):.1f}), read "
                 f"{rec['read_us_per_object']:.1f} us (manifest "
                 f"{rec['manifest_us_per_object']:.1f}, again "
-                f"{rec['manifest_again_us_per_object']:.1f}"
+                f"{rec['manifest_again_us_per_object']:.1f}, TargetBatch "
+                f"{rec['read_target_batch_us_per_object']:.1f}"
                 + (f", in place {rec['read_in_place_us_per_object']:.1f}"
                    if "read_in_place_s" in rec else "") + "), apply "
                 f"{rec['apply_single_us_per_object']:.1f} -> "

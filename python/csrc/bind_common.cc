@@ -117,8 +117,26 @@ TargetDescriptor TargetFrom(const pyb::handle& obj) {
 
 std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets) {
     std::vector<TargetDescriptor> out;
-    if (pyb::isinstance<pyb::list>(targets)) out.reserve(pyb::len(targets));
+    if (pyb::isinstance<pyb::list>(targets) || pyb::isinstance<pyb::tuple>(targets)) {
+        out.reserve(pyb::len(targets));
+    }
     for (auto t : targets) out.push_back(TargetFrom(t));
+    return out;
+}
+
+TargetsArg TargetsArgFrom(const pyb::handle& targets) {
+    TargetsArg out;
+    if (pyb::isinstance<TargetBatch>(targets)) {
+        out.batch = targets.cast<std::shared_ptr<TargetBatch>>();
+        out.targets = out.batch->targets;
+        return out;
+    }
+    if (!pyb::isinstance<pyb::iterable>(targets) || pyb::isinstance<pyb::str>(targets)) {
+        ThrowIfError(InvalidArgument("targets must be an iterable of Target, got " +
+                                     std::string(pyb::repr(targets))));
+    }
+    out.converted = TargetsFrom(pyb::reinterpret_borrow<pyb::iterable>(targets));
+    out.targets = out.converted;
     return out;
 }
 

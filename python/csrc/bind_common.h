@@ -27,6 +27,20 @@ pyb::tuple ShapeTuple(std::span<const Index> s);
 TargetDescriptor TargetFrom(const pyb::handle& obj);
 std::vector<TargetDescriptor> TargetsFrom(const pyb::iterable& targets);
 
+/// Targets converted once (mooncake.sparse.TargetBatch): a reader's targets are the same at
+/// every step, so it converts them once instead of at every read of every step.
+struct TargetBatch {
+    std::vector<TargetDescriptor> targets;
+};
+/// The targets of a read: a TargetBatch's, viewed (and kept alive), or any iterable of Target,
+/// converted.
+struct TargetsArg {
+    std::span<const TargetDescriptor> targets;
+    std::shared_ptr<const TargetBatch> batch;
+    std::vector<TargetDescriptor> converted;
+};
+TargetsArg TargetsArgFrom(const pyb::handle& targets);
+
 /// A C-contiguous array in CUDA memory given as indices or values of a commit: it reaches the
 /// request as host bytes once StageDeviceMembers has copied it.
 struct DeviceMember {

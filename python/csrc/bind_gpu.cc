@@ -674,13 +674,14 @@ void RegisterGpu(pyb::module_& m) {
 
     m.def(
         "_gpu_read_sparse_objects",
-        [](PyStore& s, const pyb::list& manifest_list, const pyb::iterable& targets,
+        [](PyStore& s, const pyb::list& manifest_list, const pyb::object& targets,
            const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
            const std::optional<std::pair<std::uint64_t, std::uint64_t>>& generation,
            const std::vector<std::string>& unchanged, int device,
            std::uintptr_t stream) -> pyb::object {
             const ManifestArg manifest = ManifestFrom(manifest_list);
-            const std::vector<TargetDescriptor> tds = TargetsFrom(targets);
+            const TargetsArg targets_arg = TargetsArgFrom(targets);
+            const std::span<const TargetDescriptor> tds = targets_arg.targets;
             ReadOptions options = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
             options.view_in_place = true;
             std::vector<std::string> sorted = unchanged;

@@ -15,6 +15,13 @@
 namespace mooncake::sparse::py {
 
 void RegisterSparse(pyb::module_& m) {
+    pyb::class_<TargetBatch, std::shared_ptr<TargetBatch>>(
+        m, "_TargetBatch", "Targets converted once, for many reads (mooncake.sparse.TargetBatch).")
+        .def(pyb::init([](const pyb::iterable& targets) {
+                 return std::make_shared<TargetBatch>(TargetBatch{TargetsFrom(targets)});
+             }),
+             pyb::arg("targets"))
+        .def("__len__", [](const TargetBatch& b) { return b.targets.size(); });
     // Held by shared_ptr: the SourceInfo of a manifest view one array (SourcesList), which a read
     // then takes as it lies.
     pyb::class_<SourceDescriptor, std::shared_ptr<SourceDescriptor>>(m, "SourceInfo", "One committed source object of a manifest.")

@@ -283,12 +283,13 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
 }
 
 std::vector<std::shared_ptr<SparseObjectView>> Read(
-    PyStore& s, const pyb::list& manifest_list, const pyb::iterable& targets,
+    PyStore& s, const pyb::list& manifest_list, const pyb::object& targets,
     const std::string& strategy, std::int64_t read_coalesce_gap, int num_threads,
     const std::optional<GenerationArg>& generation, const std::vector<std::string>& unchanged,
     const std::optional<bool>& view_in_place) {
     const ManifestArg manifest = ManifestFrom(manifest_list);
-    std::vector<TargetDescriptor> tds = TargetsFrom(targets);
+    const TargetsArg targets_arg = TargetsArgFrom(targets);
+    const std::span<const TargetDescriptor> tds = targets_arg.targets;
     ReadOptions options = ParseReadOptions(strategy, read_coalesce_gap, num_threads);
     if (view_in_place) {
         if (s.node() != nullptr) {

@@ -3,6 +3,9 @@ apply_sparse_objects, on the embedded store and through the node daemon: each eq
 single-object call item by item, and a bad item fails alone with its typed error."""
 from __future__ import annotations
 
+import collections.abc
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -152,6 +155,42 @@ def test_a_sealed_steps_manifest_outlives_the_stores_kept_copy(store):
         store.manifest((0, 1))
     with pytest.raises(mcs.NotFound):
         store.read_sparse_objects(m, targets)
+
+
+def test_a_target_batch_reads_as_its_list_does_at_every_step(store):
+    """A TargetBatch converts its targets once: reads of every step with it give the objects
+    that reads with the list give; it is a sequence of its Targets; bad targets are typed errors
+    when it is made."""
+    rng = np.random.default_rng(11)
+    names = [f"b{i}" for i in range(5)]
+    w = {n: rng.standard_normal((12, 6)).astype(np.float32) for n in names}
+    targets = [mcs.Target(n, f"{n}/tp{r}", "node0", {"tp": r}, (6 * r, 0), (6, 6))
+               for n in names for r in (0, 1)]
+    batch = mcs.TargetBatch(targets)
+    assert len(batch) == len(targets) and list(batch) == targets and batch[3] == targets[3]
+    assert isinstance(batch, collections.abc.Sequence)
+
+    def contents(objs):
+        return [(o.target_id, o.nnz, o.global_offset, np.asarray(o.indices).tobytes(),
+                 np.asarray(o.values).tobytes()) for o in objs]
+
+    for k in (1, 2, 3):
+        new = {n: changed(rng, x, 0.2) for n, x in w.items()}
+        store.put_sparse_objects(
+            [{"tensor_id": n, "global_shape": (12, 6), "indices": i, "values": v,
+              "generation": (k - 1, k)}
+             for n, (i, v) in zip(names, mcs.encode_updates([(new[n], w[n]) for n in names]))])
+        store.seal_generation((k - 1, k), names)
+        m = store.manifest((k - 1, k))
+        assert contents(store.read_sparse_objects(m, batch)) == \
+            contents(store.read_sparse_objects(m, targets))
+        w = new
+    fold = store.manifest((0, 3))
+    assert contents(store.read_sparse_objects(fold, batch)) == \
+        contents(store.read_sparse_objects(fold, targets))
+    for bad in ("b0", None, [object()], [dataclasses.replace(targets[0], local_shape=(0, 6))]):
+        with pytest.raises(mcs.InvalidArgument):
+            mcs.TargetBatch(bad)
 
 
 def test_targets_take_every_sequence_form_and_bad_ones_are_typed_errors(store):

@@ -9,7 +9,7 @@ import operator
 import os
 import sys
 import threading
-from typing import Any, Iterable, Mapping, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Protocol, Sequence
 
 # numpy before the native core: on an H200 host (torch 2.11, Python 3.12), loading the core
 # first and then torch crashed torch's import; with numpy loaded first it did not.
@@ -24,6 +24,7 @@ from . import _gpu
 
 __all__ = [
     "Target",
+    "TargetBatch",
     "Store",
     "connect",
     "default_store",
@@ -52,6 +53,32 @@ class Target:
     placement: Mapping[str, int]
     global_offset: Sequence[int]
     local_shape: Sequence[int]
+
+
+class TargetBatch(Sequence[Target]):
+    """A reader's targets converted once, for many reads: pass it to read_sparse_objects in
+    place of a list. A rank's targets are the same at every step (a Kimi-K2 node reads about
+    140,000 of them per step); a list is converted at every read, a batch only here. Its
+    Targets are taken as they are now (a later change to a Target's placement or shape is not
+    seen: make a new batch). Iterable, indexable and sized like the tuple of its targets."""
+
+    __slots__ = ("_targets", "_core")
+
+    def __init__(self, targets: Iterable[Target]) -> None:
+        self._targets = tuple(_targets(targets))
+        self._core = _core._TargetBatch(self._targets)
+
+    def __len__(self) -> int:
+        return len(self._targets)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._targets[i]
+
+    def __iter__(self) -> Iterator[Target]:
+        return iter(self._targets)
+
+    def __repr__(self) -> str:
+        return f"TargetBatch({len(self._targets)} targets)"
 
 
 class _Backend(Protocol):
@@ -454,6 +481,7 @@ class Store(TensorMixin):
         view_in_place: bool | None = None,
     ) -> list[Any]:
         """One target-local object per target, same order (docs/design.md §4 steps 1-8).
+        targets: Targets, or a TargetBatch of them (converted once for every read of a run).
         strategy="full_source" is the baseline that GETs complete sources per target.
         device="cuda" / "cuda:N": the objects' indices and values are copied into that GPU's
         memory (DeviceSparseObject), ready for apply_sparse_object on CUDA weights.
@@ -476,7 +504,7 @@ class Store(TensorMixin):
         if device is not None and view_in_place is None and embedded:
             view_in_place = True
         step = manifest if isinstance(manifest, Manifest) else None
-        sources, ts = _manifest(manifest), _targets(targets)
+        sources, ts = _manifest(manifest), _read_targets(targets)
         strategy = _str(strategy, "strategy")
         read_coalesce_gap = _int(read_coalesce_gap, "read_coalesce_gap", minimum=-1)
         num_threads = _int(num_threads, "num_threads", minimum=0)
@@ -591,6 +619,11 @@ def _targets(targets: Any) -> list[Any]:
     if targets is None or isinstance(targets, (str, bytes)) or not hasattr(targets, "__iter__"):
         raise InvalidArgument(f"targets must be an iterable of Target, got {targets!r}")
     return list(targets)
+
+
+def _read_targets(targets: Any) -> Any:
+    """A read's targets as the binding takes them: a TargetBatch's converted ones, or a list."""
+    return targets._core if isinstance(targets, TargetBatch) else _targets(targets)
 
 
 # Longest timeout taken (about 31 years): beyond it the milliseconds would not fit int64.

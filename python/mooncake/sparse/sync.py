@@ -506,7 +506,7 @@ def _check_dests(plan: SyncPlan, rank: int, dests: Mapping[str, Tensor]) -> list
     return targets
 
 
-def _apply(store: _api.Store, targets: list[_api.Target], rank: int,
+def _apply(store: _api.Store, targets: Sequence[_api.Target], rank: int,
            dests: Mapping[str, Tensor], gen: Generation, manifest: ManifestLike | None,
            wait: bool, timeout: float | None, strategy: str, device: Device) -> ApplyStats:
     t0 = time.perf_counter()
@@ -574,7 +574,7 @@ class InferenceSync:
         self.step = _api._int(step, "step", minimum=0)  # the step the weights are at
         self.strategy = strategy
         self.device = device
-        self._targets = _check_dests(plan, rank, dests)
+        self._targets = _api.TargetBatch(_check_dests(plan, rank, dests))  # converted once
 
     def update(self, to_step: int | None = None, *,
                timeout: float | None = None) -> ApplyStats | None:
