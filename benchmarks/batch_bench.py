@@ -203,36 +203,30 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     if backend == "embedded":
         r["read_in_place_s"] = step_read(view_in_place=True)[1]
     r["manifest_s"], r["read_s"] = step_read()
-    # The same read with the targets converted once (a TargetBatch, as a reader keeps them for
-    # a run), not at every read.
-    batch = mcs.TargetBatch(targets)
-    batch_times = []
-    for _ in range(args.repeats):
-        store.clear_caches()
-        sync(DEVICE)
-        m = store.manifest(last)
-        t0 = time.perf_counter()
-        got = store.read_sparse_objects(m, batch, **kw)
-        sync(DEVICE)
-        batch_times.append(time.perf_counter() - t0)
-        del got
-    r["read_target_batch_s"] = min(batch_times)
-    if args.read_fraction < 1:
-        # A rank reads its part of a step: its targets against the whole step's manifest
-        # (a Kimi-K2 step lists about four times a rank's targets).
-        part = targets[:max(1, int(n * args.read_fraction))]
-        part_times = []
+
+    def read_only(ts) -> float:
+        # The best read of `ts` alone (the caches cleared and the manifest taken before it).
+        times = []
         for _ in range(args.repeats):
             store.clear_caches()
             sync(DEVICE)
             m = store.manifest(last)
             t0 = time.perf_counter()
-            got = store.read_sparse_objects(m, part, **kw)
+            got = store.read_sparse_objects(m, ts, **kw)
             sync(DEVICE)
-            part_times.append(time.perf_counter() - t0)
+            times.append(time.perf_counter() - t0)
             del got
+        return min(times)
+
+    # The same read with the targets converted once (a TargetBatch, as a reader keeps them for
+    # a run), not at every read.
+    r["read_target_batch_s"] = read_only(mcs.TargetBatch(targets))
+    if args.read_fraction < 1:
+        # A rank reads its part of a step: its targets against the whole step's manifest
+        # (a Kimi-K2 step lists about four times a rank's targets).
+        part = targets[:max(1, int(n * args.read_fraction))]
         r["read_part_targets"] = len(part)
-        r["read_part_us_per_target"] = min(part_times) / len(part) * 1e6
+        r["read_part_us_per_target"] = read_only(part) / len(part) * 1e6
 
     # apply: single calls vs one batch, from the same objects; results bit-identical
     w_single = [o.clone() if cuda else o.copy() for o in olds]

@@ -14,7 +14,8 @@ METRICS = [("commit_steady_us_per_object", "commit (steady)"),
            ("manifest_us_per_object", "manifest"),
            ("manifest_again_us_per_object", "manifest, again"),
            ("read_us_per_object", "read"),
-           ("read_part_us_per_target", "read, part")]
+           ("read_part_us_per_target", "read, part"),
+           ("read_target_batch_us_per_object", "read, TargetBatch")]
 
 
 def runs(out_dir: pathlib.Path, pattern: str) -> list[dict]:
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> int:
     out_dir = pathlib.Path(argv[0])
     devices = [d for d in ("cpu", "cuda") if list(out_dir.glob(f"{d}_before*.jsonl"))]
     backends = ("embedded", "node")
-    fig, axes = plt.subplots(len(devices), len(backends), figsize=(15, 3.6 * len(devices)),
+    fig, axes = plt.subplots(len(devices), len(backends), figsize=(17, 3.6 * len(devices)),
                              squeeze=False)
     for i, dev in enumerate(devices):
         for j, backend in enumerate(backends):

@@ -531,6 +531,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
         case T::kSparseManifest: return T::kSparseManifestReply;
         case T::kSparseCurrentGeneration: return T::kSparseCurrentGenerationReply;
         case T::kSparseRead: return T::kSparseReadReply;
+        case T::kSparseReadStep: return T::kSparseReadReply;
         case T::kSparseReadPlan: return T::kSparseReadPlanReply;
         case T::kMetrics: return T::kMetricsReply;
         case T::kSparseStepManifest: return T::kSparseStepManifestReply;
@@ -1119,6 +1120,17 @@ w::Message SparseReadPlanOf(Choices& c, const World& world) {
     return r;
 }
 
+/// The targets of SparseReadOf read by naming a step (the daemon's own manifest of it): any
+/// generation, sealed or not, a fold, or one never committed.
+w::Message SparseReadStepOf(Choices& c, const World& world) {
+    w::SparseReadRequest read = std::get<w::SparseReadRequest>(SparseReadOf(c, world));
+    w::SparseReadStepRequest r;
+    r.step = GenerationOf(c, "generation", {0, 1});
+    r.targets = std::move(read.targets);
+    r.options = read.options;
+    return r;
+}
+
 w::Message TensorItemsOf(Choices& c, const World& world, bool put) {
     std::vector<w::TensorItem> items;
     const std::size_t n = c.Range("items", 1, 3);
@@ -1180,6 +1192,7 @@ enum Op : std::uint64_t {
     kLeasesToDevice,
     kSparseReadPlan,
     kLeaseRangesToDevice,
+    kSparseReadStep,
     kNumOps,
 };
 
@@ -1230,6 +1243,7 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
             case kLeasesToDevice: request = LeasesToDeviceOf(c, held); break;
             case kSparseReadPlan: request = SparseReadPlanOf(c, world); break;
             case kLeaseRangesToDevice: request = LeaseRangesToDeviceOf(c, held); break;
+            case kSparseReadStep: request = SparseReadStepOf(c, world); break;
             case kSparseWait: request = SparseWaitOf(c); break;
             case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
             case kSparseAnchor: {
@@ -1328,7 +1342,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
         "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch",
         "sparse_commit_device", "leases_to_device", "sparse_read_plan",
-        "lease_ranges_to_device"};
+        "lease_ranges_to_device", "sparse_read_step"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 
@@ -1450,6 +1464,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
     }
     seeds.push_back({"lease_then_release", {{"op", kLease}, {"op", kRelease}}});
     seeds.push_back({"sparse_read_then_release", {{"op", kSparseRead}, {"op", kRelease}}});
+    seeds.push_back({"sparse_seal_then_read_step", {{"op", kSparseSeal}, {"op", kSparseReadStep}}});
     return seeds;
 }
 
