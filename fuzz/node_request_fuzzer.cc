@@ -1117,6 +1117,15 @@ w::Message SparseReadPlanOf(Choices& c, const World& world) {
     for (std::size_t n = c.Range("unchanged", 0, 2), i = 0; i < n; ++i) {
         r.unchanged.push_back(StringOf(c, "tensor_id", world.tensor_ids));
     }
+    if (c.Flag("plan.by_step")) {
+        // Naming the step instead (the daemon's own manifest of it): any count of entries, and
+        // sometimes a manifest sent all the same.
+        r.sealed_entries = U64(c, "sealed_entries", world.sources.size());
+        if (!c.Flag("plan.by_step.with_manifest")) {
+            r.manifest.clear();
+            r.unchanged.clear();
+        }
+    }
     return r;
 }
 
@@ -1465,6 +1474,8 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
     seeds.push_back({"lease_then_release", {{"op", kLease}, {"op", kRelease}}});
     seeds.push_back({"sparse_read_then_release", {{"op", kSparseRead}, {"op", kRelease}}});
     seeds.push_back({"sparse_seal_then_read_step", {{"op", kSparseSeal}, {"op", kSparseReadStep}}});
+    seeds.push_back({"sparse_seal_then_plan_step",
+                     {{"op", kSparseSeal}, {"op", kSparseReadPlan}, {"plan.by_step", 1}}});
     return seeds;
 }
 

@@ -442,8 +442,12 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
         MCS_RETURN_IF_ERROR(filter_and_rebase(read, at, staging.ptr()));
         return Status::Ok();  // staging is freed stream-ordered, after the kernels that read it
     };
+    // A sealed step's manifest exactly as the node daemon gave it: the daemon plans with its
+    // own, none is sent (nor decoded there) per read.
     Result<std::vector<TargetObjectView>> views =
-        s.service().ReadPlanned(manifest, targets, options, build);
+        s.node() != nullptr && s.IsSealedManifest(manifest.generation, manifest.sources)
+            ? s.node()->ReadPlannedSealedStep(manifest, targets, options, build)
+            : s.service().ReadPlanned(manifest, targets, options, build);
     if (!views.ok()) {
         if (!entered && views.status().code() == StatusCode::kUnimplemented) return std::nullopt;
         throw StatusError(views.status());

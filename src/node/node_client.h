@@ -208,6 +208,14 @@ public:
                                                       std::span<const TargetDescriptor> targets,
                                                       const ReadOptions& options,
                                                       const PlannedReadFn& build) override;
+    /// ReadPlanned of a sealed step whose manifest is exactly this connection's copy of the
+    /// daemon's (GetManifest of it, whole and in its order; the caller checked): the requests
+    /// name the step, the daemon plans with its own manifest, none is sent.
+    /// Errors: FailedPrecondition (not sealed, or the daemon's manifest of it has another
+    /// size); NotFound (freed); as ReadPlanned.
+    Result<std::vector<TargetObjectView>> ReadPlannedSealedStep(
+        const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+        const ReadOptions& options, const PlannedReadFn& build);
     /// The daemon's metrics (the §4 counters and its gauges); `reset` zeroes the §4 counters.
     Result<MetricItems> Metrics(bool reset = false) override;
     /// Drops the daemon's node-local caches (tile indexes, range reads) for every process.
@@ -342,6 +350,10 @@ private:
     Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
     /// A SparseRead or SparseReadStep request of `targets`, and its objects from the reply
     /// (each described from its target and what the daemon's read decided of it).
+    Result<std::vector<TargetObjectView>> ReadPlannedAs(const StepManifestView& manifest,
+                                                        std::span<const TargetDescriptor> targets,
+                                                        const ReadOptions& options,
+                                                        const PlannedReadFn& build, bool by_step);
     template <typename Request>
     Result<std::vector<LeasedTargetObject>> CallRead(const Request& request,
                                                      std::span<const TargetDescriptor> targets);

@@ -775,6 +775,18 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadSealedStepViews(
 Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
     const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
     const ReadOptions& options, const PlannedReadFn& build) {
+    return ReadPlannedAs(manifest, targets, options, build, /*by_step=*/false);
+}
+
+Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedSealedStep(
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options, const PlannedReadFn& build) {
+    return ReadPlannedAs(manifest, targets, options, build, /*by_step=*/true);
+}
+
+Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
+    const StepManifestView& manifest, std::span<const TargetDescriptor> targets,
+    const ReadOptions& options, const PlannedReadFn& build, bool by_step) {
     if (options.strategy != ReadStrategy::kSparseRanges) {
         return Unimplemented("a planned read reads sparse ranges");
     }
@@ -807,7 +819,8 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
             }
             chunks.back().push_back(order[k]);
         }
-        for (std::size_t i = 0; i < sources.size(); ++i) {
+        // Each request lists the sources of its tensors (by step, the daemon has them all).
+        for (std::size_t i = 0; i < sources.size() && !by_step; ++i) {
             sources_of[sources[i].tensor_id].push_back(static_cast<std::uint32_t>(i));
         }
     }
@@ -829,7 +842,9 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
             request.step = manifest.generation;
             request.options = WireReadOptions(options);
             std::vector<std::uint32_t> manifest_of;  // request's manifest index -> manifest's
-            if (chunks.size() == 1) {
+            if (by_step) {
+                request.sealed_entries = sources.size();  // indices are of the whole manifest
+            } else if (chunks.size() == 1) {
                 request.manifest.assign(sources.begin(), sources.end());
                 request.unchanged.assign(manifest.unchanged.begin(), manifest.unchanged.end());
             } else {
@@ -862,7 +877,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlanned(
                 keepalives.push_back(MakeKeepalive(ps.lease_id, ps.indices.segment_id));
             }
             const auto to_manifest = [&](std::uint32_t i) -> std::optional<std::uint32_t> {
-                if (i >= request.manifest.size()) return std::nullopt;
+                if (i >= (by_step ? sources.size() : request.manifest.size())) return std::nullopt;
                 return manifest_of.empty() ? i : manifest_of[i];
             };
             if (reply.targets.size() != c.size()) {

@@ -740,7 +740,33 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
     options.view_in_place = true;
     std::vector<std::string> unchanged = req.unchanged;
     std::sort(unchanged.begin(), unchanged.end());
-    const StepManifestView step(req.step, req.manifest, unchanged);
+    StepManifestView step(req.step, req.manifest, unchanged);
+    std::optional<SparseStore::SharedStepManifest> sealed;
+    if (req.sealed_entries) {
+        // The daemon's own manifest of the sealed step: the one the client got from it (a
+        // sealed step's never changes), which the reply's indices refer to.
+        if (!req.manifest.empty() || !req.unchanged.empty()) {
+            return InvalidArgument("a planned read of a sealed step sends no manifest");
+        }
+        if (req.step.delta != req.step.base + 1) {
+            return InvalidArgument("a planned read names a step (k - 1, k), got " +
+                                   req.step.ToString());
+        }
+        MCS_ASSIGN_OR_RETURN(sealed, sparse_->GetManifestShared(req.step));
+        if (!sealed->sealed) {
+            return FailedPrecondition("step " + req.step.ToString() +
+                                      " is not sealed: plan it with its manifest");
+        }
+        if (sealed->sources->size() != *req.sealed_entries) {
+            return FailedPrecondition("step " + req.step.ToString() + " lists " +
+                                      std::to_string(sealed->sources->size()) +
+                                      " sources here, the client's manifest " +
+                                      std::to_string(*req.sealed_entries));
+        }
+        step = sealed->view();
+        options.manifest_owner = sealed->sources;
+        server_.step_reads_.fetch_add(1, std::memory_order_relaxed);
+    }
 
     wire::SparseReadPlanReply reply;
     std::vector<ObjectLease> leases;

@@ -59,7 +59,8 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// of updates in the client's CUDA memory (SparseCommitDevice). 6: leased objects copied into
 /// the client's CUDA memory (LeasesToDevice). 8: reads of a sealed step by its generation
 /// (SparseReadStep). 9: a read's reply carries what the read decided of each target object
-/// (ReadTargetLocation), not its whole descriptor.
+/// (ReadTargetLocation), not its whole descriptor; a planned read names a sealed step
+/// (SparseReadPlanRequest::sealed_entries).
 inline constexpr std::uint32_t kProtocolVersion = 9;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.

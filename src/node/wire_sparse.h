@@ -511,6 +511,10 @@ struct PlannedTarget {
 /// ranges of to the connection, and replies with the ranges, the pieces each target takes and
 /// the leases. The client then has the ranges copied into its device memory
 /// (LeaseRangesToDevice), filters and rebases them there, and releases the leases.
+/// With `sealed_entries` set, the request names a sealed step (k - 1, k) instead of sending its
+/// manifest (and unchanged ids, both then empty): the daemon plans with its own manifest of the
+/// step, the one it gave the client, whose `sealed_entries` entries the reply's indices refer
+/// to (a manifest of another size is FailedPrecondition).
 struct SparseReadPlanRequest {
     static constexpr MessageType kType = MessageType::kSparseReadPlan;
     Generation step;
@@ -518,6 +522,7 @@ struct SparseReadPlanRequest {
     std::vector<TargetDescriptor> targets;
     std::vector<std::string> unchanged;
     SparseReadOptions options;
+    std::optional<std::uint64_t> sealed_entries;
 
     static void Fields(auto& v, auto& m) {
         v("step", m.step);
@@ -525,6 +530,7 @@ struct SparseReadPlanRequest {
         v("targets", m.targets, kMaxBatchItems);
         v("unchanged", m.unchanged, kMaxBatchItems, kMaxNameBytes);
         v("options", m.options);
+        v("sealed_entries", m.sealed_entries);
     }
     friend bool operator==(const SparseReadPlanRequest&, const SparseReadPlanRequest&) = default;
 };

@@ -428,8 +428,9 @@ std::vector<std::vector<std::byte>> SortedEntries(std::span<const std::byte> idx
 }
 
 /// A step of two changed tensors and an unchanged one, read planned (built on the host) and
-/// read as usual: the same targets.
-std::vector<PlannedAnswer> PlannedReadThrough(SparseService& s) {
+/// read as usual: the same targets. `by_step` (a node daemon's client): the planned read names
+/// the sealed step (its manifest is the daemon's, as GetManifest gave it).
+std::vector<PlannedAnswer> PlannedReadThrough(SparseService& s, bool by_step = false) {
     const Coo w = RandomCoo(kRows, kCols, 900, 3), v = RandomCoo(kRows, kCols, 2000, 4);
     std::vector<PutSparseRequest> reqs = {Request(w), Request(v)};
     reqs[1].tensor_id = "v";
@@ -451,7 +452,11 @@ std::vector<PlannedAnswer> PlannedReadThrough(SparseService& s) {
     EXPECT_TRUE(want.ok()) << want.status().ToString();
     if (!want.ok()) return {};
     testing::HostBuild build;
-    auto got = s.ReadPlanned(*step, targets, options, std::ref(build));
+    auto* node = dynamic_cast<NodeClient*>(&s);
+    EXPECT_TRUE(!by_step || node != nullptr);
+    if (by_step && node == nullptr) return {};
+    auto got = by_step ? node->ReadPlannedSealedStep(*step, targets, options, std::ref(build))
+                       : s.ReadPlanned(*step, targets, options, std::ref(build));
     EXPECT_TRUE(got.ok()) << got.status().ToString();
     if (!got.ok()) return {};
     EXPECT_EQ(build.calls, 1);
@@ -512,6 +517,41 @@ TEST(SparseServiceTest, APlannedReadGivesTheSameTargetsInProcessAndThroughTheDae
     EXPECT_EQ(Metric(*metrics, "planned_reads"), 2);
     client->reset();
     (*server)->Stop();
+
+    // The same read naming the sealed step (the daemon plans with its own manifest of it): the
+    // same targets, in one request and in requests of two targets. A manifest that is not the
+    // daemon's whole one, or a step that is not sealed, is refused.
+    for (std::size_t per_request : {std::size_t{16384}, std::size_t{2}}) {
+        SCOPED_TRACE(per_request);
+        testing::TempDir step_dir;
+        const std::string step_socket = step_dir.Path("node.sock");
+        auto step_server =
+            NodeServer::Start(testing::SmallServer(step_socket, "sparse_service_by_step", 16 << 20));
+        ASSERT_TRUE(step_server.ok()) << step_server.status().ToString();
+        NodeClientOptions o = ClientOptions(step_socket);
+        o.planned_read_targets = per_request;
+        auto by_step = NodeClient::Connect(o);
+        ASSERT_TRUE(by_step.ok()) << by_step.status().ToString();
+        EXPECT_EQ(PlannedReadThrough(**by_step, /*by_step=*/true), in_process);
+        auto step_metrics = (*by_step)->Metrics(false);
+        ASSERT_TRUE(step_metrics.ok());
+        EXPECT_GE(Metric(*step_metrics, "step_reads"), 1);
+        auto step = (*by_step)->GetManifest({0, 1});
+        ASSERT_TRUE(step.ok());
+        const std::vector<TargetDescriptor> one = {Target("w", 0)};
+        testing::HostBuild build;
+        const StepManifestView part({0, 1}, std::span(step->sources).first(1), step->unchanged);
+        EXPECT_EQ((*by_step)->ReadPlannedSealedStep(part, one, {}, std::ref(build)).status().code(),
+                  StatusCode::kFailedPrecondition);
+        const StepManifestView open({1, 2}, step->sources, step->unchanged);
+        EXPECT_EQ((*by_step)->ReadPlannedSealedStep(open, one, {}, std::ref(build)).status().code(),
+                  StatusCode::kFailedPrecondition);
+        const StepManifestView fold({0, 2}, step->sources, step->unchanged);
+        EXPECT_EQ((*by_step)->ReadPlannedSealedStep(fold, one, {}, std::ref(build)).status().code(),
+                  StatusCode::kInvalidArgument);
+        by_step->reset();
+        (*step_server)->Stop();
+    }
 
     // A read planned in requests of two targets (a tensor's targets together, its sources
     // only): the same targets.

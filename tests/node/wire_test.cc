@@ -332,6 +332,15 @@ std::vector<Message> SampleMessages() {
         r.options.num_threads = 4;
         out.push_back(r);
     }
+    {
+        // A device read planned by the daemon with its own manifest of a sealed step.
+        SparseReadPlanRequest p;
+        p.step = {4, 5};
+        p.targets = {SampleTarget(1)};
+        p.options.num_threads = 2;
+        p.sealed_entries = 69608;
+        out.push_back(p);
+    }
     return out;
 }
 
