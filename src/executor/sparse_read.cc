@@ -241,17 +241,6 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
         if (!e) return Internal("range read does not hold the planned region");
         fanout_bytes += e->count * (e->index_bytes + e->value_bytes);
     }
-    // Each field built in place (a target's object is made once per read of it: no temporary
-    // strings or shapes).
-    SourceDescriptor desc;
-    desc.source_ref.reserve(7 + target.target_id.size() + 1 + target.tensor_id.size());
-    desc.source_ref.append("target/").append(target.target_id).append("/").append(target.tensor_id);
-    desc.tensor_id = target.tensor_id;
-    desc.global_shape.assign(local.begin(), local.end());
-    MCS_ASSIGN_OR_RETURN(desc.box, Box::Whole(local));
-    desc.generation = first.generation;
-    desc.placement = target.placement;
-    desc.apply = first.apply;
     Shape tile(first.tile_shape);
     for (std::size_t d = 0; d < tile.size(); ++d) tile[d] = std::min(tile[d], local[d]);
     const auto shrink = [&](std::uint64_t nnz) {
@@ -268,12 +257,11 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     if (const std::optional<std::uint64_t> nnz = RebaseWithTileIndex(
             manifest, indexes, target, pieces, tile, out_index, indices, values, direct)) {
         shrink(*nnz);
-        desc.tile_shape = std::move(tile);
-        desc.index_dtype = out_index;
-        desc.value_dtype = first.value_dtype;
-        desc.nnz = *nnz;
-        desc.num_tiles = direct.tile_ptr.size() - 1;
-        MCS_ASSIGN_OR_RETURN(direct.desc, SourceDescriptor::Make(std::move(desc)));
+        MCS_ASSIGN_OR_RETURN(direct.desc,
+                             TargetObjectDescriptor(target, {first.generation, first.apply,
+                                                             out_index, first.value_dtype,
+                                                             std::move(tile), *nnz,
+                                                             direct.tile_ptr.size() - 1}));
         direct.coordinate_space = "local";
         direct.indices = std::move(indices);
         direct.values = std::move(values);
@@ -292,8 +280,11 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
                                 std::span(values).subspan(nnz * out_vsz));
     }
     shrink(nnz);
+    MCS_ASSIGN_OR_RETURN(SourceDescriptor desc,
+                         TargetObjectDescriptor(target, {first.generation, first.apply, out_index,
+                                                         first.value_dtype, tile, 0, 0}));
     EncodeOptions enc;
-    enc.tile_shape = tile;
+    enc.tile_shape = std::move(tile);
     enc.num_threads = 1;
     // Rebased ranges of a sorted source usually are sorted for the target's tiles too: then the
     // arrays become the object's members as they are.
