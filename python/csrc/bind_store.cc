@@ -518,7 +518,14 @@ void RegisterStore(pyb::module_& m) {
              },
              pyb::arg("generation"))
         .def("wait_generation",
-             [](Store& s, GenerationArg g, double timeout) {
+             [](Store& s, GenerationArg g, double timeout) -> pyb::tuple {
+                 if (auto* local = dynamic_cast<SparseStore*>(&s.service())) {
+                     // The store's own arrays of the sealed step, viewed (no copy per call).
+                     SparseStore::SharedStepManifest m = NoGil(
+                         [&] { return local->WaitGenerationShared(GenerationOf(g), timeout); });
+                     return pyb::make_tuple(SourcesList(std::move(m.sources)),
+                                            pyb::cast(*m.unchanged), m.sealed);
+                 }
                  return StepManifestOf(s, NoGil([&] {
                      return s.service().WaitGeneration(GenerationOf(g), timeout);
                  }));

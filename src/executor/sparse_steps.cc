@@ -559,6 +559,12 @@ Result<std::optional<Generation>> SparseStore::LatestGeneration() {
 }
 
 Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double timeout_seconds) {
+    MCS_ASSIGN_OR_RETURN(SharedStepManifest m, WaitGenerationShared(generation, timeout_seconds));
+    return StepManifest{m.generation, *m.sources, *m.unchanged, m.sealed};
+}
+
+Result<SparseStore::SharedStepManifest> SparseStore::WaitGenerationShared(
+    Generation generation, double timeout_seconds) {
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
     const Generation last{generation.delta - 1, generation.delta};
     using Clock = std::chrono::steady_clock;
@@ -579,7 +585,7 @@ Result<StepManifest> SparseStore::WaitGeneration(Generation generation, double t
             seen = seals_;
         }
         MCS_ASSIGN_OR_RETURN(const bool sealed, IsSealed(last));
-        if (sealed) return GetManifest(generation);
+        if (sealed) return GetManifestShared(generation);
         MCS_ASSIGN_OR_RETURN(const bool freed, PastRetention(last));
         if (freed) {
             return NotFound("wait_generation: step " + last.ToString() +

@@ -184,6 +184,8 @@ public:
         StepManifestView view() const { return {generation, *sources, *unchanged}; }
     };
     Result<SharedStepManifest> GetManifestShared(Generation generation);
+    /// WaitGeneration's answer with its arrays shared, as GetManifestShared's.
+    Result<SharedStepManifest> WaitGenerationShared(Generation generation, double timeout_seconds);
 
     /// Seals a step: `tensor_ids` is the model's complete list of tensors at that step; those
     /// without a source in the step are unchanged. Then frees what retention no longer keeps.

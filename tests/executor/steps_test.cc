@@ -479,6 +479,12 @@ TEST(StepsTest, ASharedManifestOfASealedStepIsTheKeptOneUntilRetentionFreesIt) {
     EXPECT_EQ(*first.sources, copied.sources);
     EXPECT_EQ(*first.unchanged, copied.unchanged);
     EXPECT_EQ(first.view().sources.data(), first.sources->data());
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest waited,
+                         reader.WaitGenerationShared(Step(1), 1.0));
+    EXPECT_EQ(waited.sources.get(), first.sources.get());  // waiting gives the kept one too
+    ASSERT_OK_AND_ASSIGN(StepManifest waited_copy, reader.WaitGeneration(Step(1), 1.0));
+    EXPECT_EQ(waited_copy.sources, copied.sources);
+    EXPECT_EQ(waited_copy.unchanged, copied.unchanged);
     // The step sealed through this store: its seal's check of the manifest is what it keeps,
     // with the seal's unchanged ids.
     ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest empty, trainer.GetManifestShared(Step(2)));

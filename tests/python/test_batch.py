@@ -141,6 +141,8 @@ def test_a_sealed_steps_manifest_outlives_the_stores_kept_copy(store):
     m = store.manifest((0, 1))
     again = store.manifest((0, 1))
     assert entries(m) == entries(again) and len(m) == len(names)
+    waited = store.wait_generation((0, 1), timeout=5)
+    assert entries(waited) == entries(m) and waited.unchanged == ("idle",) and waited.sealed
     assert m.unchanged == again.unchanged == ("idle",)
     store.clear_caches()
     assert entries(store.manifest((0, 1))) == entries(m)
