@@ -845,23 +845,17 @@ Result<SourceDescriptor> TargetObjectDescriptor(const TargetDescriptor& target,
 
 Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
                                                  const SourceDescriptor* first, Generation step) {
-    Shape local(target.box.shape().begin(), target.box.shape().end());
-    SourceDescriptor d;
-    d.source_ref = "target/" + target.target_id + "/" + target.tensor_id;
-    d.tensor_id = target.tensor_id;
-    MCS_ASSIGN_OR_RETURN(d.box, Box::Whole(local));
-    d.generation = first != nullptr ? first->generation : step;
-    d.placement = target.placement;
-    d.apply = first != nullptr ? first->apply : ApplyMode::kOverwrite;
-    d.index_dtype = local.empty() ? DType::kUInt16
-                                  : NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
-    d.value_dtype = first != nullptr ? first->value_dtype : DType::kUInt8;
-    d.tile_shape = first != nullptr ? first->tile_shape : DefaultTileShape(local);
-    for (std::size_t k = 0; k < d.tile_shape.size() && k < local.size(); ++k) {
-        d.tile_shape[k] = std::min(d.tile_shape[k], local[k]);
+    const std::span<const Index> local = target.box.shape();
+    Shape tile = first != nullptr ? first->tile_shape : DefaultTileShape(local);
+    for (std::size_t k = 0; k < tile.size() && k < local.size(); ++k) {
+        tile[k] = std::min(tile[k], local[k]);
     }
-    d.global_shape = std::move(local);
-    return d;
+    return TargetObjectDescriptor(
+        target, {first != nullptr ? first->generation : step,
+                 first != nullptr ? first->apply : ApplyMode::kOverwrite,
+                 local.empty() ? DType::kUInt16
+                               : NarrowestIndexDType(*std::max_element(local.begin(), local.end())),
+                 first != nullptr ? first->value_dtype : DType::kUInt8, std::move(tile), 0, 0});
 }
 
 Result<std::vector<TargetObjectView>> PlannedTargetViews(const PlannedRead& read,
