@@ -267,6 +267,74 @@ def test_a_bad_update_fails_alone_with_its_typed_error(store):
     assert not [k for k in store.list_keys("mcs/") if "/out/" in k or k.endswith("/out")]
 
 
+def test_put_sparse_updates_encodes_and_commits_what_the_two_calls_do(store):
+    rng = np.random.default_rng(11)
+    shapes = {f"u{i}": (int(rng.integers(1, 40)), int(rng.integers(1, 30))) for i in range(300)}
+    old = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    new = {n: changed(rng, w, 0.05) for n, w in old.items()}
+    names = list(shapes)
+    # The last tensor is owned as two row boxes by two updates (a trainer's TP shards).
+    boxed = names[-1]
+    rows = shapes[boxed][0] + 8
+    shapes[boxed] = (rows, shapes[boxed][1])
+    old[boxed] = rng.standard_normal(shapes[boxed]).astype(np.float32)
+    new[boxed] = changed(rng, old[boxed], 0.1)
+    half = rows // 2
+    updates = [{"tensor_id": n, "global_shape": shapes[n], "new": new[n], "old": old[n],
+                "generation": (0, 1)} for n in names[:-1]]
+    for lo, hi in ((0, half), (half, rows)):
+        updates.append({"tensor_id": boxed, "global_shape": shapes[boxed],
+                        "new": new[boxed][lo:hi], "old": old[boxed][lo:hi],
+                        "global_offset": (lo, 0), "local_shape": (hi - lo, shapes[boxed][1]),
+                        "generation": (0, 1)})
+    results, coos = store.put_sparse_updates(updates)
+    assert all(isinstance(r, dict) and r["created"] for r in results), results
+    for u, (idx, vals), r in zip(updates, coos, results):
+        want_idx, want_vals = mcs.encode_update(u["new"], u["old"],
+                                                global_offset=u.get("global_offset"))
+        assert np.array_equal(idx, want_idx) and np.array_equal(vals, want_vals)
+        assert r["nnz"] == len(vals)
+    store.seal_generation((0, 1), names)
+    man = store.wait_generation((0, 1), timeout=10)
+    weights = {n: old[n].copy() for n in names}
+    targets = [mcs.Target(n, f"{n}/all", "node0", {}, (0, 0), shapes[n]) for n in names]
+    mcs.apply_sparse_objects([weights[n] for n in names], store.read_sparse_objects(man, targets))
+    for n in names:
+        assert weights[n].tobytes() == new[n].tobytes(), n
+    # A retry is idempotent; scatter_add values are the differences.
+    again, _ = store.put_sparse_updates(updates)
+    assert all(isinstance(r, dict) and not r["created"] for r in again)
+    _, add = store.put_sparse_updates([{**updates[0], "tensor_id": "add", "apply": "scatter_add"}])
+    want = mcs.encode_update(updates[0]["new"], updates[0]["old"], apply="scatter_add")
+    assert np.array_equal(add[0][1], want[1])
+
+
+def test_put_sparse_updates_fails_a_bad_pair_alone_and_refuses_bad_calls(store):
+    rng = np.random.default_rng(12)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    good = {"tensor_id": "ok", "global_shape": (16, 8), "new": changed(rng, w, 0.2), "old": w}
+    updates = [
+        good,
+        {**good, "tensor_id": "shape", "old": w[:8]},            # new and old differ
+        {**good, "tensor_id": "wide", "global_shape": (8, 8)},   # larger than its tensor
+        {**good, "tensor_id": "ok2"},
+    ]
+    results, coos = store.put_sparse_updates(updates)
+    assert isinstance(results[0], dict) and isinstance(results[3], dict)
+    assert isinstance(results[1], mcs.InvalidArgument) and coos[1] is None
+    assert isinstance(results[2], mcs.InvalidArgument) and coos[2] is not None
+    assert {s.tensor_id for s in store.manifest((0, 1))} == {"ok", "ok2"}
+    for bad in ({"tensor_id": "x", "global_shape": (16, 8), "new": w},
+                {**good, "indices": np.zeros((0, 2), np.int64)},
+                "not a mapping"):
+        with pytest.raises(mcs.InvalidArgument):
+            store.put_sparse_updates([good, bad])
+    with pytest.raises(mcs.InvalidArgument):
+        store.put_sparse_updates([good], parts=-1)
+    assert store.put_sparse_updates([]) == ([], [])
+    assert {s.tensor_id for s in store.manifest((0, 1))} == {"ok", "ok2"}
+
+
 def test_batch_calls_take_torch_and_return_torch():
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(5)

@@ -817,3 +817,43 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
         assert stores[0].current_generation("t") == (1, 2)
         for s in stores:
             s.close()
+
+
+@pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
+def test_put_sparse_updates_in_parts_commits_what_the_two_calls_do(store, apply):
+    # Parts of a step: the GPU encodes a part while the one before it is committed from a side
+    # stream; a pair the encode refuses (in the middle part) fails alone.
+    pairs = pairs_of(MIXED * 4)
+    names = [f"p{i}" for i in range(len(pairs))]
+    updates = [dict(tensor_id=n, global_shape=tuple(new.shape), new=new, old=old,
+                    generation=(0, 1), apply=apply) for n, (new, old) in zip(names, pairs)]
+    bad = 13
+    updates[bad] = {**updates[bad], "old": updates[bad]["old"][:-1]}
+    before = direct_counters()
+    results, coos = store.put_sparse_updates(updates, parts=3)
+    after = direct_counters()
+    assert isinstance(results[bad], mcs.InvalidArgument) and coos[bad] is None
+    good = [i for i in range(len(pairs)) if i != bad]
+    assert all(isinstance(results[i], dict) and results[i]["created"] for i in good), results
+    if store.url is None:  # three commits from the device, one per part
+        assert after["batches"] == before["batches"] + 3
+    # The same entries as one encode_updates of the good pairs, usable on the caller's stream.
+    want = mcs.encode_updates([pairs[i] for i in good], apply=apply)
+    for i, (idx, vals) in zip(good, want):
+        assert torch.equal(coos[i][0], idx) and np.array_equal(bits(coos[i][1]), bits(vals))
+        assert results[i]["nnz"] == vals.shape[0]
+    store.seal_generation((0, 1), names)
+    man = store.wait_generation((0, 1), timeout=10)
+    objs = store.read_sparse_objects(man, whole_targets(pairs, "p"))
+    for i, ((new, old), o) in enumerate(zip(pairs, objs)):
+        w = old.clone()
+        mcs.apply_sparse_object(w, o)
+        if i == bad:
+            assert np.array_equal(bits(w), bits(old))  # no source: an empty object
+        elif apply == "overwrite":
+            assert np.array_equal(bits(w), bits(new))
+        else:
+            assert torch.allclose(w.float(), new.float(), atol=0.05, rtol=0.02)
+    # A retry is idempotent; in one part it commits the same.
+    again, _ = store.put_sparse_updates([u for i, u in enumerate(updates) if i != bad], parts=1)
+    assert all(isinstance(r, dict) and not r["created"] for r in again)

@@ -357,6 +357,137 @@ class Store(TensorMixin):
                                             stream)
         return [r if isinstance(r, dict) else error_class(r[0])(r[1]) for r in raw]
 
+    def put_sparse_updates(self, updates: Iterable[Mapping[str, Any]], *, threshold: float = 0.0,
+                           parts: int = 0, num_threads: int = 0
+                           ) -> tuple[list[dict[str, Any] | Error], list[tuple[Any, Any] | None]]:
+        """Encodes and commits a step's updates in one call: each update is a dict of
+        put_sparse_object's keyword arguments with `new` and `old` (the dense tensors, or the
+        trainer's box of one at `global_offset`) in place of `indices` and `values`.
+
+        Returns (results, coo), both one entry per update in order: results as
+        put_sparse_objects returns them (the commit's dict, or the typed error of an update
+        that failed alone), coo the update's (indices, values) as encode_updates returns them
+        (global coordinates for a box), or None where the encode itself refused the pair.
+
+        CUDA pairs on one device are taken in `parts` consecutive parts (0: four when the step
+        is large enough): the GPU encodes part i + 1 on the current stream while part i is
+        checked and copied into the store on a side stream, so that the copies over PCIe
+        overlap the encode's passes over the weights. Host pairs, and pairs of several devices,
+        are encoded in one encode_updates and committed in one put_sparse_objects."""
+        updates = updates if type(updates) is list else list(updates)
+        parts = _int(parts, "parts", minimum=0)
+        threshold = _real(threshold, "threshold")
+        n = len(updates)
+        for i, u in enumerate(updates):
+            if not isinstance(u, Mapping):
+                raise InvalidArgument(f"updates[{i}] is not a mapping")
+            for k in ("new", "old", "tensor_id", "global_shape"):
+                if k not in u:
+                    raise InvalidArgument(f"updates[{i}] has no {k!r}")
+            for k in ("indices", "values"):
+                if k in u:
+                    raise InvalidArgument(f"updates[{i}] has {k!r}: put_sparse_updates encodes "
+                                          "them from 'new' and 'old'")
+        results: list[Any] = [None] * n
+        coos: list[tuple[Any, Any] | None] = [None] * n
+        if n == 0:
+            return results, coos
+
+        def encode(lo: int, hi: int) -> None:
+            # Consecutive updates of one apply mode and tile shape encode together; a batch the
+            # encode refuses is encoded update by update, so that a bad pair fails alone.
+            i = lo
+            while i < hi:
+                key = (updates[i].get("apply", "overwrite"), updates[i].get("tile_shape"))
+                j = i + 1
+                while j < hi and (updates[j].get("apply", "overwrite"),
+                                  updates[j].get("tile_shape")) == key:
+                    j += 1
+                pairs = [(updates[k]["new"], updates[k]["old"]) for k in range(i, j)]
+                try:
+                    got = encode_updates(pairs, apply=key[0], threshold=threshold,
+                                         tile_shape=key[1])
+                except Error:
+                    if j - i == 1:
+                        raise
+                    got = []
+                    for k in range(i, j):
+                        try:
+                            got += encode_updates([pairs[k - i]], apply=key[0],
+                                                  threshold=threshold, tile_shape=key[1])
+                        except Error as e:
+                            got.append(e)
+                for k, c in zip(range(i, j), got):
+                    if isinstance(c, Error):
+                        results[k] = c
+                        continue
+                    offset = updates[k].get("global_offset")
+                    if offset is not None and any(int(o) for o in offset):
+                        new = updates[k]["new"]
+                        c = (_offset_indices(c[0], _shape(offset, "global_offset"),
+                                             tuple(int(e) for e in new.shape)), c[1])
+                    coos[k] = c
+                i = j
+
+        def commit(lo: int, hi: int) -> None:
+            todo = [k for k in range(lo, hi) if coos[k] is not None]
+            batch = []
+            for k in todo:
+                u = {key: v for key, v in updates[k].items() if key not in ("new", "old")}
+                u["indices"], u["values"] = coos[k]
+                batch.append(u)
+            if not batch:
+                return
+            for k, r in zip(todo, self.put_sparse_objects(batch, num_threads=num_threads)):
+                results[k] = r
+
+        def single_encode(k: int) -> None:
+            try:
+                encode(k, k + 1)
+            except Error as e:
+                results[k] = e
+
+        bounds = _pipeline_parts(updates, parts)
+        if len(bounds) < 2:
+            try:
+                encode(0, n)
+            except Error:
+                for k in range(n):
+                    single_encode(k)
+            commit(0, n)
+            return results, coos
+        import concurrent.futures
+
+        import torch
+        device = updates[0]["new"].device
+        current = torch.cuda.current_stream(device)
+        side = _gpu.side_stream(device)
+
+        def commit_on_side(lo: int, hi: int) -> None:
+            with torch.cuda.stream(side):
+                commit(lo, hi)
+
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mcs-commit") as pool:
+            pending: list[Any] = []
+            try:
+                for lo, hi in bounds:
+                    try:
+                        encode(lo, hi)
+                    except Error:
+                        for k in range(lo, hi):
+                            single_encode(k)
+                    # The part's commit waits on the GPU for its encode only; the next part's
+                    # encode goes on while it runs.
+                    side.wait_stream(current)
+                    pending.append(pool.submit(commit_on_side, lo, hi))
+            finally:
+                concurrent.futures.wait(pending)
+        for f in pending:
+            f.result()
+        # Anything the caller queues next on its stream comes after the commits' kernels.
+        current.wait_stream(side)
+        return results, coos
+
     def admit(
         self,
         tensor_id: str,
@@ -552,6 +683,48 @@ class Store(TensorMixin):
     @staticmethod
     def encode_update(new: Any, old: Any, **kwargs: Any) -> tuple[Any, Any]:
         return encode_update(new, old, **kwargs)
+
+
+# put_sparse_updates: parts of a step when `parts` is 0, and the dense bytes below which a step
+# is taken in one part (a part's calls cost a few hundred µs of their own).
+_PIPELINE_PARTS = 4
+_PIPELINE_MIN_BYTES = 64 << 20
+
+
+def _pipeline_parts(updates: list, parts: int) -> list[tuple[int, int]]:
+    """put_sparse_updates' parts: consecutive ranges of updates of about equal dense bytes, or
+    one range unless every pair is a torch CUDA tensor pair on one device (and this build has
+    the GPU codec)."""
+    n = len(updates)
+    if parts == 1 or not _core.HAS_GPU_CODEC or sys.modules.get("torch") is None:
+        return [(0, n)]
+    tensor = sys.modules["torch"].Tensor
+    sizes = []
+    device = None
+    for u in updates:
+        new, old = u["new"], u["old"]
+        if not (isinstance(new, tensor) and isinstance(old, tensor) and new.is_cuda
+                and old.is_cuda):
+            return [(0, n)]
+        if device is None:
+            device = new.device
+        if new.device != device or old.device != device:
+            return [(0, n)]
+        sizes.append(new.numel() * new.element_size())
+    total = sum(sizes)
+    if parts == 0:
+        parts = _PIPELINE_PARTS if total >= _PIPELINE_MIN_BYTES else 1
+    parts = min(parts, n)
+    if parts < 2:
+        return [(0, n)]
+    bounds, lo, acc = [], 0, 0
+    for k, b in enumerate(sizes):
+        acc += b
+        if len(bounds) < parts - 1 and acc * parts >= total * (len(bounds) + 1) and k + 1 < n:
+            bounds.append((lo, k + 1))
+            lo = k + 1
+    bounds.append((lo, n))
+    return bounds
 
 
 def _int(value: Any, what: str, *, minimum: int | None = None) -> int:

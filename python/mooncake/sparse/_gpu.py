@@ -153,6 +153,22 @@ def _device_of(x: Any) -> int:
     return int(probe()[1]) if probe is not None else 0
 
 
+_side_streams: dict[int, Any] = {}
+
+
+def side_stream(device: Any) -> Any:
+    """A torch stream of `device` of this module's own (one per device, kept): where
+    put_sparse_updates commits a part while the next one encodes on the current stream."""
+    torch = torch_module()
+    index = torch.device(device).index
+    if index is None:
+        index = torch.cuda.current_device()
+    s = _side_streams.get(index)
+    if s is None:
+        s = _side_streams.setdefault(index, torch.cuda.Stream(index))
+    return s
+
+
 def stream_for_commit(values: list[Any]) -> int:
     """The stream a commit's device-to-host copies are ordered on: torch's current stream of the
     first CUDA member's device (the stream that produced it), else the legacy default stream."""
