@@ -335,6 +335,40 @@ def test_put_sparse_updates_fails_a_bad_pair_alone_and_refuses_bad_calls(store):
     assert {s.tensor_id for s in store.manifest((0, 1))} == {"ok", "ok2"}
 
 
+def test_apply_sparse_updates_reads_and_applies_as_the_two_calls_do(store):
+    rng = np.random.default_rng(13)
+    shapes = {f"a{i}": (int(rng.integers(2, 40)), int(rng.integers(1, 30))) for i in range(200)}
+    old = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    new = {n: changed(rng, w, 0.05) for n, w in old.items()}
+    names = list(shapes)
+    results, _ = store.put_sparse_updates(
+        [{"tensor_id": n, "global_shape": shapes[n], "new": new[n], "old": old[n]}
+         for n in names])
+    assert all(isinstance(r, dict) for r in results)
+    store.seal_generation((0, 1), names)
+    man = store.wait_generation((0, 1), timeout=10)
+    # Row halves of every tensor, as views into one weight each.
+    weights = {n: old[n].copy() for n in names}
+    targets, views = [], []
+    for n in names:
+        half = shapes[n][0] // 2
+        for r, (lo, hi) in enumerate(((0, half), (half, shapes[n][0]))):
+            targets.append(mcs.Target(n, f"{n}/tp{r}", "node0", {}, (lo, 0),
+                                      (hi - lo, shapes[n][1])))
+            views.append(weights[n][lo:hi])
+    want = [o.nnz for o in store.read_sparse_objects(man, targets)]
+    for ts in (targets, mcs.TargetBatch(targets)):
+        for n in names:
+            weights[n][...] = old[n]
+        assert store.apply_sparse_updates(man, ts, views) == want
+        for n in names:
+            assert weights[n].tobytes() == new[n].tobytes(), n
+    with pytest.raises(mcs.InvalidArgument):
+        store.apply_sparse_updates(man, targets, views[:-1])
+    with pytest.raises(mcs.InvalidArgument):
+        store.apply_sparse_updates(man, targets, views, parts=-1)
+
+
 def test_batch_calls_take_torch_and_return_torch():
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(5)

@@ -857,3 +857,40 @@ def test_put_sparse_updates_in_parts_commits_what_the_two_calls_do(store, apply)
     # A retry is idempotent; in one part it commits the same.
     again, _ = store.put_sparse_updates([u for i, u in enumerate(updates) if i != bad], parts=1)
     assert all(isinstance(r, dict) and not r["created"] for r in again)
+
+
+def test_apply_sparse_updates_in_parts_applies_what_the_two_calls_do(store):
+    # Targets read on the GPU in parts (the next part read on a side stream while one applies)
+    # into strided views: TP column halves of every weight.
+    pairs = pairs_of([((64, 96), torch.bfloat16), ((48, 40), torch.float32),
+                      ((70, 34), torch.float16)] * 8)
+    names = [f"a{i}" for i in range(len(pairs))]
+    results, _ = store.put_sparse_updates(
+        [dict(tensor_id=n, global_shape=tuple(new.shape), new=new, old=old)
+         for n, (new, old) in zip(names, pairs)])
+    assert all(isinstance(r, dict) for r in results)
+    store.seal_generation((0, 1), names)
+    man = store.wait_generation((0, 1), timeout=10)
+    targets, views = [], []
+    weights = [old.clone() for _, old in pairs]
+    for n, w in zip(names, weights):
+        rows, cols = w.shape
+        for r, (lo, hi) in enumerate(((0, cols // 2), (cols // 2, cols))):
+            targets.append(mcs.Target(n, f"{n}/tp{r}", "n", {}, (0, lo), (rows, hi - lo)))
+            views.append(w[:, lo:hi])
+    want = [o.nnz for o in store.read_sparse_objects(man, targets)]
+    batch = mcs.TargetBatch(targets)
+    for ts, parts in ((targets, 3), (batch, 4), (batch, 4), (targets, 1), (targets, 0)):
+        for w, (_, old) in zip(weights, pairs):
+            w.copy_(old)
+        assert store.apply_sparse_updates(man, ts, views, parts=parts) == want
+        for w, (new, _) in zip(weights, pairs):
+            assert np.array_equal(bits(w), bits(new))
+    # A wrong shape in the last part: refused before any part applies.
+    for w, (_, old) in zip(weights, pairs):
+        w.copy_(old)
+    bad = views[:-1] + [views[-1][:, :-1]]
+    with pytest.raises(mcs.InvalidArgument, match=r"weights\[47\]"):
+        store.apply_sparse_updates(man, targets, bad, parts=3)
+    for w, (_, old) in zip(weights, pairs):
+        assert np.array_equal(bits(w), bits(old))

@@ -62,11 +62,21 @@ class TargetBatch(Sequence[Target]):
     Targets are taken as they are now (a later change to a Target's placement or shape is not
     seen: make a new batch). Iterable, indexable and sized like the tuple of its targets."""
 
-    __slots__ = ("_targets", "_core")
+    __slots__ = ("_targets", "_core", "_parts")
 
     def __init__(self, targets: Iterable[Target]) -> None:
         self._targets = tuple(_targets(targets))
         self._core = _core._TargetBatch(self._targets)
+        self._parts: dict[tuple[tuple[int, int], ...], list[TargetBatch]] = {}
+
+    def _split(self, bounds: list[tuple[int, int]]) -> list[TargetBatch]:
+        """Batches of the targets in `bounds` (consecutive ranges), converted once per split."""
+        key = tuple(bounds)
+        got = self._parts.get(key)
+        if got is None:
+            got = [TargetBatch(self._targets[lo:hi]) for lo, hi in bounds]
+            self._parts = {key: got}  # a reader splits its batch one way
+        return got
 
     def __len__(self) -> int:
         return len(self._targets)
@@ -657,6 +667,73 @@ class Store(TensorMixin):
         )
         return objs if device is None else _gpu.upload(objs, device, self._core)
 
+    def apply_sparse_updates(self, manifest: Sequence[SourceInfo], targets: Iterable[Target],
+                             weights: Sequence[Any], *, parts: int = 0,
+                             strategy: str = "sparse", num_threads: int = 0) -> list[int]:
+        """Reads the targets' objects of a step and applies them into `weights` (one per target,
+        of its local shape, possibly strided views of larger engine tensors): what
+        read_sparse_objects then apply_sparse_objects do, in one call. Returns the entries
+        applied per target.
+
+        CUDA weights on one device are read on the GPU (read_sparse_objects(device=...)) in
+        `parts` consecutive parts (0: four when there are enough targets and every source of
+        the manifest overwrites): part i + 1 is read, its ranges copied into device memory on a
+        side stream, while part i applies on the current stream. Every weight's shape is checked
+        before anything is applied. An error once a part has been applied (the store lost
+        mid-call) leaves the parts before it at the new step: overwrite is idempotent, so
+        applying the step again completes it; with scatter_add the call takes one part."""
+        ts = targets if isinstance(targets, TargetBatch) else list(targets)
+        weights = weights if type(weights) is list else list(weights)
+        parts = _int(parts, "parts", minimum=0)
+        if len(weights) != len(ts):
+            raise InvalidArgument(f"{len(weights)} weights but {len(ts)} targets")
+        device = _one_cuda_device(weights)
+        n = len(ts)
+        if device is None or n == 0:
+            objs = self.read_sparse_objects(manifest, ts, strategy=strategy,
+                                            num_threads=num_threads)
+            apply_sparse_objects(weights, objs, num_threads=num_threads)
+            return [int(o.nnz) for o in objs]
+        if parts == 0:
+            overwrite = all(s.apply == "overwrite" for s in _manifest(manifest))
+            parts = _PIPELINE_PARTS if overwrite and n >= _PIPELINE_MIN_TARGETS else 1
+        parts = min(parts, n)
+        bounds = [(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
+        if len(bounds) == 1:
+            objs = self.read_sparse_objects(manifest, ts, strategy=strategy,
+                                            num_threads=num_threads, device=device)
+            apply_sparse_objects(weights, objs)
+            return [int(o.nnz) for o in objs]
+        # Every shape before the first part applies (one part's apply checks its own).
+        for i, (t, w) in enumerate(zip(ts, weights)):
+            if not isinstance(t, Target):
+                raise InvalidArgument(f"targets[{i}] is not a Target")
+            if w.shape != t.local_shape and tuple(w.shape) != tuple(t.local_shape):
+                raise InvalidArgument(f"weights[{i}] shape {tuple(w.shape)} != target "
+                                      f"{t.target_id!r} local shape {tuple(t.local_shape)}")
+        import torch
+        current = torch.cuda.current_stream(device)
+        side = _gpu.side_stream(device)
+        pieces = ts._split(bounds) if isinstance(ts, TargetBatch) else [
+            ts[lo:hi] for lo, hi in bounds]
+        kept: list[Any] = []  # every part's objects, alive until the side stream is ordered
+        nnz: list[int] = []
+        try:
+            side.wait_stream(current)  # the weights as the caller left them
+            for (lo, hi), piece in zip(bounds, pieces):
+                with torch.cuda.stream(side):
+                    objs = self.read_sparse_objects(manifest, piece, strategy=strategy,
+                                                    num_threads=num_threads, device=device)
+                current.wait_stream(side)
+                apply_sparse_objects(weights[lo:hi], objs)
+                kept.append(objs)
+                nnz += [int(o.nnz) for o in objs]
+        finally:
+            # The parts' device memory is freed on the side stream: after the applies.
+            side.wait_stream(current)
+            del kept
+        return nnz
+
     def metrics(self) -> dict[str, float]:
         """The §4 counters (source_objects_put, range_gets, full_gets, ...)."""
         return self._core.metrics()
@@ -689,6 +766,26 @@ class Store(TensorMixin):
 # is taken in one part (a part's calls cost a few hundred µs of their own).
 _PIPELINE_PARTS = 4
 _PIPELINE_MIN_BYTES = 64 << 20
+# apply_sparse_updates: the targets below which a read is taken in one part.
+_PIPELINE_MIN_TARGETS = 64
+
+
+def _one_cuda_device(weights: list) -> Any:
+    """The torch device of `weights` when every one is a torch CUDA tensor on that device (and
+    this build has the GPU codec), else None."""
+    torch = sys.modules.get("torch")
+    if not weights or torch is None or not _core.HAS_GPU_CODEC:
+        return None
+    tensor = torch.Tensor
+    device = None
+    for w in weights:
+        if not isinstance(w, tensor) or not w.is_cuda:
+            return None
+        if device is None:
+            device = w.device
+        elif w.device != device:
+            return None
+    return device
 
 
 def _pipeline_parts(updates: list, parts: int) -> list[tuple[int, int]]:
