@@ -18,8 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-PHASES = [("encode_s", "encode"), ("commit_s", "commit"), ("read_s", "read"),
-          ("apply_s", "apply")]
+# A pipelined trainer (put_sparse_updates) times encode and commit as one, in encode_s; a
+# pipelined reader (apply_sparse_updates) read and apply, in read_s.
+PHASES = [("encode_s", "encode (pipelined: + commit)"), ("commit_s", "commit"),
+          ("read_s", "read (pipelined: + apply)"), ("apply_s", "apply")]
 COLORS = ["#4c72b0", "#55a868", "#c44e52", "#8172b2"]
 
 
@@ -31,7 +33,8 @@ def compare(out_dir: pathlib.Path, names: list[str]) -> int:
         for line in (out_dir / f"{name}.jsonl").read_text().splitlines():
             r = json.loads(line)
             if r.get("what") == "gpu_sync" and r["step"] >= 3:
-                bars.append((f"{name}\n{r['backend']} {r['step']}", r))
+                pipe = " pipe" if r.get("trainer") == "pipelined" else ""
+                bars.append((f"{name}\n{r['backend']}{pipe} {r['step']}", r))
     fig, ax = plt.subplots(figsize=(0.7 * len(bars) + 2, 4.5))
     for k, (_, r) in enumerate(bars):
         bottom = 0.0

@@ -894,3 +894,36 @@ def test_apply_sparse_updates_in_parts_applies_what_the_two_calls_do(store):
         store.apply_sparse_updates(man, targets, bad, parts=3)
     for w, (_, old) in zip(weights, pairs):
         assert np.array_equal(bits(w), bits(old))
+
+
+def test_inference_sync_of_cuda_shards_reads_and_applies_in_parts(store):
+    # A reader's shards on the GPU (device="cuda"): every step read and applied in one call,
+    # in parts; the shards equal the trainer's weights bit for bit, step after step.
+    from mooncake.sparse import layout as L
+    shapes = {f"model.layers.0.mlp.experts.{e}.{p}.weight": s for e in range(8)
+              for p, s in (("gate_proj", (64, 32)), ("up_proj", (64, 32)),
+                           ("down_proj", (32, 64)))}
+    rules = L.qwen3_moe_rules(num_kv_heads=2)
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=rules, name="trainer"),
+                        mcs.ParallelLayout(tp=2, rules=rules, name="inference"), shapes)
+    g = torch.Generator(device="cuda").manual_seed(SEED)
+    state = {n: torch.randn(s, generator=g, device="cuda").to(torch.bfloat16)
+             for n, s in shapes.items()}
+    trainer = mcs.TrainerSync(store, plan, 0)
+    trainer.snapshot(state)
+    shards = {t.tensor_id: state[t.tensor_id][tuple(slice(o, o + n) for o, n in zip(
+        t.global_offset, t.local_shape))].clone() for t in plan.targets(1)}
+    reader = mcs.InferenceSync(store, plan, 1, shards, device="cuda")
+    assert len(plan.targets(1)) >= 24
+    for k in (1, 2):
+        for w in state.values():
+            mask = torch.rand(w.shape, generator=g, device="cuda") < 0.05
+            w[mask] = torch.randn(int(mask.sum()), generator=g, device="cuda").to(w.dtype)
+        trainer.step(state)
+        trainer.seal()
+        stats = reader.update(k, timeout=10)
+        assert stats.apply_seconds == 0 and stats.nnz > 0
+        for t in plan.targets(1):
+            want = state[t.tensor_id][tuple(slice(o, o + n) for o, n in zip(
+                t.global_offset, t.local_shape))]
+            assert np.array_equal(bits(shards[t.tensor_id]), bits(want)), t.target_id
