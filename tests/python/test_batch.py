@@ -369,6 +369,23 @@ def test_apply_sparse_updates_reads_and_applies_as_the_two_calls_do(store):
         store.apply_sparse_updates(man, targets, views, parts=-1)
 
 
+def test_put_sparse_updates_parts_cover_the_step_in_order_by_bytes():
+    from mooncake.sparse._api import _split_by_bytes
+    assert _split_by_bytes([1] * 10, 4) == [(0, 3), (3, 5), (5, 8), (8, 10)]
+    assert _split_by_bytes([100, 1, 1, 1], 2) == [(0, 1), (1, 4)]
+    assert _split_by_bytes([1, 1, 1, 100], 3) == [(0, 4)]  # nothing reaches a share before it
+    assert _split_by_bytes([5, 5], 4) == [(0, 1), (1, 2)]
+    assert _split_by_bytes([7], 4) == [(0, 1)]
+    assert _split_by_bytes([0, 0, 0], 2) == [(0, 1), (1, 3)]
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        sizes = [int(x) for x in rng.integers(0, 50, int(rng.integers(1, 30)))]
+        got = _split_by_bytes(sizes, int(rng.integers(1, 9)))
+        assert got[0][0] == 0 and got[-1][1] == len(sizes)
+        assert all(lo < hi for lo, hi in got)
+        assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+
+
 def test_batch_calls_take_torch_and_return_torch():
     torch = pytest.importorskip("torch")
     g = torch.Generator().manual_seed(5)

@@ -808,9 +808,15 @@ def _pipeline_parts(updates: list, parts: int) -> list[tuple[int, int]]:
         if new.device != device or old.device != device:
             return [(0, n)]
         sizes.append(new.numel() * new.element_size())
-    total = sum(sizes)
     if parts == 0:
-        parts = _PIPELINE_PARTS if total >= _PIPELINE_MIN_BYTES else 1
+        parts = _PIPELINE_PARTS if sum(sizes) >= _PIPELINE_MIN_BYTES else 1
+    return _split_by_bytes(sizes, parts)
+
+
+def _split_by_bytes(sizes: list[int], parts: int) -> list[tuple[int, int]]:
+    """At most `parts` consecutive, non-empty ranges of items covering all of them, each ending
+    at the first item where the running total reaches its share of the whole."""
+    n, total = len(sizes), sum(sizes)
     parts = min(parts, n)
     if parts < 2:
         return [(0, n)]
