@@ -900,7 +900,7 @@ def test_inference_sync_of_cuda_shards_reads_and_applies_in_parts(store):
     # A reader's shards on the GPU (device="cuda"): every step read and applied in one call,
     # in parts; the shards equal the trainer's weights bit for bit, step after step.
     from mooncake.sparse import layout as L
-    shapes = {f"model.layers.0.mlp.experts.{e}.{p}.weight": s for e in range(8)
+    shapes = {f"model.layers.0.mlp.experts.{e}.{p}.weight": s for e in range(32)
               for p, s in (("gate_proj", (64, 32)), ("up_proj", (64, 32)),
                            ("down_proj", (32, 64)))}
     rules = L.qwen3_moe_rules(num_kv_heads=2)
@@ -914,7 +914,7 @@ def test_inference_sync_of_cuda_shards_reads_and_applies_in_parts(store):
     shards = {t.tensor_id: state[t.tensor_id][tuple(slice(o, o + n) for o, n in zip(
         t.global_offset, t.local_shape))].clone() for t in plan.targets(1)}
     reader = mcs.InferenceSync(store, plan, 1, shards, device="cuda")
-    assert len(plan.targets(1)) >= 24
+    assert len(plan.targets(1)) >= 64  # enough for parts
     for k in (1, 2):
         for w in state.values():
             mask = torch.rand(w.shape, generator=g, device="cuda") < 0.05
