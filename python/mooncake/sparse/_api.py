@@ -388,16 +388,15 @@ class Store(TensorMixin):
         parts = _int(parts, "parts", minimum=0)
         threshold = _real(threshold, "threshold")
         n = len(updates)
+        # (The commit names what else is wrong with an update, in its result.)
         for i, u in enumerate(updates):
-            if not isinstance(u, Mapping):
+            if type(u) is not dict and not isinstance(u, Mapping):
                 raise InvalidArgument(f"updates[{i}] is not a mapping")
-            for k in ("new", "old", "tensor_id", "global_shape"):
-                if k not in u:
-                    raise InvalidArgument(f"updates[{i}] has no {k!r}")
-            for k in ("indices", "values"):
-                if k in u:
-                    raise InvalidArgument(f"updates[{i}] has {k!r}: put_sparse_updates encodes "
-                                          "them from 'new' and 'old'")
+            if "new" not in u or "old" not in u:
+                raise InvalidArgument(f"updates[{i}] has no 'new' and 'old'")
+            if "indices" in u or "values" in u:
+                raise InvalidArgument(f"updates[{i}] has indices or values: put_sparse_updates "
+                                      "encodes them from 'new' and 'old'")
         results: list[Any] = [None] * n
         coos: list[tuple[Any, Any] | None] = [None] * n
         if n == 0:
@@ -443,7 +442,8 @@ class Store(TensorMixin):
             todo = [k for k in range(lo, hi) if coos[k] is not None]
             batch = []
             for k in todo:
-                u = {key: v for key, v in updates[k].items() if key not in ("new", "old")}
+                u = dict(updates[k])  # the caller's dict is never changed
+                del u["new"], u["old"]
                 u["indices"], u["values"] = coos[k]
                 batch.append(u)
             if not batch:
