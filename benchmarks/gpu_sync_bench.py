@@ -406,8 +406,8 @@ def main() -> int:
     ap.add_argument("--reader", choices=("split", "pipelined"), default="split",
                     help="split: read_sparse_objects then apply_sparse_objects, each timed; "
                          "pipelined: store.apply_sparse_updates (read_s is both, apply_s 0)")
-    ap.add_argument("--parts", type=int, default=0,
-                    help="parts of put_sparse_updates / apply_sparse_updates (0: auto)")
+    ap.add_argument("--parts", type=int, default=4,
+                    help="parts of put_sparse_updates / apply_sparse_updates (pipelined)")
     ap.add_argument("--full-chunk", type=int, default=64, help="targets per dense_full get batch")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)

@@ -880,7 +880,7 @@ def test_apply_sparse_updates_in_parts_applies_what_the_two_calls_do(store):
             views.append(w[:, lo:hi])
     want = [o.nnz for o in store.read_sparse_objects(man, targets)]
     batch = mcs.TargetBatch(targets)
-    for ts, parts in ((targets, 3), (batch, 4), (batch, 4), (targets, 1), (targets, 0)):
+    for ts, parts in ((targets, 3), (batch, 4), (batch, 4), (targets, 1), (batch, 1)):
         for w, (_, old) in zip(weights, pairs):
             w.copy_(old)
         assert store.apply_sparse_updates(man, ts, views, parts=parts) == want
@@ -896,9 +896,9 @@ def test_apply_sparse_updates_in_parts_applies_what_the_two_calls_do(store):
         assert np.array_equal(bits(w), bits(old))
 
 
-def test_inference_sync_of_cuda_shards_reads_and_applies_in_parts(store):
-    # A reader's shards on the GPU (device="cuda"): every step read and applied in one call,
-    # in parts; the shards equal the trainer's weights bit for bit, step after step.
+def test_inference_sync_of_cuda_shards_reads_on_the_gpu(store):
+    # A reader's shards on the GPU (device="cuda"): every step read on the device and applied;
+    # the shards equal the trainer's weights bit for bit, step after step.
     from mooncake.sparse import layout as L
     shapes = {f"model.layers.0.mlp.experts.{e}.{p}.weight": s for e in range(32)
               for p, s in (("gate_proj", (64, 32)), ("up_proj", (64, 32)),
@@ -914,7 +914,6 @@ def test_inference_sync_of_cuda_shards_reads_and_applies_in_parts(store):
     shards = {t.tensor_id: state[t.tensor_id][tuple(slice(o, o + n) for o, n in zip(
         t.global_offset, t.local_shape))].clone() for t in plan.targets(1)}
     reader = mcs.InferenceSync(store, plan, 1, shards, device="cuda")
-    assert len(plan.targets(1)) >= 64  # enough for parts
     for k in (1, 2):
         for w in state.values():
             mask = torch.rand(w.shape, generator=g, device="cuda") < 0.05
@@ -922,7 +921,7 @@ def test_inference_sync_of_cuda_shards_reads_and_applies_in_parts(store):
         trainer.step(state)
         trainer.seal()
         stats = reader.update(k, timeout=10)
-        assert stats.apply_seconds == 0 and stats.nnz > 0
+        assert stats.nnz > 0
         for t in plan.targets(1):
             want = state[t.tensor_id][tuple(slice(o, o + n) for o, n in zip(
                 t.global_offset, t.local_shape))]

@@ -368,7 +368,7 @@ class Store(TensorMixin):
         return [r if isinstance(r, dict) else error_class(r[0])(r[1]) for r in raw]
 
     def put_sparse_updates(self, updates: Iterable[Mapping[str, Any]], *, threshold: float = 0.0,
-                           parts: int = 0, num_threads: int = 0
+                           parts: int = 1, num_threads: int = 0
                            ) -> tuple[list[dict[str, Any] | Error], list[tuple[Any, Any] | None]]:
         """Encodes and commits a step's updates in one call: each update is a dict of
         put_sparse_object's keyword arguments with `new` and `old` (the dense tensors, or the
@@ -379,13 +379,15 @@ class Store(TensorMixin):
         that failed alone), coo the update's (indices, values) as encode_updates returns them
         (global coordinates for a box), or None where the encode itself refused the pair.
 
-        CUDA pairs on one device are taken in `parts` consecutive parts (0: four when the step
-        is large enough): the GPU encodes part i + 1 on the current stream while part i is
-        checked and copied into the store on a side stream, so that the copies over PCIe
-        overlap the encode's passes over the weights. Host pairs, and pairs of several devices,
-        are encoded in one encode_updates and committed in one put_sparse_objects."""
+        parts > 1 takes CUDA pairs on one device in that many consecutive parts: the GPU
+        encodes part i + 1 on the current stream while part i is checked and copied into the
+        store on a side stream. Measured on an H100 host (benchmarks/results/
+        2026-12-05-h100-pipelined) a step in four parts took longer than in one, each part
+        paying the batch's fixed costs again: one part is the default. Host pairs, and pairs of
+        several devices, are encoded in one encode_updates and committed in one
+        put_sparse_objects."""
         updates = updates if type(updates) is list else list(updates)
-        parts = _int(parts, "parts", minimum=0)
+        parts = _int(parts, "parts", minimum=1)
         threshold = _real(threshold, "threshold")
         n = len(updates)
         # (The commit names what else is wrong with an update, in its result.)
@@ -668,23 +670,24 @@ class Store(TensorMixin):
         return objs if device is None else _gpu.upload(objs, device, self._core)
 
     def apply_sparse_updates(self, manifest: Sequence[SourceInfo], targets: Iterable[Target],
-                             weights: Sequence[Any], *, parts: int = 0,
+                             weights: Sequence[Any], *, parts: int = 1,
                              strategy: str = "sparse", num_threads: int = 0) -> list[int]:
         """Reads the targets' objects of a step and applies them into `weights` (one per target,
         of its local shape, possibly strided views of larger engine tensors): what
         read_sparse_objects then apply_sparse_objects do, in one call. Returns the entries
         applied per target.
 
-        CUDA weights on one device are read on the GPU (read_sparse_objects(device=...)) in
-        `parts` consecutive parts (0: four when there are enough targets and every source of
-        the manifest overwrites): part i + 1 is read, its ranges copied into device memory on a
-        side stream, while part i applies on the current stream. Every weight's shape is checked
-        before anything is applied. An error once a part has been applied (the store lost
-        mid-call) leaves the parts before it at the new step: overwrite is idempotent, so
-        applying the step again completes it; with scatter_add the call takes one part."""
+        CUDA weights on one device are read on the GPU (read_sparse_objects(device=...)).
+        parts > 1 reads them in that many consecutive parts: part i + 1 is read, its ranges
+        copied into device memory on a side stream, while part i applies on the current stream
+        (measured slower than one part on an H100 host, as put_sparse_updates' parts). Every
+        weight's shape is checked before anything is applied. An error once a part has been
+        applied (the store lost mid-call) leaves the parts before it at the new step: overwrite
+        is idempotent, so applying the step again completes it; a step whose sources
+        scatter_add is read in one part."""
         ts = targets if isinstance(targets, TargetBatch) else list(targets)
         weights = weights if type(weights) is list else list(weights)
-        parts = _int(parts, "parts", minimum=0)
+        parts = _int(parts, "parts", minimum=1)
         if len(weights) != len(ts):
             raise InvalidArgument(f"{len(weights)} weights but {len(ts)} targets")
         device = _one_cuda_device(weights)
@@ -694,9 +697,8 @@ class Store(TensorMixin):
                                             num_threads=num_threads)
             apply_sparse_objects(weights, objs, num_threads=num_threads)
             return [int(o.nnz) for o in objs]
-        if parts == 0:
-            overwrite = all(s.apply == "overwrite" for s in _manifest(manifest))
-            parts = _PIPELINE_PARTS if overwrite and n >= _PIPELINE_MIN_TARGETS else 1
+        if parts > 1 and any(s.apply != "overwrite" for s in _manifest(manifest)):
+            parts = 1  # not idempotent: one part, all or nothing
         parts = min(parts, n)
         bounds = [(n * p // parts, n * (p + 1) // parts) for p in range(parts)]
         if len(bounds) == 1:
@@ -762,14 +764,6 @@ class Store(TensorMixin):
         return encode_update(new, old, **kwargs)
 
 
-# put_sparse_updates: parts of a step when `parts` is 0, and the dense bytes below which a step
-# is taken in one part (a part's calls cost a few hundred µs of their own).
-_PIPELINE_PARTS = 4
-_PIPELINE_MIN_BYTES = 64 << 20
-# apply_sparse_updates: the targets below which a read is taken in one part.
-_PIPELINE_MIN_TARGETS = 64
-
-
 def _one_cuda_device(weights: list) -> Any:
     """The torch device of `weights` when every one is a torch CUDA tensor on that device (and
     this build has the GPU codec), else None."""
@@ -789,9 +783,9 @@ def _one_cuda_device(weights: list) -> Any:
 
 
 def _pipeline_parts(updates: list, parts: int) -> list[tuple[int, int]]:
-    """put_sparse_updates' parts: consecutive ranges of updates of about equal dense bytes, or
-    one range unless every pair is a torch CUDA tensor pair on one device (and this build has
-    the GPU codec)."""
+    """put_sparse_updates' parts: `parts` consecutive ranges of updates of about equal dense
+    bytes, or one range unless every pair is a torch CUDA tensor pair on one device (and this
+    build has the GPU codec)."""
     n = len(updates)
     if parts == 1 or not _core.HAS_GPU_CODEC or sys.modules.get("torch") is None:
         return [(0, n)]
@@ -808,8 +802,6 @@ def _pipeline_parts(updates: list, parts: int) -> list[tuple[int, int]]:
         if new.device != device or old.device != device:
             return [(0, n)]
         sizes.append(new.numel() * new.element_size())
-    if parts == 0:
-        parts = _PIPELINE_PARTS if sum(sizes) >= _PIPELINE_MIN_BYTES else 1
     return _split_by_bytes(sizes, parts)
 
 

@@ -484,8 +484,6 @@ class ApplyStats:
     generation: Generation  # the step (k - 1, k), or the fold (j, k) applied in one read
     rank: int
     tensors: list[AppliedTensor]
-    # With CUDA destinations read on their GPU (device="cuda"), the read and the apply overlap
-    # (store.apply_sparse_updates): read_seconds holds both and apply_seconds is 0.
     read_seconds: float
     apply_seconds: float
 
@@ -527,19 +525,11 @@ def _apply(store: _api.Store, targets: Sequence[_api.Target], rank: int,
                            f"tensor(s), e.g. {absent[:3]}: wait for its seal "
                            "(apply_step(..., wait=True)) or commit every tensor")
     weights = [dests[t.tensor_id] for t in targets]
-    if (device is not None and isinstance(store, _api.Store)
-            and _api._one_cuda_device(weights) is not None):
-        # Read on the weights' GPU in parts, each part's copies during the apply of the one
-        # before (store.apply_sparse_updates).
-        counts = store.apply_sparse_updates(manifest, targets, weights, strategy=strategy)
-        applied = [AppliedTensor(t.tensor_id, c) for t, c in zip(targets, counts)]
-        t1 = t2 = time.perf_counter()
-    else:
-        objs = store.read_sparse_objects(manifest, targets, strategy=strategy, device=device)
-        t1 = time.perf_counter()
-        _api.apply_sparse_objects(weights, objs)
-        applied = [AppliedTensor(t.tensor_id, int(obj.nnz)) for t, obj in zip(targets, objs)]
-        t2 = time.perf_counter()
+    objs = store.read_sparse_objects(manifest, targets, strategy=strategy, device=device)
+    t1 = time.perf_counter()
+    _api.apply_sparse_objects(weights, objs)
+    applied = [AppliedTensor(t.tensor_id, int(obj.nnz)) for t, obj in zip(targets, objs)]
+    t2 = time.perf_counter()
     stats = ApplyStats(gen, rank, applied, t1 - t0, t2 - t1)
     logger.debug("step %s inference rank %d: %d targets, nnz=%d, read %.3f s, apply %.3f s", gen,
                  rank, len(targets), stats.nnz, stats.read_seconds, stats.apply_seconds)
