@@ -941,7 +941,11 @@ Status CheckApplyItem(const ApplyItem& it, const std::string& at) {
         return InvalidArgument(at + "GPU apply takes a weight of rank 1 to 3, indices [nnz, rank] and "
                                "values [nnz]");
     }
-    if (it.values.dtype != w.dtype) return InvalidArgument(at + "values dtype differs from the weight's");
+    // An object without entries (a tensor a sealed step left unchanged) applies as a no-op to a
+    // weight of any dtype, as on the host.
+    if (it.values.dtype != w.dtype && it.values.shape[0] > 0) {
+        return InvalidArgument(at + "values dtype differs from the weight's");
+    }
     if (ValueClass(w.dtype) < 0) {
         return InvalidArgument(at + "GPU apply supports bfloat16, float16 and float32, not " +
                                std::string(DTypeName(w.dtype)));
