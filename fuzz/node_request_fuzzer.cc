@@ -528,6 +528,7 @@ w::MessageType ReplyTypeOf(w::MessageType request) {
         case T::kSparseCommitBatch: return T::kSparseCommitBatchReply;
         case T::kSparseCommitDevice: return T::kSparseCommitBatchReply;
         case T::kSparseAdmit: return T::kSparseAdmitReply;
+        case T::kSparseAdmitBatch: return T::kSparseAdmitBatchReply;
         case T::kSparseManifest: return T::kSparseManifestReply;
         case T::kSparseCurrentGeneration: return T::kSparseCurrentGenerationReply;
         case T::kSparseRead: return T::kSparseReadReply;
@@ -547,7 +548,8 @@ bool Mutates(w::MessageType request) {
     using T = w::MessageType;
     return request == T::kPut || request == T::kRemove || request == T::kSparseCommit ||
            request == T::kSparseCommitBatch || request == T::kSparseCommitDevice ||
-           request == T::kSparseAdmit || request == T::kTensorPut || request == T::kSparseSeal ||
+           request == T::kSparseAdmit || request == T::kSparseAdmitBatch ||
+           request == T::kTensorPut || request == T::kSparseSeal ||
            request == T::kSparseRetention || request == T::kSparseAnchor;
 }
 
@@ -1202,6 +1204,7 @@ enum Op : std::uint64_t {
     kSparseReadPlan,
     kLeaseRangesToDevice,
     kSparseReadStep,
+    kSparseAdmitBatch,
     kNumOps,
 };
 
@@ -1253,6 +1256,14 @@ void RunInput(Choices& c, World& world, Conversation& conv) {
             case kSparseReadPlan: request = SparseReadPlanOf(c, world); break;
             case kLeaseRangesToDevice: request = LeaseRangesToDeviceOf(c, held); break;
             case kSparseReadStep: request = SparseReadStepOf(c, world); break;
+            case kSparseAdmitBatch: {
+                w::SparseAdmitBatchRequest r;
+                for (std::size_t n = c.Range("admissions", 0, 3), i = 0; i < n; ++i) {
+                    r.items.push_back(std::get<w::SparseAdmitRequest>(SparseAdmitOf(c, world)));
+                }
+                request = std::move(r);
+                break;
+            }
             case kSparseWait: request = SparseWaitOf(c); break;
             case kSparseLatest: request = w::SparseLatestRequest{c.Flag("anchor")}; break;
             case kSparseAnchor: {
@@ -1351,7 +1362,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
         "register_buffer_without_fd", "sparse_step_manifest", "sparse_seal", "sparse_wait",
         "sparse_latest", "sparse_retention", "sparse_anchor", "sparse_commit_batch",
         "sparse_commit_device", "leases_to_device", "sparse_read_plan",
-        "lease_ranges_to_device", "sparse_read_step"};
+        "lease_ranges_to_device", "sparse_read_step", "sparse_admit_batch"};
     static_assert(std::size(kNames) == kNumOps);
     for (std::uint64_t op = 1; op < kNumOps; ++op) seeds.push_back({kNames[op], {{"op", op}}});
 
@@ -1476,6 +1487,7 @@ std::vector<std::pair<std::string, Script>> SeedScripts(const World& world) {
     seeds.push_back({"sparse_seal_then_read_step", {{"op", kSparseSeal}, {"op", kSparseReadStep}}});
     seeds.push_back({"sparse_seal_then_plan_step",
                      {{"op", kSparseSeal}, {"op", kSparseReadPlan}, {"plan.by_step", 1}}});
+    seeds.push_back({"sparse_admit_batch_of_two", {{"op", kSparseAdmitBatch}, {"admissions", 2}}});
     return seeds;
 }
 

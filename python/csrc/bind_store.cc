@@ -336,6 +336,59 @@ bool Admit(PyStore& s, const std::string& tensor_id, GenerationArg generation,
     });
 }
 
+/// Admit of every item (tuples of admit's arguments), in order: True/False, or the item's
+/// error as (code, message).
+pyb::list AdmitBatch(PyStore& s, const pyb::list& items) {
+    std::vector<AdmitRequest> requests;
+    requests.reserve(items.size());
+    std::vector<pyb::object> refused(items.size());  // an item's argument error, as admit's
+    std::vector<std::size_t> index_of;
+    index_of.reserve(items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        try {
+            const auto t = items[i].cast<pyb::tuple>();
+            if (t.size() != 5) ThrowIfError(InvalidArgument("an admission is 5 values"));
+            auto p = ValueOrThrow(PlacementPolicy::Parse(
+                t[2].is_none() ? std::string() : t[2].cast<std::string>()));
+            const auto g = t[1].cast<GenerationArg>();
+            requests.push_back({t[0].cast<std::string>(), GenerationOf(g), std::move(p),
+                                AxesFromDict(pyb::object(t[3]), "source_placement"),
+                                t[4].cast<std::string>()});
+            index_of.push_back(i);
+        } catch (const pyb::cast_error& e) {
+            refused[i] = pyb::make_tuple(static_cast<int>(StatusCode::kInvalidArgument),
+                                         "admission " + std::to_string(i) + ": " + e.what());
+        } catch (const StatusError& e) {
+            refused[i] = pyb::make_tuple(static_cast<int>(e.status.code()),
+                                         "admission " + std::to_string(i) + ": " +
+                                             std::string(e.status.message()));
+        }
+    }
+    std::vector<Result<bool>> got;
+    {
+        pyb::gil_scoped_release nogil;
+        got = s.service().AdmitBatch(requests);
+    }
+    pyb::list out;
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        if (refused[i]) {
+            out.append(refused[i]);
+            continue;
+        }
+        const Result<bool>& r = got[k++];
+        if (r.ok()) {
+            out.append(pyb::bool_(*r));
+        } else {
+            out.append(pyb::make_tuple(static_cast<int>(r.status().code()),
+                                       "admission " + std::to_string(i) + " ('" +
+                                           requests[k - 1].tensor_id + "'): " +
+                                           std::string(r.status().message())));
+        }
+    }
+    return out;
+}
+
 pyb::dict StoreCountersDict(PyStore& s) {
     const StoreCounters c = NoGil([&] { return s.service().ObjectCounters(); });
     pyb::dict d;
@@ -562,6 +615,7 @@ void RegisterStore(pyb::module_& m) {
              pyb::arg("keep_anchors"))
         .def("admit", &Admit, pyb::arg("tensor_id"), pyb::arg("generation"),
              pyb::arg("placement_policy"), pyb::arg("source_placement"), pyb::arg("writer_id"))
+        .def("admit_batch", &AdmitBatch, pyb::arg("items"))
         .def("current_generation",
              [](Store& s, const std::string& tensor_id) {
                  return GenerationOrNone(

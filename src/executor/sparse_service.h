@@ -61,6 +61,15 @@ struct CommitResult {
     std::uint64_t bytes = 0;
 };
 
+/// One admission of SparseService::AdmitBatch (Admit's arguments).
+struct AdmitRequest {
+    std::string tensor_id;
+    Generation generation;
+    PlacementPolicy policy;
+    NamedAxes source_placement;
+    std::string writer_id;
+};
+
 /// Where the entries of one indexed object go in a PutIndexedObjects commit: its indices and
 /// values members in their final memory in the store (no staging), not yet visible.
 struct EntryTarget {
@@ -300,6 +309,17 @@ public:
     virtual Result<bool> Admit(std::string_view tensor_id, Generation generation,
                                const PlacementPolicy& policy, const NamedAxes& source_placement,
                                std::string_view writer_id) = 0;
+    /// Admit of every item, in order, each with its own outcome (a trainer's boxes of a step
+    /// in one call; through the node daemon, one request). The default: Admit per item.
+    virtual std::vector<Result<bool>> AdmitBatch(std::span<const AdmitRequest> items) {
+        std::vector<Result<bool>> out;
+        out.reserve(items.size());
+        for (const AdmitRequest& r : items) {
+            out.push_back(Admit(r.tensor_id, r.generation, r.policy, r.source_placement,
+                                r.writer_id));
+        }
+        return out;
+    }
     /// The tensor's current generation (the last committed delta), if any.
     virtual Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id) = 0;
 

@@ -168,6 +168,9 @@ public:
     Result<bool> Admit(std::string_view tensor_id, Generation generation,
                        const PlacementPolicy& policy, const NamedAxes& source_placement,
                        std::string_view writer_id) override;
+    /// Every admission in one request (SparseAdmitBatch); a failed exchange is every item's
+    /// error.
+    std::vector<Result<bool>> AdmitBatch(std::span<const AdmitRequest> items) override;
     Result<std::vector<SourceDescriptor>> Manifest(Generation generation) override;
     Result<std::optional<Generation>> CurrentGeneration(std::string_view tensor_id) override;
     // The steps of a training run (docs/design.md §9).

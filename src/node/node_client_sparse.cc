@@ -132,6 +132,52 @@ Result<bool> NodeClient::Admit(std::string_view tensor_id, Generation generation
     return reply.admitted;
 }
 
+std::vector<Result<bool>> NodeClient::AdmitBatch(std::span<const AdmitRequest> items) {
+    std::vector<Result<bool>> out(items.size(), Internal("admit_batch: no outcome"));
+    // Requests of at most kAdmitChunk items: each well inside a frame (ids of up to 4 KiB).
+    constexpr std::size_t kAdmitChunk = 4096;
+    std::vector<std::size_t> sent;  // items of the request, in order
+    wire::SparseAdmitBatchRequest request;
+    const auto flush = [&]() {
+        if (sent.empty()) return;
+        const Result<wire::SparseAdmitBatchReply> reply =
+            [&]() -> Result<wire::SparseAdmitBatchReply> {
+            std::lock_guard lock(mu_);
+            MCS_RETURN_IF_ERROR(EnsureConnected());
+            MCS_ASSIGN_OR_RETURN(auto got, Call<wire::SparseAdmitBatchReply>(request));
+            if (got.items.size() != sent.size()) {
+                return DataLoss("admit_batch: " + std::to_string(got.items.size()) +
+                                " outcomes for " + std::to_string(sent.size()) + " items");
+            }
+            return got;
+        }();
+        for (std::size_t k = 0; k < sent.size(); ++k) {
+            if (!reply.ok()) {
+                out[sent[k]] = reply.status();
+            } else if (const wire::SparseAdmitOutcome& o = reply->items[k]; o.code == 0) {
+                out[sent[k]] = o.admitted;
+            } else {
+                out[sent[k]] = Status(static_cast<StatusCode>(o.code), o.message);
+            }
+        }
+        sent.clear();
+        request.items.clear();
+    };
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        const AdmitRequest& r = items[i];
+        if (Status s = Generation::Make(r.generation.base, r.generation.delta).status(); !s.ok()) {
+            out[i] = s;  // fails alone
+            continue;
+        }
+        request.items.push_back(
+            {r.tensor_id, r.generation, r.policy, r.source_placement, r.writer_id});
+        sent.push_back(i);
+        if (sent.size() == kAdmitChunk) flush();
+    }
+    flush();
+    return out;
+}
+
 Result<std::vector<SourceDescriptor>> NodeClient::Manifest(Generation generation) {
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());

@@ -169,6 +169,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
         MCS_DISPATCH_(kLeaseRangesToDevice, LeaseRangesToDevice)
         MCS_DISPATCH_(kSparseReadPlan, SparseReadPlan)
         MCS_DISPATCH_(kSparseAdmit, SparseAdmit)
+        MCS_DISPATCH_(kSparseAdmitBatch, SparseAdmitBatch)
         MCS_DISPATCH_(kSparseManifest, SparseManifest)
         MCS_DISPATCH_(kSparseCurrentGeneration, SparseCurrentGeneration)
         MCS_DISPATCH_(kSparseRead, SparseRead)

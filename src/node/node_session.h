@@ -133,6 +133,7 @@ private:
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
     Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
     Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);
+    Result<Reply> SparseAdmitBatch(const wire::SparseAdmitBatchRequest& req);
     Result<Reply> SparseManifest(const wire::SparseManifestRequest& req);
     Result<Reply> SparseCurrentGeneration(const wire::SparseCurrentGenerationRequest& req);
     Result<Reply> SparseRead(const wire::SparseReadRequest& req);

@@ -851,6 +851,26 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmit(
     return Reply{wire::SparseAdmitReply{admitted}, {}};
 }
 
+Result<NodeServer::Session::Reply> NodeServer::Session::SparseAdmitBatch(
+    const wire::SparseAdmitBatchRequest& req) {
+    std::vector<AdmitRequest> items;
+    items.reserve(req.items.size());
+    for (const wire::SparseAdmitRequest& r : req.items) {
+        items.push_back({r.tensor_id, r.generation, r.policy, r.source_placement, r.writer_id});
+    }
+    wire::SparseAdmitBatchReply reply;
+    reply.items.reserve(items.size());
+    for (Result<bool>& r : sparse_->AdmitBatch(items)) {
+        if (r.ok()) {
+            reply.items.push_back({0, {}, *r});
+        } else {
+            reply.items.push_back({static_cast<std::int32_t>(r.status().code()),
+                                   std::string(r.status().message()), false});
+        }
+    }
+    return Reply{std::move(reply), {}};
+}
+
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseManifest(
     const wire::SparseManifestRequest& req) {
     MCS_ASSIGN_OR_RETURN(auto sources, sparse_->Manifest(req.generation));

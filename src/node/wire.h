@@ -109,7 +109,8 @@ using Message = std::variant<
     SparseWaitRequest, SparseLatestRequest, SparseLatestReply, SparseRetentionRequest,
     SparseRetentionReply, SparseAnchorRequest, SparseCommitBatchRequest, SparseCommitBatchReply,
     SparseCommitDeviceRequest, LeasesToDeviceRequest, SparseReadPlanRequest, SparseReadPlanReply,
-    LeaseRangesToDeviceRequest, SparseReadStepRequest>;
+    LeaseRangesToDeviceRequest, SparseReadStepRequest, SparseAdmitBatchRequest,
+    SparseAdmitBatchReply>;
 
 MessageType TypeOf(const Message& message);
 

@@ -161,6 +161,8 @@ std::string_view MessageTypeName(MessageType type) {
         case MessageType::kSparseReadStep: return "SparseReadStep";
         case MessageType::kSparseAdmit: return "SparseAdmit";
         case MessageType::kSparseAdmitReply: return "SparseAdmitReply";
+        case MessageType::kSparseAdmitBatch: return "SparseAdmitBatch";
+        case MessageType::kSparseAdmitBatchReply: return "SparseAdmitBatchReply";
         case MessageType::kSparseManifest: return "SparseManifest";
         case MessageType::kSparseManifestReply: return "SparseManifestReply";
         case MessageType::kSparseCurrentGeneration: return "SparseCurrentGeneration";
@@ -200,6 +202,7 @@ bool IsReplyType(MessageType type) {
         case MessageType::kSparseCommitReply:
         case MessageType::kSparseCommitBatchReply:
         case MessageType::kSparseAdmitReply:
+        case MessageType::kSparseAdmitBatchReply:
         case MessageType::kSparseManifestReply:
         case MessageType::kSparseCurrentGenerationReply:
         case MessageType::kSparseStepManifestReply:

@@ -60,8 +60,9 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// the client's CUDA memory (LeasesToDevice). 8: reads of a sealed step by its generation
 /// (SparseReadStep). 9: a read's reply carries what the read decided of each target object
 /// (ReadTargetLocation), not its whole descriptor; a planned read names a sealed step
-/// (SparseReadPlanRequest::sealed_entries).
-inline constexpr std::uint32_t kProtocolVersion = 9;
+/// (SparseReadPlanRequest::sealed_entries). 10: admissions in batches
+/// (SparseAdmitBatch).
+inline constexpr std::uint32_t kProtocolVersion = 10;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -132,6 +133,8 @@ enum class MessageType : std::uint16_t {
     kSparseReadPlanReply = 75,
     kLeaseRangesToDevice = 76,  ///< Replied by kOk.
     kSparseReadStep = 77,       ///< Replied by kSparseReadReply.
+    kSparseAdmitBatch = 78,
+    kSparseAdmitBatchReply = 79,
 };
 
 /// "Put", "SparseReadReply", ... or "Unknown".

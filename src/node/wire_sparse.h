@@ -7,6 +7,7 @@
 //     SparseCommitBatchRequest       -> SparseCommitBatchReply
 //     SparseCommitDeviceRequest      -> SparseCommitBatchReply   (entries in client CUDA memory)
 //     SparseAdmitRequest             -> SparseAdmitReply
+//     SparseAdmitBatchRequest        -> SparseAdmitBatchReply
 //     SparseManifestRequest          -> SparseManifestReply
 //     SparseCurrentGenerationRequest -> SparseCurrentGenerationReply
 //     SparseReadRequest              -> SparseReadReply (target objects in segments, leased)
@@ -263,6 +264,39 @@ struct SparseAdmitReply {
 
     static void Fields(auto& v, auto& m) { v("admitted", m.admitted); }
     friend bool operator==(const SparseAdmitReply&, const SparseAdmitReply&) = default;
+};
+
+/// SparseStore::Admit of every item, in order (a trainer's boxes of a step).
+struct SparseAdmitBatchRequest {
+    static constexpr MessageType kType = MessageType::kSparseAdmitBatch;
+    std::vector<SparseAdmitRequest> items;
+
+    static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
+    friend bool operator==(const SparseAdmitBatchRequest&,
+                           const SparseAdmitBatchRequest&) = default;
+};
+
+/// One item's outcome: admitted or not, or its error (code != 0, `message`).
+struct SparseAdmitOutcome {
+    std::int32_t code = 0;
+    std::string message;
+    bool admitted = false;
+
+    static void Fields(auto& v, auto& m) {
+        v("code", m.code);
+        v("message", m.message, kMaxMessageBytes);
+        v("admitted", m.admitted);
+    }
+    friend bool operator==(const SparseAdmitOutcome&, const SparseAdmitOutcome&) = default;
+};
+
+/// Per item of a SparseAdmitBatchRequest, in order.
+struct SparseAdmitBatchReply {
+    static constexpr MessageType kType = MessageType::kSparseAdmitBatchReply;
+    std::vector<SparseAdmitOutcome> items;
+
+    static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
+    friend bool operator==(const SparseAdmitBatchReply&, const SparseAdmitBatchReply&) = default;
 };
 
 /// SparseStore::Manifest.

@@ -190,6 +190,13 @@ std::vector<Message> SampleMessages() {
                                      Axes({{"expert", 3}}), "trainer/7"});
     out.push_back(SparseAdmitRequest{"shared.w", {0, 1}, PlacementPolicy::None(), {}, "w"});
     out.push_back(SparseAdmitReply{true});
+    out.push_back(SparseAdmitBatchRequest{
+        {{"layers.3.w1", {3, 4}, PlacementPolicy::Owner("expert").value(), Axes({{"expert", 3}}),
+          "trainer/7"},
+         {"shared.w", {0, 1}, PlacementPolicy::None(), {}, "w"}}});
+    out.push_back(SparseAdmitBatchRequest{});
+    out.push_back(SparseAdmitBatchReply{
+        {{0, "", true}, {0, "", false}, {int(StatusCode::kInvalidArgument), "bad generation", false}}});
     out.push_back(SparseManifestRequest{{3, 4}});
     out.push_back(SparseManifestReply{{SampleSource("a", 0), SampleSource("b", 1), SampleSource3D()}});
     out.push_back(SparseManifestReply{});

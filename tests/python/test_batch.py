@@ -464,3 +464,39 @@ def test_apply_sparse_objects_on_cuda_weights_of_one_and_two_dims():
         assert torch.equal(big_vec[::2].cpu(), vec_new) and not big_vec[1::2].any()
         assert torch.equal(big_mat[:, 10:40].cpu(), mat_new)
         assert not big_mat[:, :10].any() and not big_mat[:, 40:].any()
+
+
+def test_admit_batch_admits_as_admit_does_one_outcome_per_item(store):
+    gen = (0, 1)
+    items = [{"tensor_id": f"t{i}", "generation": gen, "placement_policy": "owner(expert)",
+              "source_placement": {"expert": i}, "writer_id": "w0"} for i in range(300)]
+    assert store.admit_batch(items) == [True] * 300
+    # Again by the same writer: still its own; another writer is refused, key by key, and a
+    # key nobody holds yet goes to it.
+    assert store.admit_batch(items[:2]) == [True, True]
+    other = [{**it, "writer_id": "w1"} for it in items[:3]]
+    other.append({"tensor_id": "fresh", "generation": gen, "writer_id": "w1"})
+    assert store.admit_batch(other) == [False, False, False, True]
+    for i in (0, 150, 299):
+        assert store.admit(f"t{i}", gen, "owner(expert)", {"expert": i}, "w1") is False
+    # A bad item fails alone with its typed error; the others are admitted.
+    mixed = [{"tensor_id": "a", "generation": gen, "writer_id": "w2"},
+             {"tensor_id": "b", "generation": (3, 2), "writer_id": "w2"},
+             {"tensor_id": "c", "generation": gen, "placement_policy": "sideways",
+              "writer_id": "w2"},
+             {"tensor_id": "d", "generation": gen, "source_placement": {"expert": "x"},
+              "writer_id": "w2"},
+             {"tensor_id": "e", "generation": gen, "writer_id": "w2"}]
+    got = store.admit_batch(mixed)
+    assert got[0] is True and got[4] is True
+    for r in got[1:4]:
+        assert isinstance(r, mcs.InvalidArgument), got
+    assert store.admit("e", gen, None, {}, "w3") is False
+    assert store.admit_batch([]) == []
+    with pytest.raises(mcs.InvalidArgument):
+        store.admit_batch([{"tensor_id": "x", "generation": gen}])  # no writer_id
+    with pytest.raises(mcs.InvalidArgument):
+        store.admit_batch([{"tensor_id": "x", "generation": gen, "writer_id": "w",
+                            "placement": None}])
+    with pytest.raises(mcs.InvalidArgument):
+        store.admit_batch(["not a mapping"])

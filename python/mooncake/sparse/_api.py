@@ -120,6 +120,7 @@ class _Backend(Protocol):
     def set_keep_anchors(self, keep_anchors: int) -> None: ...
     def admit(self, tensor_id: str, generation: tuple[int, int], placement_policy: str | None,
               source_placement: dict, writer_id: str) -> bool: ...
+    def admit_batch(self, items: list) -> list: ...
     def current_generation(self, tensor_id: str) -> tuple[int, int] | None: ...
     def metrics(self) -> dict: ...
     def reset_metrics(self) -> None: ...
@@ -515,6 +516,27 @@ class Store(TensorMixin):
             _placement(source_placement, "source_placement"), _str(writer_id, "writer_id")
         )
 
+    def admit_batch(self, items: Iterable[Mapping[str, Any]]) -> list[bool | Error]:
+        """admit() of every item (a dict of admit's keyword arguments: tensor_id, generation,
+        writer_id required; placement_policy, source_placement optional) in one call (through
+        the node daemon, one request): per item in order, True when this writer got the key,
+        False when another writer holds it, or the item's typed error (an Error instance, not
+        raised) when its arguments are bad."""
+        batch = []
+        for i, it in enumerate(items):
+            if not isinstance(it, Mapping):
+                raise InvalidArgument(f"items[{i}] is not a mapping")
+            unknown = set(it) - _ADMIT_KEYS
+            if unknown:
+                raise InvalidArgument(f"items[{i}] has unknown keys {sorted(unknown)}")
+            try:
+                batch.append((it["tensor_id"], it["generation"], it.get("placement_policy"),
+                              it.get("source_placement"), it["writer_id"]))
+            except KeyError as e:
+                raise InvalidArgument(f"items[{i}] has no {e.args[0]!r}") from None
+        raw = self._core.admit_batch(batch)
+        return [r if isinstance(r, bool) else error_class(r[0])(r[1]) for r in raw]
+
     def current_generation(self, tensor_id: str) -> tuple[int, int] | None:
         return self._core.current_generation(_str(tensor_id, "tensor_id"))
 
@@ -762,6 +784,10 @@ class Store(TensorMixin):
     @staticmethod
     def encode_update(new: Any, old: Any, **kwargs: Any) -> tuple[Any, Any]:
         return encode_update(new, old, **kwargs)
+
+
+_ADMIT_KEYS = frozenset({"tensor_id", "generation", "placement_policy", "source_placement",
+                         "writer_id"})
 
 
 def _one_cuda_device(weights: list) -> Any:

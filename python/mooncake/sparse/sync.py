@@ -253,18 +253,30 @@ def _commit(store: _api.Store, step: EncodedStep, *, apply: str, skip_unchanged:
             out.append(TensorStats(spec.tensor_id, spec.global_offset, spec.local_shape, 0, 0,
                                    False, None))
             continue
-        # Admitted only when it commits: a seal waits for every admitted writer's commit. A box
-        # of a split tensor is not admitted: the seal pairs each admission with a commit of the
-        # same logical key, which the boxes of a tensor share, while their admissions are one
-        # per box (owner(shard)) and would never be paired. Its writer is the plan's owner of
-        # the box; a second writer of it with other values is refused by the commit (Conflict).
-        if spec.complete and not store.admit(spec.tensor_id, generation, spec.admit_policy,
-                                             spec.admit_placement, writer_id):
-            raise Conflict(f"tensor {spec.tensor_id!r} box {spec.global_offset} of step "
-                           f"{generation}: another writer than {writer_id!r} is admitted for it "
-                           "(two trainers with the same rank?)")
         pending.append(box)
         out.append(None)  # filled in below, in box order
+    # Admitted only when it commits: a seal waits for every admitted writer's commit. A box of
+    # a split tensor is not admitted: the seal pairs each admission with a commit of the same
+    # logical key, which the boxes of a tensor share, while their admissions are one per box
+    # (owner(shard)) and would never be paired. Its writer is the plan's owner of the box; a
+    # second writer of it with other values is refused by the commit (Conflict). Every
+    # admission of the step in one call (through the node daemon, one request).
+    admit = [b.spec for b in pending if b.spec.complete]
+    if admit:
+        items = [{"tensor_id": s.tensor_id, "generation": generation,
+                  "placement_policy": s.admit_policy, "source_placement": s.admit_placement,
+                  "writer_id": writer_id} for s in admit]
+        if hasattr(store, "admit_batch"):
+            admitted = store.admit_batch(items)
+        else:  # a store-like object with admit() only
+            admitted = [store.admit(**it) for it in items]
+        for spec, ok in zip(admit, admitted):
+            if isinstance(ok, Exception):
+                raise ok
+            if not ok:
+                raise Conflict(f"tensor {spec.tensor_id!r} box {spec.global_offset} of step "
+                               f"{generation}: another writer than {writer_id!r} is admitted "
+                               "for it (two trainers with the same rank?)")
     # Every box of the step in one batch commit.
     t0 = time.perf_counter()
     results = store.put_sparse_objects(
