@@ -524,11 +524,11 @@ class Store(TensorMixin):
         raised) when its arguments are bad."""
         batch = []
         for i, it in enumerate(items):
-            if not isinstance(it, Mapping):
+            if type(it) is not dict and not isinstance(it, Mapping):
                 raise InvalidArgument(f"items[{i}] is not a mapping")
-            unknown = set(it) - _ADMIT_KEYS
-            if unknown:
-                raise InvalidArgument(f"items[{i}] has unknown keys {sorted(unknown)}")
+            if not it.keys() <= _ADMIT_KEYS:
+                unknown = sorted(set(it) - _ADMIT_KEYS)
+                raise InvalidArgument(f"items[{i}] has unknown keys {unknown}")
             try:
                 batch.append((it["tensor_id"], it["generation"], it.get("placement_policy"),
                               it.get("source_placement"), it["writer_id"]))
