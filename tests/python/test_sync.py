@@ -196,6 +196,35 @@ def test_scatter_add_snapshot_follows_the_inference_side():
                 assert torch.equal(dests[t.tensor_id], box(snap, t))
 
 
+def test_overwrite_snapshot_takes_the_committed_entries():
+    """Overwrite: after each step the snapshot holds the step's weights bit for bit (it takes
+    the committed entries, not a copy of the new weights) and equals what the inference side
+    applied; a tensor left unchanged keeps its snapshot."""
+    store = mcs.connect()
+    plan = mcs.SyncPlan(mcs.ParallelLayout(rules=RULES, name="trainer"),
+                        mcs.ParallelLayout(tp=2, rules=RULES, name="inference"), shapes())
+    state = random_state()
+    sync = mcs.TrainerSync(store, plan, 0)
+    sync.snapshot(state)
+    shards = inference_shards(plan, state)
+    names = sorted(state)
+    for k in range(1, 4):
+        state = {n: w.clone() for n, w in state.items()}
+        for n in names[k % 2::2]:  # half of the tensors change each step
+            w = state[n].view(-1)
+            w[k::7] = (w[k::7].float() + 0.5).to(w.dtype)
+        st = sync.step(state, seal=True)
+        assert 0 < st.committed < len(names)
+        for n, w in state.items():
+            snap = sync._snapshot[n, (0,) * w.dim()]
+            assert torch.equal(snap.view(torch.int16), w.view(torch.int16)), (n, k)
+        for r, dests in shards.items():
+            mcs.apply_step(store, plan, r, dests, (k - 1, k), wait=True, timeout=5)
+            for t in plan.targets(r):
+                snap = sync._snapshot[t.tensor_id, (0,) * len(t.global_offset)]
+                assert torch.equal(dests[t.tensor_id], box(snap, t))
+
+
 def test_skip_unchanged_and_stats():
     store = mcs.connect()
     plan = mcs.SyncPlan(mcs.ParallelLayout(rules=RULES, name="trainer"),

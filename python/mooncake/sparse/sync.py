@@ -135,25 +135,20 @@ def _copy(x: Tensor) -> Tensor:
     return np.array(x, copy=True)
 
 
-def _assign(dst: Tensor, src: Tensor) -> None:
-    torch = torch_module()
-    if torch is not None and isinstance(dst, torch.Tensor):
-        dst.copy_(src.detach() if isinstance(src, torch.Tensor) else torch.as_tensor(src))
-    else:  # a numpy destination (torch is not in use, or dst is not a torch tensor)
-        cast(np.ndarray, dst)[...] = src
-
-
-def _add_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, ...]) -> None:
-    """snapshot[idx - offset] += vals, with the same rounding as apply_sparse_object."""
+def _apply_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, ...],
+                 apply: str) -> None:
+    """snapshot[idx - offset] = vals (overwrite) or += vals (scatter_add), with the same
+    rounding as apply_sparse_object: the snapshot becomes what the inference side holds after
+    the commit, touching only the committed entries."""
     torch = torch_module()
     if torch is not None and isinstance(idx, torch.Tensor):  # CUDA encode: torch throughout
         snap, delta = cast(_TorchTensor, snapshot), cast(_TorchTensor, vals)
         local = idx.to(torch.int64) - torch.tensor(offset, dtype=torch.int64, device=idx.device)
-        snap.index_put_(tuple(local.T), delta.to(snap.dtype), accumulate=True)
+        snap.index_put_(tuple(local.T), delta.to(snap.dtype), accumulate=apply == "scatter_add")
         return
     local = (np.asarray(idx).astype(np.int64) - np.asarray(offset, dtype=np.int64)).astype(
         np.uint64)
-    _core.apply_coo(_api.as_core_array(snapshot), local, _api.as_core_array(vals), "scatter_add")
+    _core.apply_coo(_api.as_core_array(snapshot), local, _api.as_core_array(vals), apply)
 
 
 def _can_seal(store: object) -> bool:
@@ -362,9 +357,10 @@ class TrainerSync:
     the inference side holds), and commits one step per call to step().
 
     Steps are numbered from `start_step`: the first step() commits generation
-    (start_step, start_step + 1). With apply="scatter_add" the snapshot follows what the
-    inference side computes (old + the committed deltas, with the same rounding), so that changes
-    below `threshold` accumulate instead of being lost.
+    (start_step, start_step + 1). After each commit the snapshot takes the committed entries
+    (overwritten, or with apply="scatter_add" added with the same rounding): it follows what the
+    inference side holds, so that changes below `threshold` accumulate until they are sent
+    instead of being lost, and a step touches only the entries it commits.
 
     skip_unchanged: commit nothing for tensors that did not change (see the module docstring for
     tensors split into boxes). Default: True when the store seals steps; a store without
@@ -440,12 +436,11 @@ class TrainerSync:
         assert snap is not None
 
         def update_snapshot(box: _EncodedBox) -> None:
-            old = snap[box.spec.tensor_id, box.spec.global_offset]
-            if self.apply == "scatter_add":
-                if box.nnz:
-                    _add_local(old, box.indices, box.values, box.spec.global_offset)
-            else:
-                _assign(old, box.new)
+            # The committed entries only (not a copy of the new weights): what the inference
+            # side applies, so that changes below the threshold accumulate in either mode.
+            if box.nnz:
+                _apply_local(snap[box.spec.tensor_id, box.spec.global_offset], box.indices,
+                             box.values, box.spec.global_offset, self.apply)
 
         stats = _commit(self.store, encoded, apply=self.apply,
                         skip_unchanged=self.skip_unchanged,
