@@ -493,6 +493,13 @@ def test_admit_batch_admits_as_admit_does_one_outcome_per_item(store):
         assert isinstance(r, mcs.InvalidArgument), got
     assert store.admit("e", gen, None, {}, "w3") is False
     assert store.admit_batch([]) == []
+    # More than one request's worth through the daemon (4,096 per request), in order.
+    many = [{"tensor_id": f"m{i}", "generation": gen, "writer_id": "w4"} for i in range(9000)]
+    many[5000] = {**many[5000], "generation": (1, 1)}  # bad, in the second request
+    got = store.admit_batch(many)
+    assert isinstance(got[5000], mcs.InvalidArgument)
+    assert got[:5000] == [True] * 5000 and got[5001:] == [True] * 3999
+    assert store.admit_batch([{**it, "writer_id": "w5"} for it in many[4090:4100]]) == [False] * 10
     with pytest.raises(mcs.InvalidArgument):
         store.admit_batch([{"tensor_id": "x", "generation": gen}])  # no writer_id
     with pytest.raises(mcs.InvalidArgument):
