@@ -806,16 +806,15 @@ Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generatio
 Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generation) {
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
     const std::string prefix = keys_.Manifest() + GenerationTag(generation) + "/";
-    MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(prefix));
+    // Every entry of the step with its metadata, in one pass of the store where it can.
+    MCS_ASSIGN_OR_RETURN(auto entries, store_->ListInfos(prefix));
     std::vector<SourceDescriptor> out;
-    out.reserve(keys.size());
-    for (const std::string& key : keys) {
-        auto info = store_->Stat(key);
-        if (!info.ok()) {
-            if (info.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
-            return info.status();
-        }
-        const std::string ref = keys_.Source() + key.substr(prefix.size());
+    out.reserve(entries.size());
+    std::string ref = keys_.Source();
+    const std::size_t base = ref.size();
+    for (const auto& [key, info] : entries) {
+        ref.resize(base);
+        ref.append(key, prefix.size());
         MCS_ASSIGN_OR_RETURN(SourceDescriptor d, DecodeObjectMetadata(ref, info->metadata));
         out.push_back(std::move(d));
     }

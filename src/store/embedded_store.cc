@@ -117,6 +117,8 @@ public:
     }
     Status ReadRangesParallel(std::span<const RangeRead> reads, int num_threads) override;
     Status Remove(std::string_view key) override;
+    Result<std::vector<std::pair<std::string, std::shared_ptr<const ObjectInfo>>>> ListInfos(
+        std::string_view prefix) override;
     Result<std::vector<std::string>> List(std::string_view prefix) override;
     StoreCounters Counters() const override;
     Status PutFilled(std::span<const FilledPut> puts, const PutOptions& options,
@@ -610,6 +612,18 @@ Status EmbeddedStore::Remove(std::string_view key) {
     }
     removes_.fetch_add(1, std::memory_order_relaxed);
     return Status::Ok();
+}
+
+Result<std::vector<std::pair<std::string, std::shared_ptr<const ObjectInfo>>>>
+EmbeddedStore::ListInfos(std::string_view prefix) {
+    std::vector<std::pair<std::string, std::shared_ptr<const ObjectInfo>>> out;
+    std::shared_lock lock(mu_);
+    for (auto it = objects_.lower_bound(prefix);
+         it != objects_.end() && std::string_view(it->first).starts_with(prefix); ++it) {
+        // An object version never changes: its info lives as long as the snapshot.
+        out.emplace_back(it->first, std::shared_ptr<const ObjectInfo>(it->second, &it->second->info));
+    }
+    return out;
 }
 
 Result<std::vector<std::string>> EmbeddedStore::List(std::string_view prefix) {

@@ -15,6 +15,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "mooncake/sparse/contracts.h"
@@ -197,6 +198,27 @@ public:
 
     /// Keys starting with `prefix`, sorted.
     virtual Result<std::vector<std::string>> List(std::string_view prefix) = 0;
+
+    /// List with each key's StatShared, in one pass where the store can (the embedded store
+    /// walks its sorted keys once instead of looking each one up): a manifest reads every
+    /// entry of a step. A key removed between the two is left out. The default: List, then
+    /// StatShared per key.
+    /// Errors: as List and StatShared (NotFound aside).
+    virtual Result<std::vector<std::pair<std::string, std::shared_ptr<const ObjectInfo>>>>
+    ListInfos(std::string_view prefix) {
+        MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, List(prefix));
+        std::vector<std::pair<std::string, std::shared_ptr<const ObjectInfo>>> out;
+        out.reserve(keys.size());
+        for (std::string& key : keys) {
+            auto info = StatShared(key);
+            if (!info.ok()) {
+                if (info.status().code() == StatusCode::kNotFound) continue;  // removed meanwhile
+                return info.status();
+            }
+            out.emplace_back(std::move(key), std::move(info).value());
+        }
+        return out;
+    }
 
     /// Called once every key under `prefix` (a directory List takes, ending in '/') has been
     /// removed and none will be written again (a step freed by retention): a store that keeps
