@@ -8,7 +8,9 @@ the bytes), on the embedded store and through the node daemon, it times:
 - commit: N x put_sparse_object vs one put_sparse_objects (the first batch of a fresh store,
   `commit_batch_s`), then `--steps` more batch commits, one generation each, with the store's
   retention keeping the last 2 (a training run's steady state: each step's objects reuse the
-  memory the retired ones freed; `commit_steady_s`, their median);
+  memory the retired ones freed; `commit_steady_s`, their median; each step's seal,
+  `seal_steady_s`, which also frees the step past retention);
+- admit: N x admit vs one admit_batch (a trainer's admissions of a step);
 - read: one read_sparse_objects of N targets (already a batch), after the step's manifest
   (timed apart: `manifest_s`, and a second reader's call for it, `manifest_again_s`, which the
   store answers from its manifests of sealed steps); the node caches are cleared and the last
@@ -142,9 +144,22 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     r["commit_batch_s"] = time.perf_counter() - t
     assert all(isinstance(x, dict) and x["created"] for x in results), results[:3]
     store.seal_generation((1, 2), names)
+    # admission of every tensor (a trainer's boxes of a step), one call per key against one
+    # batch, each for a step of its own that is never committed or sealed
+    t = time.perf_counter()
+    for name in names:
+        store.admit(name, (10**9, 10**9 + 1), None, {}, "w")
+    r["admit_single_s"] = time.perf_counter() - t
+    items = [{"tensor_id": name, "generation": (10**9 + 1, 10**9 + 2), "writer_id": "w"}
+             for name in names]
+    t = time.perf_counter()
+    admitted = store.admit_batch(items)
+    r["admit_batch_s"] = time.perf_counter() - t
+    assert admitted == [True] * n, admitted[:3]
     # The steady state of a run: more steps, the store keeping the last --keep-last generations.
     store.set_retention(args.keep_last)
     steady = []
+    seals = []
     last = (1, 2)
     # Where the steady commits' time goes: the store's clocks (metrics), and on the embedded
     # store with CUDA members the direct path's (_device_commit_counters), summed over the steps.
@@ -159,8 +174,12 @@ def run(store, backend: str, n: int, args, rng) -> dict:
             results = store.put_sparse_objects(ups)
         steady.append(time.perf_counter() - t)
         assert all(isinstance(x, dict) and x["created"] for x in results), results[:3]
-        store.seal_generation(gen, names)
+        t = time.perf_counter()
+        store.seal_generation(gen, names)  # frees the step past retention from the third on
+        seals.append(time.perf_counter() - t)
         last = gen
+    if seals:
+        r["seal_steady_s"] = statistics.median(seals)
     if steady:
         r["commit_steady_s"] = statistics.median(steady)
         r["commit_steady_clocks_us_per_object"] = clocks.per_object(n * len(steady))
@@ -272,7 +291,7 @@ def run(store, backend: str, n: int, args, rng) -> dict:
     dst_dense = np.empty_like(flat_dense)
     r["memcpy_dense_s"] = best(lambda: np.copyto(dst_dense, flat_dense), args.repeats)
     for k in ("encode_single", "encode_batch", "commit_single", "commit_batch", "commit_steady",
-              "publish_steady", "manifest", "manifest_again",
+              "publish_steady", "admit_single", "admit_batch", "seal_steady", "manifest", "manifest_again",
               "read", "read_in_place", "read_target_batch", "apply_single", "apply_batch"):
         if f"{k}_s" in r:
             r[f"{k}_us_per_object"] = r[f"{k}_s"] / n * 1e6
@@ -341,7 +360,10 @@ def main(argv: list[str]) -> int:
             log(f"[{backend} n={n}] per object: commit {rec['commit_single_us_per_object']:.1f}"
                 f" -> {rec['commit_batch_us_per_object']:.1f} us (steady "
                 f"{rec.get('commit_steady_us_per_object', float('nan')):.1f}; encoded and "
-                f"committed in one call {rec['publish_steady_us_per_object']:.1f}), read "
+                f"committed in one call {rec['publish_steady_us_per_object']:.1f}; seal "
+                f"{rec.get('seal_steady_us_per_object', float('nan')):.1f}), admit "
+                f"{rec['admit_single_us_per_object']:.1f} -> "
+                f"{rec['admit_batch_us_per_object']:.1f} us, read "
                 f"{rec['read_us_per_object']:.1f} us (manifest "
                 f"{rec['manifest_us_per_object']:.1f}, again "
                 f"{rec['manifest_again_us_per_object']:.1f}, TargetBatch "
