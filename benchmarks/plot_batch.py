@@ -35,17 +35,22 @@ def plot(out_dir: pathlib.Path, stem: str) -> None:
     backends = sorted({r["backend"] for r in recs})
     phases = [("encode", "encode_single", "encode_batch"), ("commit", "commit_single", "commit_batch"),
               ("apply", "apply_single", "apply_batch")]
-    fig, axes = plt.subplots(1, len(backends), figsize=(5.5 * len(backends), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(backends), figsize=(6.5 * len(backends), 4), squeeze=False)
     for ax, backend in zip(axes[0], backends):
         n = max(c for c in counts if any(r["objects"] == c and r["backend"] == backend
                                          for r in recs))
         r = next(x for x in recs if x["backend"] == backend and x["objects"] == n)
         labels, single, batch = [], [], []
-        for name, s_key, b_key in phases:
+        if "admit_single_us_per_object" in r:  # older results lack it
+            phases_here = phases + [("admit", "admit_single", "admit_batch")]
+        else:
+            phases_here = phases
+        for name, s_key, b_key in phases_here:
             labels.append(name)
             single.append(r[f"{s_key}_us_per_object"])
             batch.append(r[f"{b_key}_us_per_object"])
-        for label, key in (("commit\nsteady", "commit_steady"), ("manifest", "manifest"),
+        for label, key in (("commit\nsteady", "commit_steady"), ("seal\nsteady", "seal_steady"),
+                           ("manifest", "manifest"),
                            ("read", "read"),
                            ("read\nin place", "read_in_place")):
             if f"{key}_us_per_object" in r:  # older results lack some of these
