@@ -196,10 +196,15 @@ def test_scatter_add_snapshot_follows_the_inference_side():
                 assert torch.equal(dests[t.tensor_id], box(snap, t))
 
 
-def test_overwrite_snapshot_takes_the_committed_entries():
-    """Overwrite: after each step the snapshot holds the step's weights bit for bit (it takes
-    the committed entries, not a copy of the new weights) and equals what the inference side
-    applied; a tensor left unchanged keeps its snapshot."""
+@pytest.mark.parametrize("sparse_past", [0, None])
+def test_overwrite_snapshot_takes_the_committed_entries(monkeypatch, sparse_past):
+    """Overwrite: after each step the snapshot holds the step's weights bit for bit (by the
+    committed entries, or by a copy where that is cheaper: sparse_past=0 takes the entries for
+    every tensor) and equals what the inference side applied; a tensor left unchanged keeps its
+    snapshot."""
+    from mooncake.sparse import sync as sync_module
+    if sparse_past is not None:
+        monkeypatch.setattr(sync_module, "_SPARSE_SNAPSHOT_BYTES", sparse_past)
     store = mcs.connect()
     plan = mcs.SyncPlan(mcs.ParallelLayout(rules=RULES, name="trainer"),
                         mcs.ParallelLayout(tp=2, rules=RULES, name="inference"), shapes())

@@ -135,6 +135,29 @@ def _copy(x: Tensor) -> Tensor:
     return np.array(x, copy=True)
 
 
+def _assign(dst: Tensor, src: Tensor) -> None:
+    torch = torch_module()
+    if torch is not None and isinstance(dst, torch.Tensor):
+        dst.copy_(src.detach() if isinstance(src, torch.Tensor) else torch.as_tensor(src))
+    else:  # a numpy destination (torch is not in use, or dst is not a torch tensor)
+        cast(np.ndarray, dst)[...] = src
+
+
+# An overwrite snapshot in host memory takes the committed entries past this many bytes, a copy
+# of the new weights below (where the copy costs less than the entries' call).
+_SPARSE_SNAPSHOT_BYTES = 64 << 10
+
+
+def _overwrite_by_copy(snapshot: Tensor) -> bool:
+    """Whether an overwrite commit updates `snapshot` by copying the new weights: on the GPU
+    (one copy at device bandwidth costs less than the entries' several launches) and for small
+    host tensors."""
+    torch = torch_module()
+    if torch is not None and isinstance(snapshot, torch.Tensor):
+        return snapshot.is_cuda or snapshot.numel() * snapshot.element_size() < _SPARSE_SNAPSHOT_BYTES
+    return cast(np.ndarray, snapshot).nbytes < _SPARSE_SNAPSHOT_BYTES
+
+
 def _apply_local(snapshot: Tensor, idx: Tensor, vals: Tensor, offset: tuple[int, ...],
                  apply: str) -> None:
     """snapshot[idx - offset] = vals (overwrite) or += vals (scatter_add), with the same
@@ -436,11 +459,14 @@ class TrainerSync:
         assert snap is not None
 
         def update_snapshot(box: _EncodedBox) -> None:
-            # The committed entries only (not a copy of the new weights): what the inference
-            # side applies, so that changes below the threshold accumulate in either mode.
-            if box.nnz:
-                _apply_local(snap[box.spec.tensor_id, box.spec.global_offset], box.indices,
-                             box.values, box.spec.global_offset, self.apply)
+            # What the inference side applies: the committed entries (added, with scatter_add:
+            # changes below the threshold accumulate), or for overwrite the new weights where
+            # copying them costs less (they are then equal).
+            old = snap[box.spec.tensor_id, box.spec.global_offset]
+            if self.apply == "overwrite" and _overwrite_by_copy(old):
+                _assign(old, box.new)
+            elif box.nnz:
+                _apply_local(old, box.indices, box.values, box.spec.global_offset, self.apply)
 
         stats = _commit(self.store, encoded, apply=self.apply,
                         skip_unchanged=self.skip_unchanged,
