@@ -342,8 +342,6 @@ pyb::list AdmitBatch(PyStore& s, const pyb::list& items) {
     std::vector<AdmitRequest> requests;
     requests.reserve(items.size());
     std::vector<pyb::object> refused(items.size());  // an item's argument error, as admit's
-    std::vector<std::size_t> index_of;
-    index_of.reserve(items.size());
     for (std::size_t i = 0; i < items.size(); ++i) {
         try {
             const auto t = items[i].cast<pyb::tuple>();
@@ -354,7 +352,6 @@ pyb::list AdmitBatch(PyStore& s, const pyb::list& items) {
             requests.push_back({t[0].cast<std::string>(), GenerationOf(g), std::move(p),
                                 AxesFromDict(pyb::object(t[3]), "source_placement"),
                                 t[4].cast<std::string>()});
-            index_of.push_back(i);
         } catch (const pyb::cast_error& e) {
             refused[i] = pyb::make_tuple(static_cast<int>(StatusCode::kInvalidArgument),
                                          "admission " + std::to_string(i) + ": " + e.what());

@@ -154,7 +154,8 @@ def _overwrite_by_copy(snapshot: Tensor) -> bool:
     host tensors."""
     torch = torch_module()
     if torch is not None and isinstance(snapshot, torch.Tensor):
-        return snapshot.is_cuda or snapshot.numel() * snapshot.element_size() < _SPARSE_SNAPSHOT_BYTES
+        return (snapshot.is_cuda
+                or snapshot.numel() * snapshot.element_size() < _SPARSE_SNAPSHOT_BYTES)
     return cast(np.ndarray, snapshot).nbytes < _SPARSE_SNAPSHOT_BYTES
 
 
