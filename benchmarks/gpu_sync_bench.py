@@ -11,7 +11,13 @@ expert target lands in a strided view of a larger tensor.
 Per step (a fraction --density of every tensor changes; overwrite and scatter_add):
 
 - sparse: encode_updates (all pairs) -> put_sparse_objects -> read_sparse_objects of every
-  target of the node (device="cuda" on the GPU) -> apply_sparse_objects; each phase timed;
+  target of the node (device="cuda" on the GPU) -> apply_sparse_objects. --timing both (the
+  default) alternates two ways of timing the steps: "phases" steps wait for the device around
+  each of the four calls (encode_s, commit_s, read_s, apply_s; sparse_s their sum); "step" steps
+  make the four calls as a trainer and a reader make them, the device waited for only before the
+  first and after the last (sparse_s that wall; each phase's figure is then the host's time from
+  the call before returning to this one returning, the device work still queued at that point
+  counted in a later phase);
 - dense_full: batch_upsert_tensor of the whole new tensors + batch_get_tensor_into of whole
   tensors for every (rank, tensor) that needs them (into scratch buffers);
 - dense_box: the same put + each rank reads only its own box into its parameter view (the best
@@ -151,6 +157,13 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
+def untimed(fn, device) -> tuple[float, object]:
+    """fn() without waiting for the device: the host's time until it returns."""
+    t = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - t, out
+
+
 def profile(what: str, fn):
     """Where a phase's host time goes (--profile): fn() under cProfile, its top functions by own
     time to stderr; returns fn's result."""
@@ -225,14 +238,22 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 prof.__enter__()
 
             profiled = args.profile and rep == args.repeats - 1
+            # How this step is timed: "phases" waits for the device around each call; "step"
+            # only before the first call and after the last (--timing both: every other step).
+            timing = args.timing if args.timing != "both" else ("step" if step % 2 == 0
+                                                                 else "phases")
+            timer = timed if timing == "phases" else untimed
+            if timing == "step":
+                sync(device)
+            t_step = time.perf_counter()
 
             def phase(name, fn):
                 if profiled:  # --profile: this step's phases under cProfile (slower by its cost)
-                    return profile(f"{backend} {apply} {name}", lambda: timed(fn, device))
+                    return profile(f"{backend} {apply} {name}", lambda: timer(fn, device))
                 if prof is None:
-                    return timed(fn, device)
+                    return timer(fn, device)
                 with torch.profiler.record_function(f"phase:{name}"):
-                    return timed(fn, device)
+                    return timer(fn, device)
             mc0 = store.metrics()
             if args.trainer == "pipelined":
                 # Encode and commit in one call, the copies of each part overlapping the
@@ -273,8 +294,6 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 # part before (timed as one phase: apply_s is 0).
                 t_read, _ = phase("read+apply", lambda: store.apply_sparse_updates(
                     manifest, targets, [sl.view for sl in slots], parts=args.parts))
-                # The same read again, untimed, for its bytes (the floor's).
-                objs = store.read_sparse_objects(manifest, targets, **kw)
             else:
                 t_read, objs = phase("read", lambda: store.read_sparse_objects(manifest, targets,
                                                                                **kw))
@@ -283,15 +302,27 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # building the targets (on the GPU for a device read of the embedded store).
             phases = {f"read_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
                       for k in ("plan", "read", "materialize")}
-            read_bytes = sum(int(o.indices.numel() * o.indices.element_size()
-                                 + o.values.numel() * o.values.element_size())
-                             if device.type == "cuda" else int(o.indices.nbytes + o.values.nbytes)
-                             for o in objs)
             if args.reader == "pipelined":
                 t_apply = 0.0
             else:
                 t_apply, _ = phase("apply", lambda: mcs.apply_sparse_objects(
                     [sl.view for sl in slots], objs))
+            if timing == "step":
+                # The host's time from the last call's return to the device's finishing the
+                # step's work: counted in the last phase, as the step waits for it.
+                t_tail, _ = timed(lambda: None, device)
+                if args.reader == "pipelined":
+                    t_read += t_tail
+                else:
+                    t_apply += t_tail
+            t_wall = time.perf_counter() - t_step
+            if args.reader == "pipelined":
+                # The same read again, untimed, for its bytes (the floor's).
+                objs = store.read_sparse_objects(manifest, targets, **kw)
+            read_bytes = sum(int(o.indices.numel() * o.indices.element_size()
+                                 + o.values.numel() * o.values.element_size())
+                             if device.type == "cuda" else int(o.indices.nbytes + o.values.nbytes)
+                             for o in objs)
             if prof is not None:
                 prof.__exit__(None, None, None)
                 os.makedirs(args.trace, exist_ok=True)
@@ -325,7 +356,9 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # The step is sealed; retention keeps the last one (the store never fills up):
             # timed, not in sparse_s (the readers above read the step's manifest before it).
             t_seal, _ = timed(lambda: store.seal_generation(gen_k, names), device)
-            sparse = t_enc + t_commit + t_read + t_apply
+            # The step: the four calls' sum (phases), or the wall from the first call to the
+            # device's finishing the last (step), the untimed Python between the calls included.
+            sparse = t_enc + t_commit + t_read + t_apply if timing == "phases" else t_wall
             # Dense baselines of the same step.
             keys = [f"dense/{n}" for n in names]
             tensors = [new[n] for n in names]
@@ -355,7 +388,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 floor = (2 * dense_bytes + coo_bytes + read_bytes) / (ceil["memcpy_gbps"] * 1e9)
             r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
-                 "trainer": args.trainer, "reader": args.reader, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "trainer": args.trainer, "reader": args.reader, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -372,7 +405,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "bit_exact": apply == "overwrite", **ceil}
             emit(r)
             first = ("publish" if args.trainer == "pipelined" else "enc")
-            log(f"{backend} {apply} step {step}: sparse {sparse * 1e3:.1f} ms ({first} "
+            log(f"{backend} {apply} step {step} ({timing}): sparse {sparse * 1e3:.1f} ms ({first} "
                 f"{t_enc * 1e3:.1f} commit {t_commit * 1e3:.1f} {'read+apply' if t_apply == 0 else 'read'} {t_read * 1e3:.1f} apply {t_apply * 1e3:.1f}) | "
                 f"dense box {(t_put + t_box) * 1e3:.1f} ms, full {(t_put + t_full) * 1e3:.1f} ms | "
                 f"floor {floor * 1e3:.1f} ms")
@@ -406,6 +439,9 @@ def main() -> int:
     ap.add_argument("--reader", choices=("split", "pipelined"), default="split",
                     help="split: read_sparse_objects then apply_sparse_objects, each timed; "
                          "pipelined: store.apply_sparse_updates (read_s is both, apply_s 0)")
+    ap.add_argument("--timing", choices=("both", "phases", "step"), default="both",
+                    help="phases: wait for the device around each call; step: only around the "
+                         "whole step (as a trainer and a reader run it); both: every other step")
     ap.add_argument("--parts", type=int, default=4,
                     help="parts of put_sparse_updates / apply_sparse_updates (pipelined)")
     ap.add_argument("--full-chunk", type=int, default=64, help="targets per dense_full get batch")

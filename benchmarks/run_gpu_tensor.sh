@@ -20,7 +20,8 @@
 # mooncake-transfer-engine-cuda13 wheel matching this machine's Python) into the build tree.
 #
 # Environment: PYTHON (python3), JOBS (nproc), BUILD_DIR (build-tensor-gpu), BENCH_ARGS (extra
-# arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), UPSTREAM_BENCH_ARGS (of
+# arguments of benchmarks/tensor_bench.py, e.g. "--iters 3"), CMAKE_ARGS (extra configure arguments,
+# e.g. "-DCMAKE_STRIP=/bin/true" to keep the extension's symbols for a profiler), UPSTREAM_BENCH_ARGS (of
 # benchmarks/upstream_tensor_bench.py), SKIP_TESTS=1, TEST_FILES (the pytest files
 # to run), SKIP_BENCH=1, SKIP_UPSTREAM_BENCH=1, GPU_SYNC=1 (benchmarks/gpu_sync_bench.py with
 # GPU_SYNC_ARGS: OUTDIR/gpu_sync.jsonl), BATCH_BENCH=1 (benchmarks/batch_bench.py --device cuda
@@ -89,7 +90,7 @@ configure() {
         -DPython_EXECUTABLE="$(command -v "${py}")" -Dpybind11_DIR="${pybind_dir}" \
         -DMOONCAKE_SPARSE_BUILD_PYTHON=ON -DMOONCAKE_SPARSE_BUILD_TESTS=OFF \
         -DMOONCAKE_SPARSE_BUILD_BENCHMARKS=OFF -DMOONCAKE_SPARSE_WITH_CUDA="${with_cuda}" \
-        -DMOONCAKE_SPARSE_USE_CCACHE=OFF ${extra_inc} "$@" > "${out}/configure.log" 2>&1
+        -DMOONCAKE_SPARSE_USE_CCACHE=OFF ${extra_inc} ${CMAKE_ARGS:-} "$@" > "${out}/configure.log" 2>&1
 }
 # Unpacks the daemon's dependencies from .devdeps/debs into the build tree (paths rewritten).
 unpack_debs() {

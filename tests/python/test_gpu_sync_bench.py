@@ -38,3 +38,20 @@ def test_trace_records_the_four_phases_of_each_modes_last_step(tmp_path):
     events = json.loads((trace / "trace_embedded_overwrite.json").read_text())["traceEvents"]
     phases = {e["name"] for e in events if e.get("name", "").startswith("phase:")}
     assert phases == {"phase:encode", "phase:commit", "phase:read", "phase:apply"}
+
+
+def test_step_timing_reports_the_wall_of_the_four_calls(tmp_path):
+    # --timing step waits for the device only around the whole step: sparse_s is its wall, and
+    # the phases (host intervals inside it, the last one to the device's finishing) fit in it.
+    out = tmp_path / "gpu_sync.jsonl"
+    proc = subprocess.run([sys.executable, str(BENCH), "--device", "cpu", "--quick",
+                           "--backends", "embedded", "--timing", "step", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    steps = [json.loads(line) for line in out.read_text().splitlines()]
+    steps = [r for r in steps if r["what"] == "gpu_sync"]
+    assert len(steps) == 2 and {r["timing"] for r in steps} == {"step"}
+    for r in steps:
+        phases = r["encode_s"] + r["commit_s"] + r["read_s"] + r["apply_s"]
+        assert 0 < phases <= r["sparse_s"]
+        assert r["sparse_over_floor"] == pytest.approx(r["sparse_s"] / r["floor_s"])
