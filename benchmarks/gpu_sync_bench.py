@@ -157,11 +157,41 @@ def timed(fn, device) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
+def device_clocks() -> dict[str, float]:
+    """Seconds on this process's direct device paths so far (monotonic; zeros where the build
+    has no GPU codec): commit_{total,index,prepare,fill,publish}, read_{total,plan,ranges,
+    filter}."""
+    out = {}
+    for prefix, name in (("commit", "_device_commit_counters"), ("read", "_device_read_counters")):
+        fn = getattr(mcs._core, name, None)
+        got = fn() if fn is not None else {}
+        for k in ("total", "index", "prepare", "fill", "publish", "plan", "ranges", "filter"):
+            out[f"{prefix}_{k}"] = float(got.get(f"{k}_seconds", 0.0))
+    return out
+
+
 def untimed(fn, device) -> tuple[float, object]:
     """fn() without waiting for the device: the host's time until it returns."""
     t = time.perf_counter()
     out = fn()
     return time.perf_counter() - t, out
+
+
+def cpu_profiler(prefix: str):
+    """gperftools' CPU profiler (libprofiler.so.0, Debian libgoogle-perftools4), loaded on first
+    use: ProfilerStart(path) / ProfilerStop() around the sparse calls of each steady step
+    (--cpu-profile PREFIX: PREFIX.BACKEND.APPLY.STEP, e.g. `google-pprof --text python3 FILES`).
+    It samples the host's threads (SIGPROF), native frames included: where a step's host time
+    goes below the Python calls that --profile sees."""
+    global _libprofiler
+    if _libprofiler is None:
+        import ctypes
+        _libprofiler = ctypes.CDLL(os.environ.get("MCS_LIBPROFILER", "libprofiler.so.0"))
+        _libprofiler.ProfilerStart.argtypes = [ctypes.c_char_p]
+    return _libprofiler
+
+
+_libprofiler = None
 
 
 def profile(what: str, fn):
@@ -245,6 +275,10 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             timer = timed if timing == "phases" else untimed
             if timing == "step":
                 sync(device)
+            cpu_profile = cpu_profiler(args.cpu_profile) if args.cpu_profile and step >= 3 else None
+            if cpu_profile is not None:
+                cpu_profile.ProfilerStart(
+                    f"{args.cpu_profile}.{backend}.{apply}.{step}".encode())
             t_step = time.perf_counter()
 
             def phase(name, fn):
@@ -255,6 +289,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 with torch.profiler.record_function(f"phase:{name}"):
                     return timer(fn, device)
             mc0 = store.metrics()
+            dc0 = device_clocks()
             if args.trainer == "pipelined":
                 # Encode and commit in one call, the copies of each part overlapping the
                 # encode of the next (timed as one phase: commit_s is 0).
@@ -270,6 +305,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                            for n, (i, v) in zip(names, coo)]
                 t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
             mc1 = store.metrics()
+            dc1 = device_clocks()
             # The commit's own clocks: indexing and writing in the store; through the daemon,
             # its handler and the copies from the client's GPU within it.
             phases_commit = {f"{k}_s": mc1.get(f"{k}_seconds", 0.0) - mc0.get(f"{k}_seconds", 0.0)
@@ -298,6 +334,14 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 t_read, objs = phase("read", lambda: store.read_sparse_objects(manifest, targets,
                                                                                **kw))
             m1 = store.metrics()
+            dc2 = device_clocks()
+            # This process's clocks of the direct device paths (embedded store): the commit's
+            # GPU index pass and its parts in the store, the device read's plan / range copies
+            # / filter (zero where the daemon does the work).
+            clocks = {f"direct_commit_{k}_s": dc1[f"commit_{k}"] - dc0[f"commit_{k}"]
+                      for k in ("total", "index", "prepare", "fill", "publish")}
+            clocks.update({f"device_read_{k}_s": dc2[f"read_{k}"] - dc1[f"read_{k}"]
+                           for k in ("total", "plan", "ranges", "filter")})
             # The read's own clocks (the store's metrics): planning, binding the ranges, and
             # building the targets (on the GPU for a device read of the embedded store).
             phases = {f"read_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
@@ -316,6 +360,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 else:
                     t_apply += t_tail
             t_wall = time.perf_counter() - t_step
+            if cpu_profile is not None:
+                cpu_profile.ProfilerStop()
             if args.reader == "pipelined":
                 # The same read again, untimed, for its bytes (the floor's).
                 objs = store.read_sparse_objects(manifest, targets, **kw)
@@ -359,20 +405,22 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # The step: the four calls' sum (phases), or the wall from the first call to the
             # device's finishing the last (step), the untimed Python between the calls included.
             sparse = t_enc + t_commit + t_read + t_apply if timing == "phases" else t_wall
-            # Dense baselines of the same step.
-            keys = [f"dense/{n}" for n in names]
-            tensors = [new[n] for n in names]
-            t_put, _ = timed(lambda: store.batch_upsert_tensor(keys, tensors), device)
-            t_box, _ = timed(lambda: store.batch_get_tensor_into(
-                [f"dense/{sl.spec.name}" for sl in slots], [sl.view for sl in slots],
-                global_offsets=[sl.box[0] for sl in slots]), device)
-            for sl in slots:
-                if not torch.equal(sl.view, box_of(new[sl.spec.name], sl.box)):
-                    raise AssertionError(f"{backend}: dense box read of {sl.target.target_id}")
-            t_full = 0.0
+            # Dense baselines of the same step (--no-dense: none, their fields null).
+            t_put = t_box = t_full = float("nan")
             full_bytes = 0
+            if args.dense:
+                keys = [f"dense/{n}" for n in names]
+                tensors = [new[n] for n in names]
+                t_put, _ = timed(lambda: store.batch_upsert_tensor(keys, tensors), device)
+                t_box, _ = timed(lambda: store.batch_get_tensor_into(
+                    [f"dense/{sl.spec.name}" for sl in slots], [sl.view for sl in slots],
+                    global_offsets=[sl.box[0] for sl in slots]), device)
+                for sl in slots:
+                    if not torch.equal(sl.view, box_of(new[sl.spec.name], sl.box)):
+                        raise AssertionError(f"{backend}: dense box read of {sl.target.target_id}")
+                t_full = 0.0
             chunk = max(1, args.full_chunk)
-            for lo in range(0, len(slots), chunk):
+            for lo in range(0, len(slots) if args.dense else 0, chunk):
                 part = slots[lo:lo + chunk]
                 scratch = [torch.empty(sl.spec.shape, dtype=dtype, device=device) for sl in part]
                 dt, _ = timed(lambda: store.batch_get_tensor_into(
@@ -393,7 +441,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
                  "encode_s": t_enc, "commit_s": t_commit, "read_s": t_read, "apply_s": t_apply,
-                 "read_host_s": t_read_host, **phases, **phases_commit,
+                 "read_host_s": t_read_host, **phases, **phases_commit, **clocks,
                  "sparse_s": sparse, "seal_s": t_seal,
                  "commit_us_per_tensor": t_commit / len(specs) * 1e6,
                  "read_us_per_target": t_read / len(slots) * 1e6,
@@ -403,7 +451,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "floor_s": floor, "speedup_vs_dense_box": (t_put + t_box) / sparse,
                  "speedup_vs_dense_full": (t_put + t_full) / sparse, "sparse_over_floor": sparse / floor,
                  "bit_exact": apply == "overwrite", **ceil}
-            emit(r)
+            emit({k: None if isinstance(v, float) and v != v else v for k, v in r.items()})
             first = ("publish" if args.trainer == "pipelined" else "enc")
             log(f"{backend} {apply} step {step} ({timing}): sparse {sparse * 1e3:.1f} ms ({first} "
                 f"{t_enc * 1e3:.1f} commit {t_commit * 1e3:.1f} {'read+apply' if t_apply == 0 else 'read'} {t_read * 1e3:.1f} apply {t_apply * 1e3:.1f}) | "
@@ -439,6 +487,12 @@ def main() -> int:
     ap.add_argument("--reader", choices=("split", "pipelined"), default="split",
                     help="split: read_sparse_objects then apply_sparse_objects, each timed; "
                          "pipelined: store.apply_sparse_updates (read_s is both, apply_s 0)")
+    ap.add_argument("--no-dense", dest="dense", action="store_false",
+                    help="skip the dense baselines (their fields null): a quicker step, e.g. "
+                         "for --cpu-profile")
+    ap.add_argument("--cpu-profile", default=None, metavar="PREFIX",
+                    help="gperftools' CPU profile of each steady step's sparse calls: "
+                         "PREFIX.BACKEND.APPLY.STEP (needs libprofiler.so.0)")
     ap.add_argument("--timing", choices=("both", "phases", "step"), default="both",
                     help="phases: wait for the device around each call; step: only around the "
                          "whole step (as a trainer and a reader run it); both: every other step")

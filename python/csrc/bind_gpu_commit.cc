@@ -50,9 +50,13 @@ struct DeviceCommitCounters {
     std::atomic<std::uint64_t> index_ns{0};
     std::atomic<std::uint64_t> commit_ns{0};
     std::atomic<std::uint64_t> fill_ns{0};
+    // Inside the commit: from its start to the first fill (checks, metadata, allocation), and
+    // from the last fill's end to its end (manifest entries, heads, results).
+    std::atomic<std::uint64_t> prepare_ns{0};
+    std::atomic<std::uint64_t> publish_ns{0};
 };
 
-std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+[[maybe_unused]] std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
     return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                           std::chrono::steady_clock::now() - t0)
                                           .count());
@@ -77,13 +81,17 @@ void RegisterGpuCommit(pyb::module_& m) {
             d["index_seconds"] = double(DirectCounters().index_ns.load()) * 1e-9;
             d["commit_seconds"] = double(DirectCounters().commit_ns.load()) * 1e-9;
             d["fill_seconds"] = double(DirectCounters().fill_ns.load()) * 1e-9;
+            d["prepare_seconds"] = double(DirectCounters().prepare_ns.load()) * 1e-9;
+            d["publish_seconds"] = double(DirectCounters().publish_ns.load()) * 1e-9;
             return d;
         },
         "What put_sparse_objects committed in this process by indexing on the GPU and copying "
         "entries straight into the embedded store (monotonic): batches, objects, bytes, and the "
         "seconds of those batches: total_seconds (the calls), index_seconds (planning and the "
         "GPU's checks, tile index and checksums), commit_seconds (the store's commit), "
-        "fill_seconds (the copies from the device, inside the commit).");
+        "fill_seconds (the copies from the device, inside the commit), prepare_seconds (the "
+        "commit before its first fill: checks, metadata, allocation) and publish_seconds (after "
+        "its last fill: manifest entries, heads, results).");
 }
 
 #if MCS_PY_WITH_GPU_CODEC
@@ -326,12 +334,26 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
                 entries.staging_bytes = bytes;
             }
         }
-        const EntryFill fill = [&entries](std::span<const EntryTarget> targets) {
-            return FillFromDevice(targets, entries);
+        std::optional<std::chrono::steady_clock::time_point> first_fill, last_fill;
+        const EntryFill fill = [&](std::span<const EntryTarget> targets) {
+            if (!first_fill) first_fill = std::chrono::steady_clock::now();
+            Status filled = FillFromDevice(targets, entries);
+            last_fill = std::chrono::steady_clock::now();
+            return filled;
         };
         const auto t_commit = std::chrono::steady_clock::now();
         committed = service.PutIndexedObjects(std::move(batch), hard_pin, fill, num_threads);
-        DirectCounters().commit_ns.fetch_add(NanosSince(t_commit), std::memory_order_relaxed);
+        const auto t_end = std::chrono::steady_clock::now();
+        const auto ns = [](std::chrono::steady_clock::duration d) {
+            return static_cast<std::uint64_t>(
+                std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+        };
+        DirectCounters().commit_ns.fetch_add(ns(t_end - t_commit), std::memory_order_relaxed);
+        if (first_fill && last_fill) {
+            DirectCounters().prepare_ns.fetch_add(ns(*first_fill - t_commit),
+                                                  std::memory_order_relaxed);
+            DirectCounters().publish_ns.fetch_add(ns(t_end - *last_fill), std::memory_order_relaxed);
+        }
     }
     if (!committed.ok()) return std::nullopt;  // nothing was committed
     DirectCounters().batches.fetch_add(1, std::memory_order_relaxed);

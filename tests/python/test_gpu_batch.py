@@ -621,6 +621,12 @@ def test_embedded_commit_from_the_gpu_equals_host_commit(pinned_quota):
     assert after["bytes"] - before["bytes"] == sum(
         u["indices"].numel() * u["indices"].element_size() +
         u["values"].numel() * u["values"].element_size() for u in rank2)
+    # The batch's clocks nest: its fill, and the commit's parts before and after the fill, lie
+    # within the store's commit, and that within the call.
+    took = {k: after[k] - before[k] for k in after if k.endswith("_seconds")}
+    assert took["prepare_seconds"] > 0 and took["fill_seconds"] > 0 and took["publish_seconds"] > 0
+    assert took["prepare_seconds"] + took["fill_seconds"] + took["publish_seconds"] \
+        <= took["commit_seconds"] <= took["total_seconds"]
     same_commits(dev_store, dev, host_store, host)
     # Read back: the same objects, and they apply to the new weights.
     targets = whole_targets(pairs, "d")
