@@ -44,12 +44,13 @@ def compare(out_dir: pathlib.Path, names: list[str]) -> int:
             bottom += r[field] * 1e3
         # The step's wall (a "step"-timed step: more than its phases by the Python between them)
         ax.plot([k], [r["sparse_s"] * 1e3], marker="D", ms=3, color="black", ls="")
-        ax.text(k, max(bottom, r["sparse_s"] * 1e3), f"{r['speedup_vs_dense_box']:.1f}x",
-                ha="center", va="bottom", fontsize=7)
         ax.plot([k - 0.3, k + 0.3], [r["floor_s"] * 1e3] * 2, color="black",
                 label="floor" if k == 0 else None)
-        ax.plot([k - 0.3, k + 0.3], [r["dense_box_s"] * 1e2] * 2, color="#dd8452", ls="--",
-                label="best dense path / 10" if k == 0 else None)
+        if r.get("dense_box_s") is not None:  # none in a --no-dense run
+            ax.text(k, max(bottom, r["sparse_s"] * 1e3), f"{r['speedup_vs_dense_box']:.1f}x",
+                    ha="center", va="bottom", fontsize=7)
+            ax.plot([k - 0.3, k + 0.3], [r["dense_box_s"] * 1e2] * 2, color="#dd8452", ls="--",
+                    label="best dense path / 10" if k == 0 else None)
     ax.set_xticks(range(len(bars)))
     ax.set_xticklabels([b for b, _ in bars], fontsize=7)
     ax.set_ylabel("ms per step")
@@ -89,14 +90,16 @@ def main(argv: list[str]) -> int:
         ax.plot([k - 1.5 * width], [r["sparse_s"] * 1e3], marker="D", ms=3, color="black",
                 ls="", label="sparse step (wall)" if k == 0 else None)
         bottom = max(bottom, r["sparse_s"] * 1e3)
-        ax.bar(k - 0.5 * width, r["dense_box_s"] * 1e3, width, color="#dd8452",
-               label="dense, own box" if k == 0 else None)
-        ax.bar(k + 0.5 * width, r["dense_full_s"] * 1e3, width, color="#937860",
-               label="dense, whole tensors" if k == 0 else None)
+        if r.get("dense_box_s") is not None:  # none in a --no-dense run
+            ax.bar(k - 0.5 * width, r["dense_box_s"] * 1e3, width, color="#dd8452",
+                   label="dense, own box" if k == 0 else None)
+            ax.bar(k + 0.5 * width, r["dense_full_s"] * 1e3, width, color="#937860",
+                   label="dense, whole tensors" if k == 0 else None)
         ax.bar(k + 1.5 * width, r["floor_s"] * 1e3, width, color="#999999",
                label="floor" if k == 0 else None)
-        ax.text(k - 1.5 * width, bottom, f"{r['speedup_vs_dense_box']:.1f}x", ha="center",
-                va="bottom", fontsize=8)
+        if r.get("speedup_vs_dense_box") is not None:
+            ax.text(k - 1.5 * width, bottom, f"{r['speedup_vs_dense_box']:.1f}x", ha="center",
+                    va="bottom", fontsize=8)
     ax.set_xticks(range(len(keys)))
     ax.set_xticklabels([f"{b}\n{a}\n{t}" for b, a, t in keys])
     ax.set_ylabel("ms per step")
