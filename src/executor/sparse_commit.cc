@@ -213,11 +213,9 @@ std::optional<Generation> ParseHeadMetadata(std::string_view text) {
 }  // namespace
 
 Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_view tensor_id) {
-    auto info = store_->StatShared(keys_.Head() + std::string(tensor_id));
-    if (!info.ok()) {
-        if (info.status().code() == StatusCode::kNotFound) return std::optional<Generation>();
-        return info.status();
-    }
+    auto info = store_->Find(keys_.Head() + std::string(tensor_id));
+    if (!info.ok()) return info.status();
+    if (*info == nullptr) return std::optional<Generation>();
     std::optional<Generation> head = ParseHeadMetadata((*info)->metadata);
     if (!head) return DataLoss("generation head of " + std::string(tensor_id) + " is corrupt");
     return std::optional<Generation>(*head);
@@ -240,15 +238,16 @@ std::optional<Result<CommitResult>> SparseStore::CheckCommitLocked(
     const SparseObject& object, CommitBatch& batch, std::optional<Generation>& head) {
     const SourceDescriptor& d = object.desc;
     // Idempotence first: a retry of a committed step must succeed even after the tensor moved on.
-    if (auto existing = store_->Stat(d.source_ref); existing.ok()) {
-        if (!IsSameCommit(*existing, object)) {
+    // (A first commit misses here: Find, not Stat, which would build a NotFound for it.)
+    auto existing = store_->Find(d.source_ref);
+    if (!existing.ok()) return Result<CommitResult>(existing.status());
+    if (*existing != nullptr) {
+        if (!IsSameCommit(**existing, object)) {
             return Result<CommitResult>(
                 Conflict("a different payload is already committed for " + d.source_ref));
         }
         ++batch.idempotent;
         return Result<CommitResult>(CommitResult{d.source_ref, false, d.nnz, 0});
-    } else if (existing.status().code() != StatusCode::kNotFound) {
-        return Result<CommitResult>(existing.status());
     }
 
     // Whether the step takes commits: checked once per step of a batch.

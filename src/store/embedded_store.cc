@@ -110,6 +110,7 @@ public:
                std::span<const MemberData> members, const PutOptions& options) override;
     Result<ObjectInfo> Stat(std::string_view key) override;
     Result<std::shared_ptr<const ObjectInfo>> StatShared(std::string_view key) override;
+    Result<std::shared_ptr<const ObjectInfo>> Find(std::string_view key) override;
     Status ReadMember(std::string_view key, std::string_view member,
                       std::span<std::byte> dst) override;
     Status ReadRanges(std::span<const RangeRead> reads) override {
@@ -521,6 +522,12 @@ Result<std::shared_ptr<const ObjectInfo>> EmbeddedStore::StatShared(std::string_
     ObjectPtr object = Snapshot(key);
     if (!object) return NotFound("object " + Quote(key) + " not found");
     // An object version never changes: its info lives as long as the snapshot.
+    return std::shared_ptr<const ObjectInfo>(object, &object->info);
+}
+
+Result<std::shared_ptr<const ObjectInfo>> EmbeddedStore::Find(std::string_view key) {
+    ObjectPtr object = Snapshot(key);
+    if (!object) return std::shared_ptr<const ObjectInfo>();
     return std::shared_ptr<const ObjectInfo>(object, &object->info);
 }
 

@@ -173,6 +173,18 @@ public:
         return std::make_shared<const ObjectInfo>(std::move(info));
     }
 
+    /// StatShared for a lookup that expects to miss as often as not (a commit's idempotence
+    /// check, a tensor's first head): null when there is no such object, without the NotFound
+    /// error a miss of StatShared builds. The base implementation wraps StatShared.
+    /// Errors: those of StatShared other than NotFound.
+    virtual Result<std::shared_ptr<const ObjectInfo>> Find(std::string_view key) {
+        auto info = StatShared(key);
+        if (!info.ok() && info.status().code() == StatusCode::kNotFound) {
+            return std::shared_ptr<const ObjectInfo>();
+        }
+        return info;
+    }
+
     /// Copies a whole member into `dst` (exactly its size): the index-only GET reads
     /// tile_coords and tile_ptr this way.
     /// Errors: NotFound; InvalidArgument (dst size).

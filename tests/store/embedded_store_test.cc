@@ -171,6 +171,23 @@ TEST(EmbeddedStoreTest, StatSharedIsTheVersionItSawAfterAnUpsertOrRemove) {
     EXPECT_THAT(store->StatShared("k"), StatusIs(StatusCode::kNotFound));
 }
 
+TEST(EmbeddedStoreTest, FindIsStatSharedWithAMissAsNull) {
+    auto store = MakeEmbeddedStore();
+    auto missing = store->Find("k");
+    MCS_ASSERT_OK(missing);
+    EXPECT_EQ(*missing, nullptr);
+    std::vector<OwnedMember> members = {PatternMember("values", DType::kBFloat16, {40}, 1)};
+    MCS_ASSERT_OK(store->Put("k", "first", Views(members), Create()));
+    auto found = store->Find("k");
+    MCS_ASSERT_OK(found);
+    ASSERT_NE(*found, nullptr);
+    EXPECT_EQ((*found)->metadata, "first");
+    EXPECT_EQ((*found)->version, (*store->StatShared("k"))->version);
+    MCS_ASSERT_OK(store->Remove("k"));
+    EXPECT_EQ((*found)->metadata, "first");  // the version it saw
+    EXPECT_EQ(*store->Find("k"), nullptr);
+}
+
 TEST(EmbeddedStoreTest, EmptyMemberReadsWithEmptyDestination) {
     auto store = MakeEmbeddedStore();
     std::vector<OwnedMember> members = {PatternMember("values", DType::kBFloat16, {0}, 1)};

@@ -234,6 +234,21 @@ TEST(ShmStoreTest, StatSharedIsTheVersionItSawAfterAnUpsertOrRemove) {
     EXPECT_THAT(store->StatShared("k"), StatusIs(StatusCode::kNotFound));
 }
 
+TEST(ShmStoreTest, FindIsStatSharedWithAMissAsNull) {
+    // The base implementation (through StatShared).
+    auto store = MakeStore(64 * kKiB);
+    ASSERT_NE(store, nullptr);
+    auto missing = store->Find("k");
+    MCS_ASSERT_OK(missing);
+    EXPECT_EQ(*missing, nullptr);
+    std::vector<OwnedMember> members = {PatternMember("values", DType::kBFloat16, {40}, 1, 7)};
+    MCS_ASSERT_OK(store->Put("k", "first", Views(members), {}));
+    auto found = store->Find("k");
+    MCS_ASSERT_OK(found);
+    ASSERT_NE(*found, nullptr);
+    EXPECT_EQ((*found)->metadata, "first");
+}
+
 TEST(ShmStoreTest, ParallelRangeReadsReadWhatRangeReadsRead) {
     auto store = MakeStore(32 * 1024 * kKiB);
     ASSERT_NE(store, nullptr);
