@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "executor/sparse_store.h"
+#include "json_lines.h"
 #include "store/object_store.h"
 
 namespace mcs = mooncake::sparse;
@@ -97,32 +98,7 @@ Options ParseArgs(int argc, char** argv) {
     return o;
 }
 
-/// Writes each line to stdout and, with --json, to a file.
-class Emitter {
-public:
-    explicit Emitter(const std::string& path) {
-        if (!path.empty()) {
-            file_ = std::fopen(path.c_str(), "w");
-            if (file_ == nullptr) Die("cannot open --json " + path + ": " + std::strerror(errno));
-        }
-    }
-    ~Emitter() {
-        if (file_ != nullptr) std::fclose(file_);
-    }
-    Emitter(const Emitter&) = delete;
-    Emitter& operator=(const Emitter&) = delete;
-    void Line(const std::string& line) {
-        std::printf("%s\n", line.c_str());
-        std::fflush(stdout);
-        if (file_ != nullptr) {
-            std::fprintf(file_, "%s\n", line.c_str());
-            std::fflush(file_);
-        }
-    }
-
-private:
-    std::FILE* file_ = nullptr;
-};
+using Emitter = mooncake::sparse::bench::JsonLinesOut;
 
 /// One tensor's update: its canonical entries and the request that names them.
 struct Update {
@@ -275,7 +251,7 @@ void Run(const std::string& path, const Options& o, Emitter& out) {
                       static_cast<unsigned long long>(k), commit_us / n, prepare_us / n,
                       seal_us / n, static_cast<unsigned long long>(entry_bytes), memcpy_us / n,
                       static_cast<unsigned long long>(ResidentBytes()));
-        out.Line(line);
+        out.Emit(line);
         std::fprintf(stderr, "%s step %llu: commit %.2f us/object (prepare %.2f), seal %.2f\n",
                      path.c_str(), static_cast<unsigned long long>(k), commit_us / n,
                      prepare_us / n, seal_us / n);
@@ -286,12 +262,12 @@ void Run(const std::string& path, const Options& o, Emitter& out) {
 
 int main(int argc, char** argv) {
     const Options o = ParseArgs(argc, argv);
-    Emitter out(o.json_path);
+    Emitter out("commit_steady_bench", o.json_path);
     const char* preload = std::getenv("LD_PRELOAD");
     char meta[512];
     std::snprintf(meta, sizeof(meta), "{\"what\": \"meta\", \"ld_preload\": \"%s\"}",
                   preload != nullptr ? preload : "");
-    out.Line(meta);
+    out.Emit(meta);
     for (const std::string& path : o.paths) Run(path, o, out);
     return 0;
 }

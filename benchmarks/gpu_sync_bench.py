@@ -162,10 +162,12 @@ def device_clocks() -> dict[str, float]:
     has no GPU codec): commit_{total,index,prepare,fill,publish}, read_{total,plan,ranges,
     filter}."""
     out = {}
-    for prefix, name in (("commit", "_device_commit_counters"), ("read", "_device_read_counters")):
+    for prefix, name, keys in (
+            ("commit", "_device_commit_counters", ("total", "index", "prepare", "fill", "publish")),
+            ("read", "_device_read_counters", ("total", "plan", "ranges", "filter"))):
         fn = getattr(mcs._core, name, None)
         got = fn() if fn is not None else {}
-        for k in ("total", "index", "prepare", "fill", "publish", "plan", "ranges", "filter"):
+        for k in keys:
             out[f"{prefix}_{k}"] = float(got.get(f"{k}_seconds", 0.0))
     return out
 

@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "executor/sparse_store.h"
+#include "json_lines.h"
 #include "kimi_k2_model.h"
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/geometry.h"
@@ -173,33 +174,7 @@ class JsonLine {
     std::string text_ = "{";
 };
 
-/// Writes each line to stdout and, with --json, to a file.
-class Emitter {
-  public:
-    explicit Emitter(const std::string& path) {
-        if (!path.empty()) {
-            file_ = std::fopen(path.c_str(), "w");
-            if (file_ == nullptr) Die("cannot open --json " + path + ": " + std::strerror(errno));
-        }
-    }
-    ~Emitter() {
-        if (file_ != nullptr) std::fclose(file_);
-    }
-    Emitter(const Emitter&) = delete;
-    Emitter& operator=(const Emitter&) = delete;
-    void Emit(const JsonLine& line) {
-        const std::string s = line.str();
-        std::fprintf(stdout, "%s\n", s.c_str());
-        std::fflush(stdout);
-        if (file_ != nullptr) {
-            std::fprintf(file_, "%s\n", s.c_str());
-            std::fflush(file_);
-        }
-    }
-
-  private:
-    std::FILE* file_ = nullptr;
-};
+using Emitter = mooncake::sparse::bench::JsonLinesOut;
 
 // ---------------------------------------------------------------------------------------------
 // Options.
@@ -569,7 +544,7 @@ struct Common {
 };
 
 int Run(const Options& opt) {
-    Emitter emit(opt.json_path);
+    Emitter emit("node_scale_bench", opt.json_path);
     const std::vector<k2::TensorSpec> tensors = k2::KimiK2Tensors(opt.layers);
     const std::vector<mcs::NamedAxes> training_ranks = k2::TrainingRanks();
     const std::vector<mcs::TargetDescriptor> targets = k2::NodeTargets(tensors, opt.layout);

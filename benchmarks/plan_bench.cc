@@ -50,6 +50,7 @@
 #include "mooncake/sparse/planner.h"
 #include "mooncake/sparse/status.h"
 
+#include "json_lines.h"
 #include "kimi_k2_model.h"
 
 namespace mcs = mooncake::sparse;
@@ -208,34 +209,7 @@ std::string JsonShape(std::span<const Index> shape) {
     return s + "]";
 }
 
-/// Writes each line to stdout and, with --json, to a file.
-class Emitter {
-  public:
-    explicit Emitter(const std::string& path) {
-        if (!path.empty()) {
-            file_ = std::fopen(path.c_str(), "w");
-            if (file_ == nullptr) Die("cannot open --json " + path + ": " + std::strerror(errno));
-        }
-    }
-    ~Emitter() {
-        if (file_ != nullptr) std::fclose(file_);
-    }
-    Emitter(const Emitter&) = delete;
-    Emitter& operator=(const Emitter&) = delete;
-
-    void Emit(const JsonLine& line) {
-        const std::string s = line.str();
-        std::fprintf(stdout, "%s\n", s.c_str());
-        std::fflush(stdout);
-        if (file_ != nullptr) {
-            std::fprintf(file_, "%s\n", s.c_str());
-            std::fflush(file_);
-        }
-    }
-
-  private:
-    std::FILE* file_ = nullptr;
-};
+using Emitter = mooncake::sparse::bench::JsonLinesOut;
 
 std::uint64_t SplitMix64(std::uint64_t& state) {
     std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
@@ -1279,7 +1253,7 @@ int RunSweep(const Options& opt, Emitter& emit) {
 
 int main(int argc, char** argv) {
     const Options opt = ParseArgs(argc, argv);
-    Emitter emit(opt.json_path);
+    Emitter emit("mooncake_sparse_plan", opt.json_path);
     if (!opt.sweep.empty()) return RunSweep(opt, emit);
     return RunModel(opt, emit);
 }

@@ -30,6 +30,7 @@
 #include <string_view>
 #include <vector>
 
+#include "json_lines.h"
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
 #include "store/object_store.h"
@@ -108,33 +109,7 @@ Options ParseArgs(int argc, char** argv) {
     return o;
 }
 
-/// Writes each line to stdout and, with --json, to a file.
-class Emitter {
-public:
-    explicit Emitter(const std::string& path) {
-        if (!path.empty()) {
-            file_ = std::fopen(path.c_str(), "w");
-            if (file_ == nullptr) Die("cannot open --json " + path + ": " + std::strerror(errno));
-        }
-    }
-    ~Emitter() {
-        if (file_ != nullptr) std::fclose(file_);
-    }
-    Emitter(const Emitter&) = delete;
-    Emitter& operator=(const Emitter&) = delete;
-
-    void Emit(const std::string& line) {
-        std::fprintf(stdout, "%s\n", line.c_str());
-        std::fflush(stdout);
-        if (file_ != nullptr) {
-            std::fprintf(file_, "%s\n", line.c_str());
-            std::fflush(file_);
-        }
-    }
-
-private:
-    std::FILE* file_ = nullptr;
-};
+using Emitter = mooncake::sparse::bench::JsonLinesOut;
 
 std::string Number(double v) {
     if (!std::isfinite(v)) return "null";
@@ -168,7 +143,7 @@ void Fill(std::vector<std::byte>& v, std::uint8_t seed) {
 
 int main(int argc, char** argv) {
     const Options opt = ParseArgs(argc, argv);
-    Emitter emit(opt.json_path);
+    Emitter emit("store_bench", opt.json_path);
     auto store = mcs::MakeEmbeddedStore();
 
     std::fprintf(stderr, "%-20s %10s %10s %9s %9s %9s\n", "what", "MiB", "rows", "ms", "GB/s",
