@@ -72,26 +72,53 @@ bool IsSameCommit(const ObjectInfo& existing, const SparseObject& object) {
            val->checksum == object.checksum_values;
 }
 
-/// The members of a source object, as the store keeps them (views of `object`).
+/// The bytes of a source object's members, in the order of SpecsInto (views of `object`).
 /// `indices` / `values` empty: the object's own.
-std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const std::byte> indices = {},
-                                  std::span<const std::byte> values = {}) {
-    const SourceDescriptor& d = object.desc;
+SourceMemberBytes BytesOf(const SparseObject& object,
+                                 std::span<const std::byte> indices = {},
+                                 std::span<const std::byte> values = {}) {
     const auto bytes = [](const auto& v) {
         return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
                                           v.size() * sizeof(v[0]));
     };
     const bool external = !indices.empty() || !values.empty();
-    return {
-        {"indices", d.index_dtype, {Index(d.nnz), Index(d.rank())},
-         external ? indices : bytes(object.indices), object.checksum_indices},
-        {"values", d.value_dtype, {Index(d.nnz)}, external ? values : bytes(object.values),
-         object.checksum_values},
-        {"tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())},
-         bytes(object.tile_coords), object.checksum_tile_coords},
-        {"tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, bytes(object.tile_ptr),
-         object.checksum_tile_ptr},
+    return {external ? indices : bytes(object.indices), external ? values : bytes(object.values),
+            bytes(object.tile_coords), bytes(object.tile_ptr)};
+}
+
+/// Appends the four members of a source object, as the store keeps them, to `out` (built in
+/// place: a commit is a few dozen allocations per object, and each one counts at 10^5 objects).
+void SpecsInto(const SparseObject& object, std::vector<MemberSpec>& out) {
+    const SourceDescriptor& d = object.desc;
+    const auto add = [&](const char* name, DType dtype, std::initializer_list<Index> shape,
+                         std::uint64_t checksum) {
+        MemberSpec& m = out.emplace_back();
+        m.name = name;
+        m.dtype = dtype;
+        m.shape.assign(shape);
+        m.checksum = checksum;
     };
+    add("indices", d.index_dtype, {Index(d.nnz), Index(d.rank())}, object.checksum_indices);
+    add("values", d.value_dtype, {Index(d.nnz)}, object.checksum_values);
+    add("tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())},
+        object.checksum_tile_coords);
+    add("tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, object.checksum_tile_ptr);
+}
+
+/// The members of a source object with their bytes (BytesOf's views), for ObjectStore::Put.
+std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const std::byte> indices = {},
+                                  std::span<const std::byte> values = {}) {
+    std::vector<MemberSpec> specs;
+    specs.reserve(4);
+    SpecsInto(object, specs);
+    const SourceMemberBytes bytes = BytesOf(object, indices, values);
+    std::vector<MemberData> out;
+    out.reserve(specs.size());
+    for (std::size_t m = 0; m < specs.size(); ++m) {
+        out.push_back({std::move(specs[m].name), specs[m].dtype, std::move(specs[m].shape),
+                       bytes[m], specs[m].checksum});
+    }
+    return out;
 }
 
 }  // namespace
@@ -182,7 +209,15 @@ namespace {
 std::string HeadMetadata(Generation g) {
     // What nlohmann::json {{"base", b}, {"delta", d}}.dump() writes (keys sorted, no spaces),
     // written directly: every commit that moves a head writes one.
-    return "{\"base\":" + std::to_string(g.base) + ",\"delta\":" + std::to_string(g.delta) + "}";
+    std::string out;
+    out.reserve(64);
+    char digits[24];
+    out += "{\"base\":";
+    out.append(digits, std::to_chars(digits, digits + sizeof(digits), g.base).ptr);
+    out += ",\"delta\":";
+    out.append(digits, std::to_chars(digits, digits + sizeof(digits), g.delta).ptr);
+    out += '}';
+    return out;
 }
 
 std::optional<Generation> ParseHeadMetadata(std::string_view text) {
@@ -213,7 +248,7 @@ std::optional<Generation> ParseHeadMetadata(std::string_view text) {
 }  // namespace
 
 Result<std::optional<Generation>> SparseStore::CurrentGeneration(std::string_view tensor_id) {
-    auto info = store_->Find(keys_.Head() + std::string(tensor_id));
+    auto info = store_->Find(HeadKeyOf(tensor_id));
     if (!info.ok()) return info.status();
     if (*info == nullptr) return std::optional<Generation>();
     std::optional<Generation> head = ParseHeadMetadata((*info)->metadata);
@@ -226,9 +261,11 @@ Status SparseStore::PrepareCommit(SparseObject& object, std::string& metadata) {
     if (object.coordinate_space != "global") {
         return InvalidArgument("only global-coordinate objects are committed as sources");
     }
-    d.source_ref = keys_.Source() +
-                   SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box)
-                       .substr(kSourcePrefix.size());
+    const std::string key =
+        SourceObjectKey(d.tensor_id, d.generation, d.policy, d.placement, d.box);
+    d.source_ref.clear();
+    d.source_ref.reserve(source_prefix_.size() + key.size() - kSourcePrefix.size());
+    d.source_ref.append(source_prefix_).append(std::string_view(key).substr(kSourcePrefix.size()));
     MCS_RETURN_IF_ERROR(SourceDescriptor::Validate(d));
     metadata = EncodeObjectMetadata(object);
     return Status::Ok();
@@ -295,7 +332,7 @@ Result<CommitResult> SparseStore::PublishCommitLocked(const SparseObject& object
     const std::string manifest_key = ManifestKeyOf(d);
     Status s = store_->Put(manifest_key, metadata, {}, {PutMode::kUpsert, true});
     if (s.ok() && (!head || *head != d.generation)) {
-        s = store_->Put(keys_.Head() + d.tensor_id, HeadMetadata(d.generation), {},
+        s = store_->Put(HeadKeyOf(d.tensor_id), HeadMetadata(d.generation), {},
                         {PutMode::kUpsert, true});
         if (s.ok()) batch.heads[d.tensor_id] = d.generation;
     }
@@ -332,7 +369,7 @@ Status SparseStore::PutFilledByClass(
     const std::vector<std::optional<SparseObject>>& objects,
     const std::vector<std::string>& metadata, std::span<const std::size_t> write,
     const std::vector<bool>& hard_pin,
-    const std::function<std::vector<MemberData>(std::size_t)>& members_of,
+    const std::function<SourceMemberBytes(std::size_t)>& members_of,
     const std::vector<bool>& external, const EntryFill& fill, int num_threads,
     const std::function<Status(std::span<const std::size_t>, const Status&, const Status&)>&
         on_class) {
@@ -348,34 +385,39 @@ Status SparseStore::PutFilledByClass(
             if (hard_pin[i] == pin && big == large) items.push_back(i);
         }
         if (items.empty()) continue;
-        std::vector<std::vector<MemberData>> members(items.size());
-        std::vector<std::vector<MemberSpec>> specs(items.size());
+        // Every item's four members in one array: no per-object vectors but the shapes.
+        std::vector<SourceMemberBytes> members(items.size());
+        std::vector<MemberSpec> specs;
+        specs.reserve(members.size() * std::tuple_size_v<SourceMemberBytes>);
+        for (std::size_t k = 0; k < items.size(); ++k) {
+            members[k] = members_of(items[k]);
+            SpecsInto(*objects[items[k]], specs);
+        }
         std::vector<FilledPut> puts(items.size());
         for (std::size_t k = 0; k < items.size(); ++k) {
             const std::size_t i = items[k];
-            members[k] = members_of(i);
-            for (const MemberData& m : members[k]) {
-                specs[k].push_back({m.name, m.dtype, m.shape, m.checksum});
-            }
-            puts[k] = {objects[i]->desc.source_ref, metadata[i], specs[k]};
+            puts[k] = {objects[i]->desc.source_ref, metadata[i],
+                       std::span<const MemberSpec>(specs).subspan(
+                           k * std::tuple_size_v<SourceMemberBytes>, std::tuple_size_v<SourceMemberBytes>)};
         }
         Status fill_status = Status::Ok();
         const auto fill_members = [&](std::span<const FillTarget> targets) -> Status {
             std::vector<HostCopy> copies;
             std::vector<EntryTarget> entries;
+            copies.reserve(targets.size() * 2);
+            entries.reserve(targets.size());
             for (const FillTarget& t : targets) {
                 const std::size_t i = items[t.index];
-                const std::vector<MemberData>& from = members[t.index];
+                const SourceMemberBytes& from = members[t.index];
                 if (t.members.size() != from.size()) return Internal("filled member count");
                 for (std::size_t m = 0; m < from.size(); ++m) {
                     // Members 0 and 1 (indices, values) of an external object are the fill's.
                     if (is_external(i) && m < 2) continue;
-                    if (t.members[m].size() != from[m].bytes.size()) {
+                    if (t.members[m].size() != from[m].size()) {
                         return Internal("filled member size");
                     }
-                    if (!from[m].bytes.empty()) {
-                        copies.push_back({t.members[m].data(), from[m].bytes.data(),
-                                          from[m].bytes.size()});
+                    if (!from[m].empty()) {
+                        copies.push_back({t.members[m].data(), from[m].data(), from[m].size()});
                     }
                 }
                 if (is_external(i)) {
@@ -444,7 +486,7 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
         objects, metadata, write, hard_pin,
         [&](std::size_t i) {
             const EntryViews e = entries_of(i);
-            return MembersOf(*objects[i], e.indices, e.values);
+            return BytesOf(*objects[i], e.indices, e.values);
         },
         {}, nullptr, num_threads,
         [&](std::span<const std::size_t> items, const Status& put, const Status&) {
@@ -470,8 +512,12 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
 }
 
 std::string SparseStore::ManifestKeyOf(const SourceDescriptor& d) const {
-    return keys_.Manifest() + GenerationTag(d.generation) + "/" +
-           d.source_ref.substr(keys_.Source().size());
+    const std::string tag = GenerationTag(d.generation);
+    const std::string_view logical = std::string_view(d.source_ref).substr(source_prefix_.size());
+    std::string key;
+    key.reserve(manifest_prefix_.size() + tag.size() + 1 + logical.size());
+    key.append(manifest_prefix_).append(tag).append(1, '/').append(logical);
+    return key;
 }
 
 void SparseStore::UndoMissedCommits(std::span<const SparseObject* const> objects,
@@ -754,7 +800,7 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
     const auto put_start = std::chrono::steady_clock::now();
     std::vector<std::string_view> written;
     MCS_RETURN_IF_ERROR(PutFilledByClass(
-        objects, metadata, write, hard_pin, [&](std::size_t i) { return MembersOf(*objects[i]); },
+        objects, metadata, write, hard_pin, [&](std::size_t i) { return BytesOf(*objects[i]); },
         external, fill, num_threads,
         [&](std::span<const std::size_t> items, const Status& put,
             const Status& fill_status) -> Status {

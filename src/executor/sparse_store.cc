@@ -49,6 +49,9 @@ SparseStore::SparseStore(std::shared_ptr<ObjectStore> store, SparseStoreOptions 
       cache_(std::make_unique<NodeCache>(options_.index_cache_capacity_bytes,
                                          options_.range_cache_capacity_bytes)) {
     keys_.tag = options_.name_space.empty() ? "" : "@" + options_.name_space;
+    source_prefix_ = keys_.Source();
+    manifest_prefix_ = keys_.Manifest();
+    head_prefix_ = keys_.Head();
     if (options_.pinned_quota_bytes > 0 && store_->FillsInPlace()) {
         host_pool_ = PinnedHostPool::Make(options_.pinned_quota_bytes);
     }

@@ -9,6 +9,7 @@
 // manifests of its operations); the node daemon runs one for its clients.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -104,6 +105,9 @@ struct SparseStoreOptions {
     /// host memory, and a commit from the GPU lands at the copy engine's full speed. 0: none.
     std::uint64_t pinned_quota_bytes = 0;
 };
+
+/// The bytes of a source object's four members (indices, values, tile_coords, tile_ptr).
+using SourceMemberBytes = std::array<std::span<const std::byte>, 4>;
 
 class SparseStore final : public SparseService {
 public:
@@ -376,7 +380,7 @@ private:
         const std::vector<std::optional<SparseObject>>& objects,
         const std::vector<std::string>& metadata, std::span<const std::size_t> write,
         const std::vector<bool>& hard_pin,
-        const std::function<std::vector<MemberData>(std::size_t)>& members_of,
+        const std::function<SourceMemberBytes(std::size_t)>& members_of,
         const std::vector<bool>& external, const EntryFill& fill, int num_threads,
         const std::function<Status(std::span<const std::size_t>, const Status&, const Status&)>&
             on_class);
@@ -498,6 +502,15 @@ private:
     void ReturnScratch(std::unique_ptr<PlanScratch> scratch);
 
     Keys keys_;
+    /// keys_.Source(), Manifest() and Head(), built once: every commit names three keys.
+    std::string source_prefix_, manifest_prefix_, head_prefix_;
+    /// The key of a tensor's generation head.
+    std::string HeadKeyOf(std::string_view tensor_id) const {
+        std::string key;
+        key.reserve(head_prefix_.size() + tensor_id.size());
+        key.append(head_prefix_).append(tensor_id);
+        return key;
+    }
     std::mutex commit_mu_;
     std::mutex seal_mu_;
     std::condition_variable sealed_cv_;

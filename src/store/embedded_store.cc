@@ -69,19 +69,29 @@ bool LocateRangeReadQuietly(const RangeRead& r, const ObjectInfo& info, RangeSli
 /// An immutable object: its table plus one allocation that holds every member's payload.
 struct Object {
     ObjectInfo info;
-    std::vector<std::uint64_t> offsets;  ///< Per member (same order as info.members).
     HostBuffer data;  ///< Pinned when it came from a PutFilled host pool with quota left.
     std::uint64_t charged_bytes = 0;  ///< What it counts against capacity: metadata + members.
 
+    /// Where member `member_index` starts in `data`: the members in order, each on a
+    /// kMemberAlignment boundary (computed, not kept: an object has a handful of members, and a
+    /// vector of offsets would be one more allocation per object).
+    std::uint64_t Offset(std::size_t member_index) const {
+        std::uint64_t offset = 0;
+        for (std::size_t i = 0; i < member_index; ++i) {
+            offset = (offset + info.members[i].size_bytes + kMemberAlignment - 1) /
+                     kMemberAlignment * kMemberAlignment;
+        }
+        return offset;
+    }
     std::span<const std::byte> Bytes(std::size_t member_index) const {
         const MemberInfo& m = info.members[member_index];
         if (m.size_bytes == 0) return {};
-        return {data.data() + offsets[member_index], static_cast<std::size_t>(m.size_bytes)};
+        return {data.data() + Offset(member_index), static_cast<std::size_t>(m.size_bytes)};
     }
     std::span<std::byte> MutableBytes(std::size_t member_index) {
         const MemberInfo& m = info.members[member_index];
         if (m.size_bytes == 0) return {};
-        return {data.data() + offsets[member_index], static_cast<std::size_t>(m.size_bytes)};
+        return {data.data() + Offset(member_index), static_cast<std::size_t>(m.size_bytes)};
     }
 
     /// Index of a member in info.members, or -1.
@@ -293,19 +303,14 @@ Result<std::shared_ptr<Object>> EmbeddedStore::Allocate(std::string_view key,
     info.metadata.assign(metadata);
     info.hard_pinned = options.hard_pin;
     info.members.reserve(members.size());
-    object->offsets.reserve(members.size());
-    std::uint64_t offset = 0;
     for (std::size_t i = 0; i < members.size(); ++i) {
         const MemberSpec& m = members[i];
-        const std::uint64_t size = plan.sizes[i];
         MemberInfo& mi = info.members.emplace_back();
         mi.name = m.name;
         mi.dtype = m.dtype;
         mi.shape = m.shape;
-        mi.size_bytes = size;
+        mi.size_bytes = plan.sizes[i];
         mi.checksum = m.checksum;
-        object->offsets.push_back(offset);
-        offset = (offset + size + kMemberAlignment - 1) / kMemberAlignment * kMemberAlignment;
     }
     return object;
 }
@@ -330,8 +335,7 @@ Result<std::shared_ptr<Object>> EmbeddedStore::Build(std::string_view key,
     info.metadata.assign(metadata);
     info.hard_pinned = options.hard_pin;
     info.members.reserve(members.size());
-    object->offsets.reserve(members.size());
-    std::uint64_t offset = 0;
+    std::uint64_t offset = 0;  // Object::Offset's layout
     for (std::size_t i = 0; i < members.size(); ++i) {
         const MemberData& m = members[i];
         const std::uint64_t size = plan.sizes[i];
@@ -341,7 +345,6 @@ Result<std::shared_ptr<Object>> EmbeddedStore::Build(std::string_view key,
         mi.shape = m.shape;
         mi.size_bytes = size;
         mi.checksum = m.checksum;
-        object->offsets.push_back(offset);
         if (size > 0) std::memcpy(object->data.data() + offset, m.bytes.data(), size);
         offset = (offset + size + kMemberAlignment - 1) / kMemberAlignment * kMemberAlignment;
     }
@@ -443,16 +446,22 @@ Status EmbeddedStore::PutFilled(std::span<const FilledPut> puts, const PutOption
     }
     // 3. Allocate the objects' final memory and let the caller fill it, with no lock held.
     std::vector<std::shared_ptr<Object>> objects;
-    std::vector<std::vector<std::span<std::byte>>> spans(puts.size());
+    std::size_t member_count = 0;
+    for (const FilledPut& p : puts) member_count += p.members.size();
+    std::vector<std::span<std::byte>> spans;  // Every item's members, in order.
+    spans.reserve(member_count);
     std::vector<FillTarget> targets(puts.size());
     objects.reserve(puts.size());
     for (std::size_t i = 0; i < puts.size(); ++i) {
         MCS_ASSIGN_OR_RETURN(auto object, Allocate(puts[i].key, puts[i].metadata, puts[i].members,
                                                    options, plans[i], host_pool));
+        const std::size_t first = spans.size();
         for (std::size_t m = 0; m < puts[i].members.size(); ++m) {
-            spans[i].push_back(object->MutableBytes(m));
+            spans.push_back(object->MutableBytes(m));
         }
-        targets[i] = {i, spans[i], object->data.pinned()};
+        targets[i] = {i, std::span<const std::span<std::byte>>(spans).subspan(
+                             first, puts[i].members.size()),
+                      object->data.pinned()};
         objects.push_back(std::move(object));
     }
     MCS_RETURN_IF_ERROR(fill(targets));
