@@ -23,6 +23,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <shared_mutex>
 #include <span>
 #include <string>
@@ -39,6 +40,8 @@ namespace {
 
 /// Member payloads start on cache-line boundaries inside an object's single allocation.
 constexpr std::uint64_t kMemberAlignment = 64;
+/// A Put of at least this many payload bytes checks for conflicts and capacity before it copies.
+constexpr std::uint64_t kEarlyCheckBytes = 64 << 10;
 
 std::string Quote(std::string_view s) {
     constexpr std::size_t kMaxShown = 200;
@@ -355,9 +358,10 @@ Status EmbeddedStore::Put(std::string_view key, std::string_view metadata,
                           std::span<const MemberData> members, const PutOptions& options) {
     MCS_ASSIGN_OR_RETURN(const Plan plan, Validate(key, metadata, members, options));
 
-    // Early rejection before the payload is copied. Each answer is true of one consistent state
-    // of the store; the decisive checks repeat under the exclusive lock below.
-    {
+    // Early rejection before a large payload is copied. Each answer is true of one consistent
+    // state of the store; the decisive checks repeat under the exclusive lock below. (Not for a
+    // small object, such as a manifest entry or a head: its copy costs less than the lookup.)
+    if (plan.padded_total >= kEarlyCheckBytes) {
         std::shared_lock lock(mu_);
         auto it = objects_.find(key);
         const bool exists = it != objects_.end();
@@ -423,13 +427,16 @@ Status EmbeddedStore::PutFilled(std::span<const FilledPut> puts, const PutOption
         }
     }
     // 2. Early rejection (conflicts, capacity) before any memory is allocated or filled.
-    auto check = [&]() -> Status {
+    // `found` (when given) keeps each key's entry for the install.
+    using Entry = decltype(objects_.end());
+    auto check = [&](std::vector<Entry>* found) -> Status {
         std::uint64_t released = 0;
-        for (const FilledPut& p : puts) {
-            auto it = objects_.find(p.key);
+        for (std::size_t i = 0; i < puts.size(); ++i) {
+            auto it = objects_.find(puts[i].key);
+            if (found != nullptr) (*found)[i] = it;
             if (it == objects_.end()) continue;
             if (options.mode == PutMode::kCreate) {
-                return Conflict("object " + Quote(p.key) + " already exists");
+                return Conflict("object " + Quote(puts[i].key) + " already exists");
             }
             released += it->second->charged_bytes;
         }
@@ -442,7 +449,7 @@ Status EmbeddedStore::PutFilled(std::span<const FilledPut> puts, const PutOption
     };
     {
         std::shared_lock lock(mu_);
-        MCS_RETURN_IF_ERROR(check());
+        MCS_RETURN_IF_ERROR(check(nullptr));
     }
     // 3. Allocate the objects' final memory and let the caller fill it, with no lock held.
     std::vector<std::shared_ptr<Object>> objects;
@@ -467,11 +474,12 @@ Status EmbeddedStore::PutFilled(std::span<const FilledPut> puts, const PutOption
     MCS_RETURN_IF_ERROR(fill(targets));
     // 4. Install the whole batch under one exclusive lock: all or nothing.
     std::vector<ObjectPtr> replaced;  // Released after the lock.
+    std::vector<Entry> found(puts.size());
     {
         std::unique_lock lock(mu_);
-        MCS_RETURN_IF_ERROR(check());
+        MCS_RETURN_IF_ERROR(check(&found));
         for (std::size_t i = 0; i < puts.size(); ++i) {
-            auto it = objects_.find(puts[i].key);
+            const auto it = found[i];
             const bool exists = it != objects_.end();
             const std::uint64_t released = exists ? it->second->charged_bytes : 0;
             objects[i]->info.version =
@@ -619,10 +627,9 @@ Status EmbeddedStore::Remove(std::string_view key) {
     ObjectPtr removed;  // Released after the lock.
     {
         std::unique_lock lock(mu_);
-        auto it = objects_.find(key);
-        if (it == objects_.end()) return NotFound("object " + Quote(key) + " not found");
-        removed = std::move(it->second);
-        objects_.erase(it);
+        std::optional<ObjectPtr> entry = objects_.extract(key);
+        if (!entry) return NotFound("object " + Quote(key) + " not found");
+        removed = std::move(*entry);
         used_bytes_ -= removed->charged_bytes;
         removed_version_floor_ = std::max(removed_version_floor_, removed->info.version);
     }

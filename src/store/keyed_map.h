@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -57,6 +58,17 @@ public:
             }
         }
         return {it, inserted};
+    }
+
+    /// Removes the entry of `key` with one lookup; its value, or nullopt when there is none.
+    std::optional<V> extract(std::string_view key) {
+        auto hit = index_.find(key);
+        if (hit == index_.end()) return std::nullopt;
+        const iterator it = hit->second;
+        std::optional<V> value(std::move(it->second));
+        index_.erase(hit);  // before the tree node that holds the key it views
+        tree_.erase(it);
+        return value;
     }
 
     void erase(iterator it) {

@@ -193,10 +193,9 @@ Status ShmStore::Remove(std::string_view key) {
     ObjectPtr removed;
     {
         std::unique_lock lock(st.mu);
-        auto it = st.objects.find(key);
-        if (it == st.objects.end()) return NotFound("object " + Quote(key) + " not found");
-        removed = std::move(it->second);
-        st.objects.erase(it);
+        std::optional<ObjectPtr> entry = st.objects.extract(key);
+        if (!entry) return NotFound("object " + Quote(key) + " not found");
+        removed = std::move(*entry);
         st.metadata_bytes -= removed->charged_metadata;
         st.removed_version_floor = std::max(st.removed_version_floor, removed->info.version);
     }
