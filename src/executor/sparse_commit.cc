@@ -15,6 +15,7 @@
 
 #include <charconv>
 #include <chrono>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -86,38 +87,46 @@ SourceMemberBytes BytesOf(const SparseObject& object,
             bytes(object.tile_coords), bytes(object.tile_ptr)};
 }
 
-/// Appends the four members of a source object, as the store keeps them, to `out` (built in
-/// place: a commit is a few dozen allocations per object, and each one counts at 10^5 objects).
-void SpecsInto(const SparseObject& object, std::vector<MemberSpec>& out) {
+/// Calls `f(name, dtype, shape, checksum)` for each of a source object's four members, as the
+/// store keeps them, in BytesOf's order.
+template <typename F>
+void ForEachMember(const SparseObject& object, F&& f) {
     const SourceDescriptor& d = object.desc;
-    const auto add = [&](const char* name, DType dtype, std::initializer_list<Index> shape,
-                         std::uint64_t checksum) {
+    f("indices", d.index_dtype, {Index(d.nnz), Index(d.rank())}, object.checksum_indices);
+    f("values", d.value_dtype, {Index(d.nnz)}, object.checksum_values);
+    f("tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())},
+      object.checksum_tile_coords);
+    f("tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, object.checksum_tile_ptr);
+}
+
+/// Appends the object's members to `out`, built in place: a commit is a few dozen allocations
+/// per object, and each one counts at 10^5 objects.
+void SpecsInto(const SparseObject& object, std::vector<MemberSpec>& out) {
+    ForEachMember(object, [&](const char* name, DType dtype, std::initializer_list<Index> shape,
+                              std::uint64_t checksum) {
         MemberSpec& m = out.emplace_back();
         m.name = name;
         m.dtype = dtype;
         m.shape.assign(shape);
         m.checksum = checksum;
-    };
-    add("indices", d.index_dtype, {Index(d.nnz), Index(d.rank())}, object.checksum_indices);
-    add("values", d.value_dtype, {Index(d.nnz)}, object.checksum_values);
-    add("tile_coords", DType::kUInt32, {Index(d.num_tiles), Index(d.rank())},
-        object.checksum_tile_coords);
-    add("tile_ptr", DType::kUInt64, {Index(d.num_tiles + 1)}, object.checksum_tile_ptr);
+    });
 }
 
 /// The members of a source object with their bytes (BytesOf's views), for ObjectStore::Put.
 std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const std::byte> indices = {},
                                   std::span<const std::byte> values = {}) {
-    std::vector<MemberSpec> specs;
-    specs.reserve(4);
-    SpecsInto(object, specs);
     const SourceMemberBytes bytes = BytesOf(object, indices, values);
     std::vector<MemberData> out;
-    out.reserve(specs.size());
-    for (std::size_t m = 0; m < specs.size(); ++m) {
-        out.push_back({std::move(specs[m].name), specs[m].dtype, std::move(specs[m].shape),
-                       bytes[m], specs[m].checksum});
-    }
+    out.reserve(bytes.size());
+    ForEachMember(object, [&](const char* name, DType dtype, std::initializer_list<Index> shape,
+                              std::uint64_t checksum) {
+        MemberData& m = out.emplace_back();
+        m.name = name;
+        m.dtype = dtype;
+        m.shape.assign(shape);
+        m.bytes = bytes[out.size() - 1];
+        m.checksum = checksum;
+    });
     return out;
 }
 
