@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -54,6 +55,32 @@ TEST(KeyedMapTest, FindAgreesWithTheTreeThroughInsertsAndErases) {
         }
     }
     ExpectSame(m, ref);
+}
+
+TEST(KeyedMapTest, ExtractTakesTheValueOutAndErasesTheKey) {
+    KeyedMap<std::string> m;
+    std::map<std::string, int> ref;
+    KeyedMap<int> shadow;  // the same keys, to compare with ExpectSame
+    std::mt19937 rng(11);
+    for (int round = 0; round < 4000; ++round) {
+        const std::string key = "key/" + std::to_string(rng() % 300);
+        if (rng() % 2 == 0) {
+            const bool fresh = m.emplace(key, "value of " + key).second;
+            EXPECT_EQ(fresh, ref.emplace(key, 0).second);
+            shadow.emplace(key, 0);
+            continue;
+        }
+        std::optional<std::string> value = m.extract(key);
+        ASSERT_EQ(value.has_value(), ref.erase(key) == 1) << key;
+        if (value) {
+            EXPECT_EQ(*value, "value of " + key);
+            shadow.erase(shadow.find(key));
+        }
+        EXPECT_EQ(m.find(key), m.end());
+    }
+    ExpectSame(shadow, ref);
+    ASSERT_EQ(m.size(), ref.size());
+    for (const auto& [k, v] : ref) EXPECT_NE(m.find(k), m.end()) << k;
 }
 
 TEST(KeyedMapTest, ListsAPrefixInOrderFromLowerBound) {
