@@ -461,6 +461,50 @@ TEST(StepsTest, ASealedManifestReadAgainIsTheSameUntilRetentionFreesTheStep) {
     EXPECT_EQ(second.sources[0].generation, Step(2));
 }
 
+TEST(StepsTest, ASealKeepsExactlyTheDecodedManifestOfItsStep) {
+    // What a seal keeps for the readers of its step is exactly what a decode of the step's
+    // manifest gives, in the same order: every field, boxes, placements, policies, apply modes
+    // and dtypes, with entries committed through another store among them.
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    SparseStore other(os, Options("other"));
+    SparseStore reader(os, Options("n0"));
+    std::mt19937_64 rng(31);
+    std::vector<std::string> ids;
+    for (std::uint64_t k = 1; k <= 3; ++k) {
+        std::vector<PutSparseRequest> mine, theirs;
+        std::vector<Update> updates;
+        updates.reserve(64);
+        ids.clear();
+        for (int t = 0; t < 24; ++t) {
+            const std::string id = "layers." + std::to_string(t) + ".w";
+            ids.push_back(id);
+            const Shape shape{32, 48};
+            const Box box = t % 3 == 0 ? MakeBox({16, 0}, {16, 48}) : WholeBox(shape);
+            const DType dtype = t % 2 == 0 ? DType::kFloat32 : DType::kBFloat16;
+            updates.push_back(RandomUpdate(rng, box, 5 + t, dtype, false));
+            const ApplyMode apply = t % 4 == 2 ? ApplyMode::kScatterAdd : ApplyMode::kOverwrite;
+            PutSparseRequest r =
+                t % 5 == 0 ? Req(id, shape, updates.back(), dtype, Step(k), apply,
+                                 "owner(expert)", *NamedAxes::Make({{"expert", t}}), box)
+                           : Req(id, shape, updates.back(), dtype, Step(k), apply, "none", {},
+                                 box);
+            (t % 7 == 3 ? theirs : mine).push_back(std::move(r));
+        }
+        std::sort(ids.begin(), ids.end());
+        for (const auto& result : trainer.PutSparseObjects(mine, 2)) ASSERT_OK(result.status());
+        for (const auto& result : other.PutSparseObjects(theirs, 1)) ASSERT_OK(result.status());
+        ASSERT_OK(trainer.SealGeneration(Step(k), ids));
+        ASSERT_OK_AND_ASSIGN(StepManifest sealed, trainer.GetManifest(Step(k)));
+        ASSERT_OK_AND_ASSIGN(std::vector<SourceDescriptor> decoded, reader.Manifest(Step(k)));
+        ASSERT_EQ(sealed.sources.size(), mine.size() + theirs.size());
+        EXPECT_EQ(sealed.sources, decoded) << "step " << k;
+        ASSERT_OK(trainer.ClearCaches());
+        ASSERT_OK_AND_ASSIGN(StepManifest again, trainer.GetManifest(Step(k)));
+        EXPECT_EQ(again.sources, decoded);
+    }
+}
+
 TEST(StepsTest, ASharedManifestOfASealedStepIsTheKeptOneUntilRetentionFreesIt) {
     // GetManifestShared hands out the kept arrays of a sealed step (every reader of the node
     // the same, never copied); an unsealed step or a fold gets arrays of its own.
