@@ -346,9 +346,11 @@ Status ShmStore::Put(std::string_view key, std::string_view metadata,
                                  " bytes");
     }
 
-    // Early answers from one consistent state; the decisive checks repeat at install.
+    // Early answers from one consistent state; the decisive checks repeat at install. (Not for
+    // an object of metadata alone, such as a manifest entry or a head: nothing is copied before
+    // the install, which answers the same.)
     bool exists = false;
-    {
+    if (layout.extent_bytes > 0) {
         std::shared_lock lock(st.mu);
         auto it = st.objects.find(key);
         exists = it != st.objects.end();
