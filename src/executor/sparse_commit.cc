@@ -858,6 +858,11 @@ Result<bool> SparseStore::Admit(std::string_view tensor_id, Generation generatio
 }
 
 Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generation) {
+    return ManifestWithEntries(generation, nullptr);
+}
+
+Result<std::vector<SourceDescriptor>> SparseStore::ManifestWithEntries(
+    Generation generation, std::vector<std::shared_ptr<const ObjectInfo>>* kept_entries) {
     MCS_RETURN_IF_ERROR(Generation::Make(generation.base, generation.delta));
     const std::string prefix = keys_.Manifest() + GenerationTag(generation) + "/";
     // Every entry of the step with its metadata, in one pass of the store where it can.
@@ -871,6 +876,11 @@ Result<std::vector<SourceDescriptor>> SparseStore::Manifest(Generation generatio
         ref.append(key, prefix.size());
         MCS_ASSIGN_OR_RETURN(SourceDescriptor d, DecodeObjectMetadata(ref, info->metadata));
         out.push_back(std::move(d));
+    }
+    if (kept_entries != nullptr) {
+        kept_entries->clear();
+        kept_entries->reserve(entries.size());
+        for (auto& entry : entries) kept_entries->push_back(std::move(entry.second));
     }
     return out;
 }

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <optional>
 #include <thread>
@@ -411,13 +412,15 @@ Status SparseStore::LoadIndexes(ReadCall& call) {
     for (std::size_t j = 0; j < missing.size(); ++j) {
         missing[j] = &call.manifest[needed[claims.missing[j]]];
     }
+    const EntryTexts texts =
+        missing.empty() ? EntryTexts{} : EntryTextsOf(call.options.manifest_owner);
     internal::ParallelFor(batches < 2 ? 1 : call.options.num_threads, batches,
                           [&](std::size_t b) {
                               const std::size_t lo = b * kSourcesPerBatch;
                               const std::size_t n =
                                   std::min(kSourcesPerBatch, missing.size() - lo);
                               ReadIndexes(std::span(missing).subspan(lo, n),
-                                          call.options.manifest_owner,
+                                          call.options.manifest_owner, texts,
                                           std::span(loaded).subspan(lo, n));
                           });
     cache_->FinishIndexes(refs, claims, loaded);
@@ -1044,7 +1047,8 @@ constexpr std::size_t kTilePtrMember = 3;
 /// manifest_owner), the result is `claimed` itself, shared with its owner; else a copy.
 Result<std::shared_ptr<const SourceDescriptor>> DescriptorOfStored(
     const SourceDescriptor& claimed, const std::shared_ptr<const void>& owner,
-    const ObjectInfo& info, std::array<const MemberInfo*, kSourceMembers.size()>& members) {
+    const ObjectInfo& info, std::array<const MemberInfo*, kSourceMembers.size()>& members,
+    const std::string* entry_text = nullptr) {
     // A manifest entry of this store names the object with exactly its metadata: written
     // again from the entry and compared, several times cheaper than decoding it. Anything else
     // (another writer's formatting, another object) is decoded and compared field by field.
@@ -1055,7 +1059,10 @@ Result<std::shared_ptr<const SourceDescriptor>> DescriptorOfStored(
         return members[i] == nullptr ? std::uint64_t{0} : members[i]->checksum;
     };
     std::shared_ptr<const SourceDescriptor> held;
-    if (IsMetadataOf(info.metadata, claimed, "global",
+    // The text `claimed` was decoded from (a kept manifest's entry), when known: the same text
+    // decodes to the same descriptor.
+    if ((entry_text != nullptr && *entry_text == info.metadata) ||
+        IsMetadataOf(info.metadata, claimed, "global",
                      {checksum(0), checksum(1), checksum(2), checksum(3)})) {
         held = owner ? std::shared_ptr<const SourceDescriptor>(owner, &claimed)
                      : std::make_shared<const SourceDescriptor>(claimed);
@@ -1097,10 +1104,10 @@ NodeCache::IndexResult IndexOf(std::shared_ptr<const SourceDescriptor> stored,
 /// The tile index of a viewed source object (the object `claimed` names).
 NodeCache::IndexResult IndexOfView(const SourceDescriptor& claimed,
                                    const std::shared_ptr<const void>& owner,
-                                   const ObjectView& view) {
+                                   const std::string* entry_text, const ObjectView& view) {
     std::array<const MemberInfo*, kSourceMembers.size()> members{};
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SourceDescriptor> stored,
-                         DescriptorOfStored(claimed, owner, *view.info, members));
+                         DescriptorOfStored(claimed, owner, *view.info, members, entry_text));
     const auto bytes = [&](std::size_t i) {
         return view.members[static_cast<std::size_t>(members[i] - view.info->members.data())];
     };
@@ -1125,8 +1132,29 @@ Result<SourceDescriptor> SparseStore::StoredDescriptor(const SourceDescriptor& c
     return *stored;
 }
 
+const std::string* SparseStore::EntryTexts::Of(const SourceDescriptor& claimed) const {
+    if (kept == nullptr || kept->entries.size() != kept->sources.size()) return nullptr;
+    const SourceDescriptor* first = kept->sources.data();
+    const SourceDescriptor* end = first + kept->sources.size();
+    if (std::less<>{}(&claimed, first) || !std::less<>{}(&claimed, end)) return nullptr;
+    const std::shared_ptr<const ObjectInfo>& entry =
+        kept->entries[static_cast<std::size_t>(&claimed - first)];
+    return entry == nullptr ? nullptr : &entry->metadata;
+}
+
+SparseStore::EntryTexts SparseStore::EntryTextsOf(const std::shared_ptr<const void>& owner) {
+    if (owner == nullptr) return {};
+    std::lock_guard lock(seal_cache_mu_);
+    // The owner shares the kept manifest's ownership (an aliasing pointer to its array or to
+    // its first entry); the entries' addresses are checked against its array in Of.
+    for (const auto& [delta, kept] : manifest_cache_) {
+        if (!owner.owner_before(kept) && !kept.owner_before(owner)) return {kept};
+    }
+    return {};
+}
+
 void SparseStore::ReadIndexes(std::span<const SourceDescriptor* const> sources,
-                              const std::shared_ptr<const void>& owner,
+                              const std::shared_ptr<const void>& owner, const EntryTexts& texts,
                               std::span<NodeCache::IndexResult> out) {
     // One view of all of them (one lookup and one lock for the batch, the members read where
     // they lie) where the store views in place; a source that fails its checks fails alone.
@@ -1141,13 +1169,16 @@ void SparseStore::ReadIndexes(std::span<const SourceDescriptor* const> sources,
         }
         viewed = valid && store_->ViewObjects(keys, [&](std::span<const ObjectView> views) {
                               for (std::size_t i = 0; i < views.size(); ++i) {
-                                  out[i] = IndexOfView(*sources[i], owner, views[i]);
+                                  out[i] = IndexOfView(*sources[i], owner,
+                                                       texts.Of(*sources[i]), views[i]);
                               }
                               return Status::Ok();
                           }).ok();
     }
     if (!viewed) {
-        for (std::size_t i = 0; i < sources.size(); ++i) out[i] = ReadIndex(*sources[i], owner);
+        for (std::size_t i = 0; i < sources.size(); ++i) {
+            out[i] = ReadIndex(*sources[i], owner, texts);
+        }
     }
 }
 
@@ -1160,14 +1191,15 @@ Result<SourceDescriptor> SparseStore::VerifySource(const SourceDescriptor& claim
 }
 
 Result<std::shared_ptr<const SourceIndex>> SparseStore::ReadIndex(
-    const SourceDescriptor& src, const std::shared_ptr<const void>& owner) {
+    const SourceDescriptor& src, const std::shared_ptr<const void>& owner,
+    const EntryTexts& texts) {
     // Sized from the stored metadata only (checked against the members), never from the
     // requester's numbers.
     MCS_RETURN_IF_ERROR(internal::ValidateId("source_ref", src.source_ref));
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const ObjectInfo> stat, store_->StatShared(src.source_ref));
     std::array<const MemberInfo*, kSourceMembers.size()> members{};
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SourceDescriptor> held,
-                         DescriptorOfStored(src, owner, *stat, members));
+                         DescriptorOfStored(src, owner, *stat, members, texts.Of(src)));
     const SourceDescriptor& stored = *held;
     std::vector<TileCoord> coords(stored.num_tiles * stored.rank());
     std::vector<std::uint64_t> ptr(stored.num_tiles + 1);

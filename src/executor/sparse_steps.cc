@@ -388,24 +388,36 @@ Result<std::shared_ptr<const SparseStore::SealedStepManifest>> SparseStore::Seal
             return it->second;
         }
     }
-    MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
+    std::vector<std::shared_ptr<const ObjectInfo>> entries;
+    MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources,
+                         ManifestWithEntries(step, store_->ViewsInPlace() ? &entries : nullptr));
     MCS_ASSIGN_OR_RETURN(std::shared_ptr<const SealRecord> seal, ReadSeal(step));
     const std::size_t prefix = keys_.Source().size();
-    std::erase_if(sources, [&](const SourceDescriptor& s) {
-        return !std::binary_search(seal->sources.begin(), seal->sources.end(),
-                                   std::string_view(s.source_ref).substr(prefix));
-    });
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < sources.size(); ++i) {
+        if (!std::binary_search(seal->sources.begin(), seal->sources.end(),
+                                std::string_view(sources[i].source_ref).substr(prefix))) {
+            continue;
+        }
+        if (kept != i) {
+            sources[kept] = std::move(sources[i]);
+            if (!entries.empty()) entries[kept] = std::move(entries[i]);
+        }
+        ++kept;
+    }
+    sources.resize(kept);
+    if (!entries.empty()) entries.resize(kept);
     if (sources.size() != seal->sources.size()) {
         return DataLoss("step " + step.ToString() + ": its seal holds " +
                         std::to_string(seal->sources.size()) + " source objects, " +
                         std::to_string(sources.size()) + " of them are in its manifest");
     }
     std::vector<std::string> unchanged = UnchangedOf(seal->tensor_ids, sources);
-    auto kept = std::make_shared<const SealedStepManifest>(
-        SealedStepManifest{std::move(sources), std::move(unchanged)});
+    auto manifest = std::make_shared<const SealedStepManifest>(
+        SealedStepManifest{std::move(sources), std::move(unchanged), std::move(entries)});
     std::lock_guard lock(seal_cache_mu_);
-    KeepSealedManifestLocked(step, kept);
-    return kept;
+    KeepSealedManifestLocked(step, manifest);
+    return manifest;
 }
 
 Status SparseStore::CheckCommitsNotMissed(Generation step, std::span<const std::string_view> refs,
@@ -488,7 +500,9 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
     } end_seal{this, keys_.Sealing() + tag};
 
     // Every committed tensor is listed, and every admitted writer has committed.
-    MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources, Manifest(step));
+    std::vector<std::shared_ptr<const ObjectInfo>> entries;
+    MCS_ASSIGN_OR_RETURN(std::vector<SourceDescriptor> sources,
+                         ManifestWithEntries(step, store_->ViewsInPlace() ? &entries : nullptr));
     for (const SourceDescriptor& s : sources) {
         if (!std::binary_search(ids.begin(), ids.end(), s.tensor_id)) {
             return InvalidArgument("seal_generation " + step.ToString() + ": tensor '" +
@@ -539,7 +553,7 @@ Status SparseStore::SealGeneration(Generation step, std::span<const std::string>
         // seal): its readers through this store (a node daemon's ranks) need not decode it.
         std::vector<std::string> unchanged = UnchangedOf(ids, sources);
         auto manifest = std::make_shared<const SealedStepManifest>(
-            SealedStepManifest{std::move(sources), std::move(unchanged)});
+            SealedStepManifest{std::move(sources), std::move(unchanged), std::move(entries)});
         std::lock_guard cache(seal_cache_mu_);
         seal_cache_[step.delta] =
             std::make_shared<SealRecord>(SealRecord{std::move(ids), std::move(committed)});

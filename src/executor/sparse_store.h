@@ -315,7 +315,24 @@ private:
     struct SealedStepManifest {
         std::vector<SourceDescriptor> sources;
         std::vector<std::string> unchanged;
+        /// The manifest entries the sources were decoded from, in the same order (their texts
+        /// are what EntryTexts compares a source object's metadata with).
+        std::vector<std::shared_ptr<const ObjectInfo>> entries;
     };
+    /// The entry texts of the kept sealed manifest a read's entries belong to (as
+    /// ReadOptions::manifest_owner, whose array they are): a source object whose metadata is
+    /// exactly its entry's text is the object the entry was decoded from, with no need to write
+    /// the claimed descriptor out again to compare (IsMetadataOf).
+    struct EntryTexts {
+        std::shared_ptr<const SealedStepManifest> kept;  ///< Null: none known.
+        /// The text `claimed` was decoded from, or null.
+        const std::string* Of(const SourceDescriptor& claimed) const;
+    };
+    /// The kept sealed manifest `owner` shares, if any.
+    EntryTexts EntryTextsOf(const std::shared_ptr<const void>& owner);
+    /// Manifest, and (when `entries` is given) the manifest entries it decoded, in its order.
+    Result<std::vector<SourceDescriptor>> ManifestWithEntries(
+        Generation generation, std::vector<std::shared_ptr<const ObjectInfo>>* entries);
     /// The kept one, or read and kept. Errors: as Manifest and ReadSeal; DataLoss.
     Result<std::shared_ptr<const SealedStepManifest>> SealedManifest(Generation step);
     /// Keeps `manifest` as sealed step `step`'s (the last kCachedManifests). Needs
@@ -475,11 +492,12 @@ private:
     /// InvalidArgument (the entry describes another object); DataLoss. `owner`: as
     /// ReadOptions::manifest_owner, of `claimed`.
     Result<std::shared_ptr<const SourceIndex>> ReadIndex(const SourceDescriptor& claimed,
-                                                         const std::shared_ptr<const void>& owner);
+                                                         const std::shared_ptr<const void>& owner,
+                                                         const EntryTexts& texts = {});
     /// ReadIndex of each source into out[i], as one view of the batch where the store views
     /// objects in place.
     void ReadIndexes(std::span<const SourceDescriptor* const> sources,
-                     const std::shared_ptr<const void>& owner,
+                     const std::shared_ptr<const void>& owner, const EntryTexts& texts,
                      std::span<Result<std::shared_ptr<const SourceIndex>>> out);
     /// The stored object's descriptor, read with one Stat and checked against `claimed` and
     /// against the sizes of its members. Errors: as ReadIndex.

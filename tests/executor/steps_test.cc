@@ -607,6 +607,59 @@ TEST(StepsTest, IndexesCachedFromAnOwnedManifestReferToItUntilTheCacheDropsThem)
     }
 }
 
+TEST(StepsTest, AReadOfAKeptManifestChecksEachSourceAgainstItsEntryText) {
+    // A read of the kept manifest of a sealed step (GetManifestShared, its array as the owner)
+    // takes a source whose metadata is exactly its manifest entry's text without writing the
+    // entry out again; it reads what a read of a copy of the manifest reads, and a source object
+    // replaced under the same key with other metadata is still refused.
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore store(os, Options("n0"));
+    CommitAndSeal(store, {"w", "v"}, 1);
+    const std::vector<TargetDescriptor> targets = {Target("w/t", "w", "n0", {0, 0}, {8, 8}),
+                                                   Target("v/t", "v", "n0", {0, 4}, {8, 4})};
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest kept, store.GetManifestShared(Step(1)));
+    ASSERT_TRUE(kept.sealed);
+    ReadOptions options;
+    options.manifest_owner = kept.sources;
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> owned,
+                         store.ReadSparseObjects(kept.view(), targets, options));
+    ASSERT_OK_AND_ASSIGN(StepManifest copy, store.GetManifest(Step(1)));
+    SparseStore other(os, Options("n1"));  // cold caches: decodes and checks everything
+    ASSERT_OK_AND_ASSIGN(std::vector<TargetObject> plain,
+                         other.ReadSparseObjects(StepManifestView(copy), targets, {}));
+    ASSERT_EQ(owned.size(), 2u);
+    for (std::size_t t = 0; t < owned.size(); ++t) {
+        EXPECT_EQ(Entries(owned[t]), Entries(plain[t]));
+        EXPECT_EQ(owned[t].object.desc, plain[t].object.desc);
+    }
+
+    // The source of "w" replaced: the same members, metadata that says scatter_add.
+    const std::string& ref = (*kept.sources)[0].tensor_id == "w" ? (*kept.sources)[0].source_ref
+                                                                 : (*kept.sources)[1].source_ref;
+    ASSERT_OK_AND_ASSIGN(ObjectInfo info, os->Stat(ref));
+    std::string metadata = info.metadata;
+    const std::string from = "\"apply\":\"overwrite\"";
+    const std::size_t at = metadata.find(from);
+    ASSERT_NE(at, std::string::npos) << metadata;
+    metadata.replace(at, from.size(), "\"apply\":\"scatter_add\"");
+    std::vector<std::vector<std::byte>> bytes;
+    std::vector<MemberData> members;
+    for (const MemberInfo& m : info.members) {
+        bytes.emplace_back(m.size_bytes);
+        ASSERT_OK(os->ReadMember(ref, m.name, bytes.back()));
+    }
+    for (std::size_t m = 0; m < info.members.size(); ++m) {
+        members.push_back({info.members[m].name, info.members[m].dtype, info.members[m].shape,
+                           bytes[m], info.members[m].checksum});
+    }
+    ASSERT_OK(os->Put(ref, metadata, members, {PutMode::kUpsert, false}));
+    ASSERT_OK(store.ClearCaches());  // the index of the old object is not kept either
+    ASSERT_OK_AND_ASSIGN(SparseStore::SharedStepManifest again, store.GetManifestShared(Step(1)));
+    options.manifest_owner = again.sources;
+    EXPECT_THAT(store.ReadSparseObjects(again.view(), targets, options),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "apply"));
+}
+
 TEST(StepsTest, SealWaitsForEveryAdmittedWriter) {
     SparseStore store(MakeEmbeddedStore());
     const auto owner = *PlacementPolicy::Parse("owner(expert)");
