@@ -30,12 +30,14 @@
 #include <cstring>
 #include <memory>
 #include <random>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "executor/sparse_store.h"
+#include "bench_args.h"
 #include "json_lines.h"
 #include "store/object_store.h"
 
@@ -56,12 +58,9 @@ struct Options {
 };
 
 std::uint64_t ParseUnsigned(std::string_view flag, const std::string& text) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-    if (text.empty() || end == nullptr || *end != '\0' || v == 0) {
-        Die("bad value for " + std::string(flag) + ": '" + text + "'");
-    }
-    return v;
+    const std::optional<std::uint64_t> v = mooncake::sparse::bench::ParsePositive(text);
+    if (!v) Die("bad value for " + std::string(flag) + ": '" + text + "'");
+    return *v;
 }
 
 Options ParseArgs(int argc, char** argv) {

@@ -25,11 +25,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "bench_args.h"
 #include "json_lines.h"
 #include "mooncake/sparse/contracts.h"
 #include "mooncake/sparse/status.h"
@@ -66,12 +68,9 @@ void Usage() {
 }
 
 std::uint64_t ParseUnsigned(std::string_view flag, const std::string& text) {
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
-    if (text.empty() || end == nullptr || *end != '\0' || v == 0) {
-        Die("bad value for " + std::string(flag) + ": '" + text + "'");
-    }
-    return v;
+    const std::optional<std::uint64_t> v = mooncake::sparse::bench::ParsePositive(text);
+    if (!v) Die("bad value for " + std::string(flag) + ": '" + text + "'");
+    return *v;
 }
 
 Options ParseArgs(int argc, char** argv) {
