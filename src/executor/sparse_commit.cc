@@ -75,9 +75,8 @@ bool IsSameCommit(const ObjectInfo& existing, const SparseObject& object) {
 
 /// The bytes of a source object's members, in the order of SpecsInto (views of `object`).
 /// `indices` / `values` empty: the object's own.
-SourceMemberBytes BytesOf(const SparseObject& object,
-                                 std::span<const std::byte> indices = {},
-                                 std::span<const std::byte> values = {}) {
+SourceMemberBytes BytesOf(const SparseObject& object, std::span<const std::byte> indices = {},
+                          std::span<const std::byte> values = {}) {
     const auto bytes = [](const auto& v) {
         return std::span<const std::byte>(reinterpret_cast<const std::byte*>(v.data()),
                                           v.size() * sizeof(v[0]));
@@ -396,8 +395,9 @@ Status SparseStore::PutFilledByClass(
         if (items.empty()) continue;
         // Every item's four members in one array: no per-object vectors but the shapes.
         std::vector<SourceMemberBytes> members(items.size());
+        constexpr std::size_t kMembers = std::tuple_size_v<SourceMemberBytes>;
         std::vector<MemberSpec> specs;
-        specs.reserve(members.size() * std::tuple_size_v<SourceMemberBytes>);
+        specs.reserve(members.size() * kMembers);
         for (std::size_t k = 0; k < items.size(); ++k) {
             members[k] = members_of(items[k]);
             SpecsInto(*objects[items[k]], specs);
@@ -406,8 +406,7 @@ Status SparseStore::PutFilledByClass(
         for (std::size_t k = 0; k < items.size(); ++k) {
             const std::size_t i = items[k];
             puts[k] = {objects[i]->desc.source_ref, metadata[i],
-                       std::span<const MemberSpec>(specs).subspan(
-                           k * std::tuple_size_v<SourceMemberBytes>, std::tuple_size_v<SourceMemberBytes>)};
+                       std::span<const MemberSpec>(specs).subspan(k * kMembers, kMembers)};
         }
         Status fill_status = Status::Ok();
         const auto fill_members = [&](std::span<const FillTarget> targets) -> Status {
