@@ -11,6 +11,7 @@
 #include "bind_common.h"
 #include "executor/sparse_store.h"
 #include "sparse_object.h"
+#include "transport/host_blocks.h"
 
 namespace mooncake::sparse::py {
 
@@ -125,6 +126,26 @@ void RegisterSparse(pyb::module_& m) {
         ThrowIfError(ValidateShape(s));
         return ShapeTuple(DefaultTileShape(s));
     });
+
+    m.def("host_memory", [] {
+        const HostBlockCacheStats b = GetHostBlockCacheStats();
+        const PooledBlockStats p = GetPooledBlockStats();
+        pyb::dict d;
+        d["cache_limit_bytes"] = b.limit_bytes;
+        d["cache_free_bytes"] = b.free_bytes;
+        d["cache_free_blocks"] = b.free_blocks;
+        d["cache_allocations"] = b.allocations;
+        d["cache_reuses"] = b.reuses;
+        d["pooled_chunks"] = p.chunks;
+        d["pooled_bytes"] = p.chunks * std::uint64_t{kPoolChunkBytes};
+        d["pooled_free_chunks"] = p.free_chunks;
+        d["pooled_allocations"] = p.allocations;
+        d["pooled_chunk_reuses"] = p.chunk_reuses;
+        return d;
+    }, "The host memory this process keeps from step to step: the block cache and the pooled "
+       "chunks of target objects (counters since start).");
+    m.def("trim_host_memory", [] { TrimHostBlockCache(); },
+          "Returns every free cached block and free pooled chunk to the system.");
 }
 
 }  // namespace mooncake::sparse::py

@@ -12,6 +12,8 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mooncake/sparse/contracts.h"
@@ -21,28 +23,51 @@
 
 namespace mooncake::sparse {
 
+/// Where an allocator takes its memory from (transport/host_blocks.h).
+enum class HostMemory : std::uint8_t {
+    kBlocks,  ///< AllocateHostBlock: malloc, large blocks recycled by size class.
+    kPooled,  ///< AllocatePooledBlock: small buffers carved from recycled chunks.
+};
+
 /// An allocator whose value-initialization leaves bytes as they are: a buffer sized for what is
 /// written into it next is not zero-filled first (the zero fill of a read's target objects was a
 /// tenth of the read). Large buffers come from the host block cache (transport/host_blocks.h):
-/// the next step's objects reuse this step's memory instead of faulting in new pages.
+/// the next step's objects reuse this step's memory instead of faulting in new pages; with
+/// HostMemory::kPooled (a read's target objects) small ones do too.
+
 template <typename T>
 struct DefaultInitAllocator : std::allocator<T> {
     template <typename U>
     struct rebind {
         using other = DefaultInitAllocator<U>;
     };
+    // Allocators of different memory free each other's blocks wrongly: the memory travels with
+    // the buffer.
+    using is_always_equal = std::false_type;
+    using propagate_on_container_move_assignment = std::true_type;
+    using propagate_on_container_copy_assignment = std::true_type;
+    using propagate_on_container_swap = std::true_type;
+
     DefaultInitAllocator() = default;
+    explicit DefaultInitAllocator(HostMemory m) noexcept : memory(m) {}
     template <typename U>
-    DefaultInitAllocator(const DefaultInitAllocator<U>&) noexcept {}
+    DefaultInitAllocator(const DefaultInitAllocator<U>& other) noexcept : memory(other.memory) {}
     T* allocate(std::size_t n) {
         static_assert(alignof(T) <= alignof(std::max_align_t));
         if (n > std::size_t(-1) / sizeof(T)) throw std::bad_array_new_length();
         if (n == 0) return nullptr;
-        void* p = AllocateHostBlock(n * sizeof(T));
+        void* p = memory == HostMemory::kPooled ? AllocatePooledBlock(n * sizeof(T))
+                                                : AllocateHostBlock(n * sizeof(T));
         if (p == nullptr) throw std::bad_alloc();
         return static_cast<T*>(p);
     }
-    void deallocate(T* p, std::size_t n) noexcept { FreeHostBlock(p, n * sizeof(T)); }
+    void deallocate(T* p, std::size_t n) noexcept {
+        if (memory == HostMemory::kPooled) {
+            FreePooledBlock(p, n * sizeof(T));
+        } else {
+            FreeHostBlock(p, n * sizeof(T));
+        }
+    }
     template <typename U>
     void construct(U* p) noexcept(std::is_nothrow_default_constructible_v<U>) {
         ::new (static_cast<void*>(p)) U;
@@ -51,6 +76,11 @@ struct DefaultInitAllocator : std::allocator<T> {
     void construct(U* p, Args&&... args) {
         ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
     }
+    friend bool operator==(const DefaultInitAllocator& a, const DefaultInitAllocator& b) noexcept {
+        return a.memory == b.memory;
+    }
+
+    HostMemory memory = HostMemory::kBlocks;
 };
 
 /// The bytes of an object member: a vector that grows without zero-filling.

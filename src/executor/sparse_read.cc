@@ -236,7 +236,10 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     // keep fewer) and each piece is filtered straight into it.
     std::uint64_t bound = 0;
     for (const Piece& p : pieces) bound += p.range.size();
-    ByteBuffer indices(bound * osz), values(bound * out_vsz);
+    // Pooled: a step's target objects are many small buffers that die together, and the next
+    // step's take the same memory again instead of faulting in fresh pages.
+    const DefaultInitAllocator<std::byte> pooled(HostMemory::kPooled);
+    ByteBuffer indices(bound * osz, pooled), values(bound * out_vsz, pooled);
     for (const Piece& p : pieces) {
         const std::optional<PieceEntries> e = EntriesOf(manifest[p.source_index], p);
         if (!e) return Internal("range read does not hold the planned region");
@@ -244,12 +247,16 @@ Result<TargetObject> MaterializeTarget(std::span<const SourceDescriptor> manifes
     }
     Shape tile(first.tile_shape);
     for (std::size_t d = 0; d < tile.size(); ++d) tile[d] = std::min(tile[d], local[d]);
+    // A pooled buffer's memory goes back with its chunk only, so a shorter copy of it would
+    // free nothing; a large one (a host block) is copied when that frees much.
     const auto shrink = [&](std::uint64_t nnz) {
         if (nnz < bound) {
             indices.resize(nnz * osz);
             values.resize(nnz * out_vsz);
-            indices.shrink_to_fit();
-            values.shrink_to_fit();
+            if (indices.capacity() > kMaxPooledBlockBytes && nnz < bound - bound / 8) {
+                indices.shrink_to_fit();
+                values.shrink_to_fit();
+            }
         }
     };
 

@@ -1,14 +1,17 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 #include "transport/host_blocks.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -147,7 +150,135 @@ Cache& TheCache() {
     return *cache;
 }
 
+/// Pooled blocks: the chunks they are carved from. A chunk's first bytes count its references:
+/// one per live block, and one while a thread carves from it.
+struct alignas(64) ChunkHeader {
+    std::atomic<std::uint64_t> refs{0};
+};
+static_assert(sizeof(ChunkHeader) == 64);
+constexpr std::size_t kPooledAlign = 64;  // a cache line: copies into the blocks stay aligned
+
+class ChunkPool {
+public:
+    /// A chunk with no reference, from the free ones or the system (nullptr: none left).
+    ChunkHeader* Take() {
+        {
+            std::lock_guard lock(mu_);
+            if (!free_.empty()) {
+                ChunkHeader* c = free_.back();
+                free_.pop_back();
+                ++reuses_;
+                return c;
+            }
+        }
+        // Twice the size, then the unaligned ends go: the chunk is aligned to its size, so a
+        // block finds its chunk by masking its address.
+        void* raw = mmap(nullptr, 2 * kPoolChunkBytes, PROT_READ | PROT_WRITE,
+                         MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED) return nullptr;
+        const auto start = reinterpret_cast<std::uintptr_t>(raw);
+        const std::uintptr_t aligned = (start + kPoolChunkBytes - 1) & ~(kPoolChunkBytes - 1);
+        if (aligned > start) munmap(raw, aligned - start);
+        const std::uintptr_t tail = aligned + kPoolChunkBytes;
+        if (start + 2 * kPoolChunkBytes > tail) munmap(reinterpret_cast<void*>(tail), start + 2 * kPoolChunkBytes - tail);
+        void* chunk = reinterpret_cast<void*>(aligned);
+#ifdef MADV_HUGEPAGE
+        madvise(chunk, kPoolChunkBytes, MADV_HUGEPAGE);  // best effort: 2 MiB faults, not 4 KiB
+#endif
+        auto* header = new (chunk) ChunkHeader();
+        Poison(reinterpret_cast<std::byte*>(chunk) + sizeof(ChunkHeader),
+               kPoolChunkBytes - sizeof(ChunkHeader));
+        std::lock_guard lock(mu_);
+        ++chunks_;
+        return header;
+    }
+
+    /// Takes back a chunk whose last block went.
+    void Give(ChunkHeader* c) {
+        std::lock_guard lock(mu_);
+        free_.push_back(c);
+    }
+
+    void Trim() {
+        std::vector<ChunkHeader*> release;
+        {
+            std::lock_guard lock(mu_);
+            release.swap(free_);
+            chunks_ -= release.size();
+        }
+        for (ChunkHeader* c : release) {
+            Unpoison(c, kPoolChunkBytes);
+            munmap(c, kPoolChunkBytes);
+        }
+    }
+
+    PooledBlockStats Stats() {
+        std::lock_guard lock(mu_);
+        return {chunks_, free_.size(), allocations.load(std::memory_order_relaxed), reuses_};
+    }
+
+    std::atomic<std::uint64_t> allocations{0};
+
+private:
+    std::mutex mu_;
+    std::vector<ChunkHeader*> free_;
+    std::uint64_t chunks_ = 0;
+    std::uint64_t reuses_ = 0;
+};
+
+ChunkPool& ThePool() {
+    static ChunkPool* pool = new ChunkPool();  // Never destroyed: blocks may be freed at exit.
+    return *pool;
+}
+
+void Unref(ChunkHeader* c) {
+    if (c->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) ThePool().Give(c);
+}
+
+/// The chunk this thread carves from, and where its free space starts.
+struct OpenChunk {
+    ChunkHeader* chunk = nullptr;
+    std::size_t offset = 0;
+    ~OpenChunk() {
+        if (chunk != nullptr) Unref(chunk);
+    }
+};
+thread_local OpenChunk t_open_chunk;
+
 }  // namespace
+
+void* AllocatePooledBlock(std::size_t bytes) noexcept {
+    if (bytes == 0) return nullptr;
+    if (bytes > kMaxPooledBlockBytes) return AllocateHostBlock(bytes);
+    const std::size_t size = (bytes + kPooledAlign - 1) & ~(kPooledAlign - 1);
+    OpenChunk& open = t_open_chunk;
+    if (open.chunk == nullptr || open.offset + size > kPoolChunkBytes) {
+        if (open.chunk != nullptr) Unref(std::exchange(open.chunk, nullptr));
+        ChunkHeader* c = ThePool().Take();
+        if (c == nullptr) return nullptr;
+        c->refs.store(1, std::memory_order_relaxed);
+        open = {c, sizeof(ChunkHeader)};
+    }
+    std::byte* p = reinterpret_cast<std::byte*>(open.chunk) + open.offset;
+    open.offset += size;
+    open.chunk->refs.fetch_add(1, std::memory_order_relaxed);
+    ThePool().allocations.fetch_add(1, std::memory_order_relaxed);
+    Unpoison(p, bytes);  // its padding stays poisoned
+    return p;
+}
+
+void FreePooledBlock(void* ptr, std::size_t bytes) noexcept {
+    if (ptr == nullptr) return;
+    if (bytes > kMaxPooledBlockBytes) {
+        FreeHostBlock(ptr, bytes);
+        return;
+    }
+    Poison(ptr, (bytes + kPooledAlign - 1) & ~(kPooledAlign - 1));
+    Unref(reinterpret_cast<ChunkHeader*>(reinterpret_cast<std::uintptr_t>(ptr) &
+                                         ~(kPoolChunkBytes - 1)));
+}
+
+PooledBlockStats GetPooledBlockStats() noexcept { return ThePool().Stats(); }
 
 std::size_t HostBlockCapacity(std::size_t bytes) noexcept {
     if (bytes < kMinCachedBlockBytes) return bytes;
@@ -172,7 +303,10 @@ void FreeHostBlock(void* ptr, std::size_t bytes) noexcept {
     TheCache().Free(ptr, HostBlockCapacity(bytes));
 }
 
-void TrimHostBlockCache() noexcept { TheCache().Shrink(std::nullopt, 0); }
+void TrimHostBlockCache() noexcept {
+    TheCache().Shrink(std::nullopt, 0);
+    ThePool().Trim();
+}
 
 void SetHostBlockCacheLimit(std::uint64_t bytes) noexcept { TheCache().Shrink(bytes, bytes); }
 

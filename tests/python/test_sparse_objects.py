@@ -145,6 +145,35 @@ def test_read_in_place_builds_the_same_targets(store, rng, apply):
         store.read_sparse_objects(manifest, targets, view_in_place="yes")
 
 
+def test_repeated_reads_take_their_target_memory_from_the_pool(store, rng):
+    # Each step's target objects are carved from pooled chunks; once a step's objects are
+    # dropped the next step's read takes those chunks again instead of new memory.
+    shape = (2048, 2048)
+    idx, vals = random_coo(rng, shape, 400000)  # 12.8 MB of target objects a step
+    store.put_sparse_object("w", shape, idx, vals, generation=GEN)
+    manifest = store.manifest(GEN)
+    targets = targets_ep_tp("w", shape, 4, 8, split_dim=1)
+    ref = dense_of(shape, idx, vals)
+    before = mcs.host_memory()
+    chunks = []
+    for _ in range(6):
+        # One thread: each materializing thread carves from a chunk of its own.
+        objs = store.read_sparse_objects(manifest, targets, num_threads=1)
+        for sl, shard in apply_all(objs, targets, np.zeros(shape, np.float32)):
+            np.testing.assert_array_equal(shard, ref[sl])
+        del objs
+        chunks.append(mcs.host_memory()["pooled_chunks"])
+    after = mcs.host_memory()
+    assert after["pooled_allocations"] >= before["pooled_allocations"] + 6 * 2 * len(targets)
+    assert after["pooled_chunk_reuses"] > before["pooled_chunk_reuses"]
+    # A step starts carving where the last one stopped: at most one chunk more, no growth.
+    assert chunks[-1] <= chunks[0] + 1
+    mcs.trim_host_memory()
+    trimmed = mcs.host_memory()
+    assert trimmed["pooled_free_chunks"] == 0 and trimmed["cache_free_bytes"] == 0
+    assert trimmed["pooled_bytes"] == trimmed["pooled_chunks"] * 4 * 2**20
+
+
 @pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
 @pytest.mark.parametrize("ndim", [1, 2, 3])
 def test_random_boxes_match_numpy(store, rng, apply, ndim):

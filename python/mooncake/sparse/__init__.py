@@ -48,6 +48,7 @@ from ._api import (
 )
 from ._tensor import TENSOR_HEADER_BYTES, decode_tensor_header, encode_tensor_header
 from ._gpu import DeviceSparseObject, gpu_available
+from ._core import host_memory, trim_host_memory
 from ._errors import (
     Conflict,
     DataLoss,
@@ -211,6 +212,8 @@ __all__ = [
     "get_tensor",
     "get_tensor_into",
     "gpu_available",
+    "host_memory",
+    "trim_host_memory",
     "put_tensor",
     "upsert_tensor",
     "connect",
