@@ -237,11 +237,15 @@ void Unref(ChunkHeader* c) {
 
 /// The chunk this thread carves from, and where its free space starts.
 struct OpenChunk {
-    ChunkHeader* chunk = nullptr;
-    std::size_t offset = 0;
+    OpenChunk() = default;
+    OpenChunk(const OpenChunk&) = delete;  // a copy would drop the reference twice
+    OpenChunk& operator=(const OpenChunk&) = delete;
     ~OpenChunk() {
         if (chunk != nullptr) Unref(chunk);
     }
+
+    ChunkHeader* chunk = nullptr;
+    std::size_t offset = 0;
 };
 thread_local OpenChunk t_open_chunk;
 
@@ -257,7 +261,8 @@ void* AllocatePooledBlock(std::size_t bytes) noexcept {
         ChunkHeader* c = ThePool().Take();
         if (c == nullptr) return nullptr;
         c->refs.store(1, std::memory_order_relaxed);
-        open = {c, sizeof(ChunkHeader)};
+        open.chunk = c;
+        open.offset = sizeof(ChunkHeader);
     }
     std::byte* p = reinterpret_cast<std::byte*>(open.chunk) + open.offset;
     open.offset += size;

@@ -172,6 +172,8 @@ TEST_F(HostBlocksTest, PooledBlocksAreDisjointAlignedAndKeepTheirBytes) {
         Fill(p, n, i);
         blocks.emplace_back(p, n);
     }
+    // Every chunk holds a live block or is the one this thread carves from: none is free.
+    EXPECT_EQ(GetPooledBlockStats().free_chunks, 0u);
     std::vector<std::pair<void*, std::size_t>> sorted = blocks;
     std::sort(sorted.begin(), sorted.end());
     for (std::size_t i = 1; i < sorted.size(); ++i) {
