@@ -1,7 +1,8 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
 // KeyedMap: lookups by key through its hash index agree with the sorted tree through every
-// insert, erase, swap and move; listing by prefix walks the keys in order.
+// insert, erase, swap and move; listing by prefix walks the keys in order. The index's probing
+// and erasing are also driven through heavy collisions (a hash of a few values) and wrap-around.
 #include "store/keyed_map.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +19,8 @@ namespace {
 
 /// Every key of `ref` is found with its value, a few absent keys are not, and the walk from
 /// the first key is `ref`'s order.
-void ExpectSame(const KeyedMap<int>& m, const std::map<std::string, int>& ref) {
+template <typename Map>
+void ExpectSame(const Map& m, const std::map<std::string, int>& ref) {
     ASSERT_EQ(m.size(), ref.size());
     for (const auto& [k, v] : ref) {
         auto it = m.find(k);
@@ -112,6 +114,83 @@ TEST(KeyedMapTest, SwapAndMoveKeepEachIndexWithItsTree) {
     ExpectSame(c, ra);
     a = std::move(c);
     ExpectSame(a, ra);
+}
+
+/// Four hash values only: long probe runs, every erase shifting keys of other homes.
+struct FewHashes {
+    std::size_t operator()(std::string_view key) const {
+        return std::hash<std::string_view>{}(key) % 4 * 0x9e3779b97f4a7c15ull;
+    }
+};
+/// Every key's home is the table's last slot: every probe run wraps around to slot 0.
+struct LastSlot {
+    std::size_t operator()(std::string_view) const { return ~std::size_t{0}; }
+};
+
+template <typename Map>
+void ChurnAgainstReference(unsigned seed, int keys, int rounds) {
+    Map m;
+    std::map<std::string, int> ref;
+    std::mt19937 rng(seed);
+    for (int round = 0; round < rounds; ++round) {
+        const std::string key = "ns/source/" + std::to_string(rng() % static_cast<unsigned>(keys));
+        const unsigned op = rng() % 5;
+        if (op < 3) {
+            EXPECT_EQ(m.emplace(key, round).second, ref.emplace(key, round).second);
+        } else if (op == 3) {
+            const std::optional<int> v = m.extract(key);
+            auto r = ref.find(key);
+            ASSERT_EQ(v.has_value(), r != ref.end()) << key;
+            if (v) {
+                EXPECT_EQ(*v, r->second);
+                ref.erase(r);
+            }
+        } else if (auto it = m.find(key); it != m.end()) {
+            m.erase(it);
+            ref.erase(key);
+        }
+        if (round % 997 == 0) ExpectSame(m, ref);
+    }
+    ExpectSame(m, ref);
+    // Emptied and filled again.
+    for (const auto& [k, v] : ref) ASSERT_TRUE(m.extract(k).has_value()) << k;
+    ref.clear();
+    ExpectSame(m, ref);
+    for (int i = 0; i < keys; ++i) {
+        m.emplace("again/" + std::to_string(i), i);
+        ref.emplace("again/" + std::to_string(i), i);
+    }
+    ExpectSame(m, ref);
+}
+
+TEST(KeyedMapTest, ManyKeysWithChurnAgreeWithTheTree) {
+    ChurnAgainstReference<KeyedMap<int>>(3, 20000, 120000);
+}
+
+TEST(KeyedMapTest, CollidingHashesAgreeWithTheTree) {
+    ChurnAgainstReference<KeyedMap<int, FewHashes>>(5, 300, 20000);
+}
+
+TEST(KeyedMapTest, ProbeRunsThatWrapAroundAgreeWithTheTree) {
+    ChurnAgainstReference<KeyedMap<int, LastSlot>>(9, 100, 8000);
+}
+
+TEST(KeyedMapTest, AMovedFromIndexIsEmpty) {
+    KeyIndex<int> a;
+    const std::string k1 = "k1", k2 = "k2";
+    a.insert(k1, 1);
+    a.insert(k2, 2);
+    KeyIndex<int> b(std::move(a));
+    EXPECT_EQ(a.size(), 0u);  // NOLINT(bugprone-use-after-move): the state a move leaves
+    EXPECT_EQ(a.find(k1), nullptr);
+    ASSERT_NE(b.find(k2), nullptr);
+    EXPECT_EQ(*b.find(k2), 2);
+    a = std::move(b);
+    EXPECT_EQ(*a.find(k1), 1);
+    EXPECT_FALSE(a.erase("k3"));
+    EXPECT_TRUE(a.erase(k1));
+    EXPECT_EQ(a.find(k1), nullptr);
+    EXPECT_EQ(a.size(), 1u);
 }
 
 }  // namespace
