@@ -731,6 +731,10 @@ bool SortedTileIndex2D(const std::byte* indices, std::uint64_t nnz, const Box& b
     std::vector<std::uint64_t>& ptr = obj.tile_ptr;
     coords.clear();
     ptr.clear();
+    // A small object's tile index in one allocation each; a large one grows from there.
+    const std::size_t guess = static_cast<std::size_t>(std::min<std::uint64_t>(nnz, 15)) + 1;
+    ptr.reserve(guess);
+    coords.reserve(2 * (guess - 1));
     ptr.push_back(0);
     std::uint64_t tile = 0;
     std::uint64_t i = 0;
@@ -792,19 +796,16 @@ std::optional<SourceDescriptor> PlanSorted(SourceDescriptor desc, DType index_dt
         value_bytes != nnz * DTypeSize(value_dtype)) {
         return std::nullopt;
     }
-    Box box = desc.box;
-    if (box.rank() == 0) {
+    if (desc.box.rank() == 0) {
         auto whole = Box::Whole(desc.global_shape);
         if (!whole.ok()) return std::nullopt;
-        box = *whole;
+        desc.box = std::move(whole).value();
     }
-    if (box.rank() != rank || !InsideShape(box, desc.global_shape)) return std::nullopt;
-    const Shape tile_shape = options.tile_shape
-                                 ? ClampTileShape(*options.tile_shape, desc.global_shape)
-                                 : DefaultTileShape(desc.global_shape);
+    if (desc.box.rank() != rank || !InsideShape(desc.box, desc.global_shape)) return std::nullopt;
+    Shape tile_shape = options.tile_shape ? ClampTileShape(*options.tile_shape, desc.global_shape)
+                                          : DefaultTileShape(desc.global_shape);
     if (!ValidateTileShape(tile_shape, desc.global_shape).ok()) return std::nullopt;
-    desc.box = box;
-    desc.tile_shape = tile_shape;
+    desc.tile_shape = std::move(tile_shape);
     desc.index_dtype = index_dtype;
     desc.value_dtype = value_dtype;
     desc.nnz = nnz;
@@ -817,10 +818,13 @@ std::optional<SourceDescriptor> PlanSorted(SourceDescriptor desc, DType index_dt
 bool FinishSorted(SourceDescriptor planned, SparseObject& obj) {
     if (obj.tile_ptr.empty()) return false;
     planned.num_tiles = obj.tile_ptr.size() - 1;
-    // The general path fills in these fields itself, so it still may take over from here.
-    SourceDescriptor check = planned;
-    if (check.source_ref.empty()) check.source_ref = "<uncommitted>";
-    if (!SourceDescriptor::Make(std::move(check)).ok()) return false;
+    // The general path fills in these fields itself, so it still may take over from here. An
+    // uncommitted object has no source_ref yet: it is checked under a placeholder, not copied.
+    const bool unnamed = planned.source_ref.empty();
+    if (unnamed) planned.source_ref = "<uncommitted>";
+    const bool valid = SourceDescriptor::Validate(planned).ok();
+    if (unnamed) planned.source_ref.clear();
+    if (!valid) return false;
     obj.coordinate_space = "global";
     obj.desc = std::move(planned);
     return true;

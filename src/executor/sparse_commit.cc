@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <array>
 #include <charconv>
 #include <chrono>
 #include <initializer_list>
@@ -41,22 +43,37 @@ constexpr std::string_view kSourcePrefix = "mcs/src/";
 static_assert(kSourcePrefix.starts_with(kReservedKeyPrefix));
 
 
-std::string JoinShape(std::span<const Index> v) {
-    std::string s;
-    for (std::size_t i = 0; i < v.size(); ++i) {
-        if (i) s += "_";
-        s += std::to_string(v[i]);
+/// Appends the decimal digits of `v` (std::to_string's) without a temporary string.
+template <typename Int>
+void AppendDecimal(std::string& s, Int v) {
+    char buf[24];
+    const auto end = std::to_chars(buf, buf + sizeof(buf), v).ptr;
+    s.append(buf, static_cast<std::size_t>(end - buf));
+}
+
+/// Appends `<tensor_id>/g<base>-<delta>/<policy>[/<axis>=<value>]` (a source's logical key),
+/// built in place: it is built for every committed object.
+void AppendLogicalKey(std::string& key, std::string_view tensor_id, Generation generation,
+                      const PlacementPolicy& policy, const NamedAxes& placement) {
+    const std::string policy_text = policy.ToString();
+    key.reserve(key.size() + tensor_id.size() + policy_text.size() + 64);
+    key.append(tensor_id).append("/g");
+    AppendDecimal(key, generation.base);
+    key.push_back('-');
+    AppendDecimal(key, generation.delta);
+    key.push_back('/');
+    key.append(policy_text);
+    if (policy.kind() == PlacementPolicy::Kind::kOwner) {
+        key.push_back('/');
+        key.append(policy.axis()).push_back('=');
+        AppendDecimal(key, *placement.Get(policy.axis()));
     }
-    return s;
 }
 
 std::string LogicalKeyOf(std::string_view tensor_id, Generation generation,
                          const PlacementPolicy& policy, const NamedAxes& placement) {
-    std::string key(tensor_id);
-    key += "/g" + GenerationTag(generation) + "/" + policy.ToString();
-    if (policy.kind() == PlacementPolicy::Kind::kOwner) {
-        key += "/" + policy.axis() + "=" + std::to_string(*placement.Get(policy.axis()));
-    }
+    std::string key;
+    AppendLogicalKey(key, tensor_id, generation, policy, placement);
     return key;
 }
 
@@ -156,8 +173,15 @@ std::uint64_t StoredBytes(const SparseObject& o) {
 std::string SourceObjectKey(std::string_view tensor_id, Generation generation,
                             const PlacementPolicy& policy, const NamedAxes& placement,
                             const Box& box) {
-    return std::string(kSourcePrefix) + LogicalKeyOf(tensor_id, generation, policy, placement) +
-           "/at" + JoinShape(box.origin());
+    std::string key(kSourcePrefix);
+    AppendLogicalKey(key, tensor_id, generation, policy, placement);
+    key.append("/at");
+    const std::span<const Index> origin = box.origin();
+    for (std::size_t i = 0; i < origin.size(); ++i) {
+        if (i) key.push_back('_');
+        AppendDecimal(key, origin[i]);
+    }
+    return key;
 }
 
 namespace {
@@ -168,14 +192,21 @@ Result<SourceDescriptor> SourceDescOf(const PutSparseRequest& req) {
     MCS_RETURN_IF_ERROR(ValidateShape(req.global_shape));
     MCS_ASSIGN_OR_RETURN(Generation generation,
                          Generation::Make(req.generation.base, req.generation.delta));
-    Shape offset = req.global_offset.value_or(Shape(req.global_shape.size(), 0));
-    Shape local = req.local_shape.value_or(req.global_shape);
+    // The box from views of the request's shapes: no temporary shape vectors (the rank is at
+    // most kMaxRank, checked above).
+    const std::size_t rank = req.global_shape.size();
+    std::array<Index, kMaxRank> zeros{};
+    const std::span<const Index> offset =
+        req.global_offset ? std::span<const Index>(*req.global_offset)
+                          : std::span<const Index>(zeros.data(), std::min(rank, zeros.size()));
+    const std::span<const Index> local =
+        req.local_shape ? std::span<const Index>(*req.local_shape) : std::span<const Index>(req.global_shape);
     auto box = Box::Make(offset, local);
     if (!box.ok()) return box.status().WithContext("source box of " + req.tensor_id);
     SourceDescriptor desc;
     desc.tensor_id = req.tensor_id;
     desc.global_shape = req.global_shape;
-    desc.box = *box;
+    desc.box = std::move(box).value();
     desc.generation = generation;
     desc.placement = req.source_placement;
     desc.policy = req.placement_policy;

@@ -385,6 +385,33 @@ TEST(SparseStoreTest, MetadataRoundTrip) {
               StatusCode::kInvalidArgument);
 }
 
+// Source keys are what other versions of the library find a step's objects by: their text
+// stays exactly as it was (a run's store outlives a library upgrade).
+TEST(SparseStoreTest, SourceKeysKeepTheirFormat) {
+    const Box box = *Box::Make({0, 128, 7}, {4, 64, 9});
+    const NamedAxes expert = *NamedAxes::Make({{"expert", 12}});
+    EXPECT_EQ(SourceObjectKey("layers.3.w1", {17, 18}, *PlacementPolicy::Parse("owner(expert)"),
+                              expert, box),
+              "mcs/src/layers.3.w1/g17-18/owner(expert)/expert=12/at0_128_7");
+    EXPECT_EQ(SourceObjectKey("w", {0, 1}, *PlacementPolicy::Parse("replicate(ep)"), {},
+                              *Box::Make({0}, {5})),
+              "mcs/src/w/g0-1/replicate(ep)/at0");
+    // Generations beyond 2^63 print as the unsigned numbers they are.
+    EXPECT_EQ(SourceObjectKey("w", {18446744073709551614ull, 18446744073709551615ull},
+                              *PlacementPolicy::Parse("none"), {}, *Box::Make({3, 4}, {1, 1})),
+              "mcs/src/w/g18446744073709551614-18446744073709551615/none/at3_4");
+    // A committed source is named the same way under the store's namespace.
+    SparseStore store(MakeEmbeddedStore());
+    std::mt19937_64 rng(15);
+    const Shape shape{40, 50, 60};
+    const Coo coo = RandomCoo(rng, shape, 9);  // the request views it
+    PutSparseRequest req = Request("fused", shape, coo, "owner(expert)");
+    req.source_placement = expert;
+    ASSERT_OK_AND_ASSIGN(CommitResult c, store.PutSparseObject(req));
+    EXPECT_EQ(c.source_ref.substr(c.source_ref.find("fused/")),
+              "fused/g0-1/owner(expert)/expert=12/at0_0_0");
+}
+
 // A read trusts only what the store holds: a manifest entry describing a stored object with
 // other numbers (another tile shape, a huge nnz or tile count) fails its own read with a typed
 // error before anything is sized from it, and never changes what honest readers get.
