@@ -819,7 +819,8 @@ bool FinishSorted(SourceDescriptor planned, SparseObject& obj) {
     if (obj.tile_ptr.empty()) return false;
     planned.num_tiles = obj.tile_ptr.size() - 1;
     // The general path fills in these fields itself, so it still may take over from here. An
-    // uncommitted object has no source_ref yet: it is checked under a placeholder, not copied.
+    // object that is not committed yet has no source_ref, which Validate requires: it is
+    // validated under a stand-in name that is cleared again (the descriptor is not copied).
     const bool unnamed = planned.source_ref.empty();
     if (unnamed) planned.source_ref = "<uncommitted>";
     const bool valid = SourceDescriptor::Validate(planned).ok();
