@@ -10,6 +10,7 @@
 #include <gflags/gflags.h>
 #include <glog/logging.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -69,6 +70,10 @@ DEFINE_bool(prefault_segments, true,
             "fresh memory; commits the capacity to RAM).");
 DEFINE_uint32(prepare_threads, 4, "Threads that pre-fault and pin the segments in the background.");
 DEFINE_string(log_level, "info", "debug | info | warning | error");
+DEFINE_bool(exit_with_parent, false,
+            "Shut down, as on SIGTERM, when the thread that started the daemon exits (Linux "
+            "PR_SET_PDEATHSIG): for harnesses that start a daemon per run, so that one killed "
+            "mid-run leaves no daemon holding its segments.");
 
 namespace mcs = mooncake::sparse;
 
@@ -121,6 +126,7 @@ mcs::Result<mcs::NodeDaemonConfig> ResolveConfig() {
     gflags::GetAllFlags(&flags);
     for (const auto& flag : flags) {
         if (flag.is_default || flag.name == "config" || flag.name == "print_config" ||
+            flag.name == "exit_with_parent" ||
             flag.filename.find("node/main.cc") == std::string::npos) {
             continue;
         }
@@ -204,6 +210,19 @@ int main(int argc, char** argv) {
     if (sfd < 0) {
         PLOG(ERROR) << "signalfd";
         return 1;
+    }
+    if (FLAGS_exit_with_parent) {
+        // The signal arrives through the signalfd as a SIGTERM would. A parent that is gone
+        // already (before the prctl) shows as a changed parent id.
+        const pid_t parent = getppid();
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) {
+            PLOG(ERROR) << "prctl(PR_SET_PDEATHSIG)";
+            return 1;
+        }
+        if (getppid() != parent) {
+            LOG(WARNING) << "exit_with_parent: the parent has exited already; shutting down";
+            return 0;
+        }
     }
 
 #ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX

@@ -714,3 +714,48 @@ def test_capabilities_report_background_preparation(tmp_path):
             assert caps["pinned_target_bytes"] == 0 and caps["pinned_bytes"] == 0
         else:
             assert caps["pinned_target_bytes"] == 6 << 20
+
+
+# A harness that starts a daemon and then dies without stopping it (SIGKILL: the OOM killer, a
+# CI timeout) takes the daemon with it: start_node_daemon passes --exit_with_parent.
+HARNESS = """\
+import sys, time
+from mooncake.sparse.testing import start_node_daemon
+with start_node_daemon(sys.argv[1]) as d:
+    print(d.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (not yet reaped by its new parent) has exited too.
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_daemon_stops_when_its_harness_is_killed(tmp_path):
+    import subprocess
+    import sys
+
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path / "h")],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(harness.stdout.readline())
+        assert _alive(pid)
+        harness.kill()
+        harness.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(pid), "the daemon outlived its harness"
+        assert not (tmp_path / "h" / "node.sock").exists()  # it shut down cleanly
+    finally:
+        if harness.poll() is None:
+            harness.kill()

@@ -37,7 +37,7 @@ from ._errors import InvalidArgument, Unimplemented
 __all__ = ["NodeDaemon", "default_socket_path", "node_config_keys", "main", "console_main"]
 
 # Flags of this front end only; every other flag is a key of the daemon's configuration.
-_PYTHON_FLAGS = ("store", "ready_file")
+_PYTHON_FLAGS = ("store", "ready_file", "exit_with_parent")
 # The spellings of earlier releases of `python -m mooncake.sparse.node`.
 _OLD_NAMES = {"socket-path": "socket_path", "node-id": "node_id", "segment-bytes": "segment_size",
               "num-segments": "num_segments", "pinned-quota-bytes": "pinned_quota_bytes",
@@ -117,7 +117,7 @@ def _usage() -> str:
     keys = " ".join(f"[--{k}=...]" for k in node_config_keys()) if getattr(
         _core, "HAS_NODE_SERVER", False) else ""
     return (f"usage: mooncake_sparse_node [--config=FILE.yaml] {keys} [--store=mooncake://...] "
-            "[--ready_file=PATH] [--print_config]\n\n" + (__doc__ or ""))
+            "[--ready_file=PATH] [--exit_with_parent] [--print_config]\n\n" + (__doc__ or ""))
 
 
 def _parse_flags(argv: Sequence[str]) -> dict[str, str | bool]:
@@ -132,7 +132,7 @@ def _parse_flags(argv: Sequence[str]) -> dict[str, str | bool]:
         name, eq, value = a[2:].partition("=")
         name = _OLD_NAMES.get(name, name)
         if not eq:
-            if name in ("print_config", "prefault_segments", "help"):
+            if name in ("print_config", "prefault_segments", "exit_with_parent", "help"):
                 out[name] = True
                 i += 1
                 continue
@@ -172,6 +172,19 @@ def _resolve(flags: Mapping[str, str | bool]) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
+def _exit_with_parent() -> None:
+    """SIGTERM to this process when the thread that started it exits (Linux PR_SET_PDEATHSIG),
+    as the C++ daemon's --exit_with_parent; a parent gone already stops it now."""
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, int(signal.SIGTERM), 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m mooncake.sparse.node``: the daemon hosted in this process."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -192,6 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if str(flags.get("exit_with_parent", False)).lower() in ("true", "1", "yes"):
+        _exit_with_parent()
     ready_file = flags.get("ready_file")
     if ready_file:
         with open(str(ready_file), "w") as f:

@@ -204,7 +204,9 @@ def start_node_daemon(tmp_path: os.PathLike | str, *, check_clean: bool = True,
     Keyword arguments become flags (`capacity="256MiB"` -> `--capacity=256MiB`); without a
     `config` file the daemon gets a small store (4 segments of 16 MiB) and log_level=warning.
     Yields a NodeDaemon (url, socket_path, stop/kill/start/restart, log). On exit it is stopped
-    with SIGTERM; the socket file is gone afterwards. Then, with `check_clean` (the default), a
+    with SIGTERM; the socket file is gone afterwards, and it also stops when the thread that
+    started it exits (`exit_with_parent`: a harness killed mid-run leaves no daemon behind;
+    start it from a thread that outlives it). Then, with `check_clean` (the default), a
     daemon that exited with a non-zero status when stopped, or whose log holds a sanitizer
     report, raises DaemonFailure: its crash fails the test even when the test did not notice."""
     tmp = Path(tmp_path)
@@ -214,6 +216,8 @@ def start_node_daemon(tmp_path: os.PathLike | str, *, check_clean: bool = True,
         if "capacity" not in flags:
             flags.setdefault("num_segments", 4)
         flags.setdefault("log_level", "warning")
+    # A harness killed mid-run (the OOM killer, a timeout) takes its daemon with it.
+    flags.setdefault("exit_with_parent", True)
     # sockaddr_un holds 108 bytes: keep the path short even under a deep tmp dir.
     socket_path = tmp / "node.sock"
     if len(str(socket_path)) > 100:
