@@ -635,6 +635,8 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"cuda_ipc_available", cuda::GetSupport().ipc_available ? 1.0 : 0.0},
         {"cuda_ipc_opens", double(cuda_ipc_opens_.load(std::memory_order_relaxed))},
         {"cuda_ipc_hits", double(cuda_ipc_hits_.load(std::memory_order_relaxed))},
+        {"sparse_commit_in_place_items",
+         double(commit_in_place_items_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_items", double(device_commit_items_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_bytes", double(device_commit_bytes_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_copies",

@@ -234,6 +234,7 @@ private:
     std::atomic<std::uint64_t> connections_evicted_{0};
     std::atomic<std::uint64_t> cuda_ipc_opens_{0};  ///< Mappings opened (all connections).
     std::atomic<std::uint64_t> cuda_ipc_hits_{0};   ///< Mapping cache hits.
+    std::atomic<std::uint64_t> commit_in_place_items_{0};  ///< Host commits filled in place.
     std::atomic<std::uint64_t> device_commit_items_{0};  ///< SparseCommitDevice updates.
     std::atomic<std::uint64_t> device_commit_bytes_{0};  ///< ... and their entries' bytes.
     std::atomic<std::uint64_t> device_commit_copies_{0};  ///< ... in this many D2H copies.

@@ -132,6 +132,11 @@ private:
                                 const wire::TensorLocation& destination);
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
     Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
+    /// SparseCommitBatch of canonical objects whose entries are copied from the client's
+    /// buffer straight into the store and checked there; nullopt (nothing committed) when the
+    /// batch is not of that kind or any item differs from what the client described.
+    std::optional<wire::SparseCommitBatchReply> CommitBatchInPlace(
+        const wire::SparseCommitBatchRequest& req);
     Result<Reply> SparseAdmit(const wire::SparseAdmitRequest& req);
     Result<Reply> SparseAdmitBatch(const wire::SparseAdmitBatchRequest& req);
     Result<Reply> SparseManifest(const wire::SparseManifestRequest& req);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "codec/codec.h"
@@ -109,8 +110,129 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommit(
     return Reply{wire::SparseCommitReply{c.source_ref, c.created, c.nnz, c.bytes}, {}};
 }
 
+std::optional<wire::SparseCommitBatchReply> NodeServer::Session::CommitBatchInPlace(
+    const wire::SparseCommitBatchRequest& req) {
+    const std::size_t n = req.items.size();
+    if (n == 0) return std::nullopt;
+    // What the client says each object is: its descriptor, its tile index (private copies,
+    // validated) and its checksums, planned as the host's sorted fast path plans canonical
+    // entries. Anything else (rank other than 2, sizes that do not fit, a tile index that does
+    // not validate, one tensor with two generations) takes the checked path below.
+    struct Item {
+        std::span<const std::byte> indices, values;  ///< The client's bytes.
+        std::vector<TileCoord> coords;               ///< What the entries must index to.
+        std::vector<std::uint64_t> ptr;
+    };
+    std::vector<Item> items(n);
+    std::vector<SparseObject> batch;
+    std::vector<bool> hard_pin;
+    batch.reserve(n);
+    hard_pin.reserve(n);
+    std::map<std::string_view, Generation, std::less<>> generation_of;
+    EncodeOptions encode;
+    encode.num_threads = 1;
+    for (std::size_t i = 0; i < n; ++i) {
+        const wire::SparseCommitRequest& r = req.items[i];
+        const SourceDescriptor& d = r.desc;
+        auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
+        if (!fresh && it->second != d.generation) return std::nullopt;
+        if (r.coordinate_space != "global" || d.rank() != 2) return std::nullopt;
+        const auto index_bytes = Product(d.nnz, 2, DTypeSize(d.index_dtype));
+        const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
+        const auto coord_bytes = Product(d.num_tiles, 2, sizeof(TileCoord));
+        const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
+        if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
+            r.indices.src.size != *index_bytes || r.values.src.size != *value_bytes ||
+            r.tile_coords.src.size != *coord_bytes || r.tile_ptr.src.size != *ptr_bytes) {
+            return std::nullopt;
+        }
+        Result<std::span<std::byte>> members[4] = {
+            ClientBytes(r.indices.src, "indices"), ClientBytes(r.values.src, "values"),
+            ClientBytes(r.tile_coords.src, "tile_coords"), ClientBytes(r.tile_ptr.src, "tile_ptr")};
+        for (const auto& m : members) {
+            if (!m.ok()) return std::nullopt;
+        }
+        Item& item = items[i];
+        item.indices = *members[0];
+        item.values = *members[1];
+        item.coords.resize(d.num_tiles * 2);
+        item.ptr.resize(d.num_tiles + 1);
+        if (!item.coords.empty()) std::memcpy(item.coords.data(), members[2]->data(), *coord_bytes);
+        std::memcpy(item.ptr.data(), members[3]->data(), *ptr_bytes);
+        if (!ValidateTileIndex({2, item.coords, item.ptr}, d).ok()) return std::nullopt;
+        encode.tile_shape = d.tile_shape;
+        const CooLayout layout{d.index_dtype, {Index(d.nnz), 2}, *index_bytes,
+                               d.value_dtype, {Index(d.nnz)},    *value_bytes};
+        std::optional<SourceDescriptor> plan = PlanCanonicalEntries(d, layout, encode);
+        if (!plan) return std::nullopt;
+        std::optional<SparseObject> object = FinishCanonicalEntries(
+            std::move(*plan), item.coords, item.ptr, r.indices.checksum, r.values.checksum);
+        if (!object || object->desc.index_dtype != d.index_dtype ||
+            object->desc.num_tiles != d.num_tiles ||
+            object->checksum_tile_coords != r.tile_coords.checksum ||
+            object->checksum_tile_ptr != r.tile_ptr.checksum) {
+            return std::nullopt;
+        }
+        batch.push_back(std::move(*object));
+        hard_pin.push_back(r.hard_pin);
+    }
+    // The entries go from the client's buffer straight into the store's memory, where the
+    // client cannot write; there they are checked, indexed and summed, and must be exactly the
+    // object the client described. Any difference abandons the whole commit (nothing of it
+    // stays), and the checked path then says which item is wrong and why.
+    const EntryFill fill = [&](std::span<const EntryTarget> targets) -> Status {
+        std::atomic<bool> same{true};
+        internal::ParallelFor(0, targets.size(), [&](std::size_t x) {
+            const EntryTarget& t = targets[x];
+            const Item& item = items[t.object];
+            const SourceDescriptor& d = req.items[t.object].desc;
+            if (t.indices.size() != item.indices.size() || t.values.size() != item.values.size()) {
+                same.store(false, std::memory_order_relaxed);
+                return;
+            }
+            if (!t.indices.empty()) std::memcpy(t.indices.data(), item.indices.data(), t.indices.size());
+            if (!t.values.empty()) std::memcpy(t.values.data(), item.values.data(), t.values.size());
+            EncodeOptions options;
+            options.num_threads = 1;
+            options.tile_shape = d.tile_shape;
+            const HostArray indices{d.index_dtype, {Index(d.nnz), 2}, t.indices};
+            const HostArray values{d.value_dtype, {Index(d.nnz)}, t.values};
+            std::optional<SparseObject> landed = IndexCanonicalEntries(d, indices, values, options);
+            const wire::SparseCommitRequest& r = req.items[t.object];
+            if (!landed || landed->tile_coords != item.coords || landed->tile_ptr != item.ptr ||
+                landed->checksum_indices != r.indices.checksum ||
+                landed->checksum_values != r.values.checksum) {
+                same.store(false, std::memory_order_relaxed);
+            }
+        });
+        if (!same.load()) return DataLoss("the entries differ from the object the client sent");
+        return Status::Ok();
+    };
+    Result<std::vector<Result<CommitResult>>> committed =
+        sparse_->PutIndexedObjects(std::move(batch), hard_pin, fill, 0);
+    if (!committed.ok() || committed->size() != n) return std::nullopt;
+    wire::SparseCommitBatchReply reply;
+    reply.items.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        wire::SparseCommitOutcome& out = reply.items[i];
+        const Result<CommitResult>& c = (*committed)[i];
+        if (!c.ok()) {
+            out.code = static_cast<std::int32_t>(c.status().code());
+            out.message = c.status().message();
+            continue;
+        }
+        out.result = {c->source_ref, c->created, c->nnz, c->bytes};
+    }
+    server_.commit_in_place_items_.fetch_add(n, std::memory_order_relaxed);
+    return reply;
+}
+
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitBatch(
     const wire::SparseCommitBatchRequest& req) {
+    // The common case, a batch of canonical objects, without a private copy of its entries.
+    if (std::optional<wire::SparseCommitBatchReply> reply = CommitBatchInPlace(req)) {
+        return Reply{std::move(*reply), {}};
+    }
     // Each item checked as a single commit is (a bad one fails alone), then the batch commits
     // under one lock of the store.
     const std::size_t n = req.items.size();

@@ -393,6 +393,83 @@ TEST_F(NodeServerTest, SparseCommitIsValidatedAgainByTheDaemon) {
     ASSERT_TRUE(client->CommitSparseObject(object->desc, "global", Members(*object), true).ok());
 }
 
+/// The daemon's metric `name` (0 when absent).
+double DaemonMetric(NodeClient& client, std::string_view name) {
+    auto items = client.Metrics();
+    EXPECT_TRUE(items.ok()) << items.status().ToString();
+    if (!items.ok()) return 0;
+    for (const auto& [key, value] : *items) {
+        if (key == name) return value;
+    }
+    return 0;
+}
+
+/// A batch of canonical objects is copied from the client's buffer straight into the store and
+/// checked there; a batch with one object that differs from what its client says goes through
+/// the checked path instead, where that object fails alone and the others commit.
+TEST_F(NodeServerTest, BatchCommitsLandInPlaceAndABadObjectFailsAlone) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    std::vector<Coo> coos;
+    std::vector<PutSparseRequest> requests;
+    std::vector<std::optional<SparseObject>> objects;
+    for (int i = 0; i < 3; ++i) coos.push_back(RandomCoo(64, 64, 200 + 10 * i, 10 + i));
+    for (int i = 0; i < 3; ++i) {
+        requests.push_back(Request("t" + std::to_string(i), coos[i], 64, 64));
+        auto built = BuildSourceObject(requests.back());
+        ASSERT_TRUE(built.ok()) << built.status().ToString();
+        objects.emplace_back(std::move(built).value());
+    }
+    const std::size_t chunk[] = {0, 1, 2};
+    const double before = DaemonMetric(*client, "sparse_commit_in_place_items");
+
+    // Object 1's values do not match its checksum (as if its client wrote them mid-commit),
+    // object 2's entries are out of order (their tile index is not the one sent).
+    std::vector<std::optional<SparseObject>> bad = objects;
+    bad[1]->values[0] ^= std::byte{1};
+    const std::size_t entry = DTypeSize(bad[2]->desc.index_dtype) * 2;
+    std::swap_ranges(bad[2]->indices.begin(), bad[2]->indices.begin() + entry,
+                     bad[2]->indices.end() - entry);
+    UpdateChecksums(*bad[2]);
+    std::vector<Result<CommitResult>> out(3, Internal("unset"));
+    ASSERT_OK(client->CommitChunk(requests, bad, chunk, out));
+    EXPECT_TRUE(out[0].ok()) << out[0].status().ToString();
+    EXPECT_THAT(out[1], StatusIs(StatusCode::kDataLoss));
+    EXPECT_FALSE(out[2].ok());
+    EXPECT_EQ(DaemonMetric(*client, "sparse_commit_in_place_items"), before);
+    auto first = client->Manifest({0, 1});
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_EQ(first->size(), 1u);  // nothing of the failed objects is visible
+    EXPECT_EQ((*first)[0].tensor_id, "t0");
+
+    // A good batch (three more tensors) lands in place, and reads back exactly.
+    for (int i = 0; i < 3; ++i) requests[i] = Request("u" + std::to_string(i), coos[i], 64, 64);
+    for (int i = 0; i < 3; ++i) {
+        auto built = BuildSourceObject(requests[i]);
+        ASSERT_TRUE(built.ok());
+        objects[i] = std::move(built).value();
+    }
+    out.assign(3, Internal("unset"));
+    ASSERT_OK(client->CommitChunk(requests, objects, chunk, out));
+    for (const auto& r : out) EXPECT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(DaemonMetric(*client, "sparse_commit_in_place_items"), before + 3);
+    auto manifest = client->Manifest({0, 1});
+    ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();
+    ASSERT_EQ(manifest->size(), 4u);
+    for (int i = 0; i < 3; ++i) {
+        const auto targets = EpTpTargets("u" + std::to_string(i), 64, 64, 1, 1);
+        auto read = client->ReadSparseObjects(*manifest, targets, {});
+        ASSERT_TRUE(read.ok()) << read.status().ToString();
+        ASSERT_EQ(read->size(), 1u);
+        const LeasedTargetObject& got = (*read)[0];
+        EXPECT_EQ(got.desc.nnz, objects[i]->desc.nnz);
+        EXPECT_TRUE(std::equal(got.values.begin(), got.values.end(), objects[i]->values.begin(),
+                               objects[i]->values.end()));
+        EXPECT_TRUE(std::equal(got.indices.begin(), got.indices.end(),
+                               objects[i]->indices.begin(), objects[i]->indices.end()));
+    }
+}
+
 TEST_F(NodeServerTest, ConcurrentClientsReadEachUniqueRangeOnceForTheNode) {
     // 8 clients, one target each (EP2 x TP4 of one non-EP weight), all at once: the daemon's
     // single-flight table and range cache make each unique range one physical read.
