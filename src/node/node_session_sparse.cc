@@ -35,6 +35,39 @@ std::uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
                                           .count());
 }
 
+/// The byte sizes a commit's members must have by its descriptor (rank taken from it).
+struct MemberSizes {
+    std::uint64_t indices, values, tile_coords, tile_ptr;
+};
+
+/// MemberSizes of `req`, when they fit in 64 bits and the request's members have them.
+std::optional<MemberSizes> SizesOf(const wire::SparseCommitRequest& req) {
+    const SourceDescriptor& d = req.desc;
+    const std::uint64_t rank = d.rank();
+    const auto index_bytes = Product(d.nnz, rank, DTypeSize(d.index_dtype));
+    const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
+    const auto coord_bytes = Product(d.num_tiles, rank, sizeof(TileCoord));
+    const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
+    if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
+        req.indices.src.size != *index_bytes || req.values.src.size != *value_bytes ||
+        req.tile_coords.src.size != *coord_bytes || req.tile_ptr.src.size != *ptr_bytes) {
+        return std::nullopt;
+    }
+    return MemberSizes{*index_bytes, *value_bytes, *coord_bytes, *ptr_bytes};
+}
+
+/// One commit's outcome as the batch reply carries it.
+wire::SparseCommitOutcome OutcomeOf(const Result<CommitResult>& c) {
+    wire::SparseCommitOutcome out;
+    if (!c.ok()) {
+        out.code = static_cast<std::int32_t>(c.status().code());
+        out.message = c.status().message();
+    } else {
+        out.result = {c->source_ref, c->created, c->nnz, c->bytes};
+    }
+    return out;
+}
+
 }  // namespace
 
 Result<SparseObject> NodeServer::Session::CheckedCommitObject(
@@ -45,13 +78,7 @@ Result<SparseObject> NodeServer::Session::CheckedCommitObject(
                                req.coordinate_space + "'");
     }
     const std::uint64_t rank = d.rank();
-    const auto index_bytes = Product(d.nnz, rank, DTypeSize(d.index_dtype));
-    const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
-    const auto coord_bytes = Product(d.num_tiles, rank, sizeof(TileCoord));
-    const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
-    if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
-        req.indices.src.size != *index_bytes || req.values.src.size != *value_bytes ||
-        req.tile_coords.src.size != *coord_bytes || req.tile_ptr.src.size != *ptr_bytes) {
+    if (!SizesOf(req)) {
         return InvalidArgument("member sizes do not match the descriptor of " + d.tensor_id +
                                " (nnz " + std::to_string(d.nnz) + ", " +
                                std::to_string(d.num_tiles) + " tiles, rank " +
@@ -137,15 +164,8 @@ std::optional<wire::SparseCommitBatchReply> NodeServer::Session::CommitBatchInPl
         auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
         if (!fresh && it->second != d.generation) return std::nullopt;
         if (r.coordinate_space != "global" || d.rank() != 2) return std::nullopt;
-        const auto index_bytes = Product(d.nnz, 2, DTypeSize(d.index_dtype));
-        const auto value_bytes = Product(d.nnz, DTypeSize(d.value_dtype));
-        const auto coord_bytes = Product(d.num_tiles, 2, sizeof(TileCoord));
-        const auto ptr_bytes = Product(d.num_tiles + 1, sizeof(std::uint64_t));
-        if (!index_bytes || !value_bytes || !coord_bytes || !ptr_bytes ||
-            r.indices.src.size != *index_bytes || r.values.src.size != *value_bytes ||
-            r.tile_coords.src.size != *coord_bytes || r.tile_ptr.src.size != *ptr_bytes) {
-            return std::nullopt;
-        }
+        const std::optional<MemberSizes> sizes = SizesOf(r);
+        if (!sizes) return std::nullopt;
         Result<std::span<std::byte>> members[4] = {
             ClientBytes(r.indices.src, "indices"), ClientBytes(r.values.src, "values"),
             ClientBytes(r.tile_coords.src, "tile_coords"), ClientBytes(r.tile_ptr.src, "tile_ptr")};
@@ -157,12 +177,14 @@ std::optional<wire::SparseCommitBatchReply> NodeServer::Session::CommitBatchInPl
         item.values = *members[1];
         item.coords.resize(d.num_tiles * 2);
         item.ptr.resize(d.num_tiles + 1);
-        if (!item.coords.empty()) std::memcpy(item.coords.data(), members[2]->data(), *coord_bytes);
-        std::memcpy(item.ptr.data(), members[3]->data(), *ptr_bytes);
+        if (!item.coords.empty()) {
+            std::memcpy(item.coords.data(), members[2]->data(), sizes->tile_coords);
+        }
+        std::memcpy(item.ptr.data(), members[3]->data(), sizes->tile_ptr);
         if (!ValidateTileIndex({2, item.coords, item.ptr}, d).ok()) return std::nullopt;
         encode.tile_shape = d.tile_shape;
-        const CooLayout layout{d.index_dtype, {Index(d.nnz), 2}, *index_bytes,
-                               d.value_dtype, {Index(d.nnz)},    *value_bytes};
+        const CooLayout layout{d.index_dtype, {Index(d.nnz), 2}, sizes->indices,
+                               d.value_dtype, {Index(d.nnz)},    sizes->values};
         std::optional<SourceDescriptor> plan = PlanCanonicalEntries(d, layout, encode);
         if (!plan) return std::nullopt;
         std::optional<SparseObject> object = FinishCanonicalEntries(
@@ -210,18 +232,13 @@ std::optional<wire::SparseCommitBatchReply> NodeServer::Session::CommitBatchInPl
     };
     Result<std::vector<Result<CommitResult>>> committed =
         sparse_->PutIndexedObjects(std::move(batch), hard_pin, fill, 0);
-    if (!committed.ok() || committed->size() != n) return std::nullopt;
+    if (!committed.ok()) return std::nullopt;  // nothing of it stays: the checked path decides
     wire::SparseCommitBatchReply reply;
     reply.items.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-        wire::SparseCommitOutcome& out = reply.items[i];
-        const Result<CommitResult>& c = (*committed)[i];
-        if (!c.ok()) {
-            out.code = static_cast<std::int32_t>(c.status().code());
-            out.message = c.status().message();
-            continue;
-        }
-        out.result = {c->source_ref, c->created, c->nnz, c->bytes};
+        reply.items[i] = i < committed->size()
+                             ? OutcomeOf((*committed)[i])
+                             : OutcomeOf(Internal("the store answered for fewer objects"));
     }
     server_.commit_in_place_items_.fetch_add(n, std::memory_order_relaxed);
     return reply;
@@ -253,21 +270,9 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitBatch(
     wire::SparseCommitBatchReply reply;
     reply.items.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
-        if (!checked[i].ok()) {
-            reply.items[i].code = static_cast<std::int32_t>(checked[i].status().code());
-            reply.items[i].message = checked[i].status().message();
-        }
+        if (!checked[i].ok()) reply.items[i] = OutcomeOf(checked[i].status());
     }
-    for (std::size_t k = 0; k < results.size(); ++k) {
-        wire::SparseCommitOutcome& out = reply.items[of[k]];
-        if (!results[k].ok()) {
-            out.code = static_cast<std::int32_t>(results[k].status().code());
-            out.message = results[k].status().message();
-            continue;
-        }
-        const CommitResult& c = *results[k];
-        out.result = {c.source_ref, c.created, c.nnz, c.bytes};
-    }
+    for (std::size_t k = 0; k < results.size(); ++k) reply.items[of[k]] = OutcomeOf(results[k]);
     return Reply{std::move(reply), {}};
 }
 
