@@ -5,14 +5,14 @@
 // of scattered ranges, where the copy engine would take one transfer, and its fixed cost, per
 // range). Filter and rebase work on chunks of up to kChunkEntries entries of one piece, one block
 // per chunk: pass 1 counts the kept entries of filtered chunks (an unfiltered chunk keeps all),
-// a scan gives every chunk its place in its target, pass 2 writes the entries in order (a block
-// scan over the threads' kept counts keeps the entry order).
+// a scan gives every chunk its place in its target, pass 2 writes the entries in order (warp
+// ballots and a scan of the block's per-warp counts keep the entry order). A block's threads
+// take a chunk's entries round by round, consecutive threads consecutive entries (coalesced).
 #include "cuda/gpu_read.h"
 
 #include <cuda_runtime.h>
 
 #include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
@@ -112,6 +112,8 @@ __device__ __forceinline__ bool Inside(const unsigned char* idx, std::uint64_t e
     return true;
 }
 
+/// Entry k * kThreads + threadIdx.x of a chunk is thread threadIdx.x's k-th (k < kEntriesPerThread):
+/// a warp's loads and stores of one round touch consecutive entries (coalesced).
 /// Pass 1: per chunk, the entries it keeps.
 __global__ void CountKernel(const Chunk* __restrict__ chunks, const RebasePiece* __restrict__ pieces,
                             const RebaseTarget* __restrict__ targets, const std::int64_t* __restrict__ bounds,
@@ -129,11 +131,9 @@ __global__ void CountKernel(const Chunk* __restrict__ chunks, const RebasePiece*
     const std::int64_t* lo = bounds + p.box;
     const std::int64_t* hi = lo + t.rank;
     std::uint32_t mine = 0;
-    const std::uint32_t begin = threadIdx.x * kEntriesPerThread;
     for (std::uint32_t k = 0; k < kEntriesPerThread; ++k) {
-        if (begin + k < c.count && Inside(idx, c.first + begin + k, t.rank, p.index_size, lo, hi)) {
-            ++mine;
-        }
+        const std::uint32_t i = k * kThreads + threadIdx.x;
+        if (i < c.count && Inside(idx, c.first + i, t.rank, p.index_size, lo, hi)) ++mine;
     }
     const std::uint32_t total = Reduce(temp).Sum(mine);
     if (threadIdx.x == 0) counts[blockIdx.x] = total;
@@ -147,14 +147,17 @@ __global__ void KeptKernel(const std::uint64_t* __restrict__ target_chunks, std:
     kept[t] = positions[target_chunks[t + 1]] - positions[target_chunks[t]];
 }
 
-/// Pass 2: each chunk's kept entries, rebased, at its place in its target.
+constexpr int kWarps = kThreads / 32;
+
+/// Pass 2: each chunk's kept entries, rebased, at its place in its target. Entry order is kept:
+/// a round's kept entries follow every earlier round's, within a round a warp's follow the
+/// warps before it (the block's per-round, per-warp counts, scanned in that order).
 __global__ void WriteKernel(const Chunk* __restrict__ chunks, const RebasePiece* __restrict__ pieces,
                             const RebaseTarget* __restrict__ targets, const std::int64_t* __restrict__ bounds,
                             const std::uint64_t* __restrict__ target_chunks,
                             const std::uint64_t* __restrict__ positions,
                             const unsigned char* __restrict__ staging, unsigned char* __restrict__ out) {
-    using Scan = cub::BlockScan<std::uint32_t, kThreads>;
-    __shared__ typename Scan::TempStorage temp;
+    __shared__ std::uint32_t before[kEntriesPerThread * kWarps];
     const Chunk c = chunks[blockIdx.x];
     const RebasePiece& p = pieces[c.piece];
     const RebaseTarget& t = targets[p.target];
@@ -164,23 +167,34 @@ __global__ void WriteKernel(const Chunk* __restrict__ chunks, const RebasePiece*
     const std::int64_t* lo = p.filter ? bounds + p.box : nullptr;
     const std::int64_t* hi = p.filter ? lo + rank : nullptr;
     const std::int64_t* origin = bounds + t.origin;
-    const std::uint32_t begin = threadIdx.x * kEntriesPerThread;
-    std::uint32_t mask = 0;
+    const std::uint32_t lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    std::uint32_t ballots[kEntriesPerThread];
     for (std::uint32_t k = 0; k < kEntriesPerThread; ++k) {
-        if (begin + k < c.count &&
-            (!p.filter || Inside(idx, c.first + begin + k, rank, isz, lo, hi))) {
-            mask |= 1u << k;
+        const std::uint32_t i = k * kThreads + threadIdx.x;
+        const bool keep = i < c.count && (!p.filter || Inside(idx, c.first + i, rank, isz, lo, hi));
+        ballots[k] = __ballot_sync(0xffffffffu, keep);
+        if (lane == 0) before[k * kWarps + warp] = static_cast<std::uint32_t>(__popc(ballots[k]));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        std::uint32_t run = 0;
+        for (int j = 0; j < kEntriesPerThread * kWarps; ++j) {
+            const std::uint32_t n = before[j];
+            before[j] = run;
+            run += n;
         }
     }
-    std::uint32_t offset = 0;
-    Scan(temp).ExclusiveSum(static_cast<std::uint32_t>(__popc(mask)), offset);
+    __syncthreads();
     // The chunk's first entry within its target: its position past the target's first chunk.
-    std::uint64_t at = positions[blockIdx.x] - positions[target_chunks[p.target]] + offset;
+    const std::uint64_t first = positions[blockIdx.x] - positions[target_chunks[p.target]];
     unsigned char* out_idx = out + t.indices_offset;
     unsigned char* out_val = out + t.values_offset;
+    const std::uint32_t lower = (1u << lane) - 1u;
     for (std::uint32_t k = 0; k < kEntriesPerThread; ++k) {
-        if ((mask & (1u << k)) == 0) continue;
-        const std::uint64_t e = c.first + begin + k;
+        if ((ballots[k] & (1u << lane)) == 0) continue;
+        const std::uint64_t e = c.first + k * kThreads + threadIdx.x;
+        const std::uint64_t at =
+            first + before[k * kWarps + warp] + static_cast<std::uint32_t>(__popc(ballots[k] & lower));
         const unsigned char* from = idx + e * rank * isz;
         unsigned char* to = out_idx + at * rank * osz;
         for (std::uint32_t d = 0; d < rank; ++d) {
@@ -188,7 +202,6 @@ __global__ void WriteKernel(const Chunk* __restrict__ chunks, const RebasePiece*
             StoreUnsigned(to + d * osz, osz, static_cast<std::uint64_t>(v - origin[d]));
         }
         CopyValue(out_val + at * vsz, val + e * vsz, vsz);
-        ++at;
     }
 }
 
@@ -264,6 +277,33 @@ Status CopyRanges(std::span<const RangeCopy> copies, int device, std::uintptr_t 
     return Status::Ok();  // the table is freed stream-ordered, after the kernel
 }
 
+Result<StreamPoint> StreamPoint::Record(std::uintptr_t stream) {
+    cudaEvent_t e = nullptr;
+    MCS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    StreamPoint p;
+    p.event_ = e;
+    MCS_CUDA(cudaEventRecord(e, AsStream(stream)));
+    return Result<StreamPoint>(std::move(p));
+}
+
+Status StreamPoint::Wait() const {
+    if (event_ == nullptr) return Status::Ok();
+    MCS_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+    return Status::Ok();
+}
+
+StreamPoint::~StreamPoint() {
+    if (event_ != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+
+StreamPoint& StreamPoint::operator=(StreamPoint&& other) noexcept {
+    if (this != &other) {
+        if (event_ != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+        event_ = std::exchange(other.event_, nullptr);
+    }
+    return *this;
+}
+
 Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::uintptr_t stream) {
     std::vector<RangeCopy> ranges;
     ranges.reserve(copies.size());
@@ -276,12 +316,9 @@ Status GatherToDevice(std::span<const GatherCopy> copies, DevicePtr dst, std::ui
     return CopyRanges(ranges, dst.device, stream);
 }
 
-Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pieces,
-                                                std::span<const RebaseTarget> targets,
-                                                std::span<const std::int64_t> bounds,
-                                                DevicePtr staging, DevicePtr out,
-                                                std::uintptr_t stream) {
-    std::vector<std::uint64_t> kept(targets.size(), 0);
+Status EnqueueFilterRebase(std::span<const RebasePiece> pieces, std::span<const RebaseTarget> targets,
+                           std::span<const std::int64_t> bounds, DevicePtr staging, DevicePtr out,
+                           DevicePtr kept, std::uintptr_t stream) {
     // Chunks in target order, each target's in piece order.
     std::vector<Chunk> chunks;
     std::vector<std::uint64_t> target_chunks(targets.size() + 1, 0);
@@ -312,13 +349,14 @@ Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pie
         }
         target_chunks[t + 1] = chunks.size();
     }
-    if (targets.empty()) return kept;
+    if (targets.empty()) return Status::Ok();
+    if (kept.address == 0) return InvalidArgument("device rebase: no memory for the kept counts");
     cudaStream_t s = AsStream(stream);
     const std::uint64_t num_chunks = chunks.size();
     std::size_t scan_bytes = 0;
     MCS_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<std::uint64_t*>(nullptr),
                                            static_cast<std::uint64_t*>(nullptr), num_chunks + 1, s));
-    // One workspace: tables, counts, positions, kept, scan scratch.
+    // One workspace: tables, counts, positions, scan scratch.
     std::uint64_t size = 0;
     const auto add = [&](std::uint64_t bytes) {
         const std::uint64_t at = size;
@@ -332,7 +370,6 @@ Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pie
     const std::uint64_t o_target_chunks = add(target_chunks.size() * 8);
     const std::uint64_t o_counts = add((num_chunks + 1) * 8);
     const std::uint64_t o_positions = add((num_chunks + 1) * 8);
-    const std::uint64_t o_kept = add(targets.size() * 8);
     const std::uint64_t o_scan = add(scan_bytes);
     MCS_ASSIGN_OR_RETURN(DeviceBuffer ws, DeviceBuffer::Allocate(size, staging.device, stream));
     const std::uintptr_t base = ws.ptr().address;
@@ -354,7 +391,7 @@ Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pie
     auto* d_target_chunks = reinterpret_cast<const std::uint64_t*>(base + o_target_chunks);
     auto* d_counts = reinterpret_cast<std::uint64_t*>(base + o_counts);
     auto* d_positions = reinterpret_cast<std::uint64_t*>(base + o_positions);
-    auto* d_kept = reinterpret_cast<std::uint64_t*>(base + o_kept);
+    auto* d_kept = reinterpret_cast<std::uint64_t*>(kept.address);
     const auto* d_staging = reinterpret_cast<const unsigned char*>(staging.address);
     auto* d_out = reinterpret_cast<unsigned char*>(out.address);
     MCS_CUDA(cudaMemsetAsync(d_counts + num_chunks, 0, 8, s));
@@ -373,8 +410,23 @@ Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pie
             d_chunks, d_pieces, d_targets, d_bounds, d_target_chunks, d_positions, d_staging, d_out);
         MCS_CUDA(cudaGetLastError());
     }
+    return Status::Ok();  // the workspace is freed stream-ordered, after the kernels
+}
+
+Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pieces,
+                                                std::span<const RebaseTarget> targets,
+                                                std::span<const std::int64_t> bounds,
+                                                DevicePtr staging, DevicePtr out,
+                                                std::uintptr_t stream) {
+    std::vector<std::uint64_t> kept(targets.size(), 0);
+    if (targets.empty()) return kept;
+    MCS_ASSIGN_OR_RETURN(DeviceBuffer d_kept,
+                         DeviceBuffer::Allocate(targets.size() * 8, staging.device, stream));
+    MCS_RETURN_IF_ERROR(EnqueueFilterRebase(pieces, targets, bounds, staging, out, d_kept.ptr(), stream));
     // The one host sync: what every target kept (the writes are done with it).
-    MCS_CUDA(cudaMemcpyAsync(kept.data(), d_kept, kept.size() * 8, cudaMemcpyDeviceToHost, s));
+    cudaStream_t s = AsStream(stream);
+    MCS_CUDA(cudaMemcpyAsync(kept.data(), reinterpret_cast<const void*>(d_kept.ptr().address),
+                             kept.size() * 8, cudaMemcpyDeviceToHost, s));
     MCS_CUDA(cudaStreamSynchronize(s));
     return kept;
 }

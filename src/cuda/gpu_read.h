@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "cuda/gpu_codec.h"
@@ -58,6 +59,26 @@ struct RangeCopy {
 /// Errors: InvalidArgument (a range that would wrap); Unavailable / Internal (CUDA errors).
 Status CopyRanges(std::span<const RangeCopy> copies, int device, std::uintptr_t stream);
 
+/// The work queued on a stream so far, for the host to wait for (a CUDA event without timing).
+/// Move-only; the event is destroyed with it.
+class StreamPoint {
+public:
+    /// Errors: Unavailable / Internal (CUDA errors).
+    static Result<StreamPoint> Record(std::uintptr_t stream);
+    /// Returns once that work has run. Errors: Unavailable / Internal.
+    Status Wait() const;
+
+    StreamPoint() = default;
+    ~StreamPoint();
+    StreamPoint(StreamPoint&& other) noexcept : event_(std::exchange(other.event_, nullptr)) {}
+    StreamPoint& operator=(StreamPoint&& other) noexcept;
+    StreamPoint(const StreamPoint&) = delete;
+    StreamPoint& operator=(const StreamPoint&) = delete;
+
+private:
+    void* event_ = nullptr;
+};
+
 /// One piece of a target (PlannedRead::Piece on the device): `count` entries whose coordinates
 /// ([count, rank] of `index_size`-byte unsigned integers) and values lie at the given byte
 /// offsets of the staging memory.
@@ -99,5 +120,13 @@ Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pie
                                                 std::span<const std::int64_t> bounds,
                                                 DevicePtr staging, DevicePtr out,
                                                 std::uintptr_t stream);
+
+/// FilterRebase without its sync: the entries each target kept are written to `kept` (device
+/// memory for targets.size() uint64 counts) by work queued on `stream`, which the caller waits
+/// for (with a copy of the counts) before it reads `out`.
+/// Errors: as FilterRebase's.
+Status EnqueueFilterRebase(std::span<const RebasePiece> pieces, std::span<const RebaseTarget> targets,
+                           std::span<const std::int64_t> bounds, DevicePtr staging, DevicePtr out,
+                           DevicePtr kept, std::uintptr_t stream);
 
 }  // namespace mooncake::sparse::cuda
