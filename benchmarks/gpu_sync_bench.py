@@ -252,6 +252,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
     node_bytes = sum(sl.view.numel() * sl.view.element_size() for sl in slots)
     ceil = ceilings(device, dense_bytes)
     store.set_retention(keep_last=1)
+    # The node's targets, converted once as a reader keeps them (InferenceSync does too).
+    targets = mcs.TargetBatch([sl.target for sl in slots])
     results = []
     step = 0
     for apply in args.apply:
@@ -324,7 +326,6 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             coo_bytes = sum(r["bytes"] for r in res)
             nnz = sum(r["nnz"] for r in res)
             manifest = store.manifest(gen_k)
-            targets = [sl.target for sl in slots]
             kw = {"device": device} if device.type == "cuda" else {}
             m0 = store.metrics()
             if args.reader == "pipelined":
@@ -438,7 +439,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 floor = (2 * dense_bytes + coo_bytes + read_bytes) / (ceil["memcpy_gbps"] * 1e9)
             r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
-                 "trainer": args.trainer, "reader": args.reader, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "trainer": args.trainer, "reader": args.reader, "read_groups": args.read_groups, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -501,6 +502,10 @@ def main() -> int:
     ap.add_argument("--parts", type=int, default=4,
                     help="parts of put_sparse_updates / apply_sparse_updates (pipelined)")
     ap.add_argument("--full-chunk", type=int, default=64, help="targets per dense_full get batch")
+    ap.add_argument("--read-groups", type=int, default=None,
+                    help="groups of whole tensors a device read on the embedded store plans one "
+                         "after another (group k + 1 planned while group k's ranges are copied; "
+                         "default: the library's)")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",
@@ -514,6 +519,9 @@ def main() -> int:
         args.experts, args.hidden, args.moe_inter, args.shared_inter = 8, 512, 256, 256
         args.heads, args.repeats = 4, 1
     args.apply = [a for a in args.apply.split(",") if a]
+    setter = getattr(mcs._core, "_set_device_read_groups", None)
+    if args.read_groups is not None and setter is not None:
+        setter(args.read_groups)
     device = torch.device(args.device)
     dtype = torch.bfloat16
     if args.experts % args.ep:

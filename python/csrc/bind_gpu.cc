@@ -13,9 +13,13 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -46,6 +50,15 @@ struct DeviceArray {
     std::shared_ptr<void> owner;  ///< Keeps the allocation (shared by sibling arrays).
 
     cuda::DeviceArray view() const { return {dtype, shape, ptr, bytes, {}}; }
+};
+
+/// Target objects in device memory, from one device read or upload: each one's host object and
+/// its indices and values (views of one device allocation). Python's DeviceSparseObject is
+/// (batch, i): a read of hundreds of thousands of targets makes one Python object per target,
+/// and the batch apply takes the members from here without converting any.
+struct DeviceObjects {
+    std::vector<std::shared_ptr<SparseObjectView>> hosts;
+    std::vector<std::pair<DeviceArray, DeviceArray>> members;
 };
 
 /// The DLPack export of a DeviceArray: the capsule's DLManagedTensor holds a reference.
@@ -222,7 +235,9 @@ struct DeviceRead {
 
 /// Where the device reads of this process spent their time (ns, summed over reads built on
 /// the device): the whole call, the store's planning until the build began, the ranges'
-/// copies into device memory (the gather, or the node daemon's copies), the filter/rebase.
+/// copies into device memory (the node daemon's copies; on the embedded store, issuing the
+/// gather and copying the pageable ranges, while the gather runs), the filter/rebase (on the
+/// embedded store with the wait for the gather).
 struct DeviceReadCounters {
     std::atomic<std::uint64_t> reads{0};
     std::atomic<std::uint64_t> total_ns{0};
@@ -242,75 +257,62 @@ std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
                                           .count());
 }
 
+/// Groups of whole tensors that a device read on the embedded store plans one after another
+/// (ReadOnDevice); 1: the whole read at once. _set_device_read_groups sets it for the process.
+std::atomic<int>& DeviceReadGroups() {
+    static std::atomic<int> groups{1};
+    return groups;
+}
+
 std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manifest,
                                        std::span<const TargetDescriptor> targets,
                                        const ReadOptions& options, int device,
                                        std::uintptr_t stream) {
     const auto start = std::chrono::steady_clock::now();
     DeviceReadCounters& counters = ReadCounters();
-    std::shared_ptr<cuda::DeviceBuffer> arena;
-    std::vector<std::uint64_t> out_at;  // per target: indices offset, values offset
-    bool entered = false;
-    // Filters and rebases every target's pieces from the ranges at `at` in `staging` into one
-    // new allocation (`arena`, `out_at`), setting read.kept.
-    const auto filter_and_rebase = [&](PlannedRead& read, std::span<const std::uint64_t> at,
-                                     cuda::DevicePtr staging) -> Status {
-        const auto filter_start = std::chrono::steady_clock::now();
-        // Targets: each one's entries in the arena, room for every entry of its pieces.
-        const std::size_t nt = read.targets.size();
-        std::vector<cuda::RebaseTarget> rts(nt);
-        std::vector<cuda::RebasePiece> rps(read.pieces.size());
-        std::vector<std::int64_t> bounds;
-        out_at.assign(2 * nt, 0);
-        std::uint64_t out_total = 0;
-        for (std::size_t t = 0; t < nt; ++t) {
-            const PlannedRead::Target& pt = read.per_target[t];
-            const TargetDescriptor& td = read.targets[t];
-            cuda::RebaseTarget& rt = rts[t];
-            rt.rank = static_cast<std::uint32_t>(td.box.rank());
-            rt.index_size = static_cast<std::uint32_t>(DTypeSize(pt.index_dtype));
-            rt.value_size = static_cast<std::uint32_t>(DTypeSize(pt.value_dtype));
-            rt.capacity = pt.capacity;
-            rt.first_piece = pt.first_piece;
-            rt.end_piece = pt.end_piece;
-            rt.origin = bounds.size();
-            bounds.insert(bounds.end(), td.box.origin().begin(), td.box.origin().end());
-            out_total = AlignUp(out_total, 16);
-            rt.indices_offset = out_at[2 * t] = out_total;
-            out_total = AlignUp(out_total + pt.capacity * rt.rank * rt.index_size, 16);
-            rt.values_offset = out_at[2 * t + 1] = out_total;
-            out_total += pt.capacity * rt.value_size;
-            for (std::size_t k = pt.first_piece; k < pt.end_piece; ++k) {
-                const PlannedRead::Piece& p = read.pieces[k];
-                const SourceDescriptor& src = read.manifest[read.ranges[p.range].source];
-                cuda::RebasePiece& rp = rps[k];
-                rp.index_size = static_cast<std::uint32_t>(DTypeSize(src.index_dtype));
-                rp.indices_offset = at[2 * p.range] + p.begin * rt.rank * rp.index_size;
-                rp.values_offset = at[2 * p.range + 1] + p.begin * DTypeSize(src.value_dtype);
-                rp.count = p.count;
-                rp.target = static_cast<std::uint32_t>(t);
-                rp.filter = p.filter;
-                if (p.filter) {
-                    rp.box = bounds.size();
-                    for (std::size_t d = 0; d < rt.rank; ++d) bounds.push_back(p.overlap.origin()[d]);
-                    for (std::size_t d = 0; d < rt.rank; ++d) {
-                        bounds.push_back(p.overlap.origin()[d] + p.overlap.shape()[d]);
-                    }
-                }
-            }
-        }
-        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
-                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(out_total, 16),
-                                                          device, stream));
-        arena = std::make_shared<cuda::DeviceBuffer>(std::move(out));
-        MCS_ASSIGN_OR_RETURN(read.kept, cuda::FilterRebase(rps, rts, bounds, staging,
-                                                           arena->ptr(), stream));
-        counters.filter_ns.fetch_add(NanosSince(filter_start), std::memory_order_relaxed);
-        return Status::Ok();
+    // One group's build: its targets (into `targets`), its output allocation and where each
+    // target's members lie in it, its kept counts (on the device, then here) and its objects.
+    struct Group {
+        std::vector<std::size_t> of;             // into targets
+        std::vector<TargetDescriptor> owned;     // the group's targets, when there are several
+        std::span<const TargetDescriptor> targets;
+        std::shared_ptr<cuda::DeviceBuffer> arena;
+        std::vector<std::uint64_t> out_at;       // per target: indices offset, values offset
+        std::optional<cuda::DeviceBuffer> kept_on_device;
+        std::vector<std::uint64_t> kept;
+        std::shared_ptr<const void> ranges_owner;  // the node daemon's copies of the ranges
+        std::vector<TargetObjectView> views;
     };
-    const auto build = [&](PlannedRead& read) -> Status {
-        entered = true;
-        counters.plan_ns.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    // Targets of different tensors read no range in common: groups of whole tensors (in the
+    // order of their first targets) keep every unique range read once. Group k + 1 is planned
+    // while group k's ranges cross PCIe; the node daemon plans its reads itself, in one group.
+    std::vector<Group> groups;
+    const bool node = s.node() != nullptr;
+    const std::size_t wanted = node ? 1 : std::size_t(std::max(1, DeviceReadGroups().load()));
+    if (wanted <= 1 || targets.size() < 2) {
+        groups.resize(1);
+        groups[0].targets = targets;
+        groups[0].of.resize(targets.size());
+        std::iota(groups[0].of.begin(), groups[0].of.end(), std::size_t{0});
+    } else {
+        std::unordered_map<std::string_view, std::size_t> tensor_rank;
+        std::vector<std::size_t> rank_of(targets.size());
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            rank_of[t] = tensor_rank.try_emplace(targets[t].tensor_id, tensor_rank.size()).first->second;
+        }
+        const std::size_t tensors = tensor_rank.size();
+        const std::size_t n = std::min(wanted, tensors);
+        groups.resize(n);
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            Group& g = groups[rank_of[t] * n / tensors];
+            g.of.push_back(t);
+            g.owned.push_back(targets[t]);
+        }
+        for (Group& g : groups) g.targets = g.owned;
+    }
+    std::uint64_t ranges_ns = 0, filter_ns = 0;
+    // Queues a group's ranges' copies into device memory and its filter/rebase on `stream`.
+    const auto enqueue = [&](PlannedRead& read, Group& g) -> Status {
         const auto ranges_start = std::chrono::steady_clock::now();
         const std::size_t nr = read.ranges.size();
         // Staging: every range's indices, then every range's values, each placed at the offset
@@ -345,126 +347,246 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
                 if (bytes.empty()) prev_at = nullptr;
             }
         }
-        // A store whose ranges another process holds (the node daemon) copies them itself.
+        cuda::DevicePtr staging_at{0, device};
+        std::optional<cuda::DeviceBuffer> staging;
         if (read.ranges_to_device) {
+            // A store whose ranges another process holds (the node daemon) copies them itself.
             MCS_ASSIGN_OR_RETURN(PlannedRead::DeviceRanges ranges,
                                  read.ranges_to_device(at, total, device, stream));
-            counters.ranges_ns.fetch_add(NanosSince(ranges_start), std::memory_order_relaxed);
-            MCS_RETURN_IF_ERROR(filter_and_rebase(read, at, {ranges.address, device}));
-            // The ranges' memory is the store's again once the kernels that read it are done.
-            return cuda::Synchronize(stream);
-        }
-        // Where kernels read each range: at its host address when the device allows it (the
-        // store says the memory is page-locked), else per source one driver query per member.
-        // Ranges in pageable memory (a pinned pool past its quota, or none) are gathered by host
-        // threads into pinned staging laid out as the device staging, then copied up.
-        std::vector<cuda::GatherCopy> copies;
-        copies.reserve(2 * nr);
-        std::vector<std::size_t> pageable;
-        const bool host_addresses = cuda::HostPointersAreDeviceAddresses(device);
-        std::vector<std::array<std::pair<const std::byte*, std::uintptr_t>, 2>> bases;
-        if (!host_addresses) {
-            bases.assign(read.manifest.size(), {std::pair<const std::byte*, std::uintptr_t>{},
-                                                std::pair<const std::byte*, std::uintptr_t>{}});
-        }
-        // The device address of one member's range, or nullopt.
-        const auto address = [&](const PlannedRead::Range& range, int k,
-                                 std::span<const std::byte> m) -> std::optional<std::uintptr_t> {
-            if (host_addresses || m.empty()) return reinterpret_cast<std::uintptr_t>(m.data());
-            auto& [host, dev] = bases[range.source][k];
-            if (host == nullptr) {
-                const std::optional<std::uintptr_t> d = cuda::DeviceAddressOfHost(m.data(), device);
-                if (!d) return std::nullopt;
-                host = m.data();
-                dev = *d;
+            staging_at.address = ranges.address;
+            g.ranges_owner = std::move(ranges.owner);
+        } else {
+            // Where kernels read each range: at its host address when the device allows it
+            // (the store says the memory is page-locked), else per source one driver query per
+            // member. Ranges in pageable memory (a pinned pool past its quota, or none) are
+            // copied by host threads into pinned staging laid out as the device staging, then
+            // copied up, before the gather.
+            std::vector<cuda::GatherCopy> copies;
+            copies.reserve(2 * nr);
+            std::vector<std::size_t> pageable;
+            const bool host_addresses = cuda::HostPointersAreDeviceAddresses(device);
+            std::vector<std::array<std::pair<const std::byte*, std::uintptr_t>, 2>> bases;
+            if (!host_addresses) {
+                bases.assign(read.manifest.size(), {std::pair<const std::byte*, std::uintptr_t>{},
+                                                    std::pair<const std::byte*, std::uintptr_t>{}});
             }
-            // One object's member is one registration: device addresses are linear in it.
-            return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(dev) + (m.data() - host));
-        };
-        for (std::size_t r = 0; r < nr; ++r) {
-            const PlannedRead::Range& range = read.ranges[r];
-            std::optional<std::uintptr_t> idx, val;
-            if (range.pinned) {
-                idx = address(range, 0, range.indices);
-                val = address(range, 1, range.values);
-            }
-            if (!idx || !val) {
-                pageable.push_back(r);
-                continue;
-            }
-            copies.push_back({*idx, range.indices.size(), at[2 * r]});
-            copies.push_back({*val, range.values.size(), at[2 * r + 1]});
-        }
-        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer staging,
-                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(total, 16),
-                                                          device, stream));
-        if (!copies.empty()) MCS_RETURN_IF_ERROR(cuda::GatherToDevice(copies, staging.ptr(), stream));
-        if (!pageable.empty() && total > 0) {
-            MCS_ASSIGN_OR_RETURN(cuda::PinnedStaging::Lease lease, cuda::PinnedStaging::Acquire(total));
-            std::byte* host = lease.bytes().data();
-            std::vector<HostCopy> host_copies;
-            host_copies.reserve(2 * pageable.size());
-            // Members that lie next to each other in the staging move up as one copy (the bytes
-            // between them are padding).
-            std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // offset, end
-            spans.reserve(2 * pageable.size());
-            for (const std::size_t r : pageable) {
-                const PlannedRead::Range& range = read.ranges[r];
-                host_copies.push_back({host + at[2 * r], range.indices.data(), range.indices.size()});
-                host_copies.push_back({host + at[2 * r + 1], range.values.data(), range.values.size()});
-                spans.emplace_back(at[2 * r], at[2 * r] + range.indices.size());
-                spans.emplace_back(at[2 * r + 1], at[2 * r + 1] + range.values.size());
-            }
-            std::sort(spans.begin(), spans.end());
-            std::vector<cuda::HostDeviceCopy> up;
-            std::uint64_t begin = 0, end = 0;
-            const auto flush = [&] {
-                if (end > begin) {
-                    up.push_back({{staging.ptr().address + begin, device},
-                                  {host + begin, static_cast<std::size_t>(end - begin)}});
+            // The device address of one member's range, or nullopt.
+            const auto address = [&](const PlannedRead::Range& range, int k,
+                                     std::span<const std::byte> m) -> std::optional<std::uintptr_t> {
+                if (host_addresses || m.empty()) return reinterpret_cast<std::uintptr_t>(m.data());
+                auto& [host, dev] = bases[range.source][k];
+                if (host == nullptr) {
+                    const std::optional<std::uintptr_t> d = cuda::DeviceAddressOfHost(m.data(), device);
+                    if (!d) return std::nullopt;
+                    host = m.data();
+                    dev = *d;
                 }
+                // One object's member is one registration: device addresses are linear in it.
+                return static_cast<std::uintptr_t>(static_cast<std::intptr_t>(dev) + (m.data() - host));
             };
-            for (const auto& [b, e] : spans) {
-                if (e == b) continue;
-                if (end > begin && b <= end + static_cast<std::uint64_t>(kMaxGap)) {
-                    end = std::max(end, e);
+            MCS_ASSIGN_OR_RETURN(staging, cuda::DeviceBuffer::Allocate(
+                                              std::max<std::uint64_t>(total, 16), device, stream));
+            staging_at = staging->ptr();
+            for (std::size_t r = 0; r < nr; ++r) {
+                const PlannedRead::Range& range = read.ranges[r];
+                std::optional<std::uintptr_t> idx, val;
+                if (range.pinned) {
+                    idx = address(range, 0, range.indices);
+                    val = address(range, 1, range.values);
+                }
+                if (!idx || !val) {
+                    pageable.push_back(r);
                     continue;
                 }
-                flush();
-                begin = b;
-                end = e;
+                copies.push_back({*idx, range.indices.size(), at[2 * r]});
+                copies.push_back({*val, range.values.size(), at[2 * r + 1]});
             }
-            flush();
-            GatherPool().Run(host_copies);
-            MCS_RETURN_IF_ERROR(cuda::CopyBatchToDevice(up, stream));
+            std::optional<cuda::PinnedStaging::Lease> lease;
+            std::optional<cuda::StreamPoint> copied;
+            if (!pageable.empty() && total > 0) {
+                MCS_ASSIGN_OR_RETURN(lease, cuda::PinnedStaging::Acquire(total));
+                std::byte* host = lease->bytes().data();
+                std::vector<HostCopy> host_copies;
+                host_copies.reserve(2 * pageable.size());
+                // Members that lie next to each other in the staging move up as one copy (the
+                // bytes between them are padding).
+                std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // offset, end
+                spans.reserve(2 * pageable.size());
+                for (const std::size_t r : pageable) {
+                    const PlannedRead::Range& range = read.ranges[r];
+                    host_copies.push_back({host + at[2 * r], range.indices.data(), range.indices.size()});
+                    host_copies.push_back({host + at[2 * r + 1], range.values.data(), range.values.size()});
+                    spans.emplace_back(at[2 * r], at[2 * r] + range.indices.size());
+                    spans.emplace_back(at[2 * r + 1], at[2 * r + 1] + range.values.size());
+                }
+                std::sort(spans.begin(), spans.end());
+                std::vector<cuda::HostDeviceCopy> up;
+                std::uint64_t begin = 0, end = 0;
+                const auto flush = [&] {
+                    if (end > begin) {
+                        up.push_back({{staging_at.address + begin, device},
+                                      {host + begin, static_cast<std::size_t>(end - begin)}});
+                    }
+                };
+                for (const auto& [b, e] : spans) {
+                    if (e == b) continue;
+                    if (end > begin && b <= end + static_cast<std::uint64_t>(kMaxGap)) {
+                        end = std::max(end, e);
+                        continue;
+                    }
+                    flush();
+                    begin = b;
+                    end = e;
+                }
+                flush();
+                GatherPool().Run(host_copies);
+                Status up_status = cuda::EnqueueCopiesToDevice(up, stream);
+                Result<cuda::StreamPoint> point = up_status.ok()
+                                                      ? cuda::StreamPoint::Record(stream)
+                                                      : Result<cuda::StreamPoint>(up_status);
+                if (!point.ok()) {
+                    (void)cuda::Synchronize(stream);  // what was enqueued is done with the lease
+                    return point.status();
+                }
+                copied.emplace(std::move(point).value());
+            }
+            if (!copies.empty()) {
+                if (Status st = cuda::GatherToDevice(copies, staging_at, stream); !st.ok()) {
+                    (void)cuda::Synchronize(stream);
+                    return st;
+                }
+            }
+            // The lease is given back once its copies have run (the pinned staging is one per
+            // process, and the next group leases it too); the gather runs on meanwhile.
+            if (copied) {
+                if (Status st = copied->Wait(); !st.ok()) {
+                    (void)cuda::Synchronize(stream);
+                    return st;
+                }
+            }
         }
-        counters.ranges_ns.fetch_add(NanosSince(ranges_start), std::memory_order_relaxed);
-        MCS_RETURN_IF_ERROR(filter_and_rebase(read, at, staging.ptr()));
+        ranges_ns += NanosSince(ranges_start);
+        const auto filter_start = std::chrono::steady_clock::now();
+        // Targets: each one's entries in the arena, room for every entry of its pieces.
+        const std::size_t nt = read.targets.size();
+        std::vector<cuda::RebaseTarget> rts(nt);
+        std::vector<cuda::RebasePiece> rps(read.pieces.size());
+        std::vector<std::int64_t> bounds;
+        g.out_at.assign(2 * nt, 0);
+        std::uint64_t out_total = 0;
+        for (std::size_t t = 0; t < nt; ++t) {
+            const PlannedRead::Target& pt = read.per_target[t];
+            const TargetDescriptor& td = read.targets[t];
+            cuda::RebaseTarget& rt = rts[t];
+            rt.rank = static_cast<std::uint32_t>(td.box.rank());
+            rt.index_size = static_cast<std::uint32_t>(DTypeSize(pt.index_dtype));
+            rt.value_size = static_cast<std::uint32_t>(DTypeSize(pt.value_dtype));
+            rt.capacity = pt.capacity;
+            rt.first_piece = pt.first_piece;
+            rt.end_piece = pt.end_piece;
+            rt.origin = bounds.size();
+            bounds.insert(bounds.end(), td.box.origin().begin(), td.box.origin().end());
+            out_total = AlignUp(out_total, 16);
+            rt.indices_offset = g.out_at[2 * t] = out_total;
+            out_total = AlignUp(out_total + pt.capacity * rt.rank * rt.index_size, 16);
+            rt.values_offset = g.out_at[2 * t + 1] = out_total;
+            out_total += pt.capacity * rt.value_size;
+            for (std::size_t k = pt.first_piece; k < pt.end_piece; ++k) {
+                const PlannedRead::Piece& p = read.pieces[k];
+                const SourceDescriptor& src = read.manifest[read.ranges[p.range].source];
+                cuda::RebasePiece& rp = rps[k];
+                rp.index_size = static_cast<std::uint32_t>(DTypeSize(src.index_dtype));
+                rp.indices_offset = at[2 * p.range] + p.begin * rt.rank * rp.index_size;
+                rp.values_offset = at[2 * p.range + 1] + p.begin * DTypeSize(src.value_dtype);
+                rp.count = p.count;
+                rp.target = static_cast<std::uint32_t>(t);
+                rp.filter = p.filter;
+                if (p.filter) {
+                    rp.box = bounds.size();
+                    for (std::size_t d = 0; d < rt.rank; ++d) bounds.push_back(p.overlap.origin()[d]);
+                    for (std::size_t d = 0; d < rt.rank; ++d) {
+                        bounds.push_back(p.overlap.origin()[d] + p.overlap.shape()[d]);
+                    }
+                }
+            }
+        }
+        MCS_ASSIGN_OR_RETURN(cuda::DeviceBuffer out,
+                             cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(out_total, 16),
+                                                          device, stream));
+        g.arena = std::make_shared<cuda::DeviceBuffer>(std::move(out));
+        MCS_ASSIGN_OR_RETURN(g.kept_on_device,
+                             cuda::DeviceBuffer::Allocate(std::max<std::size_t>(nt, 1) * 8, device, stream));
+        MCS_RETURN_IF_ERROR(cuda::EnqueueFilterRebase(rps, rts, bounds, staging_at, g.arena->ptr(),
+                                                      g.kept_on_device->ptr(), stream));
+        filter_ns += NanosSince(filter_start);
         return Status::Ok();  // staging is freed stream-ordered, after the kernels that read it
     };
-    // A sealed step's manifest exactly as the node daemon gave it: the daemon plans with its
-    // own, none is sent (nor decoded there) per read.
-    Result<std::vector<TargetObjectView>> views =
-        s.node() != nullptr && s.IsSealedManifest(manifest.generation, manifest.sources)
-            ? s.node()->ReadPlannedSealedStep(manifest, targets, options, build)
-            : s.service().ReadPlanned(manifest, targets, options, build);
-    if (!views.ok()) {
-        if (!entered && views.status().code() == StatusCode::kUnimplemented) return std::nullopt;
-        throw StatusError(views.status());
+    // Every group's kept counts, after the one wait for all of the read's device work.
+    const auto finish = [&]() -> Status {
+        const auto wait_start = std::chrono::steady_clock::now();
+        for (Group& g : groups) {
+            g.kept.assign(g.targets.size(), 0);
+            if (g.kept.empty()) continue;
+            MCS_RETURN_IF_ERROR(cuda::CopyToHost(
+                g.kept_on_device->ptr(),
+                std::as_writable_bytes(std::span<std::uint64_t>(g.kept)), stream));
+        }
+        filter_ns += NanosSince(wait_start);
+        return Status::Ok();
+    };
+    // Group k's read. Its build queues its device work, then runs group k + 1's read (so that
+    // this group's source objects stay viewed until the device has read them) or, last, waits
+    // for all of it.
+    bool entered = false;
+    std::function<Status(std::size_t)> run = [&](std::size_t k) -> Status {
+        Group& g = groups[k];
+        const PlannedReadFn build = [&, k](PlannedRead& read) -> Status {
+            if (!entered) counters.plan_ns.fetch_add(NanosSince(start), std::memory_order_relaxed);
+            entered = true;
+            Status st = enqueue(read, g);
+            if (st.ok()) st = k + 1 < groups.size() ? run(k + 1) : finish();
+            if (!st.ok()) {
+                (void)cuda::Synchronize(stream);  // nothing reads the views once this returns
+                return st;
+            }
+            read.kept = g.kept;
+            return Status::Ok();
+        };
+        // A sealed step's manifest exactly as the node daemon gave it: the daemon plans with
+        // its own, none is sent (nor decoded there) per read.
+        Result<std::vector<TargetObjectView>> views =
+            node && s.IsSealedManifest(manifest.generation, manifest.sources)
+                ? s.node()->ReadPlannedSealedStep(manifest, g.targets, options, build)
+                : s.service().ReadPlanned(manifest, g.targets, options, build);
+        if (!views.ok()) return views.status();
+        g.views = std::move(views).value();
+        return Status::Ok();
+    };
+    if (Status st = run(0); !st.ok()) {
+        // Planned elsewhere or not at all (a fold of several steps, a read over the planning
+        // budget): the caller reads on the host.
+        if (st.code() == StatusCode::kUnimplemented) return std::nullopt;
+        throw StatusError(st);
     }
-    DeviceRead out;
-    out.views = std::move(views).value();
+    counters.ranges_ns.fetch_add(ranges_ns, std::memory_order_relaxed);
+    counters.filter_ns.fetch_add(filter_ns, std::memory_order_relaxed);
     counters.reads.fetch_add(1, std::memory_order_relaxed);
-    out.members.reserve(out.views.size());
-    const std::uintptr_t base = arena->ptr().address;
-    for (std::size_t t = 0; t < out.views.size(); ++t) {
-        const SourceDescriptor& d = out.views[t].desc;
-        const Index nnz = Index(d.nnz), rank = Index(d.rank());
-        out.members.emplace_back(
-            View({base + out_at[2 * t], device}, d.nnz * d.rank() * DTypeSize(d.index_dtype),
-                 d.index_dtype, {nnz, rank}, arena),
-            View({base + out_at[2 * t + 1], device}, d.nnz * DTypeSize(d.value_dtype), d.value_dtype,
-                 {nnz}, arena));
+    DeviceRead out;
+    out.views.resize(targets.size());
+    out.members.resize(targets.size());
+    for (Group& g : groups) {
+        if (g.views.size() != g.of.size()) throw StatusError(Internal("device read: object count"));
+        const std::uintptr_t base = g.arena->ptr().address;
+        for (std::size_t t = 0; t < g.of.size(); ++t) {
+            const SourceDescriptor& d = g.views[t].desc;
+            const Index nnz = Index(d.nnz), rank = Index(d.rank());
+            out.members[g.of[t]] = {
+                View({base + g.out_at[2 * t], device}, d.nnz * d.rank() * DTypeSize(d.index_dtype),
+                     d.index_dtype, {nnz, rank}, g.arena),
+                View({base + g.out_at[2 * t + 1], device}, d.nnz * DTypeSize(d.value_dtype),
+                     d.value_dtype, {nnz}, g.arena)};
+            out.views[g.of[t]] = std::move(g.views[t]);
+        }
     }
     counters.total_ns.fetch_add(NanosSince(start), std::memory_order_relaxed);
     return out;
@@ -605,6 +727,24 @@ void RegisterGpu(pyb::module_& m) {
              },
              "A numpy copy (bfloat16 as uint16 bits).");
 
+    pyb::class_<DeviceObjects>(m, "_DeviceObjects",
+                               "Target objects in device memory (a device read or an upload).")
+        .def("__len__", [](const DeviceObjects& b) { return b.hosts.size(); })
+        .def("host",
+             [](const DeviceObjects& b, std::size_t i) {
+                 if (i >= b.hosts.size()) throw pyb::index_error(std::to_string(i));
+                 return b.hosts[i];
+             })
+        .def("indices",
+             [](const DeviceObjects& b, std::size_t i) {
+                 if (i >= b.members.size()) throw pyb::index_error(std::to_string(i));
+                 return b.members[i].first;
+             })
+        .def("values", [](const DeviceObjects& b, std::size_t i) {
+            if (i >= b.members.size()) throw pyb::index_error(std::to_string(i));
+            return b.members[i].second;
+        });
+
     m.def(
         "_device_read_counters",
         [] {
@@ -620,8 +760,19 @@ void RegisterGpu(pyb::module_& m) {
         "What read_sparse_objects(device=...) built on the device in this process (monotonic): "
         "reads, and the seconds of those reads: total_seconds (the calls, up to the objects), "
         "plan_seconds (the store's planning, through the node daemon its reply), "
-        "ranges_seconds (the ranges' copies into device memory), filter_seconds (filter and "
-        "rebase on the device, with its one sync).");
+        "ranges_seconds (the ranges' copies into device memory: through the node daemon its "
+        "copies, on the embedded store issuing the gather and copying its pageable ranges), "
+        "filter_seconds (filter and rebase on the device, with its one sync, which on the "
+        "embedded store waits for the gather too).");
+    m.def(
+        "_set_device_read_groups",
+        [](int groups) {
+            if (groups < 1) ThrowIfError(InvalidArgument("device read groups must be >= 1"));
+            return DeviceReadGroups().exchange(groups);
+        },
+        pyb::arg("groups"),
+        "Groups of whole tensors a device read on the embedded store plans one after another "
+        "(group k + 1 planned while group k's ranges are copied); returns the previous value.");
     m.def("gpu_available", [] { return cuda::Available(); },
           "True when a CUDA device is usable by the GPU codec.");
 
@@ -661,20 +812,20 @@ void RegisterGpu(pyb::module_& m) {
            const pyb::object& store) {
             NodeClient* node =
                 pyb::isinstance<PyStore>(store) ? store.cast<PyStore&>().node() : nullptr;
-            std::vector<std::pair<DeviceArray, DeviceArray>> r;
+            DeviceObjects out;
             {
                 pyb::gil_scoped_release nogil;
                 std::optional<std::vector<std::pair<DeviceArray, DeviceArray>>> direct;
                 if (node != nullptr && !objs.empty()) direct = UploadThroughDaemon(*node, objs, device, stream);
-                r = direct ? std::move(*direct) : UploadBatch(objs, device, stream);
+                out.members = direct ? std::move(*direct) : UploadBatch(objs, device, stream);
             }
-            pyb::list out;
-            for (auto& [i, v] : r) out.append(pyb::make_tuple(i, v));
+            out.hosts = objs;
             return out;
         },
         pyb::arg("objs"), pyb::arg("device"), pyb::arg("stream"), pyb::arg("store") = pyb::none(),
-        "Target objects' indices and values in one device allocation (a few large copies); with "
-        "the node daemon's `store`, copied there by the daemon itself (CUDA IPC).");
+        "Target objects with their indices and values in one device allocation (a few large "
+        "copies), as a _DeviceObjects; with the node daemon's `store`, copied there by the "
+        "daemon itself (CUDA IPC).");
 
     m.def(
         "_gpu_read_sparse_objects",
@@ -701,20 +852,20 @@ void RegisterGpu(pyb::module_& m) {
                 r = ReadOnDevice(s, step, tds, options, device, stream);
             }
             if (!r) return pyb::none();
-            pyb::list out;
-            for (std::size_t t = 0; t < r->views.size(); ++t) {
-                out.append(pyb::make_tuple(std::make_shared<SparseObjectView>(std::move(r->views[t])),
-                                           std::move(r->members[t].first),
-                                           std::move(r->members[t].second)));
+            DeviceObjects out;
+            out.hosts.reserve(r->views.size());
+            for (TargetObjectView& v : r->views) {
+                out.hosts.push_back(std::make_shared<SparseObjectView>(std::move(v)));
             }
-            return out;
+            out.members = std::move(r->members);
+            return pyb::cast(std::move(out));
         },
         pyb::arg("store"), pyb::arg("manifest"), pyb::arg("targets"), pyb::arg("strategy"),
         pyb::arg("read_coalesce_gap"), pyb::arg("num_threads"), pyb::arg("generation"),
         pyb::arg("unchanged"), pyb::arg("device"), pyb::arg("stream"),
         "read_sparse_objects into device memory, planned on the store and built on the device: "
-        "a list of (object, indices, values), or None where the store does not plan reads for "
-        "its caller (the caller then reads on the host and uploads).");
+        "a _DeviceObjects, or None where the store does not plan reads for its caller (the "
+        "caller then reads on the host and uploads).");
 
     m.def(
         "_gpu_apply_batch",
@@ -756,6 +907,8 @@ void RegisterGpu(pyb::module_& m) {
             static PyObject* const k_host = PyUnicode_InternFromString("_host");
             static PyObject* const k_indices = PyUnicode_InternFromString("_indices_dev");
             static PyObject* const k_values = PyUnicode_InternFromString("_values_dev");
+            static PyObject* const k_batch = PyUnicode_InternFromString("_batch");
+            static PyObject* const k_index = PyUnicode_InternFromString("_i");
             const std::size_t n = weights.size();
             if (objs.size() != n) {
                 ThrowIfError(InvalidArgument(std::to_string(n) + " weights but " +
@@ -782,19 +935,46 @@ void RegisterGpu(pyb::module_& m) {
             keep_o.reserve(3 * n);
             std::uintptr_t s = 0;
             for (std::size_t i = 0; i < n; ++i) {
-                pyb::object host = member(objs[i], k_host);
-                pyb::object idx = member(objs[i], k_indices);
-                pyb::object val = member(objs[i], k_values);
-                if (!host || !idx || !val || !pyb::isinstance<SparseObjectView>(host) ||
-                    !pyb::isinstance<DeviceArray>(idx) || !pyb::isinstance<DeviceArray>(val)) {
-                    return false;  // not all device objects: the caller's general path
+                // A DeviceSparseObject of a batch (a device read, an upload): its members are
+                // the batch's, taken without converting them to Python objects.
+                const SparseObjectView* view_of = nullptr;
+                const DeviceArray* idx_of = nullptr;
+                const DeviceArray* val_of = nullptr;
+                if (pyb::object batch = member(objs[i], k_batch);
+                    batch && pyb::isinstance<DeviceObjects>(batch)) {
+                    pyb::object k = member(objs[i], k_index);
+                    const auto& b = batch.cast<const DeviceObjects&>();
+                    const Py_ssize_t at = k && PyLong_Check(k.ptr()) ? PyLong_AsSsize_t(k.ptr()) : -1;
+                    if (at == -1) PyErr_Clear();
+                    if (at < 0 || std::size_t(at) >= b.hosts.size() ||
+                        std::size_t(at) >= b.members.size()) {
+                        return false;
+                    }
+                    view_of = b.hosts[at].get();
+                    idx_of = &b.members[at].first;
+                    val_of = &b.members[at].second;
+                    keep_o.push_back(std::move(batch));
+                } else {
+                    pyb::object host = member(objs[i], k_host);
+                    pyb::object idx = member(objs[i], k_indices);
+                    pyb::object val = member(objs[i], k_values);
+                    if (!host || !idx || !val || !pyb::isinstance<SparseObjectView>(host) ||
+                        !pyb::isinstance<DeviceArray>(idx) || !pyb::isinstance<DeviceArray>(val)) {
+                        return false;  // not all device objects: the caller's general path
+                    }
+                    view_of = &host.cast<const SparseObjectView&>();
+                    idx_of = &idx.cast<const DeviceArray&>();
+                    val_of = &val.cast<const DeviceArray&>();
+                    keep_o.push_back(std::move(host));
+                    keep_o.push_back(std::move(idx));
+                    keep_o.push_back(std::move(val));
                 }
                 const std::string at = n == 1 ? "" : "weights[" + std::to_string(i) + "] ";
                 keep_w.push_back(ParseTensorArg(weights[i], at + "weight", true, stream));
                 items[i].weight = CudaArg(keep_w.back(), at + "weight");
                 if (i == 0) s = keep_w.back().ref.stream;
                 if (items[i].weight.ptr.device != items[0].weight.ptr.device) return false;
-                const auto& view = host.cast<const SparseObjectView&>();
+                const SparseObjectView& view = *view_of;
                 const auto local = view.target_box.shape();
                 if (!std::equal(local.begin(), local.end(), items[i].weight.shape.begin(),
                                 items[i].weight.shape.end())) {
@@ -802,12 +982,9 @@ void RegisterGpu(pyb::module_& m) {
                                                  text(std::span<const Index>(items[i].weight.shape)) +
                                                  " != object local shape " + text(local)));
                 }
-                items[i].indices = idx.cast<const DeviceArray&>().view();
-                items[i].values = val.cast<const DeviceArray&>().view();
+                items[i].indices = idx_of->view();
+                items[i].values = val_of->view();
                 items[i].apply = view.desc.apply;
-                keep_o.push_back(std::move(host));
-                keep_o.push_back(std::move(idx));
-                keep_o.push_back(std::move(val));
             }
             pyb::gil_scoped_release nogil;
             ThrowIfError(cuda::ApplySparseBatch(items, s));

@@ -259,15 +259,21 @@ def same_entries(host, dev):
     assert np.array_equal(hv[oh], dv[od])
 
 
+@pytest.mark.parametrize("groups", [1, 3])
 @pytest.mark.parametrize("pinned_quota", [0, 2 << 20, 256 << 20],
                          ids=["pageable", "mixed", "pinned"])
-def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quota):
+def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quota, groups):
     # Pinned: the GPU reads the ranges straight from the store's memory; pageable: through
     # pinned staging; mixed (a quota that pins the first objects only): both in one read.
-    # Either way the targets are filtered and rebased on the GPU.
-    store = mcs.connect(capacity_bytes=256 << 20, pinned_quota_bytes=pinned_quota)
-    check_targets_built_on_the_gpu(store)
-    store.close()
+    # Either way the targets are filtered and rebased on the GPU, in one group of tensors or in
+    # several (each planned while the one before is copied).
+    previous = _core._set_device_read_groups(groups)
+    try:
+        store = mcs.connect(capacity_bytes=256 << 20, pinned_quota_bytes=pinned_quota)
+        check_targets_built_on_the_gpu(store)
+        store.close()
+    finally:
+        _core._set_device_read_groups(previous)
 
 
 def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path):
@@ -492,6 +498,43 @@ def test_apply_of_device_objects_checks_shapes_first_and_takes_any_mix():
     torch.cuda.synchronize()
     for w, (new, _) in zip(weights, pairs):
         assert np.array_equal(bits(w.detach()), bits(new))
+
+
+def test_device_objects_of_several_reads_apply_together_and_outlive_their_lists():
+    # A device read's objects are views of one batch: objects of two reads (and an upload)
+    # apply in one call, and each keeps its batch's device memory alive on its own.
+    pairs = pairs_of([((40, 24), torch.bfloat16), ((64,), torch.float32)] * 2, density=0.2)
+    store = mcs.connect()
+    names = ["p", "q", "r", "s"]
+    coo = mcs.encode_updates(pairs)
+    store.put_sparse_objects([dict(tensor_id=t, global_shape=tuple(n.shape), indices=i, values=v,
+                                   generation=(0, 1)) for t, (n, _), (i, v) in
+                              zip(names, pairs, coo)])
+    targets = [mcs.Target(t, f"r/{t}", "n", {}, (0,) * n.dim(), tuple(n.shape))
+               for t, (n, _) in zip(names, pairs)]
+    m = store.manifest((0, 1))
+    first = store.read_sparse_objects(m, targets[:2], device="cuda")
+    second = store.read_sparse_objects(m, targets[2:3], device="cuda")
+    host = store.read_sparse_objects(m, targets)
+    from mooncake.sparse import _gpu
+    up = _gpu.upload(host[3:], "cuda")
+    assert all(isinstance(o, DeviceSparseObject) for o in first + second + up)
+    objs = [second[0], first[1], up[0], first[0]]
+    order = [2, 1, 3, 0]
+    del first, second, up
+    torch.cuda.empty_cache()
+    for o, k in zip(objs, order):
+        assert o.nnz == host[k].nnz and o.tensor_id == names[k]
+        assert o.local_shape == host[k].local_shape
+        assert repr(o).startswith(f"<DeviceSparseObject r/{names[k]} {names[k]} nnz={o.nnz}")
+        same_entries(host[k], o)
+    weights = [pairs[k][1].clone() for k in order]
+    mcs.apply_sparse_objects(weights, objs)
+    torch.cuda.synchronize()
+    for w, k in zip(weights, order):
+        assert np.array_equal(bits(w), bits(pairs[k][0]))
+    with pytest.raises(AttributeError):
+        _ = objs[0].no_such_attribute
 
 
 def test_batched_apply_out_of_range_changes_no_weight():

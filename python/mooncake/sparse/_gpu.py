@@ -194,12 +194,32 @@ def to_host(x: Any) -> Any:
 
 class DeviceSparseObject:
     """A target-local sparse object whose indices and values live in GPU memory
-    (read_sparse_objects(..., device=...)); other attributes are the host object's."""
+    (read_sparse_objects(..., device=...)); other attributes are the host object's. One of a
+    batch (the read's or the upload's `_core._DeviceObjects`), whose members it takes lazily:
+    a node's step reads hundreds of thousands of them, and the batch apply never converts
+    their members to Python objects."""
 
-    def __init__(self, host: Any, indices: Any, values: Any) -> None:
-        self._host = host
-        self._indices_dev = indices
-        self._values_dev = values
+    __slots__ = ("_batch", "_i", "_h")
+
+    def __init__(self, batch: Any, i: int) -> None:
+        self._batch = batch
+        self._i = i
+        self._h = None
+
+    @property
+    def _host(self) -> Any:
+        h = self._h
+        if h is None:
+            h = self._h = self._batch.host(self._i)
+        return h
+
+    @property
+    def _indices_dev(self) -> Any:
+        return self._batch.indices(self._i)
+
+    @property
+    def _values_dev(self) -> Any:
+        return self._batch.values(self._i)
 
     @property
     def indices(self) -> Any:
@@ -214,11 +234,18 @@ class DeviceSparseObject:
         return int(self._indices_dev.device)
 
     def __getattr__(self, name: str) -> Any:
+        if name in DeviceSparseObject.__slots__:  # not set (yet): no host to ask
+            raise AttributeError(name)
         return getattr(self._host, name)
 
     def __repr__(self) -> str:
-        return (f"<DeviceSparseObject {self._host.target_id} {self._host.tensor_id} "
-                f"nnz={self._host.nnz} cuda:{self.device}>")
+        host = self._host
+        return (f"<DeviceSparseObject {host.target_id} {host.tensor_id} "
+                f"nnz={host.nnz} cuda:{self.device}>")
+
+
+def _objects(batch: Any) -> list:
+    return [DeviceSparseObject(batch, i) for i in range(len(batch))]
 
 
 def upload(objs: list, device: Any, store: Any = None) -> list:
@@ -229,8 +256,7 @@ def upload(objs: list, device: Any, store: Any = None) -> list:
     index = _device_index(device)
     torch = torch_module()
     stream = int(torch.cuda.current_stream(index).cuda_stream) if torch is not None else 0
-    pairs = _core._gpu_upload_batch(list(objs), index, stream, store)
-    return [DeviceSparseObject(o, idx, vals) for o, (idx, vals) in zip(objs, pairs)]
+    return _objects(_core._gpu_upload_batch(list(objs), index, stream, store))
 
 
 def read_on_device(store: Any, sources: list, targets: list, strategy: str,
@@ -244,11 +270,9 @@ def read_on_device(store: Any, sources: list, targets: list, strategy: str,
     index = _device_index(device)
     torch = torch_module()
     stream = int(torch.cuda.current_stream(index).cuda_stream) if torch is not None else 0
-    raw = _core._gpu_read_sparse_objects(store, sources, targets, strategy, read_coalesce_gap,
-                                         num_threads, generation, unchanged, index, stream)
-    if raw is None:
-        return None
-    return [DeviceSparseObject(o, idx, vals) for o, idx, vals in raw]
+    batch = _core._gpu_read_sparse_objects(store, sources, targets, strategy, read_coalesce_gap,
+                                           num_threads, generation, unchanged, index, stream)
+    return None if batch is None else _objects(batch)
 
 
 def apply_gpu_batch(weights: list[Any], objs: list[Any]) -> None:
