@@ -258,11 +258,18 @@ std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
 }
 
 /// Groups of whole tensors that a device read on the embedded store plans one after another
-/// (ReadOnDevice); 1: the whole read at once. _set_device_read_groups sets it for the process.
+/// (ReadOnDevice); 1: the whole read at once; 0: automatic (up to kAutoReadGroups, each of at
+/// least kMinAutoGroupTargets targets). _set_device_read_groups sets it for the process.
 std::atomic<int>& DeviceReadGroups() {
-    static std::atomic<int> groups{1};
+    static std::atomic<int> groups{0};
     return groups;
 }
+
+/// Four groups read the H100 layer step (640 targets) in 10.9-11.1 ms, one in 11.5-12.2
+/// (benchmarks/results/2026-12-06-h100-device-read); a group pays a planned read's fixed cost
+/// and a wait, so small reads stay whole.
+constexpr std::size_t kAutoReadGroups = 4;
+constexpr std::size_t kMinAutoGroupTargets = 128;
 
 std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manifest,
                                        std::span<const TargetDescriptor> targets,
@@ -288,7 +295,12 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     // while group k's ranges cross PCIe; the node daemon plans its reads itself, in one group.
     std::vector<Group> groups;
     const bool node = s.node() != nullptr;
-    const std::size_t wanted = node ? 1 : std::size_t(std::max(1, DeviceReadGroups().load()));
+    const int setting = DeviceReadGroups().load(std::memory_order_relaxed);
+    const std::size_t wanted =
+        node ? 1
+        : setting > 0
+            ? std::size_t(setting)
+            : std::min(kAutoReadGroups, std::max<std::size_t>(1, targets.size() / kMinAutoGroupTargets));
     if (wanted <= 1 || targets.size() < 2) {
         groups.resize(1);
         groups[0].targets = targets;
@@ -767,12 +779,13 @@ void RegisterGpu(pyb::module_& m) {
     m.def(
         "_set_device_read_groups",
         [](int groups) {
-            if (groups < 1) ThrowIfError(InvalidArgument("device read groups must be >= 1"));
+            if (groups < 0) ThrowIfError(InvalidArgument("device read groups must be >= 0"));
             return DeviceReadGroups().exchange(groups);
         },
         pyb::arg("groups"),
         "Groups of whole tensors a device read on the embedded store plans one after another "
-        "(group k + 1 planned while group k's ranges are copied); returns the previous value.");
+        "(group k + 1 planned while group k's ranges are copied; 0: automatic, up to 4 of at "
+        "least 128 targets each); returns the previous value.");
     m.def("gpu_available", [] { return cuda::Available(); },
           "True when a CUDA device is usable by the GPU codec.");
 
