@@ -413,22 +413,4 @@ Status EnqueueFilterRebase(std::span<const RebasePiece> pieces, std::span<const 
     return Status::Ok();  // the workspace is freed stream-ordered, after the kernels
 }
 
-Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pieces,
-                                                std::span<const RebaseTarget> targets,
-                                                std::span<const std::int64_t> bounds,
-                                                DevicePtr staging, DevicePtr out,
-                                                std::uintptr_t stream) {
-    std::vector<std::uint64_t> kept(targets.size(), 0);
-    if (targets.empty()) return kept;
-    MCS_ASSIGN_OR_RETURN(DeviceBuffer d_kept,
-                         DeviceBuffer::Allocate(targets.size() * 8, staging.device, stream));
-    MCS_RETURN_IF_ERROR(EnqueueFilterRebase(pieces, targets, bounds, staging, out, d_kept.ptr(), stream));
-    // The one host sync: what every target kept (the writes are done with it).
-    cudaStream_t s = AsStream(stream);
-    MCS_CUDA(cudaMemcpyAsync(kept.data(), reinterpret_cast<const void*>(d_kept.ptr().address),
-                             kept.size() * 8, cudaMemcpyDeviceToHost, s));
-    MCS_CUDA(cudaStreamSynchronize(s));
-    return kept;
-}
-
 }  // namespace mooncake::sparse::cuda

@@ -110,21 +110,14 @@ struct RebaseTarget {
 };
 
 /// Filters and rebases every target's pieces from `staging` into `out` in a fixed number of
-/// launches (a count of the filtered pieces' kept entries, one scan, one write) and ONE host
-/// sync, which returns the number of entries each target kept. A target's entries are its
-/// pieces' kept entries in piece order, each piece's in entry order.
+/// launches (a count of the filtered pieces' kept entries, one scan, one write) queued on
+/// `stream`, without a host sync: the number of entries each target kept is written to `kept`
+/// (device memory for targets.size() uint64 counts), which the caller copies and waits for
+/// before it reads `out`. A target's entries are its pieces' kept entries in piece order, each
+/// piece's in entry order.
 /// Errors: InvalidArgument (a piece of another target inside a target's range, a rank above
-/// kMaxRank, a size not listed above); ResourceExhausted; Unavailable / Internal.
-Result<std::vector<std::uint64_t>> FilterRebase(std::span<const RebasePiece> pieces,
-                                                std::span<const RebaseTarget> targets,
-                                                std::span<const std::int64_t> bounds,
-                                                DevicePtr staging, DevicePtr out,
-                                                std::uintptr_t stream);
-
-/// FilterRebase without its sync: the entries each target kept are written to `kept` (device
-/// memory for targets.size() uint64 counts) by work queued on `stream`, which the caller waits
-/// for (with a copy of the counts) before it reads `out`.
-/// Errors: as FilterRebase's.
+/// kMaxRank, a size not listed above, no `kept` memory); ResourceExhausted; Unavailable /
+/// Internal.
 Status EnqueueFilterRebase(std::span<const RebasePiece> pieces, std::span<const RebaseTarget> targets,
                            std::span<const std::int64_t> bounds, DevicePtr staging, DevicePtr out,
                            DevicePtr kept, std::uintptr_t stream);
