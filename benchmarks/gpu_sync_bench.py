@@ -439,7 +439,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 floor = (2 * dense_bytes + coo_bytes + read_bytes) / (ceil["memcpy_gbps"] * 1e9)
             r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
-                 "trainer": args.trainer, "reader": args.reader, "read_groups": args.read_groups, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "trainer": args.trainer, "reader": args.reader, "read_groups": args.read_groups,
+                 "gather_engine_bytes": args.gather_engine_bytes, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -506,6 +507,10 @@ def main() -> int:
                     help="groups of whole tensors a device read on the embedded store plans one "
                          "after another (group k + 1 planned while group k's ranges are copied; "
                          "default: the library's)")
+    ap.add_argument("--gather-engine-bytes", type=int, default=None,
+                    help="runs of pinned ranges of at least this many bytes that a device read "
+                         "hands to the copy engine, beside the gather kernel for the rest (0: all "
+                         "by the kernel; embedded store and node daemon; default: the library's)")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",
@@ -522,6 +527,9 @@ def main() -> int:
     setter = getattr(mcs._core, "_set_device_read_groups", None)
     if args.read_groups is not None and setter is not None:
         setter(args.read_groups)
+    engine_setter = getattr(mcs._core, "_set_device_gather_engine_bytes", None)
+    if args.gather_engine_bytes is not None and engine_setter is not None:
+        engine_setter(args.gather_engine_bytes)
     device = torch.device(args.device)
     dtype = torch.bfloat16
     if args.experts % args.ep:
@@ -561,7 +569,10 @@ def main() -> int:
                                       num_segments=max(2, -(-store_bytes // seg)),
                                       # Its segments pinned as the embedded store's memory is.
                                       pinned_quota_bytes=str(store_bytes),
-                                      gpu_commit_check=str(backend == "node").lower()) as d:
+                                      gpu_commit_check=str(backend == "node").lower(),
+                                      **({} if args.gather_engine_bytes is None else
+                                         {"device_gather_engine_bytes": args.gather_engine_bytes})
+                                      ) as d:
                 store = mcs.connect(d.url)
                 out += run_backend(store, backend, args, device, dtype, seed)
                 store.close()

@@ -265,6 +265,14 @@ std::atomic<int>& DeviceReadGroups() {
     return groups;
 }
 
+/// Runs of a device read's pinned ranges of at least this many bytes go to the copy engine,
+/// the rest to the gather kernel (cuda::CopyRangesToDevice); 0: all by the kernel.
+/// _set_device_gather_engine_bytes sets it for the process.
+std::atomic<std::uint64_t>& DeviceGatherEngineBytes() {
+    static std::atomic<std::uint64_t> bytes{std::uint64_t{256} << 10};
+    return bytes;
+}
+
 /// Four groups read the H100 layer step (640 targets) in 10.9-11.1 ms, one in 11.5-12.2
 /// (benchmarks/results/2026-12-06-h100-device-read); a group pays a planned read's fixed cost
 /// and a wait, so small reads stay whole.
@@ -281,12 +289,12 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     // target's members lie in it, its kept counts (on the device, then here) and its objects.
     struct Group {
         std::vector<std::size_t> of;             // into targets
-        std::vector<TargetDescriptor> owned;     // the group's targets, when there are several
+        std::vector<TargetDescriptor> owned;     // its targets, when they are not a subspan
         std::span<const TargetDescriptor> targets;
         std::shared_ptr<cuda::DeviceBuffer> arena;
         std::vector<std::uint64_t> out_at;       // per target: indices offset, values offset
-        std::optional<cuda::DeviceBuffer> kept_on_device;
-        std::vector<std::uint64_t> kept;
+        std::size_t kept_at = 0;                 // its first count in kept_on_device / kept
+        std::span<const std::uint64_t> kept;
         std::shared_ptr<const void> ranges_owner;  // the node daemon's copies of the ranges
         std::vector<TargetObjectView> views;
     };
@@ -315,13 +323,33 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
         const std::size_t tensors = tensor_rank.size();
         const std::size_t n = std::min(wanted, tensors);
         groups.resize(n);
+        // Targets listed tensor by tensor (as a layout lists them) make each group a subspan;
+        // otherwise its targets are copied into it.
+        bool contiguous = true;
         for (std::size_t t = 0; t < targets.size(); ++t) {
-            Group& g = groups[rank_of[t] * n / tensors];
-            g.of.push_back(t);
-            g.owned.push_back(targets[t]);
+            const std::size_t k = rank_of[t] * n / tensors;
+            if (t > 0 && k < rank_of[t - 1] * n / tensors) contiguous = false;
+            groups[k].of.push_back(t);
         }
-        for (Group& g : groups) g.targets = g.owned;
+        for (Group& g : groups) {
+            if (g.of.empty()) continue;
+            if (contiguous) {
+                g.targets = targets.subspan(g.of.front(), g.of.size());
+            } else {
+                g.owned.reserve(g.of.size());
+                for (const std::size_t t : g.of) g.owned.push_back(targets[t]);
+                g.targets = g.owned;
+            }
+        }
     }
+    // Every group's kept counts in one device allocation, copied back with one wait.
+    std::size_t kept_total = 0;
+    for (Group& g : groups) {
+        g.kept_at = kept_total;
+        kept_total += g.targets.size();
+    }
+    std::vector<std::uint64_t> kept(kept_total, 0);
+    std::optional<cuda::DeviceBuffer> kept_on_device;
     std::uint64_t ranges_ns = 0, filter_ns = 0;
     // Queues a group's ranges' copies into device memory and its filter/rebase on `stream`.
     const auto enqueue = [&](PlannedRead& read, Group& g) -> Status {
@@ -332,6 +360,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
         // range that follows the same source's previous one within a few KiB keeps its
         // distance from it, so that a copy engine can move the two (and the gap) as one copy.
         std::vector<std::uint64_t> at(2 * nr);
+        std::vector<bool> follows(2 * nr, false);  // placed at its distance from range r - 1's
         std::uint64_t total = 0;
         constexpr std::ptrdiff_t kMaxGap = 4096;
         for (int k = 0; k < 2; ++k) {
@@ -346,6 +375,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
                 if (prev_at != nullptr && range.source == prev_source && !bytes.empty() &&
                     bytes.data() >= prev_end && bytes.data() - prev_end <= kMaxGap) {
                     offset = prev_offset + static_cast<std::uint64_t>(bytes.data() - prev_at);
+                    follows[2 * r + k] = true;
                 } else {
                     const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
                     offset = AlignUp(total, 16) + mod;
@@ -373,7 +403,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             // member. Ranges in pageable memory (a pinned pool past its quota, or none) are
             // copied by host threads into pinned staging laid out as the device staging, then
             // copied up, before the gather.
-            std::vector<cuda::GatherCopy> copies;
+            std::vector<cuda::RangeCopy> copies;
             copies.reserve(2 * nr);
             std::vector<std::size_t> pageable;
             const bool host_addresses = cuda::HostPointersAreDeviceAddresses(device);
@@ -399,6 +429,10 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             MCS_ASSIGN_OR_RETURN(staging, cuda::DeviceBuffer::Allocate(
                                               std::max<std::uint64_t>(total, 16), device, stream));
             staging_at = staging->ptr();
+            // Every range's indices, then every range's values; a member's range placed at its
+            // distance from the one before (`follows`) extends that one's copy, gap included,
+            // so that the runs of a box's ranges move as one copy.
+            std::vector<std::array<std::uintptr_t, 2>> src(nr);
             for (std::size_t r = 0; r < nr; ++r) {
                 const PlannedRead::Range& range = read.ranges[r];
                 std::optional<std::uintptr_t> idx, val;
@@ -408,10 +442,27 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
                 }
                 if (!idx || !val) {
                     pageable.push_back(r);
+                    src[r] = {0, 0};
                     continue;
                 }
-                copies.push_back({*idx, range.indices.size(), at[2 * r]});
-                copies.push_back({*val, range.values.size(), at[2 * r + 1]});
+                src[r] = {*idx, *val};
+            }
+            const std::uintptr_t dst = staging_at.address;
+            for (int k = 0; k < 2; ++k) {
+                std::size_t last = nr;  // the range of the last copy of this member
+                for (std::size_t r = 0; r < nr; ++r) {
+                    const PlannedRead::Range& range = read.ranges[r];
+                    const std::uint64_t bytes = (k == 0 ? range.indices : range.values).size();
+                    if (src[r][k] == 0 || bytes == 0) continue;
+                    const std::uintptr_t to = dst + at[2 * r + k];
+                    if (follows[2 * r + k] && last + 1 == r && !copies.empty() &&
+                        to - copies.back().dst == src[r][k] - copies.back().src) {
+                        copies.back().bytes = to + bytes - copies.back().dst;
+                    } else {
+                        copies.push_back({src[r][k], to, bytes});
+                    }
+                    last = r;
+                }
             }
             std::optional<cuda::PinnedStaging::Lease> lease;
             std::optional<cuda::StreamPoint> copied;
@@ -463,7 +514,9 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
                 copied.emplace(std::move(point).value());
             }
             if (!copies.empty()) {
-                if (Status st = cuda::GatherToDevice(copies, staging_at, stream); !st.ok()) {
+                const std::uint64_t engine_min =
+                    host_addresses ? DeviceGatherEngineBytes().load(std::memory_order_relaxed) : 0;
+                if (Status st = cuda::CopyRangesToDevice(copies, device, stream, engine_min); !st.ok()) {
                     (void)cuda::Synchronize(stream);
                     return st;
                 }
@@ -526,23 +579,25 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
                              cuda::DeviceBuffer::Allocate(std::max<std::uint64_t>(out_total, 16),
                                                           device, stream));
         g.arena = std::make_shared<cuda::DeviceBuffer>(std::move(out));
-        MCS_ASSIGN_OR_RETURN(g.kept_on_device,
-                             cuda::DeviceBuffer::Allocate(std::max<std::size_t>(nt, 1) * 8, device, stream));
+        if (!kept_on_device) {
+            MCS_ASSIGN_OR_RETURN(kept_on_device,
+                                 cuda::DeviceBuffer::Allocate(std::max<std::size_t>(kept_total, 1) * 8,
+                                                              device, stream));
+        }
+        const cuda::DevicePtr kept_at{kept_on_device->ptr().address + g.kept_at * 8, device};
         MCS_RETURN_IF_ERROR(cuda::EnqueueFilterRebase(rps, rts, bounds, staging_at, g.arena->ptr(),
-                                                      g.kept_on_device->ptr(), stream));
+                                                      kept_at, stream));
         filter_ns += NanosSince(filter_start);
         return Status::Ok();  // staging is freed stream-ordered, after the kernels that read it
     };
     // Every group's kept counts, after the one wait for all of the read's device work.
     const auto finish = [&]() -> Status {
         const auto wait_start = std::chrono::steady_clock::now();
-        for (Group& g : groups) {
-            g.kept.assign(g.targets.size(), 0);
-            if (g.kept.empty()) continue;
+        if (kept_on_device && !kept.empty()) {
             MCS_RETURN_IF_ERROR(cuda::CopyToHost(
-                g.kept_on_device->ptr(),
-                std::as_writable_bytes(std::span<std::uint64_t>(g.kept)), stream));
+                kept_on_device->ptr(), std::as_writable_bytes(std::span<std::uint64_t>(kept)), stream));
         }
+        for (Group& g : groups) g.kept = std::span<const std::uint64_t>(kept).subspan(g.kept_at, g.targets.size());
         filter_ns += NanosSince(wait_start);
         return Status::Ok();
     };
@@ -561,7 +616,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
                 (void)cuda::Synchronize(stream);  // nothing reads the views once this returns
                 return st;
             }
-            read.kept = g.kept;
+            read.kept.assign(g.kept.begin(), g.kept.end());
             return Status::Ok();
         };
         // A sealed step's manifest exactly as the node daemon gave it: the daemon plans with
@@ -786,6 +841,13 @@ void RegisterGpu(pyb::module_& m) {
         "Groups of whole tensors a device read on the embedded store plans one after another "
         "(group k + 1 planned while group k's ranges are copied; 0: automatic, up to 4 of at "
         "least 128 targets each); returns the previous value.");
+    m.def(
+        "_set_device_gather_engine_bytes",
+        [](std::uint64_t bytes) { return DeviceGatherEngineBytes().exchange(bytes); },
+        pyb::arg("bytes"),
+        "Runs of pinned ranges of at least this many bytes that a device read on the embedded "
+        "store hands to the copy engine, beside the gather kernel for the rest (0: all by the "
+        "kernel); returns the previous value.");
     m.def("gpu_available", [] { return cuda::Available(); },
           "True when a CUDA device is usable by the GPU codec.");
 

@@ -1430,6 +1430,11 @@ Status EnqueueCopiesToDevice(std::span<const HostDeviceCopy> copies, std::uintpt
     return CopyBatch(copies, stream, false, false);
 }
 
+Status EnqueueCopiesToDeviceAlongside(std::span<const HostDeviceCopy> copies, std::uintptr_t stream,
+                                      const std::function<Status()>& alongside) {
+    return CopyBatch(copies, stream, false, false, &alongside);
+}
+
 PinnedStaging::Lease::Lease(Lease&& o) noexcept : owner_(o.owner_), bytes_(o.bytes_) { o.owner_ = nullptr; }
 
 PinnedStaging::Lease& PinnedStaging::Lease::operator=(Lease&& o) noexcept {

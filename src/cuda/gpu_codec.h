@@ -166,6 +166,14 @@ Status CopyBatchToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t 
 /// then. Copies from page-locked memory so overlap with the caller's next host work.
 Status EnqueueCopiesToDevice(std::span<const HostDeviceCopy> copies, std::uintptr_t stream);
 
+/// EnqueueCopiesToDevice whose copies run on the copy engine (a side stream that starts after the
+/// work queued on `stream` before the call) while alongside() queues other work on `stream`;
+/// `stream` then waits for the copies. Nothing is waited for on the host unless an error is
+/// returned (then everything queued has run).
+/// Errors: those of EnqueueCopiesToDevice, or alongside()'s.
+Status EnqueueCopiesToDeviceAlongside(std::span<const HostDeviceCopy> copies, std::uintptr_t stream,
+                                      const std::function<Status()>& alongside);
+
 /// Page-locked host memory for staging copies at the copy engine's full speed: one buffer per
 /// process, grown on demand and kept (pinning memory is slow; reusing it is free). A lease
 /// holds the buffer exclusively until it is destroyed; a second caller waits.

@@ -16,6 +16,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -275,6 +276,41 @@ Status CopyRanges(std::span<const RangeCopy> copies, int device, std::uintptr_t 
         reinterpret_cast<const GatherUnit*>(table.ptr().address));
     MCS_CUDA(cudaGetLastError());
     return Status::Ok();  // the table is freed stream-ordered, after the kernel
+}
+
+Status CopyRangesToDevice(std::span<const RangeCopy> copies, int device, std::uintptr_t stream,
+                          std::uint64_t engine_min_bytes) {
+    if (engine_min_bytes == 0) return CopyRanges(copies, device, stream);
+    // Runs of ranges that follow each other in both source and destination.
+    std::vector<RangeCopy> runs;
+    runs.reserve(copies.size());
+    for (const RangeCopy& c : copies) {
+        if (c.src + c.bytes < c.src || c.dst + c.bytes < c.dst) {
+            return InvalidArgument("copy range wraps around the address space");
+        }
+        if (c.bytes == 0) continue;
+        if (!runs.empty() && runs.back().src + runs.back().bytes == c.src &&
+            runs.back().dst + runs.back().bytes == c.dst) {
+            runs.back().bytes += c.bytes;
+        } else {
+            runs.push_back(c);
+        }
+    }
+    std::vector<RangeCopy> kernel;
+    std::vector<HostDeviceCopy> engine;
+    for (const RangeCopy& r : runs) {
+        if (r.bytes >= engine_min_bytes) {
+            engine.push_back({{r.dst, device},
+                              {reinterpret_cast<std::byte*>(r.src), static_cast<std::size_t>(r.bytes)}});
+        } else {
+            kernel.push_back(r);
+        }
+    }
+    if (engine.empty()) return CopyRanges(kernel, device, stream);
+    const std::function<Status()> launch = [&]() -> Status {
+        return kernel.empty() ? Status::Ok() : CopyRanges(kernel, device, stream);
+    };
+    return EnqueueCopiesToDeviceAlongside(engine, stream, launch);
 }
 
 Result<StreamPoint> StreamPoint::Record(std::uintptr_t stream) {

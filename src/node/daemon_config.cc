@@ -170,6 +170,8 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
         }
     } else if (key == "commit_staging_pinned_bytes") {
         return bytes(c.commit_staging_pinned_bytes);
+    } else if (key == "device_gather_engine_bytes") {
+        return bytes(c.device_gather_engine_bytes);
     } else if (key == "prepare_threads") {
         MCS_ASSIGN_OR_RETURN(c.prepare_threads, ParseU32(value, key));
         if (c.prepare_threads == 0 || c.prepare_threads > 256) {
@@ -262,7 +264,7 @@ std::span<const std::string_view> ConfigKeys() {
         "read_threads",         "max_connections",  "frame_timeout",
         "idle_timeout",         "prefault_segments", "prepare_threads",
         "log_level",            "read_in_place",    "commit_staging_pinned_bytes",
-        "gpu_commit_check"};
+        "gpu_commit_check",     "device_gather_engine_bytes"};
     return kKeys;
 }
 
@@ -322,6 +324,7 @@ std::string ConfigToJson(const NodeDaemonConfig& c) {
     j["read_in_place"] = c.read_in_place;
     j["commit_staging_pinned_bytes"] = c.commit_staging_pinned_bytes;
     j["gpu_commit_check"] = c.gpu_commit_check;
+    j["device_gather_engine_bytes"] = c.device_gather_engine_bytes;
     j["max_connections"] = c.max_connections;
     j["frame_timeout"] = std::to_string(c.frame_timeout.count()) + "ms";
     j["idle_timeout"] = std::to_string(c.idle_timeout.count()) + "ms";

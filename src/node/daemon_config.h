@@ -38,6 +38,10 @@ struct NodeDaemonConfig {
     bool gpu_commit_check = true;
     /// Host bytes pinned for the commits copied from clients' CUDA memory.
     std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
+    /// Runs of ranges of at least this many bytes that the daemon copies into a client's GPU
+    /// memory (planned device reads, tensor restores) go to the copy engine, beside one gather
+    /// kernel for the rest; 0: all by the kernel (a daemon built with the GPU codec).
+    std::uint64_t device_gather_engine_bytes = std::uint64_t{256} << 10;
     std::uint32_t max_connections = 1024;
     /// A started frame must be complete (and a new connection must say Hello) within this.
     std::chrono::milliseconds frame_timeout{10000};

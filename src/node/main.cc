@@ -56,6 +56,10 @@ DEFINE_bool(gpu_commit_check, true,
             "Commits from clients' CUDA memory are checked, indexed and checksummed on the GPU "
             "and copied once into the store (a daemon built with the GPU codec); off: copied "
             "into staging memory and checked on the host.");
+DEFINE_string(device_gather_engine_bytes, "256KiB",
+              "Runs of ranges of at least this many bytes that the daemon copies into clients' "
+              "GPU memory go to the copy engine, beside one gather kernel for the rest; 0: all by "
+              "the kernel (a daemon built with the GPU codec).");
 DEFINE_uint32(max_connections, 1024,
               "Connections served at once; when full, a new one evicts the longest-idle "
               "connection that holds no client buffer and no lease.");
@@ -101,9 +105,9 @@ mcs::Result<std::vector<mcs::DeviceIndexResult>> CheckOnDevice(
 }
 
 /// NodeServerOptions::device_gather: the GPU codec's copy kernel, reading the pinned segments
-/// by their host addresses.
+/// by their host addresses, and the copy engine for runs of `engine_min_bytes` and up.
 mcs::Status GatherOnDevice(std::span<const mcs::DeviceRangeCopy> ranges, int device,
-                           mcs::CudaStream stream) {
+                           mcs::CudaStream stream, std::uint64_t engine_min_bytes) {
     if (!mcs::cuda::HostPointersAreDeviceAddresses(device)) {
         return mcs::Unimplemented("this device does not address pinned host memory directly");
     }
@@ -112,7 +116,7 @@ mcs::Status GatherOnDevice(std::span<const mcs::DeviceRangeCopy> ranges, int dev
     for (const mcs::DeviceRangeCopy& r : ranges) {
         copies.push_back({reinterpret_cast<std::uintptr_t>(r.src), r.dst, r.bytes});
     }
-    return mcs::cuda::CopyRanges(copies, device, stream);
+    return mcs::cuda::CopyRangesToDevice(copies, device, stream, engine_min_bytes);
 }
 #endif
 
@@ -230,7 +234,13 @@ int main(int argc, char** argv) {
         options->device_index = &CheckOnDevice;
         LOG(INFO) << "commits from CUDA memory are checked on the GPU (gpu_commit_check)";
     }
-    if (mcs::cuda::Available()) options->device_gather = &GatherOnDevice;
+    if (mcs::cuda::Available()) {
+        options->device_gather = [engine = config->device_gather_engine_bytes](
+                                     std::span<const mcs::DeviceRangeCopy> ranges, int device,
+                                     mcs::CudaStream stream) {
+            return GatherOnDevice(ranges, device, stream, engine);
+        };
+    }
 #endif
     auto server = mcs::NodeServer::Start(*options);
     if (!server.ok()) {

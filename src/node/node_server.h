@@ -75,8 +75,8 @@ struct DeviceRangeCopy {
     std::uint64_t bytes = 0;
 };
 
-/// Copies every range into memory of `device` with one kernel launch, ordered on `stream` (not
-/// waited for). Unimplemented: the device cannot read page-locked host memory by its host
+/// Copies every range into memory of `device` with one kernel launch (and, for large runs, the
+/// copy engine beside it), ordered on `stream` (not waited for). Unimplemented: the device cannot read page-locked host memory by its host
 /// address (the caller copies range by range).
 using DeviceGatherFn =
     std::function<Status(std::span<const DeviceRangeCopy>, int device, CudaStream stream)>;

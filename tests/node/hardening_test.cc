@@ -292,6 +292,13 @@ TEST(DaemonConfigTest, TimeoutsAndPreparationKeys) {
     ASSERT_TRUE(ApplyYamlConfig("gpu_commit_check: off\n", c).ok());
     EXPECT_FALSE(c.gpu_commit_check);
     EXPECT_NE(ConfigToJson(c).find("\"gpu_commit_check\":false"), std::string::npos);
+    EXPECT_EQ(c.device_gather_engine_bytes, std::uint64_t{256} << 10);
+    ASSERT_TRUE(ApplyYamlConfig("device_gather_engine_bytes: 1MiB\n", c).ok());
+    EXPECT_EQ(c.device_gather_engine_bytes, std::uint64_t{1} << 20);
+    ASSERT_TRUE(SetConfigKey(c, "device_gather_engine_bytes", "0").ok());
+    EXPECT_EQ(c.device_gather_engine_bytes, 0u);
+    EXPECT_NE(ConfigToJson(c).find("\"device_gather_engine_bytes\":0"), std::string::npos);
+    EXPECT_FALSE(SetConfigKey(c, "device_gather_engine_bytes", "big").ok());
     EXPECT_FALSE(SetConfigKey(c, "commit_staging_pinned_bytes", "lots").ok());
     EXPECT_FALSE(SetConfigKey(c, "prefault_segments", "maybe").ok());
     EXPECT_FALSE(SetConfigKey(c, "prepare_threads", "0").ok());

@@ -259,21 +259,26 @@ def same_entries(host, dev):
     assert np.array_equal(hv[oh], dv[od])
 
 
+@pytest.mark.parametrize("engine_bytes", [0, 1024], ids=["kernel", "engine"])
 @pytest.mark.parametrize("groups", [1, 3])
 @pytest.mark.parametrize("pinned_quota", [0, 2 << 20, 256 << 20],
                          ids=["pageable", "mixed", "pinned"])
-def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quota, groups):
+def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quota, groups,
+                                                                     engine_bytes):
     # Pinned: the GPU reads the ranges straight from the store's memory; pageable: through
     # pinned staging; mixed (a quota that pins the first objects only): both in one read.
     # Either way the targets are filtered and rebased on the GPU, in one group of tensors or in
-    # several (each planned while the one before is copied).
+    # several (each planned while the one before is copied). The pinned ranges move by the
+    # gather kernel alone, or (runs of 1 KiB and up, most of these) by the copy engine beside it.
     previous = _core._set_device_read_groups(groups)
+    previous_engine = _core._set_device_gather_engine_bytes(engine_bytes)
     try:
         store = mcs.connect(capacity_bytes=256 << 20, pinned_quota_bytes=pinned_quota)
         check_targets_built_on_the_gpu(store)
         store.close()
     finally:
         _core._set_device_read_groups(previous)
+        _core._set_device_gather_engine_bytes(previous_engine)
 
 
 def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path):
