@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace mooncake::sparse::bench {
 
@@ -54,6 +56,54 @@ private:
     }
 
     std::FILE* file_ = nullptr;
+};
+
+/// One JSON object, built key by key; non-finite doubles become null.
+class JsonLine {
+public:
+    explicit JsonLine(std::string_view what) { Add("what", what); }
+    JsonLine& Add(std::string_view key, std::string_view value) {
+        Key(key);
+        text_ += '"';
+        text_ += value;  // Keys and values here are plain ASCII identifiers.
+        text_ += '"';
+        return *this;
+    }
+    JsonLine& Add(std::string_view key, const char* value) {
+        return Add(key, std::string_view(value));
+    }
+    JsonLine& Add(std::string_view key, bool value) {
+        Key(key);
+        text_ += value ? "true" : "false";
+        return *this;
+    }
+    template <typename T>
+        requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
+    JsonLine& Add(std::string_view key, T value) {
+        Key(key);
+        text_ += std::to_string(value);
+        return *this;
+    }
+    JsonLine& Add(std::string_view key, double value) {
+        Key(key);
+        if (!std::isfinite(value)) {
+            text_ += "null";
+        } else {
+            char buf[64];
+            std::snprintf(buf, sizeof(buf), "%.6g", value);
+            text_ += buf;
+        }
+        return *this;
+    }
+    std::string str() const { return text_ + "}"; }
+
+private:
+    void Key(std::string_view key) {
+        text_ += text_.size() > 1 ? ",\"" : "\"";
+        text_ += key;
+        text_ += "\":";
+    }
+    std::string text_ = "{";
 };
 
 }  // namespace mooncake::sparse::bench
