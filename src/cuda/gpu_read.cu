@@ -16,6 +16,7 @@
 #include <cub/device/device_scan.cuh>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -311,6 +312,54 @@ Status CopyRangesToDevice(std::span<const RangeCopy> copies, int device, std::ui
         return kernel.empty() ? Status::Ok() : CopyRanges(kernel, device, stream);
     };
     return EnqueueCopiesToDeviceAlongside(engine, stream, launch);
+}
+
+Result<const IpcReadyEvent*> IpcReadyEvent::Of(int device) {
+    static std::mutex mu;
+    static std::map<int, IpcReadyEvent*> events;  // never destroyed: the daemon may hold them
+    std::lock_guard lock(mu);
+    if (auto it = events.find(device); it != events.end()) return it->second;
+    MCS_RETURN_IF_ERROR(UseDevice(device));
+    cudaEvent_t e = nullptr;
+    MCS_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming | cudaEventInterprocess));
+    cudaIpcEventHandle_t h;
+    if (const cudaError_t err = cudaIpcGetEventHandle(&h, e); err != cudaSuccess) {
+        (void)cudaGetLastError();
+        (void)cudaEventDestroy(e);
+        return CudaError(err, "cudaIpcGetEventHandle");
+    }
+    static_assert(sizeof(h) == 64);
+    auto* ev = new IpcReadyEvent;
+    ev->event_ = e;
+    std::memcpy(ev->handle_.data(), &h, sizeof(h));
+    events[device] = ev;
+    return ev;
+}
+
+Status IpcReadyEvent::WaitOn(std::uintptr_t stream) const {
+    MCS_CUDA(cudaStreamWaitEvent(AsStream(stream), static_cast<cudaEvent_t>(event_), 0));
+    return Status::Ok();
+}
+
+Result<std::shared_ptr<void>> OpenIpcEvent(std::span<const std::byte> handle, int device) {
+    cudaIpcEventHandle_t h;
+    if (handle.size() != sizeof(h)) {
+        return InvalidArgument("a CUDA IPC event handle has " + std::to_string(sizeof(h)) +
+                               " bytes, not " + std::to_string(handle.size()));
+    }
+    std::memcpy(&h, handle.data(), sizeof(h));
+    MCS_RETURN_IF_ERROR(UseDevice(device));
+    cudaEvent_t e = nullptr;
+    if (const cudaError_t err = cudaIpcOpenEventHandle(&e, h); err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return InvalidArgument("cudaIpcOpenEventHandle: " + std::string(cudaGetErrorString(err)));
+    }
+    return std::shared_ptr<void>(e, [](void* p) { (void)cudaEventDestroy(static_cast<cudaEvent_t>(p)); });
+}
+
+Status RecordIpcEvent(void* event, std::uintptr_t stream) {
+    MCS_CUDA(cudaEventRecord(static_cast<cudaEvent_t>(event), AsStream(stream)));
+    return Status::Ok();
 }
 
 Result<StreamPoint> StreamPoint::Record(std::uintptr_t stream) {

@@ -7,8 +7,10 @@
 // device into one output allocation. Like gpu_codec.h, this header needs no CUDA headers.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <utility>
@@ -89,6 +91,35 @@ public:
 private:
     void* event_ = nullptr;
 };
+
+/// An event that another process (the node daemon) records on its stream once it has queued
+/// copies into this process's memory, for this process's streams to wait on (CUDA IPC event):
+/// the daemon then answers at once and the copies run while this process goes on. One per
+/// device, for the life of the process.
+class IpcReadyEvent {
+public:
+    /// The event of `device`, made on first use. Errors: Unavailable / Internal (CUDA errors).
+    static Result<const IpcReadyEvent*> Of(int device);
+    /// The event's cudaIpcEventHandle_t (64 bytes).
+    std::span<const std::byte> handle() const { return handle_; }
+    /// Work queued on `stream` from now on runs after the event's last record.
+    /// Errors: Unavailable / Internal.
+    Status WaitOn(std::uintptr_t stream) const;
+
+private:
+    IpcReadyEvent() = default;
+    void* event_ = nullptr;
+    std::array<std::byte, 64> handle_{};
+};
+
+/// Another process's IpcReadyEvent opened in this one (cudaIpcOpenEventHandle on `device`),
+/// destroyed with the last reference. Errors: InvalidArgument (not 64 bytes, or a handle the
+/// driver refuses); Unavailable / Internal.
+Result<std::shared_ptr<void>> OpenIpcEvent(std::span<const std::byte> handle, int device);
+
+/// Records an event from OpenIpcEvent on `stream` (after the work queued there so far).
+/// Errors: Unavailable / Internal.
+Status RecordIpcEvent(void* event, std::uintptr_t stream);
 
 /// One piece of a target (PlannedRead::Piece on the device): `count` entries whose coordinates
 /// ([count, rank] of `index_size`-byte unsigned integers) and values lie at the given byte

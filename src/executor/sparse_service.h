@@ -227,13 +227,18 @@ struct PlannedRead {
     /// values at `at[2 * r + 1]` bytes into an allocation of at least `total` bytes on
     /// `device`, written once work queued on `stream` before the call has run. Returns the
     /// allocation's address and what keeps it; the caller keeps that until its kernels that
-    /// read the ranges have finished. Unset: the caller reads the ranges at their addresses.
+    /// read the ranges have finished. With `ready_event` (a CUDA IPC event handle of the
+    /// caller's, 64 bytes) the store may answer before the copies are done (`copied` false):
+    /// it has then recorded that event after them, and the caller's work that reads the ranges
+    /// must wait on it. Unset: the caller reads the ranges at their addresses.
     struct DeviceRanges {
         std::uintptr_t address = 0;
         std::shared_ptr<const void> owner;
+        bool copied = true;
     };
     std::function<Result<DeviceRanges>(std::span<const std::uint64_t> at, std::uint64_t total,
-                                       int device, std::uintptr_t stream)>
+                                       int device, std::uintptr_t stream,
+                                       std::span<const std::byte> ready_event)>
         ranges_to_device;
 
     std::span<const SourceDescriptor> manifest;

@@ -240,6 +240,10 @@ int main(int argc, char** argv) {
                                      mcs::CudaStream stream) {
             return GatherOnDevice(ranges, device, stream, engine);
         };
+        options->open_ipc_event = &mcs::cuda::OpenIpcEvent;
+        options->record_ipc_event = [](void* event, mcs::CudaStream stream) {
+            return mcs::cuda::RecordIpcEvent(event, stream);
+        };
     }
 #endif
     auto server = mcs::NodeServer::Start(*options);

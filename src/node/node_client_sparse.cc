@@ -1026,7 +1026,8 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
     }
     if (ipc) {
         read.ranges_to_device = [&](std::span<const std::uint64_t> at, std::uint64_t total,
-                                    int device, std::uintptr_t stream)
+                                    int device, std::uintptr_t stream,
+                                    std::span<const std::byte> ready_event)
             -> Result<PlannedRead::DeviceRanges> {
             if (at.size() != 2 * all.ranges.size()) {
                 return InvalidArgument("one offset per range member");
@@ -1057,8 +1058,10 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
             copy.destination =
                 wire::CudaLocation(arena->exported, arena->exported.offset, arena->bytes);
+            copy.ready_event.assign(reinterpret_cast<const char*>(ready_event.data()),
+                                    ready_event.size());
             MCS_RETURN_IF_ERROR(Call<wire::OkReply>(copy, total));
-            return PlannedRead::DeviceRanges{arena->address, std::move(arena)};
+            return PlannedRead::DeviceRanges{arena->address, std::move(arena), ready_event.empty()};
         };
     }
     read.kept.assign(targets.size(), 0);

@@ -33,6 +33,16 @@ using node_internal::Product;
 void NodeServer::Session::Run() {
     UnixConnection& conn = connection_.conn;
     const NodeServerOptions& o = server_.options_;
+    // Copies into the client's memory left running (a deferred LeaseRangesToDevice) finish
+    // before the connection's mappings of that memory are closed.
+    struct DrainDeferred {
+        Session& s;
+        ~DrainDeferred() {
+            if (s.ready_event_.event != nullptr) {
+                (void)cuda::StreamSynchronize(kCudaPerThreadStream, s.ready_event_.device);
+            }
+        }
+    } drain{*this};
     const auto after = [](std::chrono::milliseconds t) {
         return t.count() > 0 ? Deadline::After(t) : Deadline::Never();
     };
@@ -656,6 +666,8 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"leases_to_device_bytes", double(leases_to_device_bytes_.load(std::memory_order_relaxed))},
         {"leases_to_device_copies",
          double(leases_to_device_copies_.load(std::memory_order_relaxed))},
+        {"leases_to_device_deferred",
+         double(leases_to_device_deferred_.load(std::memory_order_relaxed))},
         {"leases_to_device_seconds",
          1e-9 * double(leases_to_device_nanos_.load(std::memory_order_relaxed))},
         {"planned_reads", double(planned_reads_.load(std::memory_order_relaxed))},

@@ -124,6 +124,14 @@ struct NodeServerOptions {
     /// reads the pinned segments, where the copy engine takes one transfer per range (a step's
     /// read holds thousands). Null: one copy-engine transfer per range.
     DeviceGatherFn device_gather;
+    /// A client's CUDA IPC event (LeaseRangesToDeviceRequest::ready_event) opened on `device`
+    /// (kept per connection, destroyed with the last reference), and its record on a stream.
+    /// The daemon binary sets cuda::OpenIpcEvent / RecordIpcEvent here with device_gather: a
+    /// planned read's copies are then queued and the event recorded after them, and the reply
+    /// goes at once. Null: the reply goes once the copies are done.
+    std::function<Result<std::shared_ptr<void>>(std::span<const std::byte> handle, int device)>
+        open_ipc_event;
+    std::function<Status(void* event, CudaStream stream)> record_ipc_event;
     /// Materialization threads of one read_sparse_objects call when the client asks for 0.
     std::uint32_t read_threads = 2;
     /// Reads build their targets straight from the stored bytes (ReadOptions::view_in_place)
@@ -246,6 +254,9 @@ private:
     std::atomic<std::uint64_t> device_commit_nanos_{0};       ///< ... the whole of the handler.
     std::atomic<std::uint64_t> leases_to_device_bytes_{0};   ///< LeasesToDevice members' bytes.
     std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies.
+    /// ... of which requests answered before their copies were done (the client's ready event
+    /// recorded after them).
+    std::atomic<std::uint64_t> leases_to_device_deferred_{0};
     std::atomic<std::uint64_t> leases_to_device_nanos_{0};   ///< ... taking this long.
     std::atomic<std::uint64_t> planned_reads_{0};            ///< SparseReadPlan requests served.
     std::atomic<std::uint64_t> step_reads_{0};  ///< SparseReadStep requests served.

@@ -11,6 +11,8 @@
 #include <chrono>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -128,8 +130,11 @@ private:
     /// Copies `copies` (checked by the caller) into the client's CUDA memory `destination`:
     /// runs of one segment the client placed as they lie there move as one copy, pageable
     /// bytes through pinned landing memory; returns once the copies are done.
+    /// With `ready_event` (the client's CUDA IPC event handle), the copies may be left running
+    /// with the event recorded after them.
     Status CopySegmentsToDevice(std::span<const SegmentCopy> copies,
-                                const wire::TensorLocation& destination);
+                                const wire::TensorLocation& destination,
+                                std::string_view ready_event = {});
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.
     Result<SparseObject> CheckedCommitObject(const wire::SparseCommitRequest& req);
     /// SparseCommitBatch of canonical objects whose entries are copied from the client's
@@ -185,6 +190,13 @@ private:
     std::uint64_t next_lease_id_ = 1;
     /// CUDA allocations of this client, opened once and closed with the connection.
     CudaIpcCache ipc_cache_;
+    /// The client's ready event (LeaseRangesToDeviceRequest::ready_event), opened once.
+    struct ReadyEvent {
+        std::string handle;
+        int device = -1;
+        std::shared_ptr<void> event;
+    };
+    ReadyEvent ready_event_;
 };
 
 }  // namespace mooncake::sparse

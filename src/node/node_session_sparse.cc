@@ -750,12 +750,13 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeaseRangesToDevice(
         copies.push_back({bytes.data() + item.offset, item.dst_offset, item.bytes,
                           lease.segment_id()});
     }
-    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(copies, req.destination));
+    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(copies, req.destination, req.ready_event));
     return Reply{wire::OkReply{}, {}};
 }
 
 Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> copies,
-                                                 const wire::TensorLocation& destination) {
+                                                 const wire::TensorLocation& destination,
+                                                 std::string_view ready_event) {
     const auto start = std::chrono::steady_clock::now();
     std::uint64_t total = 0;
     for (const SegmentCopy& c : copies) total += c.bytes;
@@ -843,7 +844,34 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
             ++issued;
         }
     }
-    MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, dst.device));
+    // With the client's ready event, and every run read where it lies (a bounce buffer goes
+    // back when this returns): the event recorded after the copies, the reply at once. The
+    // leases keep the segments' bytes until the client releases them, after its wait.
+    bool deferred = false;
+    if (!ready_event.empty() && pageable.empty() && server_.options_.open_ipc_event &&
+        server_.options_.record_ipc_event) {
+        if (ready_event_.event == nullptr || ready_event_.handle != ready_event ||
+            ready_event_.device != dst.device) {
+            ready_event_ = {};
+            Result<std::shared_ptr<void>> opened = server_.options_.open_ipc_event(
+                std::as_bytes(std::span(ready_event.data(), ready_event.size())), dst.device);
+            if (opened.ok()) {
+                ready_event_ = {std::string(ready_event), dst.device, std::move(opened).value()};
+            } else {
+                static std::atomic<bool> warned{false};
+                if (!warned.exchange(true)) {
+                    MCS_LOG(kWarning) << "a client's ready event cannot be opened; its device "
+                                         "reads are answered once copied: "
+                                      << opened.status().ToString();
+                }
+            }
+        }
+        deferred = ready_event_.event != nullptr &&
+                   server_.options_.record_ipc_event(ready_event_.event.get(), kCudaPerThreadStream)
+                       .ok();
+    }
+    if (!deferred) MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, dst.device));
+    if (deferred) server_.leases_to_device_deferred_.fetch_add(1, std::memory_order_relaxed);
     server_.leases_to_device_bytes_.fetch_add(total, std::memory_order_relaxed);
     server_.leases_to_device_copies_.fetch_add(issued, std::memory_order_relaxed);
     server_.leases_to_device_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);

@@ -61,8 +61,9 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// (SparseReadStep). 9: a read's reply carries what the read decided of each target object
 /// (ReadTargetLocation), not its whole descriptor; a planned read names a sealed step
 /// (SparseReadPlanRequest::sealed_entries). 10: admissions in batches
-/// (SparseAdmitBatch).
-inline constexpr std::uint32_t kProtocolVersion = 10;
+/// (SparseAdmitBatch). 11: LeaseRangesToDevice may answer before its copies are done, having
+/// recorded the client's CUDA IPC event after them (LeaseRangesToDeviceRequest::ready_event).
+inline constexpr std::uint32_t kProtocolVersion = 11;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;

@@ -33,6 +33,11 @@ Status LeaseRangesToDeviceRequest::Validate() const {
     if (destination.ref.kind != BufferKind::kCudaIpc) {
         return InvalidArgument("a LeaseRangesToDevice destination is not in CUDA memory");
     }
+    if (!ready_event.empty() && ready_event.size() != kCudaIpcHandleBytes) {
+        return InvalidArgument("a LeaseRangesToDevice ready event handle has " +
+                               std::to_string(ready_event.size()) + " bytes, not " +
+                               std::to_string(kCudaIpcHandleBytes));
+    }
     return destination.Validate();
 }
 

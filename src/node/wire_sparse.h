@@ -611,10 +611,16 @@ struct LeaseRangesToDeviceRequest {
     static constexpr MessageType kType = MessageType::kLeaseRangesToDevice;
     std::vector<LeaseRangeCopy> items;
     TensorLocation destination;  ///< kCudaIpc; ref covers the bytes the items may write.
+    /// Empty: the reply comes once the copies are done. Else a CUDA IPC event handle of the
+    /// client (kCudaIpcHandleBytes) that the daemon may record after queuing the copies, then
+    /// answer at once; the client's work on the bytes waits on the event either way (a daemon
+    /// that copied before answering left it as it was).
+    std::string ready_event;
 
     static void Fields(auto& v, auto& m) {
         v("items", m.items, kMaxBatchItems);
         v("destination", m.destination);
+        v("ready_event", m.ready_event, kCudaIpcHandleBytes);
     }
     Status Validate() const;
     friend bool operator==(const LeaseRangesToDeviceRequest&,

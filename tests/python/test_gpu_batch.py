@@ -5,6 +5,8 @@ apply_sparse_objects into CUDA weights (one batched apply; strided views of rank
 Each equals the host path item by item. Skipped without the GPU codec or a CUDA device."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -281,25 +283,45 @@ def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quot
         _core._set_device_gather_engine_bytes(previous_engine)
 
 
-def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path):
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
+def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinned, groups):
     # The daemon plans the read and copies the ranges into this process's GPU memory; the
-    # targets are filtered and rebased here, as on the embedded store.
+    # targets are filtered and rebased here, as on the embedded store. From pinned segments
+    # it answers once the copies are queued, with this process's ready event recorded after
+    # them (from pageable ones, through its bounce buffer, once they are done); in several
+    # groups, each group's plan while the group before is copied.
     if not HAVE_DAEMON:
         pytest.skip("mooncake_sparse_node is not built")
-    with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4) as daemon:
-        store = mcs.connect(daemon.url)
-        if not store.capabilities().get("cuda_ipc_available"):
-            pytest.skip("no CUDA IPC with the daemon here")
-        before = _core._device_read_counters()
-        check_targets_built_on_the_gpu(store)
-        after = _core._device_read_counters()
-        m = store.metrics()
-        # Built here on the GPU from ranges the daemon planned and copied (the fold of the
-        # check is read on the daemon's host).
-        assert after["reads"] == before["reads"] + 1
-        assert after["ranges_seconds"] > before["ranges_seconds"]
-        assert m["planned_reads"] == 1 and m["leases_to_device_bytes"] > 0
-        store.close()
+    previous = _core._set_device_read_groups(groups)
+    try:
+        with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4,
+                               pinned_quota_bytes="256MiB" if pinned else "0") as daemon:
+            store = mcs.connect(daemon.url)
+            if not store.capabilities().get("cuda_ipc_available"):
+                pytest.skip("no CUDA IPC with the daemon here")
+            # The daemon pins its segments in the background: the read waits for them here.
+            deadline = time.monotonic() + 30
+            while pinned and store.metrics()["pinned_bytes"] < (256 << 20):
+                assert time.monotonic() < deadline, "the daemon did not pin its segments"
+                time.sleep(0.05)
+            store.reset_metrics()
+            before = _core._device_read_counters()
+            check_targets_built_on_the_gpu(store)
+            after = _core._device_read_counters()
+            m = store.metrics()
+            # Built here on the GPU from ranges the daemon planned and copied (the fold of the
+            # check is read on the daemon's host).
+            assert after["reads"] == before["reads"] + 1
+            assert after["ranges_seconds"] > before["ranges_seconds"]
+            assert m["planned_reads"] == groups and m["leases_to_device_bytes"] > 0
+            if pinned:
+                assert m["leases_to_device_deferred"] >= 1
+            else:
+                assert m["leases_to_device_deferred"] == 0
+            store.close()
+    finally:
+        _core._set_device_read_groups(previous)
 
 
 def check_targets_built_on_the_gpu(store):
