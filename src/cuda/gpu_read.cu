@@ -315,9 +315,7 @@ Status CopyRangesToDevice(std::span<const RangeCopy> copies, int device, std::ui
 }
 
 Result<const IpcReadyEvent*> IpcReadyEvent::Of(int device) {
-    static std::mutex mu;
-    static std::map<int, IpcReadyEvent*> events;  // never destroyed: the daemon may hold them
-    std::lock_guard lock(mu);
+    thread_local std::map<int, const IpcReadyEvent*> events;  // one event per device and thread
     if (auto it = events.find(device); it != events.end()) return it->second;
     MCS_RETURN_IF_ERROR(UseDevice(device));
     cudaEvent_t e = nullptr;
@@ -329,7 +327,7 @@ Result<const IpcReadyEvent*> IpcReadyEvent::Of(int device) {
         return CudaError(err, "cudaIpcGetEventHandle");
     }
     static_assert(sizeof(h) == 64);
-    auto* ev = new IpcReadyEvent;
+    auto* ev = new IpcReadyEvent;  // never destroyed (see the class)
     ev->event_ = e;
     std::memcpy(ev->handle_.data(), &h, sizeof(h));
     events[device] = ev;

@@ -95,11 +95,15 @@ private:
 /// An event that another process (the node daemon) records on its stream once it has queued
 /// copies into this process's memory, for this process's streams to wait on (CUDA IPC event):
 /// the daemon then answers at once and the copies run while this process goes on. One per
-/// device, for the life of the process.
+/// device and thread: a wait then follows the record of the calling thread's own request,
+/// whatever other threads ask meanwhile. Never destroyed (a daemon that opened one keeps it,
+/// and a new event must never come with a handle the daemon has open for an old one).
 class IpcReadyEvent {
 public:
-    /// The event of `device`, made on first use. Errors: Unavailable / Internal (CUDA errors).
+    /// This thread's event of `device`, made on first use. Errors: Unavailable / Internal.
     static Result<const IpcReadyEvent*> Of(int device);
+    IpcReadyEvent(const IpcReadyEvent&) = delete;
+    IpcReadyEvent& operator=(const IpcReadyEvent&) = delete;
     /// The event's cudaIpcEventHandle_t (64 bytes).
     std::span<const std::byte> handle() const { return handle_; }
     /// Work queued on `stream` from now on runs after the event's last record.

@@ -324,6 +324,53 @@ def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinn
         _core._set_device_read_groups(previous)
 
 
+def test_concurrent_device_reads_through_the_daemon_wait_for_their_own_copies(tmp_path):
+    # Two connections of this process read from pinned segments on two threads at once: each
+    # request is answered before its copies are done, and each thread's filter waits on its own
+    # ready event, so that no read sees another's copies complete in place of its own.
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    import threading
+
+    with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4,
+                           pinned_quota_bytes="256MiB") as daemon:
+        stores = [mcs.connect(daemon.url) for _ in range(2)]
+        if not stores[0].capabilities().get("cuda_ipc_available"):
+            pytest.skip("no CUDA IPC with the daemon here")
+        deadline = time.monotonic() + 30
+        while stores[0].metrics()["pinned_bytes"] < (256 << 20):
+            assert time.monotonic() < deadline, "the daemon did not pin its segments"
+            time.sleep(0.05)
+        pairs = pairs_of([((512, 384), torch.bfloat16), ((96, 80), torch.float32),
+                          ((2, 70000), torch.bfloat16)], density=0.2)
+        assert all(isinstance(r, dict) for r in commit_all(stores[0], pairs, "c"))
+        stores[0].seal_generation((0, 1), [f"c{i}" for i in range(len(pairs))])
+        m = stores[0].manifest((0, 1))
+        targets = whole_targets(pairs, "c")
+        errors = []
+
+        def reader(store):
+            try:
+                for _ in range(20):
+                    objs = store.read_sparse_objects(m, targets, device="cuda")
+                    for (new, old), o in zip(pairs, objs):
+                        w = old.clone()
+                        mcs.apply_sparse_object(w, o)
+                        assert np.array_equal(bits(w), bits(new))
+            except BaseException as e:  # reported on the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=reader, args=(s,)) for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors
+        assert stores[0].metrics()["leases_to_device_deferred"] >= 40
+        for s in stores:
+            s.close()
+
+
 def check_targets_built_on_the_gpu(store):
     pairs = pairs_of(MIXED)
     assert all(isinstance(r, dict) for r in commit_all(store, pairs, "g"))
