@@ -770,17 +770,6 @@ TEST_F(NodeServerTest, LeasesToDeviceChecksEveryItemFirst) {
     EXPECT_TRUE(mapped.code() == StatusCode::kUnimplemented ||
                 mapped.code() == StatusCode::kInvalidArgument)
         << mapped.ToString();
-    // A ready event handle of the wrong size does not decode; one of the right size that opens
-    // nothing is checked no earlier than the copies (it only lets the reply go before them).
-    req.ready_event.assign(10, '\x33');
-    EXPECT_THAT(ask({{id, 0, 16, 1000, 64}}),
-                StatusIsWithMessage(StatusCode::kInvalidArgument, "ready event"));
-    req.ready_event.assign(wire::kCudaIpcHandleBytes, '\x33');
-    const Status with_event = ask({{id, 0, 16, 1000, 64}});
-    EXPECT_TRUE(with_event.code() == StatusCode::kUnimplemented ||
-                with_event.code() == StatusCode::kInvalidArgument)
-        << with_event.ToString();
-    req.ready_event.clear();
     // A destination outside CUDA memory does not decode.
     req.destination = {wire::BufferRef::Client(0, 4096), 0, 0, ""};
     req.items = {{lease->lease_id, "indices", 0}};
@@ -839,6 +828,17 @@ TEST_F(NodeServerTest, LeaseRangesToDeviceChecksEveryItemFirst) {
     EXPECT_TRUE(mapped.code() == StatusCode::kUnimplemented ||
                 mapped.code() == StatusCode::kInvalidArgument)
         << mapped.ToString();
+    // A ready event handle of the wrong size does not decode; one of the right size that opens
+    // nothing is checked no earlier than the copies (it only lets the reply go before them).
+    req.ready_event.assign(10, '\x33');
+    EXPECT_THAT(ask({{id, 0, 16, 1000, 64}}),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "ready event"));
+    req.ready_event.assign(wire::kCudaIpcHandleBytes, '\x33');
+    const Status with_event = ask({{id, 0, 16, 1000, 64}});
+    EXPECT_TRUE(with_event.code() == StatusCode::kUnimplemented ||
+                with_event.code() == StatusCode::kInvalidArgument)
+        << with_event.ToString();
+    req.ready_event.clear();
     // A destination outside CUDA memory does not decode.
     req.destination = {wire::BufferRef::Client(0, 4096), 0, 0, ""};
     req.items = {{id, 0, 0, 16, 0}};

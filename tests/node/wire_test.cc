@@ -329,7 +329,6 @@ std::vector<Message> SampleMessages() {
         LeaseRangesToDeviceRequest c;
         c.items = {{17, 0, 0, 120, 0}, {17, 0, 200, 80, 208}, {17, 1, 0, 60, 512}};
         c.destination = {CudaRef(0, 64 << 20), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"};
-        out.push_back(c);
         c.ready_event.assign(kCudaIpcHandleBytes, '\x5a');  // the client's CUDA IPC event
         out.push_back(c);
     }
