@@ -58,18 +58,20 @@ private:
     std::FILE* file_ = nullptr;
 };
 
-/// One JSON object, built key by key; non-finite doubles become null.
+/// One JSON object, built key by key; numbers stay numbers, non-finite doubles become null.
 class JsonLine {
 public:
     explicit JsonLine(std::string_view what) { Add("what", what); }
+
     JsonLine& Add(std::string_view key, std::string_view value) {
         Key(key);
-        text_ += '"';
-        text_ += value;  // Keys and values here are plain ASCII identifiers.
-        text_ += '"';
+        Quote(value);
         return *this;
     }
     JsonLine& Add(std::string_view key, const char* value) {
+        return Add(key, std::string_view(value));
+    }
+    JsonLine& Add(std::string_view key, const std::string& value) {
         return Add(key, std::string_view(value));
     }
     JsonLine& Add(std::string_view key, bool value) {
@@ -95,13 +97,36 @@ public:
         }
         return *this;
     }
+    /// `value` is already JSON (an array or object).
+    JsonLine& AddRaw(std::string_view key, std::string_view value) {
+        Key(key);
+        text_ += value;
+        return *this;
+    }
+
     std::string str() const { return text_ + "}"; }
 
 private:
     void Key(std::string_view key) {
-        text_ += text_.size() > 1 ? ",\"" : "\"";
-        text_ += key;
-        text_ += "\":";
+        text_ += text_.size() > 1 ? "," : "";
+        Quote(key);
+        text_ += ':';
+    }
+    void Quote(std::string_view s) {
+        text_ += '"';
+        for (char c : s) {
+            if (c == '"' || c == '\\') {
+                text_ += '\\';
+                text_ += c;
+            } else if (static_cast<unsigned char>(c) < 0x20) {
+                char buf[8];
+                std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+                text_ += buf;
+            } else {
+                text_ += c;
+            }
+        }
+        text_ += '"';
     }
     std::string text_ = "{";
 };

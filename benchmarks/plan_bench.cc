@@ -52,6 +52,7 @@
 
 #include "json_lines.h"
 #include "kimi_k2_model.h"
+#include "synthetic_update.h"
 
 namespace mcs = mooncake::sparse;
 using mcs::Box;
@@ -127,78 +128,7 @@ void OrDie(const mcs::Status& s, std::string_view what) {
     if (!s.ok()) Die(std::string(what) + ": " + s.ToString());
 }
 
-/// One JSON object, built key by key; numbers stay numbers, non-finite doubles become null.
-class JsonLine {
-  public:
-    explicit JsonLine(std::string_view what) { Add("what", what); }
-
-    JsonLine& Add(std::string_view key, std::string_view value) {
-        Key(key);
-        Quote(value);
-        return *this;
-    }
-    JsonLine& Add(std::string_view key, const char* value) {
-        return Add(key, std::string_view(value));
-    }
-    JsonLine& Add(std::string_view key, const std::string& value) {
-        return Add(key, std::string_view(value));
-    }
-    JsonLine& Add(std::string_view key, bool value) {
-        Key(key);
-        text_ += value ? "true" : "false";
-        return *this;
-    }
-    template <typename T>
-        requires(std::is_integral_v<T> && !std::is_same_v<T, bool>)
-    JsonLine& Add(std::string_view key, T value) {
-        Key(key);
-        text_ += std::to_string(value);
-        return *this;
-    }
-    JsonLine& Add(std::string_view key, double value) {
-        Key(key);
-        if (!std::isfinite(value)) {
-            text_ += "null";
-        } else {
-            char buf[64];
-            std::snprintf(buf, sizeof(buf), "%.6g", value);
-            text_ += buf;
-        }
-        return *this;
-    }
-    /// `value` is already JSON (an array or object).
-    JsonLine& AddRaw(std::string_view key, std::string_view value) {
-        Key(key);
-        text_ += value;
-        return *this;
-    }
-
-    std::string str() const { return text_ + "}"; }
-
-  private:
-    void Key(std::string_view key) {
-        text_ += text_.size() > 1 ? "," : "";
-        Quote(key);
-        text_ += ':';
-    }
-    void Quote(std::string_view s) {
-        text_ += '"';
-        for (char c : s) {
-            if (c == '"' || c == '\\') {
-                text_ += '\\';
-                text_ += c;
-            } else if (static_cast<unsigned char>(c) < 0x20) {
-                char buf[8];
-                std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-                text_ += buf;
-            } else {
-                text_ += c;
-            }
-        }
-        text_ += '"';
-    }
-    std::string text_ = "{";
-};
+using mooncake::sparse::bench::JsonLine;
 
 std::string JsonShape(std::span<const Index> shape) {
     std::string s = "[";
@@ -211,40 +141,7 @@ std::string JsonShape(std::span<const Index> shape) {
 
 using Emitter = mooncake::sparse::bench::JsonLinesOut;
 
-std::uint64_t SplitMix64(std::uint64_t& state) {
-    std::uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/// xoshiro256**: a fast UniformRandomBitGenerator; one per source, seeded from (seed, stream),
-/// so a multi-threaded build draws exactly what a single-threaded one does.
-class Rng {
-  public:
-    using result_type = std::uint64_t;
-    Rng(std::uint64_t seed, std::uint64_t stream) {
-        std::uint64_t st = seed ^ (stream * 0xd1b54a32d192ed03ull);
-        for (auto& s : s_) s = SplitMix64(st);
-    }
-    static constexpr result_type min() { return 0; }
-    static constexpr result_type max() { return ~result_type{0}; }
-    result_type operator()() {
-        const std::uint64_t r = Rotl(s_[1] * 5, 7) * 9;
-        const std::uint64_t t = s_[1] << 17;
-        s_[2] ^= s_[0];
-        s_[3] ^= s_[1];
-        s_[1] ^= s_[2];
-        s_[0] ^= s_[3];
-        s_[2] ^= t;
-        s_[3] = Rotl(s_[3], 45);
-        return r;
-    }
-
-  private:
-    static std::uint64_t Rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-    std::array<std::uint64_t, 4> s_{};
-};
+using mooncake::sparse::synthetic::Rng;
 
 // ---------------------------------------------------------------------------------------------
 // Tile shapes and synthetic tile indexes.

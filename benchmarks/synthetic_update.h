@@ -1,11 +1,13 @@
 // Copyright 2026 The mooncake-sparse Authors. Apache-2.0.
 //
-// The synthetic update of one source of the Kimi-K2-shaped benchmarks (node_scale_bench,
-// planned_read_bench): every element changes with a given probability, drawn as sorted COO
-// (uint16 coordinates, bf16 values) in the codec's default tile order.
+// The synthetic data of the Kimi-K2-shaped benchmarks: their random generator (plan_bench too)
+// and the update of one source (node_scale_bench, planned_read_bench), every element changed
+// with a given probability, drawn as sorted COO (uint16 coordinates, bf16 values) in the
+// codec's default tile order.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -23,14 +25,18 @@ inline std::uint64_t SplitMix64(std::uint64_t& state) {
     return z ^ (z >> 31);
 }
 
-/// xoshiro256**, one stream per source.
+/// xoshiro256**: a fast UniformRandomBitGenerator; one per source, seeded from (seed, stream),
+/// so a multi-threaded build draws exactly what a single-threaded one does.
 class Rng {
   public:
+    using result_type = std::uint64_t;
     Rng(std::uint64_t seed, std::uint64_t stream) {
         std::uint64_t st = seed ^ (stream * 0xd1b54a32d192ed03ull);
         for (auto& s : s_) s = SplitMix64(st);
     }
-    std::uint64_t operator()() {
+    static constexpr result_type min() { return 0; }
+    static constexpr result_type max() { return ~result_type{0}; }
+    result_type operator()() {
         const std::uint64_t r = Rotl(s_[1] * 5, 7) * 9;
         const std::uint64_t t = s_[1] << 17;
         s_[2] ^= s_[0];
@@ -44,7 +50,7 @@ class Rng {
 
   private:
     static std::uint64_t Rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-    std::uint64_t s_[4] = {};
+    std::array<std::uint64_t, 4> s_{};
 };
 
 /// A 2-D source update: uint16 [nnz, 2] coordinates and bf16 [nnz] values, sorted by (tile,
