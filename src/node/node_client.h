@@ -396,6 +396,17 @@ private:
     /// CanCommitFromDevice: -1 not asked yet, else 0 / 1.
     std::atomic<int> device_commit_{-1};
     std::uint64_t epoch_ = 0;            // Guarded by mu_.
+    /// The targets of planned reads that the daemon keeps for the current connection
+    /// (SparseReadPlanRequest::target_set): a reader's next reads name them by id.
+    struct KeptTargets {
+        std::uint64_t id = 0;
+        std::vector<TargetDescriptor> targets;
+        std::uint64_t last_use = 0;
+    };
+    std::vector<KeptTargets> kept_targets_;  // Guarded by mu_; of session epoch kept_epoch_.
+    std::uint64_t kept_epoch_ = 0;           // Guarded by mu_.
+    std::uint64_t kept_clock_ = 0;           // Guarded by mu_.
+    std::uint64_t next_target_set_ = 1;      // Guarded by mu_.
 
     mutable std::mutex release_mu_;  ///< Only guards the queue (taken by view destructors).
     std::vector<std::uint64_t> pending_releases_;  // Guarded by release_mu_.

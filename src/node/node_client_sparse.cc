@@ -912,12 +912,64 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
                     }
                 }
             }
-            request.targets.reserve(c.size());
-            for (std::uint32_t t : c) request.targets.push_back(targets[t]);
-            MCS_ASSIGN_OR_RETURN(wire::SparseReadPlanReply reply,
-                                 Call<wire::SparseReadPlanReply>(request));
+            // The daemon keeps the targets for this connection: a reader's next reads of the
+            // same targets name them by id (the sets as the daemon keeps them, least recently
+            // used dropped first; one it dropped anyway is sent again).
+            if (kept_epoch_ != epoch_) {
+                kept_targets_.clear();
+                kept_epoch_ = epoch_;
+            }
+            const auto same = [&](const KeptTargets& k) {
+                if (k.targets.size() != c.size()) return false;
+                for (std::size_t j = 0; j < c.size(); ++j) {
+                    if (!(k.targets[j] == targets[c[j]])) return false;
+                }
+                return true;
+            };
+            auto kept = std::find_if(kept_targets_.begin(), kept_targets_.end(), same);
+            const auto send_targets = [&] {
+                request.target_set = next_target_set_++;
+                request.targets.reserve(c.size());
+                for (std::uint32_t t : c) request.targets.push_back(targets[t]);
+            };
+            if (kept != kept_targets_.end()) {
+                request.target_set = kept->id;
+                kept->last_use = ++kept_clock_;
+            } else {
+                send_targets();
+            }
+            Result<wire::SparseReadPlanReply> called = Call<wire::SparseReadPlanReply>(request);
+            if (!called.ok() && called.status().code() == StatusCode::kNotFound &&
+                request.targets.empty() && session_ == session) {
+                kept_targets_.erase(kept);
+                kept = kept_targets_.end();
+                send_targets();
+                called = Call<wire::SparseReadPlanReply>(request);
+            }
+            MCS_RETURN_IF_ERROR(called.status());
+            wire::SparseReadPlanReply reply = std::move(called).value();
             if (session_ != session) {
                 return Unavailable("the connection to the node daemon was lost during the read");
+            }
+            if (!request.targets.empty()) {
+                // Kept as the daemon keeps them: the least recently used sets make room.
+                const auto total = [&] {
+                    std::size_t n = 0;
+                    for (const KeptTargets& k : kept_targets_) n += k.targets.size();
+                    return n;
+                };
+                while (!kept_targets_.empty() &&
+                       (kept_targets_.size() >= wire::kMaxKeptTargetSets ||
+                        total() + c.size() > wire::kMaxKeptTargets)) {
+                    kept_targets_.erase(std::min_element(
+                        kept_targets_.begin(), kept_targets_.end(),
+                        [](const KeptTargets& a, const KeptTargets& b) {
+                            return a.last_use < b.last_use;
+                        }));
+                }
+                kept_targets_.push_back(
+                    {*request.target_set, std::move(request.targets), ++kept_clock_});
+                request.targets.clear();
             }
             for (const wire::PlannedSource& ps : reply.sources) {
                 keepalives.push_back(MakeKeepalive(ps.lease_id, ps.indices.segment_id));

@@ -671,6 +671,8 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"leases_to_device_seconds",
          1e-9 * double(leases_to_device_nanos_.load(std::memory_order_relaxed))},
         {"planned_reads", double(planned_reads_.load(std::memory_order_relaxed))},
+        {"planned_reads_kept_targets",
+         double(planned_reads_kept_targets_.load(std::memory_order_relaxed))},
         {"step_reads", double(step_reads_.load(std::memory_order_relaxed))},
         {"planned_read_seconds", 1e-9 * double(planned_read_nanos_.load(std::memory_order_relaxed))},
         {"tensors_put", double(tensors.tensors_put)},

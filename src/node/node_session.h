@@ -197,6 +197,17 @@ private:
         std::shared_ptr<void> event;
     };
     ReadyEvent ready_event_;
+    /// A planned read's targets kept for this connection (SparseReadPlanRequest::target_set).
+    struct KeptTargets {
+        std::uint64_t id = 0;
+        std::vector<TargetDescriptor> targets;
+        std::uint64_t last_use = 0;
+    };
+    /// The targets of a planned read: those of `req`, kept under its target_set when it has
+    /// one, or those kept under it. Errors: NotFound (none kept under the id).
+    Result<std::span<const TargetDescriptor>> PlanTargets(const wire::SparseReadPlanRequest& req);
+    std::vector<KeptTargets> kept_targets_;  ///< At most wire::kMaxKeptTargetSets.
+    std::uint64_t kept_clock_ = 0;
 };
 
 }  // namespace mooncake::sparse

@@ -878,6 +878,38 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
     return Status::Ok();
 }
 
+Result<std::span<const TargetDescriptor>> NodeServer::Session::PlanTargets(
+    const wire::SparseReadPlanRequest& req) {
+    if (!req.target_set) return std::span<const TargetDescriptor>(req.targets);
+    const std::uint64_t id = *req.target_set;
+    auto it = std::find_if(kept_targets_.begin(), kept_targets_.end(),
+                           [&](const KeptTargets& k) { return k.id == id; });
+    if (req.targets.empty()) {
+        if (it == kept_targets_.end()) {
+            return NotFound("this connection keeps no targets under id " + std::to_string(id) +
+                            ": send them");
+        }
+        it->last_use = ++kept_clock_;
+        server_.planned_reads_kept_targets_.fetch_add(1, std::memory_order_relaxed);
+        return std::span<const TargetDescriptor>(it->targets);
+    }
+    if (it != kept_targets_.end()) kept_targets_.erase(it);
+    // Room for them: the least recently used sets go.
+    const auto total = [&] {
+        std::size_t n = 0;
+        for (const KeptTargets& k : kept_targets_) n += k.targets.size();
+        return n;
+    };
+    while (!kept_targets_.empty() && (kept_targets_.size() >= wire::kMaxKeptTargetSets ||
+                                      total() + req.targets.size() > wire::kMaxKeptTargets)) {
+        kept_targets_.erase(std::min_element(
+            kept_targets_.begin(), kept_targets_.end(),
+            [](const KeptTargets& a, const KeptTargets& b) { return a.last_use < b.last_use; }));
+    }
+    kept_targets_.push_back({id, req.targets, ++kept_clock_});
+    return std::span<const TargetDescriptor>(kept_targets_.back().targets);
+}
+
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
     const wire::SparseReadPlanRequest& req) {
     // The ranges are handed out where they lie: only the node's own segments hold them so.
@@ -989,7 +1021,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
         }
         return Status::Ok();
     };
-    MCS_RETURN_IF_ERROR(sparse_->ReadPlanned(step, req.targets, options, build));
+    MCS_ASSIGN_OR_RETURN(const std::span<const TargetDescriptor> targets, PlanTargets(req));
+    MCS_RETURN_IF_ERROR(sparse_->ReadPlanned(step, targets, options, build));
     std::vector<std::uint64_t> ids;
     MCS_RETURN_IF_ERROR(AddLeases(std::move(leases), ids));
     for (std::size_t i = 0; i < ids.size(); ++i) reply.sources[i].lease_id = ids[i];

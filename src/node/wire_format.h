@@ -63,7 +63,8 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// (SparseReadPlanRequest::sealed_entries). 10: admissions in batches
 /// (SparseAdmitBatch). 11: LeaseRangesToDevice may answer before its copies are done, having
 /// recorded the client's CUDA IPC event after them (LeaseRangesToDeviceRequest::ready_event).
-inline constexpr std::uint32_t kProtocolVersion = 11;
+/// 12: a planned read's targets kept per connection (SparseReadPlanRequest::target_set).
+inline constexpr std::uint32_t kProtocolVersion = 12;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;
@@ -74,6 +75,10 @@ inline constexpr std::size_t kMaxMessageBytes = 64 << 10;       ///< Error messa
 inline constexpr std::size_t kMaxMetadataBytes = 16 << 20;      ///< Object metadata.
 inline constexpr std::size_t kMaxMembers = 4096;                ///< Members of one object.
 inline constexpr std::size_t kMaxBatchItems = std::size_t{1} << 20;  ///< Ranges, targets, ...
+/// Planned reads' target sets a connection keeps (SparseReadPlanRequest::target_set), and
+/// their targets in all.
+inline constexpr std::size_t kMaxKeptTargetSets = 64;
+inline constexpr std::size_t kMaxKeptTargets = kMaxBatchItems;
 inline constexpr std::size_t kMaxListKeys = std::size_t{1} << 22;
 inline constexpr std::size_t kMaxFdsPerFrame = 64;  ///< SCM_RIGHTS fds one frame may carry.
 inline constexpr std::size_t kMaxSegments = kMaxFdsPerFrame;    ///< One fd per segment.

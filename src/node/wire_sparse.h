@@ -549,6 +549,12 @@ struct PlannedTarget {
 /// manifest (and unchanged ids, both then empty): the daemon plans with its own manifest of the
 /// step, the one it gave the client, whose `sealed_entries` entries the reply's indices refer
 /// to (a manifest of another size is FailedPrecondition).
+/// With `target_set`, the targets are kept for this connection under that id: sent, the daemon
+/// keeps them (replacing what it kept under the id) and plans them; not sent (`targets`
+/// empty), it plans the targets it keeps under the id, NotFound when it keeps none (the client
+/// then sends them). A reader whose layout never changes sends its targets once per connection.
+/// The daemon keeps at most kMaxKeptTargetSets sets and kMaxKeptTargets targets per
+/// connection, dropping the least recently used.
 struct SparseReadPlanRequest {
     static constexpr MessageType kType = MessageType::kSparseReadPlan;
     Generation step;
@@ -557,6 +563,7 @@ struct SparseReadPlanRequest {
     std::vector<std::string> unchanged;
     SparseReadOptions options;
     std::optional<std::uint64_t> sealed_entries;
+    std::optional<std::uint64_t> target_set;
 
     static void Fields(auto& v, auto& m) {
         v("step", m.step);
@@ -565,6 +572,7 @@ struct SparseReadPlanRequest {
         v("unchanged", m.unchanged, kMaxBatchItems, kMaxNameBytes);
         v("options", m.options);
         v("sealed_entries", m.sealed_entries);
+        v("target_set", m.target_set);
     }
     friend bool operator==(const SparseReadPlanRequest&, const SparseReadPlanRequest&) = default;
 };

@@ -35,6 +35,7 @@
 #include "node/uds.h"
 #include "node/wire.h"
 #include "node_test_util.h"
+#include "../planned_host_build.h"
 
 namespace mooncake::sparse {
 namespace {
@@ -670,6 +671,100 @@ TEST_F(NodeServerTest, ReadsByStepNeedASealedStep) {
     EXPECT_EQ((*by_step)[0].desc.nnz, (*sent)[0].desc.nnz);
     EXPECT_TRUE(std::equal((*by_step)[0].indices.begin(), (*by_step)[0].indices.end(),
                            (*sent)[0].indices.begin(), (*sent)[0].indices.end()));
+}
+
+/// A planned read's targets, kept per connection under the id the request names: sent once,
+/// then named; unknown ids (never sent, another connection's, dropped as the least recently
+/// used) are NotFound, and a client sends its targets again when told so.
+TEST_F(NodeServerTest, APlannedReadsTargetsAreKeptPerConnection) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const std::vector<std::int64_t> idx = {1, 2, 3, 4, 6, 7};
+    const std::vector<float> val = {1.0f, 2.0f, 3.0f};
+    PutSparseRequest put;
+    put.tensor_id = "w";
+    put.global_shape = {8, 8};
+    put.generation = {0, 1};
+    put.indices = {DType::kInt64, {3, 2}, std::as_bytes(std::span(idx))};
+    put.values = {DType::kFloat32, {3}, std::as_bytes(std::span(val))};
+    ASSERT_OK(client->PutSparseObject(put).status());
+    ASSERT_OK(client->SealGeneration({0, 1}, std::vector<std::string>{"w"}));
+    const std::vector<TargetDescriptor> targets = {
+        *TargetDescriptor::Make("r0", "node0", "w", *NamedAxes::Make({}), {0, 0}, {4, 8}),
+        *TargetDescriptor::Make("r1", "node0", "w", *NamedAxes::Make({}), {4, 0}, {4, 8})};
+
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    wire::SparseReadPlanRequest plan;
+    plan.step = {0, 1};
+    plan.sealed_entries = 1;
+    plan.target_set = 5;
+    EXPECT_THAT(peer.Request(plan),
+                StatusIsWithMessage(StatusCode::kNotFound, "keeps no targets under id 5"));
+    plan.targets = targets;
+    auto sent = peer.Call<wire::SparseReadPlanReply>(plan);
+    ASSERT_TRUE(sent.ok()) << sent.status().ToString();
+    ASSERT_EQ(sent->targets.size(), 2u);
+    EXPECT_EQ(sent->targets[0].pieces + sent->targets[1].pieces, 2u);
+    plan.targets.clear();
+    auto named = peer.Call<wire::SparseReadPlanReply>(plan);
+    ASSERT_TRUE(named.ok()) << named.status().ToString();
+    EXPECT_EQ(named->ranges, sent->ranges);
+    EXPECT_EQ(named->pieces, sent->pieces);
+    EXPECT_EQ(named->targets, sent->targets);
+    auto metrics = client->Metrics(false);
+    ASSERT_TRUE(metrics.ok());
+    const auto kept = [&](const MetricItems& m) {
+        for (const auto& [name, value] : m) {
+            if (name == "planned_reads_kept_targets") return value;
+        }
+        ADD_FAILURE() << "no planned_reads_kept_targets metric";
+        return -1.0;
+    };
+    EXPECT_EQ(kept(*metrics), 1);
+
+    // Another connection keeps its own.
+    RawPeer other(socket_);
+    ASSERT_OK(other.Request(wire::HelloRequest{}));
+    EXPECT_THAT(other.Request(plan), StatusIs(StatusCode::kNotFound));
+    // Sets beyond what a connection keeps push out the least recently used.
+    plan.targets = {targets[0]};
+    for (std::uint64_t id = 100; id < 100 + wire::kMaxKeptTargetSets; ++id) {
+        plan.target_set = id;
+        ASSERT_OK(peer.Request(plan));
+    }
+    plan.targets.clear();
+    plan.target_set = 100 + wire::kMaxKeptTargetSets - 1;
+    EXPECT_OK(peer.Request(plan));
+    plan.target_set = 5;
+    EXPECT_THAT(peer.Request(plan), StatusIs(StatusCode::kNotFound));
+
+    // A client sends its targets on its first read and names them on the next ones; more sets
+    // than the daemon keeps, read in turns, are sent again as needed and read the same.
+    testing::HostBuild build;
+    auto manifest = client->GetManifest({0, 1});
+    ASSERT_TRUE(manifest.ok());
+    std::vector<std::uint64_t> nnz;
+    for (int read = 0; read < 3; ++read) {
+        auto got = client->ReadPlannedSealedStep(*manifest, targets, {}, std::ref(build));
+        ASSERT_TRUE(got.ok()) << got.status().ToString();
+        ASSERT_EQ(got->size(), 2u);
+        nnz.push_back((*got)[0].desc.nnz + 10 * (*got)[1].desc.nnz);
+    }
+    EXPECT_EQ(nnz, (std::vector<std::uint64_t>(3, 2 + 10 * 1)));  // rows 1 and 3; row 6
+    metrics = client->Metrics(false);
+    ASSERT_TRUE(metrics.ok());
+    EXPECT_EQ(kept(*metrics), 4);  // the raw peer's two, the client's second and third reads
+    for (int round = 0; round < 2; ++round) {
+        for (std::size_t k = 0; k < wire::kMaxKeptTargetSets + 3; ++k) {
+            const std::vector<TargetDescriptor> one = {*TargetDescriptor::Make(
+                "k" + std::to_string(k), "node0", "w", *NamedAxes::Make({}), {0, 0}, {8, 8})};
+            auto got = client->ReadPlannedSealedStep(*manifest, one, {}, std::ref(build));
+            ASSERT_TRUE(got.ok()) << got.status().ToString();
+            ASSERT_EQ(got->size(), 1u);
+            EXPECT_EQ((*got)[0].desc.nnz, 3u);
+        }
+    }
 }
 
 /// A device commit whose members the daemon cannot reach: each update fails alone with its

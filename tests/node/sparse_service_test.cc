@@ -515,6 +515,8 @@ TEST(SparseServiceTest, APlannedReadGivesTheSameTargetsInProcessAndThroughTheDae
     EXPECT_EQ(Metric(*metrics, "shm_leases"), 0);
     // The read and the one whose builder failed (a full-source read is refused by the client).
     EXPECT_EQ(Metric(*metrics, "planned_reads"), 2);
+    // The second read named the targets the first one sent.
+    EXPECT_EQ(Metric(*metrics, "planned_reads_kept_targets"), 1);
     client->reset();
     (*server)->Stop();
 
@@ -568,6 +570,7 @@ TEST(SparseServiceTest, APlannedReadGivesTheSameTargetsInProcessAndThroughTheDae
     ASSERT_TRUE(chunked_metrics.ok());
     // Each read in two requests: u and v's two targets (a tensor is not split), w's two.
     EXPECT_EQ(Metric(*chunked_metrics, "planned_reads"), 4);
+    EXPECT_EQ(Metric(*chunked_metrics, "planned_reads_kept_targets"), 2);
     chunked->reset();
     (*server2)->Stop();
 }

@@ -347,6 +347,16 @@ std::vector<Message> SampleMessages() {
         p.targets = {SampleTarget(1)};
         p.options.num_threads = 2;
         p.sealed_entries = 69608;
+        p.target_set = 3;  // kept for the connection's later reads
+        out.push_back(p);
+    }
+    {
+        // The next step's read of the same targets, named by the id they are kept under.
+        SparseReadPlanRequest p;
+        p.step = {5, 6};
+        p.options.num_threads = 2;
+        p.sealed_entries = 69608;
+        p.target_set = 3;
         out.push_back(p);
     }
     return out;

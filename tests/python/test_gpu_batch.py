@@ -367,6 +367,8 @@ def test_concurrent_device_reads_through_the_daemon_wait_for_their_own_copies(tm
             t.join()
         assert not errors, errors
         assert stores[0].metrics()["leases_to_device_deferred"] >= 40
+        # Each connection sent its targets once and named them on its 19 later reads.
+        assert stores[0].metrics()["planned_reads_kept_targets"] == 38
         for s in stores:
             s.close()
 
