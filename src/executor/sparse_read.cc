@@ -853,6 +853,22 @@ Result<SourceDescriptor> TargetObjectDescriptor(const TargetDescriptor& target,
     return d;
 }
 
+namespace {
+
+/// The index dtype of a planned read's target object: the narrowest for its box's extents.
+DType PlannedIndexDType(const TargetDescriptor& target) {
+    const std::span<const Index> local = target.box.shape();
+    return local.empty() ? DType::kUInt16
+                         : NarrowestIndexDType(*std::max_element(local.begin(), local.end()));
+}
+
+/// Its value dtype: its first source's (an empty object of an unchanged tensor: uint8).
+DType PlannedValueDType(const SourceDescriptor* first) {
+    return first != nullptr ? first->value_dtype : DType::kUInt8;
+}
+
+}  // namespace
+
 Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
                                                  const SourceDescriptor* first, Generation step) {
     const std::span<const Index> local = target.box.shape();
@@ -863,9 +879,7 @@ Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
     return TargetObjectDescriptor(
         target, {first != nullptr ? first->generation : step,
                  first != nullptr ? first->apply : ApplyMode::kOverwrite,
-                 local.empty() ? DType::kUInt16
-                               : NarrowestIndexDType(*std::max_element(local.begin(), local.end())),
-                 first != nullptr ? first->value_dtype : DType::kUInt8, std::move(tile), 0, 0});
+                 PlannedIndexDType(target), PlannedValueDType(first), std::move(tile), 0, 0});
 }
 
 Result<std::vector<TargetObjectView>> PlannedTargetViews(const PlannedRead& read,
@@ -881,10 +895,11 @@ Result<std::vector<TargetObjectView>> PlannedTargetViews(const PlannedRead& read
                             " kept more entries than its pieces hold");
         }
         SourceDescriptor& d = descs[t];
+        // PlannedTargetDescriptor validated the rest; no tiles fit any count of entries.
         d.nnz = read.kept[t];
         d.num_tiles = 0;
         TargetObjectView& v = out[t];
-        MCS_ASSIGN_OR_RETURN(v.desc, SourceDescriptor::Make(std::move(d)));
+        v.desc = std::move(d);
         v.target_id = targets[t].target_id;
         v.node_id = targets[t].node_id;
         v.target_box = targets[t].box;
@@ -920,8 +935,13 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
     read.targets = targets;
     read.per_target.resize(targets.size());
     read.kept.assign(targets.size(), 0);
-    std::vector<SourceDescriptor> descs(targets.size());
+    std::vector<SourceDescriptor> descs(options.describe_targets ? targets.size() : 0);
     const auto describe = [&](std::size_t t, const SourceDescriptor* first) -> Status {
+        if (!options.describe_targets) {
+            read.per_target[t].index_dtype = PlannedIndexDType(targets[t]);
+            read.per_target[t].value_dtype = PlannedValueDType(first);
+            return Status::Ok();
+        }
         MCS_ASSIGN_OR_RETURN(descs[t], PlannedTargetDescriptor(targets[t], first,
                                                                manifest.generation));
         read.per_target[t].index_dtype = descs[t].index_dtype;
@@ -1004,9 +1024,21 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
         MCS_RETURN_IF_ERROR(
             store_->ViewObjects(keys, hand_over).WithContext("viewing sources"));
     }
-    MCS_ASSIGN_OR_RETURN(std::vector<TargetObjectView> out,
-                         PlannedTargetViews(read, std::move(descs)));
-    for (const TargetObjectView& v : out) m.target_bytes += v.desc.nnz * v.desc.EntryBytes();
+    std::vector<TargetObjectView> out;
+    if (options.describe_targets) {
+        MCS_ASSIGN_OR_RETURN(out, PlannedTargetViews(read, std::move(descs)));
+        for (const TargetObjectView& v : out) m.target_bytes += v.desc.nnz * v.desc.EntryBytes();
+    } else {
+        for (std::size_t t = 0; t < targets.size(); ++t) {
+            const PlannedRead::Target& pt = read.per_target[t];
+            if (read.kept[t] > pt.capacity) {
+                return Internal("planned read: target " + targets[t].target_id +
+                                " kept more entries than its pieces hold");
+            }
+            m.target_bytes += read.kept[t] * (targets[t].box.rank() * DTypeSize(pt.index_dtype) +
+                                              DTypeSize(pt.value_dtype));
+        }
+    }
     m.target_objects_published += targets.size();
     m.materialize_seconds += Seconds(start);
     AddReadMetrics(m);

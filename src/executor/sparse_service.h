@@ -121,6 +121,11 @@ struct ReadOptions {
     /// a store that leases what it views (the shared-memory store) keeps those objects from
     /// being evicted or rewritten until the call returns. Ignored for other stores.
     bool view_in_place = false;
+    /// ReadPlanned: whether the call returns the targets' objects (views described from their
+    /// targets and the plan). False, for a caller that takes the targets from the plan alone
+    /// (the node daemon planning a client's device read): no target descriptors are built and
+    /// the call returns no views.
+    bool describe_targets = true;
 };
 
 /// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the
@@ -284,8 +289,7 @@ Result<SourceDescriptor> TargetObjectDescriptor(const TargetDescriptor& target,
 /// The target objects of a planned read once its build set `read.kept`: `descs[t]` (from
 /// PlannedTargetDescriptor) completed with target t's kept entries, members left for the
 /// builder to set.
-/// Errors: Internal (a kept count missing, or above the target's capacity); InvalidArgument
-/// (as SourceDescriptor::Make).
+/// Errors: Internal (a kept count missing, or above the target's capacity).
 Result<std::vector<TargetObjectView>> PlannedTargetViews(const PlannedRead& read,
                                                          std::vector<SourceDescriptor> descs);
 

@@ -925,6 +925,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
         req.options.num_threads == 0 ? server_.options_.read_threads
                                      : std::min(req.options.num_threads, kMaxReadThreads));
     options.view_in_place = true;
+    options.describe_targets = false;  // the client describes them
     std::vector<std::string> unchanged = req.unchanged;
     std::sort(unchanged.begin(), unchanged.end());
     StepManifestView step(req.step, req.manifest, unchanged);
