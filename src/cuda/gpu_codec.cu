@@ -582,22 +582,31 @@ struct ApplyDesc {
     std::uint32_t item;  ///< Its position in the caller's batch.
 };
 
+/// Entries each thread of the apply check takes (a block's 256 threads stride over 2048): a
+/// check is a few instructions per entry, and blocks of one entry per thread spent their time
+/// being scheduled and finding their object.
+constexpr unsigned kCheckPerThread = 8;
+
 template <typename I>
 __global__ void CheckKernel(const ApplyDesc* __restrict__ descs, const std::uint64_t* __restrict__ prefix,
                             std::uint32_t num_items, std::uint64_t num_entries,
                             unsigned int* __restrict__ bad) {
-    const std::uint64_t e0 = std::uint64_t(blockIdx.x) * blockDim.x;
+    const std::uint64_t e0 = std::uint64_t(blockIdx.x) * blockDim.x * kCheckPerThread;
     const std::uint32_t j0 = BlockSegment(prefix, num_items, e0);
-    const std::uint64_t e = e0 + threadIdx.x;
-    if (e >= num_entries) return;
-    const std::uint32_t j = SegmentFrom(prefix, num_items, j0, e);
-    const ApplyDesc& d = descs[j];
-    const I* at = static_cast<const I*>(d.idx) + (e - prefix[j]) * d.rank;
-    bool out = false;
-    for (std::uint32_t k = 0; k < d.rank; ++k) out |= std::uint32_t(at[k]) >= d.shape[k];
-    if (out) {
-        atomicAdd(&bad[0], 1u);
-        atomicMin(&bad[1], d.item);
+    std::uint32_t j = j0;
+#pragma unroll
+    for (unsigned q = 0; q < kCheckPerThread; ++q) {
+        const std::uint64_t e = e0 + std::uint64_t(q) * blockDim.x + threadIdx.x;
+        if (e >= num_entries) return;
+        j = SegmentFrom(prefix, num_items, j, e);
+        const ApplyDesc& d = descs[j];
+        const I* at = static_cast<const I*>(d.idx) + (e - prefix[j]) * d.rank;
+        bool out = false;
+        for (std::uint32_t k = 0; k < d.rank; ++k) out |= std::uint32_t(at[k]) >= d.shape[k];
+        if (out) {
+            atomicAdd(&bad[0], 1u);
+            atomicMin(&bad[1], d.item);
+        }
     }
 }
 
@@ -907,7 +916,7 @@ Status EncodeRange(std::span<const DeviceArray> news, std::span<const DeviceArra
 /// Launches of one apply group: check or apply, by (value class, index width).
 void LaunchCheck(bool wide, const ApplyDesc* descs, const std::uint64_t* prefix, std::uint32_t n,
                  std::uint64_t entries, unsigned int* bad, cudaStream_t s) {
-    const auto blocks = unsigned((entries + 255) / 256);
+    const auto blocks = unsigned((entries + 256 * kCheckPerThread - 1) / (256 * kCheckPerThread));
     if (wide) {
         CheckKernel<std::uint32_t><<<blocks, 256, 0, s>>>(descs, prefix, n, entries, bad);
     } else {
