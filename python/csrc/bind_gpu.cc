@@ -355,6 +355,7 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     std::vector<std::uint64_t> kept(kept_total, 0);
     std::optional<cuda::DeviceBuffer> kept_on_device;
     std::uint64_t ranges_ns = 0, filter_ns = 0;
+    bool stream_waited = false;  // a store that copies the ranges itself: see enqueue
     // Queues a group's ranges' copies into device memory and its filter/rebase on `stream`.
     const auto enqueue = [&](PlannedRead& read, Group& g) -> Status {
         const auto ranges_start = std::chrono::steady_clock::now();
@@ -408,8 +409,16 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             }
             const std::span<const std::byte> handle =
                 ready != nullptr ? ready->handle() : std::span<const std::byte>();
+            // The store's allocations may have been read by work queued on the stream before
+            // this read: waited for once, before the first group's copies, so that a group's
+            // copies are not held behind the group before's (whose filter waits for them).
+            if (!stream_waited) {
+                MCS_RETURN_IF_ERROR(cuda::Synchronize(stream));
+                stream_waited = true;
+            }
             node_copy = std::async(std::launch::async, [&read, &at, total, device, stream, handle] {
-                return read.ranges_to_device(at, total, device, stream, handle);
+                return read.ranges_to_device(at, total, device, stream, handle,
+                                             /*stream_waited=*/true);
             });
         } else {
             // Where kernels read each range: at its host address when the device allows it

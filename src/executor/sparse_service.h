@@ -230,12 +230,15 @@ struct PlannedRead {
     /// Where a store whose ranges lie in another process (the node daemon's client) has them
     /// copied into device memory of this process: every range's indices at `at[2 * r]` and
     /// values at `at[2 * r + 1]` bytes into an allocation of at least `total` bytes on
-    /// `device`, written once work queued on `stream` before the call has run. Returns the
-    /// allocation's address and what keeps it; the caller keeps that until its kernels that
-    /// read the ranges have finished. With `ready_event` (a CUDA IPC event handle of the
-    /// caller's, 64 bytes) the store may answer before the copies are done (`copied` false):
-    /// it has then recorded that event after them, and the caller's work that reads the ranges
-    /// must wait on it. Unset: the caller reads the ranges at their addresses.
+    /// `device`, written once work queued on `stream` before the call has run (with
+    /// `stream_waited`, the caller has waited for `stream` itself since any allocation the
+    /// store could hand out was last read there: a read in several parts waits once, before
+    /// its first part, and its parts' copies then overlap). Returns the allocation's address
+    /// and what keeps it; the caller keeps that until its kernels that read the ranges have
+    /// finished. With `ready_event` (a CUDA IPC event handle of the caller's, 64 bytes) the
+    /// store may answer before the copies are done (`copied` false): it has then recorded that
+    /// event after them, and the caller's work that reads the ranges must wait on it. Unset:
+    /// the caller reads the ranges at their addresses.
     struct DeviceRanges {
         std::uintptr_t address = 0;
         std::shared_ptr<const void> owner;
@@ -243,7 +246,8 @@ struct PlannedRead {
     };
     std::function<Result<DeviceRanges>(std::span<const std::uint64_t> at, std::uint64_t total,
                                        int device, std::uintptr_t stream,
-                                       std::span<const std::byte> ready_event)>
+                                       std::span<const std::byte> ready_event,
+                                       bool stream_waited)>
         ranges_to_device;
 
     std::span<const SourceDescriptor> manifest;

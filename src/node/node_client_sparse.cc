@@ -1079,7 +1079,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
     if (ipc) {
         read.ranges_to_device = [&](std::span<const std::uint64_t> at, std::uint64_t total,
                                     int device, std::uintptr_t stream,
-                                    std::span<const std::byte> ready_event)
+                                    std::span<const std::byte> ready_event, bool stream_waited)
             -> Result<PlannedRead::DeviceRanges> {
             if (at.size() != 2 * all.ranges.size()) {
                 return InvalidArgument("one offset per range member");
@@ -1107,7 +1107,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             MCS_ASSIGN_OR_RETURN(std::shared_ptr<DeviceArena> arena,
                                  ReadArenaLocked(device, std::max<std::uint64_t>(total, 1)));
             // Whatever the caller queued on this allocation's previous use runs first.
-            MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
+            if (!stream_waited) MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(stream, device));
             copy.destination =
                 wire::CudaLocation(arena->exported, arena->exported.offset, arena->bytes);
             copy.ready_event.assign(reinterpret_cast<const char*>(ready_event.data()),
