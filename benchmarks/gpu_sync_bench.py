@@ -440,7 +440,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 floor = (2 * dense_bytes + coo_bytes + read_bytes) / (ceil["memcpy_gbps"] * 1e9)
             r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
                  "trainer": args.trainer, "reader": args.reader, "read_groups": args.read_groups,
-                 "gather_engine_bytes": args.gather_engine_bytes, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "gather_engine_bytes": args.gather_engine_bytes,
+                 "read_staging": args.read_staging, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -511,6 +512,10 @@ def main() -> int:
                     help="runs of pinned ranges of at least this many bytes that a device read "
                          "hands to the copy engine, beside the gather kernel for the rest (0: all "
                          "by the kernel; embedded store and node daemon; default: the library's)")
+    ap.add_argument("--read-staging", choices=("on", "off"), default=None,
+                    help="through the node daemon, whether a device read's ranges are copied as "
+                         "the daemon plans the read (on) or on a copy request after it (off); "
+                         "default: the library's")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",
@@ -527,6 +532,9 @@ def main() -> int:
     setter = getattr(mcs._core, "_set_device_read_groups", None)
     if args.read_groups is not None and setter is not None:
         setter(args.read_groups)
+    staging_setter = getattr(mcs._core, "_set_device_read_staging", None)
+    if args.read_staging is not None and staging_setter is not None:
+        staging_setter(args.read_staging == "on")
     engine_setter = getattr(mcs._core, "_set_device_gather_engine_bytes", None)
     if args.gather_engine_bytes is not None and engine_setter is not None:
         engine_setter(args.gather_engine_bytes)

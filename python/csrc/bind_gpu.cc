@@ -274,6 +274,13 @@ std::atomic<std::uint64_t>& DeviceGatherEngineBytes() {
     return bytes;
 }
 
+/// Whether a device read through the node daemon has its ranges copied as the daemon plans
+/// them (ReadOptions::stage_on_device); _set_device_read_staging sets it for the process.
+std::atomic<bool>& DeviceReadStaging() {
+    static std::atomic<bool> on{true};
+    return on;
+}
+
 /// Four groups read the H100 layer step (640 targets) in 10.9-11.1 ms, one in 11.5-12.2
 /// (benchmarks/results/2026-12-06-h100-device-read); a group pays a planned read's fixed cost
 /// and a wait, so small reads stay whole.
@@ -356,44 +363,36 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     std::optional<cuda::DeviceBuffer> kept_on_device;
     std::uint64_t ranges_ns = 0, filter_ns = 0;
     bool stream_waited = false;  // a store that copies the ranges itself: see enqueue
+    // Through the node daemon, the ranges may be copied as the daemon plans them, into an
+    // allocation it last read on `stream`: waited for once here, before the first request.
+    ReadOptions read_options = options;
+    if (node && DeviceReadStaging().load(std::memory_order_relaxed)) {
+        if (Result<const cuda::IpcReadyEvent*> r = cuda::IpcReadyEvent::Of(device); r.ok()) {
+            if (Status st = cuda::Synchronize(stream); !st.ok()) throw StatusError(st);
+            stream_waited = true;
+            read_options.stage_on_device =
+                ReadOptions::DeviceStaging{device, stream, (*r)->handle(), /*stream_waited=*/true};
+        }
+    }
     // Queues a group's ranges' copies into device memory and its filter/rebase on `stream`.
     const auto enqueue = [&](PlannedRead& read, Group& g) -> Status {
         const auto ranges_start = std::chrono::steady_clock::now();
         const std::size_t nr = read.ranges.size();
-        // Staging: every range's indices, then every range's values, each placed at the offset
-        // of its host address modulo 16 so that the gather moves 16-byte words. A member's
-        // range that follows the same source's previous one within a few KiB keeps its
-        // distance from it, so that a copy engine can move the two (and the gap) as one copy.
-        std::vector<std::uint64_t> at(2 * nr);
-        std::vector<bool> follows(2 * nr, false);  // placed at its distance from range r - 1's
-        std::uint64_t total = 0;
-        constexpr std::ptrdiff_t kMaxGap = 4096;
-        for (int k = 0; k < 2; ++k) {
-            const std::byte* prev_end = nullptr;
-            std::uint64_t prev_offset = 0;
-            const std::byte* prev_at = nullptr;
-            std::uint32_t prev_source = PlannedRead::kNoSource;
-            for (std::size_t r = 0; r < nr; ++r) {
-                const PlannedRead::Range& range = read.ranges[r];
-                const std::span<const std::byte> bytes = k == 0 ? range.indices : range.values;
-                std::uint64_t offset;
-                if (prev_at != nullptr && range.source == prev_source && !bytes.empty() &&
-                    bytes.data() >= prev_end && bytes.data() - prev_end <= kMaxGap) {
-                    offset = prev_offset + static_cast<std::uint64_t>(bytes.data() - prev_at);
-                    follows[2 * r + k] = true;
-                } else {
-                    const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
-                    offset = AlignUp(total, 16) + mod;
-                    prev_offset = offset;
-                    prev_at = bytes.data();
-                }
-                at[2 * r + k] = offset;
-                total = std::max(total, offset + bytes.size());
-                if (!bytes.empty()) prev_end = bytes.data() + bytes.size();
-                prev_source = range.source;
-                if (bytes.empty()) prev_at = nullptr;
+        // Staging: every range's indices, then every range's values (LayOutStaging), or where
+        // the store put them as it planned.
+        StagingLayout layout;
+        if (read.staged) {
+            if (read.staged_at.size() != 2 * nr) {
+                return Internal("device read: one staged offset per range member");
             }
+            layout.at = read.staged_at;
+        } else {
+            layout = LayOutStaging(read.ranges);
         }
+        const std::vector<std::uint64_t>& at = layout.at;
+        const std::vector<bool>& follows = layout.follows;
+        const std::uint64_t total = layout.total;
+        constexpr std::ptrdiff_t kMaxGap = StagingLayout::kMaxGap;
         cuda::DevicePtr staging_at{0, device};
         std::optional<cuda::DeviceBuffer> staging;
         // A store whose ranges another process holds (the node daemon) copies them itself, and
@@ -403,7 +402,14 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
         // (the filter then waits on the event on the device, not here).
         std::future<Result<PlannedRead::DeviceRanges>> node_copy;
         const cuda::IpcReadyEvent* ready = nullptr;
-        if (read.ranges_to_device) {
+        if (read.staged) {
+            staging_at.address = read.staged->address;
+            g.ranges_owner = read.staged->owner;
+            if (!read.staged->copied) {
+                MCS_ASSIGN_OR_RETURN(ready, cuda::IpcReadyEvent::Of(device));
+                MCS_RETURN_IF_ERROR(ready->WaitOn(stream));
+            }
+        } else if (read.ranges_to_device) {
             if (Result<const cuda::IpcReadyEvent*> r = cuda::IpcReadyEvent::Of(device); r.ok()) {
                 ready = *r;
             }
@@ -655,8 +661,8 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
         // its own, none is sent (nor decoded there) per read.
         Result<std::vector<TargetObjectView>> views =
             node && s.IsSealedManifest(manifest.generation, manifest.sources)
-                ? s.node()->ReadPlannedSealedStep(manifest, g.targets, options, build)
-                : s.service().ReadPlanned(manifest, g.targets, options, build);
+                ? s.node()->ReadPlannedSealedStep(manifest, g.targets, read_options, build)
+                : s.service().ReadPlanned(manifest, g.targets, read_options, build);
         if (!views.ok()) return views.status();
         g.views = std::move(views).value();
         return Status::Ok();
@@ -874,6 +880,13 @@ void RegisterGpu(pyb::module_& m) {
         "(group k + 1 planned while group k's ranges are copied; 0: automatic, up to 4 of at "
         "least 128 targets each on the embedded store, one through the node daemon); returns "
         "the previous value.");
+    m.def(
+        "_set_device_read_staging",
+        [](bool on) { return DeviceReadStaging().exchange(on); },
+        pyb::arg("on"),
+        "Whether a device read through the node daemon has the daemon copy its ranges into "
+        "this process's device memory as it plans the read (default), rather than on a copy "
+        "request once the plan is back; returns the previous value.");
     m.def(
         "_set_device_gather_engine_bytes",
         [](std::uint64_t bytes) { return DeviceGatherEngineBytes().exchange(bytes); },

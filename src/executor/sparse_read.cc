@@ -869,6 +869,40 @@ DType PlannedValueDType(const SourceDescriptor* first) {
 
 }  // namespace
 
+StagingLayout LayOutStaging(std::span<const PlannedRead::Range> ranges) {
+    const std::size_t nr = ranges.size();
+    StagingLayout out;
+    out.at.resize(2 * nr);
+    out.follows.assign(2 * nr, false);
+    for (int k = 0; k < 2; ++k) {
+        const std::byte* prev_end = nullptr;
+        std::uint64_t prev_offset = 0;
+        const std::byte* prev_at = nullptr;
+        std::uint32_t prev_source = PlannedRead::kNoSource;
+        for (std::size_t r = 0; r < nr; ++r) {
+            const PlannedRead::Range& range = ranges[r];
+            const std::span<const std::byte> bytes = k == 0 ? range.indices : range.values;
+            std::uint64_t offset;
+            if (prev_at != nullptr && range.source == prev_source && !bytes.empty() &&
+                bytes.data() >= prev_end && bytes.data() - prev_end <= StagingLayout::kMaxGap) {
+                offset = prev_offset + static_cast<std::uint64_t>(bytes.data() - prev_at);
+                out.follows[2 * r + k] = true;
+            } else {
+                const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
+                offset = (out.total + 15) / 16 * 16 + mod;
+                prev_offset = offset;
+                prev_at = bytes.data();
+            }
+            out.at[2 * r + k] = offset;
+            out.total = std::max<std::uint64_t>(out.total, offset + bytes.size());
+            if (!bytes.empty()) prev_end = bytes.data() + bytes.size();
+            prev_source = range.source;
+            if (bytes.empty()) prev_at = nullptr;
+        }
+    }
+    return out;
+}
+
 Result<SourceDescriptor> PlannedTargetDescriptor(const TargetDescriptor& target,
                                                  const SourceDescriptor* first, Generation step) {
     const std::span<const Index> local = target.box.shape();

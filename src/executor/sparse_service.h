@@ -16,6 +16,7 @@
 //   no caller needs to know which kind of ObjectStore lies underneath.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -126,6 +127,19 @@ struct ReadOptions {
     /// (the node daemon planning a client's device read): no target descriptors are built and
     /// the call returns no views.
     bool describe_targets = true;
+    /// ReadPlanned of a device read: a store whose ranges lie in another process (the node
+    /// daemon's client) may have them copied into device memory of this process while it
+    /// plans (PlannedRead::staged then says where), instead of the caller asking for the copies
+    /// (PlannedRead::ranges_to_device) once the plan is back. `stream` as there; with
+    /// `stream_waited`, the caller has waited for it since the store's allocations were last
+    /// read there. Unset, or a store that does not, leaves `staged` empty.
+    struct DeviceStaging {
+        int device = -1;
+        std::uintptr_t stream = 0;
+        std::span<const std::byte> ready_event;  ///< As ranges_to_device's.
+        bool stream_waited = false;
+    };
+    std::optional<DeviceStaging> stage_on_device;
 };
 
 /// The manifest of one step, or of a fold of steps (docs/design.md §9). A step k is the
@@ -249,6 +263,12 @@ struct PlannedRead {
                                        std::span<const std::byte> ready_event,
                                        bool stream_waited)>
         ranges_to_device;
+    /// Set when the store copied the ranges while planning (ReadOptions::stage_on_device):
+    /// range r's indices at `staged_at[2 * r]` and values at `staged_at[2 * r + 1]` bytes past
+    /// `staged->address`, `staged->copied` as ranges_to_device's. ranges_to_device is then
+    /// not needed.
+    std::optional<DeviceRanges> staged;
+    std::vector<std::uint64_t> staged_at;
 
     std::span<const SourceDescriptor> manifest;
     std::span<const TargetDescriptor> targets;
@@ -261,6 +281,20 @@ struct PlannedRead {
 
 /// Builds a planned read's target objects; its error is the read's.
 using PlannedReadFn = std::function<Status(PlannedRead& read)>;
+
+/// Where a device read places a planned read's ranges in one staging allocation: every range's
+/// indices, then every range's values, each at the offset of its host address modulo 16 (a
+/// gather then moves 16-byte words); a member's range that starts at most kMaxGap bytes after
+/// the same source's previous one keeps its distance from it (`follows`), so that one copy
+/// moves both and the gap. `at[2 * r]`, `at[2 * r + 1]`: range r's indices and values;
+/// `total`: the bytes the layout spans.
+struct StagingLayout {
+    static constexpr std::ptrdiff_t kMaxGap = 4096;
+    std::vector<std::uint64_t> at;
+    std::vector<bool> follows;
+    std::uint64_t total = 0;
+};
+StagingLayout LayOutStaging(std::span<const PlannedRead::Range> ranges);
 
 /// The descriptor of a planned read's target but its nnz (and tile count): local coordinates
 /// of its box in the narrowest index dtype, and the generation, apply mode, value dtype and tile

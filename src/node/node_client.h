@@ -339,6 +339,8 @@ private:
     /// A free allocation of the read pool on `device` of at least `bytes`, or a new one
     /// (exported). Needs mu_.
     Result<std::shared_ptr<DeviceArena>> ReadArenaLocked(int device, std::uint64_t bytes);
+    /// The largest free allocation of the read pool on `device`, or null. Needs mu_.
+    std::shared_ptr<DeviceArena> FreeReadArenaLocked(int device);
     /// One SparseCommitDevice request of the updates `chunk` (all on one device).
     Status CommitDeviceChunk(std::span<const PutSparseRequest> requests,
                              std::span<const DeviceMember> indices,
@@ -393,6 +395,9 @@ private:
     /// Allocations that reads are copied into (CopyViewsToDevice); one is free to reuse when
     /// the pool holds its only reference.
     std::vector<std::shared_ptr<DeviceArena>> read_arenas_;  // Guarded by mu_.
+    /// Read allocations the daemon may still have been copying into when a planned read
+    /// failed (ReadPlannedAs): never handed out again, freed with the client.
+    std::vector<std::shared_ptr<DeviceArena>> held_read_arenas_;  // Guarded by mu_.
     /// CanCommitFromDevice: -1 not asked yet, else 0 / 1.
     std::atomic<int> device_commit_{-1};
     std::uint64_t epoch_ = 0;            // Guarded by mu_.

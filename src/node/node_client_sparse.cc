@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <unordered_map>
@@ -604,6 +605,16 @@ Result<std::shared_ptr<NodeClient::DeviceArena>> NodeClient::ReadArenaLocked(int
     return arena;
 }
 
+std::shared_ptr<NodeClient::DeviceArena> NodeClient::FreeReadArenaLocked(int device) {
+    std::shared_ptr<DeviceArena> arena;
+    for (const std::shared_ptr<DeviceArena>& a : read_arenas_) {
+        if (a.use_count() == 1 && a->device == device && (!arena || a->bytes > arena->bytes)) {
+            arena = a;
+        }
+    }
+    return arena;
+}
+
 Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
     std::span<const TargetObjectView* const> views, int device, CudaStream stream) {
     if (!CanCommitFromDevice()) {
@@ -879,6 +890,23 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
     std::vector<LeaseKeepalive> keepalives;  // the leases go when this call returns
     std::vector<std::array<std::span<const std::byte>, 2>> members;
     std::shared_ptr<Session> session;
+    // Ranges the daemon copied as it planned (ReadOptions::stage_on_device): where, and the
+    // allocation, kept out of the read pool if the call fails before the build has taken it
+    // (the daemon's copies may still run: the pool's next user would not wait for them).
+    std::shared_ptr<DeviceArena> staged_arena;
+    std::vector<std::uint64_t> staged_at;
+    struct StagedGuard {
+        std::shared_ptr<DeviceArena> arena;
+        std::vector<std::shared_ptr<DeviceArena>>* held = nullptr;
+        std::mutex* mu = nullptr;
+        ~StagedGuard() {
+            if (arena && held != nullptr) {
+                std::lock_guard lock(*mu);
+                held->push_back(std::move(arena));
+            }
+        }
+    } staged_guard;
+    staged_guard.mu = &mu_;
     {
         std::unique_lock lock(mu_);
         MCS_RETURN_IF_ERROR(EnsureConnected());
@@ -938,6 +966,24 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             } else {
                 send_targets();
             }
+            // A read planned in one request may have its ranges copied to the caller's device
+            // as the daemon plans them, into a free allocation of the read pool (none free, as
+            // on a first read: the copy request below allocates one, for the next reads).
+            if (options.stage_on_device && ipc && chunks.size() == 1) {
+                const ReadOptions::DeviceStaging& st = *options.stage_on_device;
+                staged_arena = FreeReadArenaLocked(st.device);
+                if (staged_arena) {
+                    if (!st.stream_waited) {
+                        MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(st.stream, st.device));
+                    }
+                    wire::PlanToDevice& to = request.to_device.emplace();
+                    to.destination = wire::CudaLocation(staged_arena->exported,
+                                                        staged_arena->exported.offset,
+                                                        staged_arena->bytes);
+                    to.ready_event.assign(reinterpret_cast<const char*>(st.ready_event.data()),
+                                          st.ready_event.size());
+                }
+            }
             Result<wire::SparseReadPlanReply> called = Call<wire::SparseReadPlanReply>(request);
             if (!called.ok() && called.status().code() == StatusCode::kNotFound &&
                 request.targets.empty() && session_ == session) {
@@ -948,6 +994,25 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             }
             MCS_RETURN_IF_ERROR(called.status());
             wire::SparseReadPlanReply reply = std::move(called).value();
+            if (!reply.staged_at.empty()) {
+                // The daemon may still be copying into the allocation: it stays out of the
+                // pool until the caller's work has waited for the copies (the build's).
+                staged_guard.arena = staged_arena;
+                staged_guard.held = &held_read_arenas_;
+                if (!request.to_device || reply.staged_at.size() != 2 * reply.ranges.size()) {
+                    return bad("ranges staged where none were asked for, or not one offset per "
+                               "range member");
+                }
+                for (std::size_t r = 0; r < reply.ranges.size(); ++r) {
+                    const wire::PlannedRange& pr = reply.ranges[r];
+                    if (!RangeWithin(reply.staged_at[2 * r], pr.indices_bytes, staged_arena->bytes) ||
+                        !RangeWithin(reply.staged_at[2 * r + 1], pr.values_bytes,
+                                     staged_arena->bytes)) {
+                        return bad("range " + std::to_string(r) + " staged past the allocation");
+                    }
+                }
+                staged_at = std::move(reply.staged_at);
+            }
             if (session_ != session) {
                 return Unavailable("the connection to the node daemon was lost during the read");
             }
@@ -1115,6 +1180,12 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             MCS_RETURN_IF_ERROR(Call<wire::OkReply>(copy, total));
             return PlannedRead::DeviceRanges{arena->address, std::move(arena), ready_event.empty()};
         };
+    }
+    if (!staged_at.empty()) {
+        read.staged = PlannedRead::DeviceRanges{staged_arena->address, staged_arena,
+                                                options.stage_on_device->ready_event.empty()};
+        read.staged_at = std::move(staged_at);
+        staged_guard.arena.reset();  // the build waits for the copies before anything else
     }
     read.kept.assign(targets.size(), 0);
     MCS_RETURN_IF_ERROR(build(read));

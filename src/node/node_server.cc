@@ -673,6 +673,7 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"planned_reads", double(planned_reads_.load(std::memory_order_relaxed))},
         {"planned_reads_kept_targets",
          double(planned_reads_kept_targets_.load(std::memory_order_relaxed))},
+        {"planned_reads_staged", double(planned_reads_staged_.load(std::memory_order_relaxed))},
         {"step_reads", double(step_reads_.load(std::memory_order_relaxed))},
         {"planned_read_seconds", 1e-9 * double(planned_read_nanos_.load(std::memory_order_relaxed))},
         {"tensors_put", double(tensors.tensors_put)},

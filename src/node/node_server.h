@@ -261,6 +261,8 @@ private:
     std::atomic<std::uint64_t> planned_reads_{0};            ///< SparseReadPlan requests served.
     /// SparseReadPlan requests whose targets the connection kept from an earlier one.
     std::atomic<std::uint64_t> planned_reads_kept_targets_{0};
+    /// SparseReadPlan requests whose ranges were copied to the client's device as planned.
+    std::atomic<std::uint64_t> planned_reads_staged_{0};
     std::atomic<std::uint64_t> step_reads_{0};  ///< SparseReadStep requests served.
     std::atomic<std::uint64_t> planned_read_nanos_{0};       ///< ... taking this long.
 };

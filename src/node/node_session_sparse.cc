@@ -958,6 +958,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
 
     wire::SparseReadPlanReply reply;
     std::vector<ObjectLease> leases;
+    bool staged = false;  // copies into the client's memory queued (to_device)
     const auto start = std::chrono::steady_clock::now();
     const auto build = [&](PlannedRead& read) -> Status {
         // A lease on every source the ranges come from: the client's copies of the ranges run
@@ -1007,6 +1008,39 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
             reply.ranges.push_back({p, range.source, *oi, range.indices.size(), *ov,
                                     range.values.size()});
         }
+        // Asked to, the ranges go to the client's device now, laid out here (the copies read
+        // this process's addresses), before the rest of the reply is even built; a layout
+        // larger than the destination, or copies that cannot be queued, leave that to the
+        // client's copy request.
+        if (req.to_device) {
+            StagingLayout layout = LayOutStaging(read.ranges);
+            if (layout.total <= req.to_device->destination.ref.size) {
+                std::vector<SegmentCopy> copies;
+                copies.reserve(2 * read.ranges.size());
+                for (int k = 0; k < 2; ++k) {
+                    for (std::size_t r = 0; r < read.ranges.size(); ++r) {
+                        const PlannedRead::Range& range = read.ranges[r];
+                        const std::span<const std::byte> bytes = k == 0 ? range.indices : range.values;
+                        if (bytes.empty()) continue;
+                        copies.push_back({bytes.data(), layout.at[2 * r + k], bytes.size(),
+                                          leases[planned_of[range.source]].segment_id()});
+                    }
+                }
+                const Status copied = CopySegmentsToDevice(copies, req.to_device->destination,
+                                                           req.to_device->ready_event);
+                if (copied.ok()) {
+                    reply.staged_at = std::move(layout.at);
+                    staged = true;
+                } else {
+                    static std::atomic<bool> warned{false};
+                    if (!warned.exchange(true)) {
+                        MCS_LOG(kWarning) << "a planned read's ranges are left to the client's "
+                                             "copy request: "
+                                          << copied.ToString();
+                    }
+                }
+            }
+        }
         reply.pieces.reserve(read.pieces.size());
         for (const PlannedRead::Piece& piece : read.pieces) {
             reply.pieces.push_back({piece.range, piece.begin, piece.count,
@@ -1023,10 +1057,20 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
         return Status::Ok();
     };
     MCS_ASSIGN_OR_RETURN(const std::span<const TargetDescriptor> targets, PlanTargets(req));
-    MCS_RETURN_IF_ERROR(sparse_->ReadPlanned(step, targets, options, build));
+    Status planned = sparse_->ReadPlanned(step, targets, options, build).status();
     std::vector<std::uint64_t> ids;
-    MCS_RETURN_IF_ERROR(AddLeases(std::move(leases), ids));
+    if (planned.ok()) planned = AddLeases(std::move(leases), ids);
+    if (!planned.ok()) {
+        // Copies left running read the leased bytes: done before the leases go.
+        if (staged) {
+            if (auto mapped = MapCuda(req.to_device->destination); mapped.ok()) {
+                (void)cuda::StreamSynchronize(kCudaPerThreadStream, mapped->first.device);
+            }
+        }
+        return planned;
+    }
     for (std::size_t i = 0; i < ids.size(); ++i) reply.sources[i].lease_id = ids[i];
+    if (staged) server_.planned_reads_staged_.fetch_add(1, std::memory_order_relaxed);
     server_.planned_reads_.fetch_add(1, std::memory_order_relaxed);
     server_.planned_read_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
     return Reply{std::move(reply), {}};

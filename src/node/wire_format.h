@@ -64,7 +64,9 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// (SparseAdmitBatch). 11: LeaseRangesToDevice may answer before its copies are done, having
 /// recorded the client's CUDA IPC event after them (LeaseRangesToDeviceRequest::ready_event).
 /// 12: a planned read's targets kept per connection (SparseReadPlanRequest::target_set).
-inline constexpr std::uint32_t kProtocolVersion = 12;
+/// 13: a planned read's ranges copied to the client's device as the daemon plans them
+/// (SparseReadPlanRequest::to_device, SparseReadPlanReply::staged_at).
+inline constexpr std::uint32_t kProtocolVersion = 13;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;

@@ -41,6 +41,18 @@ Status LeaseRangesToDeviceRequest::Validate() const {
     return destination.Validate();
 }
 
+Status PlanToDevice::Validate() const {
+    if (destination.ref.kind != BufferKind::kCudaIpc) {
+        return InvalidArgument("a planned read's device destination is not in CUDA memory");
+    }
+    if (!ready_event.empty() && ready_event.size() != kCudaIpcHandleBytes) {
+        return InvalidArgument("a planned read's ready event handle has " +
+                               std::to_string(ready_event.size()) + " bytes, not " +
+                               std::to_string(kCudaIpcHandleBytes));
+    }
+    return destination.Validate();
+}
+
 Status SparseWaitRequest::Validate() const {
     if (!(timeout_seconds >= 0 && timeout_seconds <= kMaxWaitSeconds)) {
         return InvalidArgument("wait timeout " + std::to_string(timeout_seconds) +

@@ -540,6 +540,22 @@ struct PlannedTarget {
     friend bool operator==(const PlannedTarget&, const PlannedTarget&) = default;
 };
 
+/// Where a planned read's ranges may go as the daemon plans them (SparseReadPlanRequest::
+/// to_device): a CUDA allocation of the client, nothing of it in use until the reply (the
+/// client has waited for its earlier readers), and the client's CUDA IPC event, as in
+/// LeaseRangesToDeviceRequest.
+struct PlanToDevice {
+    TensorLocation destination;  ///< kCudaIpc; ref covers the bytes the copies may write.
+    std::string ready_event;
+
+    static void Fields(auto& v, auto& m) {
+        v("destination", m.destination);
+        v("ready_event", m.ready_event, kCudaIpcHandleBytes);
+    }
+    Status Validate() const;
+    friend bool operator==(const PlanToDevice&, const PlanToDevice&) = default;
+};
+
 /// SparseService::ReadPlanned run by the daemon for a client that builds the targets itself
 /// (a device read): the daemon plans the read of a step manifest, leases every source it reads
 /// ranges of to the connection, and replies with the ranges, the pieces each target takes and
@@ -555,6 +571,11 @@ struct PlannedTarget {
 /// then sends them). A reader whose layout never changes sends its targets once per connection.
 /// The daemon keeps at most kMaxKeptTargetSets sets and kMaxKeptTargets targets per
 /// connection, dropping the least recently used.
+/// With `to_device`, the daemon may also copy the ranges it plans into that CUDA allocation of
+/// the client, as LeaseRangesToDevice would, laid out by itself (its reply's `staged_at` then
+/// says where): the copies start before the reply is even encoded, and the client sends no
+/// copy request. It does when the layout fits the destination and its copies can be queued;
+/// else the reply has no `staged_at` and the client asks for the copies as before.
 struct SparseReadPlanRequest {
     static constexpr MessageType kType = MessageType::kSparseReadPlan;
     Generation step;
@@ -564,6 +585,7 @@ struct SparseReadPlanRequest {
     SparseReadOptions options;
     std::optional<std::uint64_t> sealed_entries;
     std::optional<std::uint64_t> target_set;
+    std::optional<PlanToDevice> to_device;
 
     static void Fields(auto& v, auto& m) {
         v("step", m.step);
@@ -573,6 +595,7 @@ struct SparseReadPlanRequest {
         v("options", m.options);
         v("sealed_entries", m.sealed_entries);
         v("target_set", m.target_set);
+        v("to_device", m.to_device);
     }
     friend bool operator==(const SparseReadPlanRequest&, const SparseReadPlanRequest&) = default;
 };
@@ -583,12 +606,17 @@ struct SparseReadPlanReply {
     std::vector<PlannedRange> ranges;
     std::vector<PlannedPiece> pieces;
     std::vector<PlannedTarget> targets;  ///< One per requested target, in order.
+    /// Set when the daemon copied the ranges to the request's `to_device`: range r's indices
+    /// at staged_at[2 * r], its values at staged_at[2 * r + 1] bytes into the destination.
+    /// Empty: nothing was copied.
+    std::vector<std::uint64_t> staged_at;
 
     static void Fields(auto& v, auto& m) {
         v("sources", m.sources, kMaxBatchItems);
         v("ranges", m.ranges, kMaxBatchItems);
         v("pieces", m.pieces, kMaxBatchItems);
         v("targets", m.targets, kMaxBatchItems);
+        v("staged_at", m.staged_at, 2 * kMaxBatchItems);
     }
     friend bool operator==(const SparseReadPlanReply&, const SparseReadPlanReply&) = default;
 };

@@ -676,9 +676,9 @@ TEST_F(NodeServerTest, ReadsByStepNeedASealedStep) {
 /// A planned read's targets, kept per connection under the id the request names: sent once,
 /// then named; unknown ids (never sent, another connection's, dropped as the least recently
 /// used) are NotFound, and a client sends its targets again when told so.
-TEST_F(NodeServerTest, APlannedReadsTargetsAreKeptPerConnection) {
-    auto client = Client(socket_);
-    ASSERT_NE(client, nullptr);
+/// Step (0, 1) of one 8x8 tensor "w" (entries at rows 1, 3 and 6), sealed; its targets: the
+/// two 4-row halves.
+std::vector<TargetDescriptor> PutAndSealTwoHalves(NodeClient& client) {
     const std::vector<std::int64_t> idx = {1, 2, 3, 4, 6, 7};
     const std::vector<float> val = {1.0f, 2.0f, 3.0f};
     PutSparseRequest put;
@@ -687,11 +687,16 @@ TEST_F(NodeServerTest, APlannedReadsTargetsAreKeptPerConnection) {
     put.generation = {0, 1};
     put.indices = {DType::kInt64, {3, 2}, std::as_bytes(std::span(idx))};
     put.values = {DType::kFloat32, {3}, std::as_bytes(std::span(val))};
-    ASSERT_OK(client->PutSparseObject(put).status());
-    ASSERT_OK(client->SealGeneration({0, 1}, std::vector<std::string>{"w"}));
-    const std::vector<TargetDescriptor> targets = {
-        *TargetDescriptor::Make("r0", "node0", "w", *NamedAxes::Make({}), {0, 0}, {4, 8}),
-        *TargetDescriptor::Make("r1", "node0", "w", *NamedAxes::Make({}), {4, 0}, {4, 8})};
+    EXPECT_OK(client.PutSparseObject(put).status());
+    EXPECT_OK(client.SealGeneration({0, 1}, std::vector<std::string>{"w"}));
+    return {*TargetDescriptor::Make("r0", "node0", "w", *NamedAxes::Make({}), {0, 0}, {4, 8}),
+            *TargetDescriptor::Make("r1", "node0", "w", *NamedAxes::Make({}), {4, 0}, {4, 8})};
+}
+
+TEST_F(NodeServerTest, APlannedReadsTargetsAreKeptPerConnection) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const std::vector<TargetDescriptor> targets = PutAndSealTwoHalves(*client);
 
     RawPeer peer(socket_);
     ASSERT_OK(peer.Request(wire::HelloRequest{}));
@@ -877,6 +882,59 @@ TEST_F(NodeServerTest, LeasesToDeviceChecksEveryItemFirst) {
         const TargetObjectView* views[] = {&v};
         EXPECT_THAT(client->CopyViewsToDevice(views, 0, 0), StatusIs(StatusCode::kUnimplemented));
     }
+}
+
+/// A planned read may ask for its ranges to be copied to the client's device as they are
+/// planned (to_device). A daemon that cannot (no CUDA here; with CUDA, a handle that opens
+/// nothing), or whose layout would not fit the destination, plans the read all the same and
+/// says it copied nothing (no staged_at): the client then asks for the copies. A malformed
+/// destination does not decode.
+TEST_F(NodeServerTest, APlannedReadThatCannotStageItsRangesIsPlannedAllTheSame) {
+    auto client = Client(socket_);
+    ASSERT_NE(client, nullptr);
+    const std::vector<TargetDescriptor> targets = PutAndSealTwoHalves(*client);
+    RawPeer peer(socket_);
+    ASSERT_OK(peer.Request(wire::HelloRequest{}));
+    wire::SparseReadPlanRequest plan;
+    plan.step = {0, 1};
+    plan.sealed_entries = 1;
+    plan.targets = targets;
+    auto plain = peer.Call<wire::SparseReadPlanReply>(plan);
+    ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+    EXPECT_TRUE(plain->staged_at.empty());
+    ASSERT_EQ(plain->ranges.size(), 2u);  // a range per half
+
+    wire::PlanToDevice& to = plan.to_device.emplace();
+    to.destination.ref.kind = wire::BufferKind::kCudaIpc;
+    to.destination.ref.size = 4096;
+    to.destination.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
+    to.destination.ref.device = 0;
+    to.destination.cuda_base = std::uint64_t{1} << 40;
+    to.destination.cuda_alloc_size = 4096;
+    to.ready_event.assign(wire::kCudaIpcHandleBytes, '\x33');
+    for (const std::uint64_t room : {std::uint64_t{4096}, std::uint64_t{1}}) {
+        to.destination.ref.size = room;  // 1: the layout does not fit
+        auto staged = peer.Call<wire::SparseReadPlanReply>(plan);
+        ASSERT_TRUE(staged.ok()) << staged.status().ToString();
+        EXPECT_TRUE(staged->staged_at.empty());
+        EXPECT_EQ(staged->ranges, plain->ranges);
+        EXPECT_EQ(staged->pieces, plain->pieces);
+        EXPECT_EQ(staged->targets, plain->targets);
+        // Its leases are the connection's like any planned read's.
+        wire::ReleaseRequest release;
+        for (const wire::PlannedSource& ps : staged->sources) release.lease_ids.push_back(ps.lease_id);
+        EXPECT_OK(peer.Request(release));
+    }
+    EXPECT_EQ(DaemonMetric(*client, "planned_reads_staged"), 0);
+    EXPECT_EQ(DaemonMetric(*client, "planned_reads"), 3);
+
+    to.ready_event.assign(10, '\x33');
+    EXPECT_THAT(peer.Request(plan), StatusIsWithMessage(StatusCode::kInvalidArgument, "ready event"));
+    to.ready_event.clear();
+    to.destination = {wire::BufferRef::Client(0, 4096), 0, 0, ""};
+    EXPECT_THAT(peer.Request(plan),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "not in CUDA memory"));
+    EXPECT_EQ(DaemonMetric(*client, "planned_reads"), 3);
 }
 
 /// Byte ranges of leased members (a planned read's ranges) copied into a client's CUDA memory:

@@ -351,13 +351,24 @@ std::vector<Message> SampleMessages() {
         out.push_back(p);
     }
     {
-        // The next step's read of the same targets, named by the id they are kept under.
+        // The next step's read of the same targets, named by the id they are kept under, its
+        // ranges copied to the client's device as the daemon plans them.
         SparseReadPlanRequest p;
         p.step = {5, 6};
         p.options.num_threads = 2;
         p.sealed_entries = 69608;
         p.target_set = 3;
+        p.to_device = PlanToDevice{
+            {CudaRef(0, 64 << 20), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"},
+            std::string(kCudaIpcHandleBytes, '\x5a')};
         out.push_back(p);
+        SparseReadPlanReply r;
+        r.sources = {{18, {2, 4096, 400}, {2, 4608, 200}, 0, 1, true}};
+        r.ranges = {{0, 0, 0, 120, 0, 60}, {0, 0, 200, 80, 100, 40}};
+        r.pieces = {{0, 0, 30, std::nullopt}, {1, 0, 20, std::nullopt}};
+        r.targets = {{2, 0}};
+        r.staged_at = {0, 320, 200, 420};  // range by range: indices, values; as they lie
+        out.push_back(r);
     }
     return out;
 }

@@ -283,17 +283,22 @@ def test_device_read_on_the_embedded_store_builds_targets_on_the_gpu(pinned_quot
         _core._set_device_gather_engine_bytes(previous_engine)
 
 
+@pytest.mark.parametrize("staging", [True, False], ids=["staged", "copy-request"])
 @pytest.mark.parametrize("groups", [1, 3])
 @pytest.mark.parametrize("pinned", [False, True], ids=["pageable", "pinned"])
-def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinned, groups):
+def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinned, groups,
+                                                                   staging):
     # The daemon plans the read and copies the ranges into this process's GPU memory; the
     # targets are filtered and rebased here, as on the embedded store. From pinned segments
     # it answers once the copies are queued, with this process's ready event recorded after
     # them (from pageable ones, through its bounce buffer, once they are done); in several
-    # groups, each group's plan while the group before is copied.
+    # groups, each group's plan while the group before is copied. A first read asks for the
+    # copies once its plan is back; the second, staged, has them made as the daemon plans,
+    # into an allocation the first one left.
     if not HAVE_DAEMON:
         pytest.skip("mooncake_sparse_node is not built")
     previous = _core._set_device_read_groups(groups)
+    previous_staging = _core._set_device_read_staging(staging)
     try:
         with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4,
                                pinned_quota_bytes="256MiB" if pinned else "0") as daemon:
@@ -307,21 +312,28 @@ def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinn
                 time.sleep(0.05)
             store.reset_metrics()
             before = _core._device_read_counters()
-            check_targets_built_on_the_gpu(store)
+            check_targets_built_on_the_gpu(store, reads=2)
             after = _core._device_read_counters()
             m = store.metrics()
             # Built here on the GPU from ranges the daemon planned and copied (the fold of the
             # check is read on the daemon's host).
-            assert after["reads"] == before["reads"] + 1
+            assert after["reads"] == before["reads"] + 2
             assert after["ranges_seconds"] > before["ranges_seconds"]
-            assert m["planned_reads"] == groups and m["leases_to_device_bytes"] > 0
+            assert m["planned_reads"] == 2 * groups and m["leases_to_device_bytes"] > 0
             if pinned:
-                assert m["leases_to_device_deferred"] >= 1
+                assert m["leases_to_device_deferred"] >= 2
             else:
                 assert m["leases_to_device_deferred"] == 0
+            # The second read's first group at least (a later group may find no free
+            # allocation large enough); none with staging off.
+            if staging:
+                assert 1 <= m["planned_reads_staged"] <= groups
+            else:
+                assert m["planned_reads_staged"] == 0
             store.close()
     finally:
         _core._set_device_read_groups(previous)
+        _core._set_device_read_staging(previous_staging)
 
 
 def test_concurrent_device_reads_through_the_daemon_wait_for_their_own_copies(tmp_path):
@@ -369,11 +381,14 @@ def test_concurrent_device_reads_through_the_daemon_wait_for_their_own_copies(tm
         assert stores[0].metrics()["leases_to_device_deferred"] >= 40
         # Each connection sent its targets once and named them on its 19 later reads.
         assert stores[0].metrics()["planned_reads_kept_targets"] == 38
+        # A connection's first read asks for its copies (its read pool is empty); the next 19
+        # have them made as the daemon plans, into the allocation the first one left.
+        assert stores[0].metrics()["planned_reads_staged"] == 38
         for s in stores:
             s.close()
 
 
-def check_targets_built_on_the_gpu(store):
+def check_targets_built_on_the_gpu(store, reads=1):
     pairs = pairs_of(MIXED)
     assert all(isinstance(r, dict) for r in commit_all(store, pairs, "g"))
     ids = [f"g{i}" for i in range(len(pairs))] + ["same"]
@@ -390,25 +405,26 @@ def check_targets_built_on_the_gpu(store):
     targets.append(mcs.Target("same", "n/same", "n", {}, (0, 0), (8, 8)))  # unchanged
     m = store.manifest((0, 1))
     host = store.read_sparse_objects(m, targets)
-    store.reset_metrics()
-    dev = store.read_sparse_objects(m, targets, device="cuda")
-    metrics = store.metrics()
-    assert metrics["target_objects_published"] == len(targets)
-    assert metrics["full_gets"] == 0 and metrics["range_gets"] > 0
-    assert all(isinstance(d, DeviceSparseObject) for d in dev)
-    for h, d in zip(host, dev):
-        same_entries(h, d)
-        assert d.tensor_id == h.tensor_id and d.local_shape == h.local_shape
-        assert d.index_dtype == h.index_dtype
-    assert dev[-1].nnz == 0
-    # The host members of a device object are not there: a typed error, not garbage.
-    with pytest.raises(mcs.FailedPrecondition):
-        _ = dev[0].tile_ptr
-    for (i, origin, extent), d in zip(boxes, dev):
-        new, old = pairs[i]
-        w = old[box_slices(origin, extent)].clone()
-        mcs.apply_sparse_object(w, d)
-        assert np.array_equal(bits(w), bits(new[box_slices(origin, extent)]))
+    for _ in range(reads):  # a reader's later reads reuse what its first one left
+        store.reset_metrics()
+        dev = store.read_sparse_objects(m, targets, device="cuda")
+        metrics = store.metrics()
+        assert metrics["target_objects_published"] == len(targets)
+        assert metrics["full_gets"] == 0 and metrics["range_gets"] > 0
+        assert all(isinstance(d, DeviceSparseObject) for d in dev)
+        for h, d in zip(host, dev):
+            same_entries(h, d)
+            assert d.tensor_id == h.tensor_id and d.local_shape == h.local_shape
+            assert d.index_dtype == h.index_dtype
+        assert dev[-1].nnz == 0
+        # The host members of a device object are not there: a typed error, not garbage.
+        with pytest.raises(mcs.FailedPrecondition):
+            _ = dev[0].tile_ptr
+        for (i, origin, extent), d in zip(boxes, dev):
+            new, old = pairs[i]
+            w = old[box_slices(origin, extent)].clone()
+            mcs.apply_sparse_object(w, d)
+            assert np.array_equal(bits(w), bits(new[box_slices(origin, extent)]))
     # A fold of two steps is merged on the host, then uploaded: the same weights.
     stepped = pairs_of(MIXED[:1], seed=SEED + 7)
     news = [(stepped[0][0], pairs[0][0])]
