@@ -349,6 +349,10 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # building the targets (on the GPU for a device read of the embedded store).
             phases = {f"read_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
                       for k in ("plan", "read", "materialize")}
+            # The node daemon's handlers of a device read: its plan requests (with the copies
+            # it queues as it plans) and its copy requests (zero on the embedded store).
+            phases.update({f"daemon_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
+                           for k in ("planned_read", "leases_to_device")})
             if args.reader == "pipelined":
                 t_apply = 0.0
             else:

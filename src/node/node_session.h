@@ -126,6 +126,9 @@ private:
         std::uint64_t offset;  ///< Into the destination.
         std::uint64_t bytes;
         std::uint32_t segment;
+        /// The store says the bytes are page-locked (a planned range's PlannedRead::Range::
+        /// pinned): the driver is not asked.
+        bool pinned = false;
     };
     /// Copies `copies` (checked by the caller) into the client's CUDA memory `destination`:
     /// runs of one segment the client placed as they lie there move as one copy, pageable

@@ -781,6 +781,7 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
     for (std::size_t k = 0; k < copies.size();) {
         std::size_t end = k + 1;
         std::uint64_t bytes = copies[k].bytes;
+        bool known_pinned = copies[k].pinned;
         while (end < copies.size() && copies[end].segment == copies[k].segment &&
                copies[end].src >= copies[k].src &&
                static_cast<std::uint64_t>(copies[end].src - copies[k].src) ==
@@ -788,14 +789,20 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
                copies[end].offset >= copies[k].offset &&
                copies[end].offset <= copies[k].offset + bytes + kMaxGap) {
             bytes = std::max(bytes, copies[end].offset + copies[end].bytes - copies[k].offset);
+            known_pinned = known_pinned && copies[end].pinned;
             ++end;
         }
         if (bytes > 0) {
-            const auto first = cuda::DescribePointer(copies[k].src);
-            const auto last = cuda::DescribePointer(copies[k].src + bytes - 1);
-            const bool is_pinned = first.ok() && last.ok() &&
-                                   first->type == cuda::MemoryType::kHost &&
-                                   last->type == cuda::MemoryType::kHost;
+            // Two driver queries per run otherwise (a planned read's copies: hundreds of runs).
+            // A run's gap bytes lie between two pinned copies of one segment, whose registered
+            // part is a prefix: pinned too.
+            bool is_pinned = known_pinned;
+            if (!is_pinned) {
+                const auto first = cuda::DescribePointer(copies[k].src);
+                const auto last = cuda::DescribePointer(copies[k].src + bytes - 1);
+                is_pinned = first.ok() && last.ok() && first->type == cuda::MemoryType::kHost &&
+                            last->type == cuda::MemoryType::kHost;
+            }
             (is_pinned ? pinned : pageable).push_back({copies[k].src, copies[k].offset, bytes});
             if (!is_pinned) pageable_bytes += bytes;
         }
@@ -1023,7 +1030,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
                         const std::span<const std::byte> bytes = k == 0 ? range.indices : range.values;
                         if (bytes.empty()) continue;
                         copies.push_back({bytes.data(), layout.at[2 * r + k], bytes.size(),
-                                          leases[planned_of[range.source]].segment_id()});
+                                          leases[planned_of[range.source]].segment_id(),
+                                          range.pinned});
                     }
                 }
                 const Status copied = CopySegmentsToDevice(copies, req.to_device->destination,
