@@ -403,11 +403,7 @@ private:
     std::uint64_t epoch_ = 0;            // Guarded by mu_.
     /// The targets of planned reads that the daemon keeps for the current connection
     /// (SparseReadPlanRequest::target_set): a reader's next reads name them by id.
-    struct KeptTargets {
-        std::uint64_t id = 0;
-        std::vector<TargetDescriptor> targets;
-        std::uint64_t last_use = 0;
-    };
+    using KeptTargets = wire::KeptTargetSet;
     std::vector<KeptTargets> kept_targets_;  // Guarded by mu_; of session epoch kept_epoch_.
     std::uint64_t kept_epoch_ = 0;           // Guarded by mu_.
     std::uint64_t kept_clock_ = 0;           // Guarded by mu_.

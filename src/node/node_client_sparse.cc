@@ -1018,20 +1018,7 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             }
             if (!request.targets.empty()) {
                 // Kept as the daemon keeps them: the least recently used sets make room.
-                const auto total = [&] {
-                    std::size_t n = 0;
-                    for (const KeptTargets& k : kept_targets_) n += k.targets.size();
-                    return n;
-                };
-                while (!kept_targets_.empty() &&
-                       (kept_targets_.size() >= wire::kMaxKeptTargetSets ||
-                        total() + c.size() > wire::kMaxKeptTargets)) {
-                    kept_targets_.erase(std::min_element(
-                        kept_targets_.begin(), kept_targets_.end(),
-                        [](const KeptTargets& a, const KeptTargets& b) {
-                            return a.last_use < b.last_use;
-                        }));
-                }
+                wire::MakeRoomForKeptTargets(kept_targets_, c.size());
                 kept_targets_.push_back(
                     {*request.target_set, std::move(request.targets), ++kept_clock_});
                 request.targets.clear();

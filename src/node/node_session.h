@@ -201,11 +201,7 @@ private:
     };
     ReadyEvent ready_event_;
     /// A planned read's targets kept for this connection (SparseReadPlanRequest::target_set).
-    struct KeptTargets {
-        std::uint64_t id = 0;
-        std::vector<TargetDescriptor> targets;
-        std::uint64_t last_use = 0;
-    };
+    using KeptTargets = wire::KeptTargetSet;
     /// The targets of a planned read: those of `req`, kept under its target_set when it has
     /// one, or those kept under it. Errors: NotFound (none kept under the id).
     Result<std::span<const TargetDescriptor>> PlanTargets(const wire::SparseReadPlanRequest& req);

@@ -902,17 +902,7 @@ Result<std::span<const TargetDescriptor>> NodeServer::Session::PlanTargets(
     }
     if (it != kept_targets_.end()) kept_targets_.erase(it);
     // Room for them: the least recently used sets go.
-    const auto total = [&] {
-        std::size_t n = 0;
-        for (const KeptTargets& k : kept_targets_) n += k.targets.size();
-        return n;
-    };
-    while (!kept_targets_.empty() && (kept_targets_.size() >= wire::kMaxKeptTargetSets ||
-                                      total() + req.targets.size() > wire::kMaxKeptTargets)) {
-        kept_targets_.erase(std::min_element(
-            kept_targets_.begin(), kept_targets_.end(),
-            [](const KeptTargets& a, const KeptTargets& b) { return a.last_use < b.last_use; }));
-    }
+    wire::MakeRoomForKeptTargets(kept_targets_, req.targets.size());
     kept_targets_.push_back({id, req.targets, ++kept_clock_});
     return std::span<const TargetDescriptor>(kept_targets_.back().targets);
 }

@@ -533,7 +533,13 @@ public:
             bool present = false;
             Take(r_.ReadBool(), present);
             value.reset();
-            if (ok() && present) (*this)(name, value.emplace(), bounds...);
+            if (ok() && present) {
+                // Read into a value of its own, then moved in: GCC 12 takes an optional's
+                // payload of strings filled in place for uninitialized (-Wmaybe-uninitialized).
+                typename T::value_type read{};
+                (*this)(name, read, bounds...);
+                value = std::move(read);
+            }
         } else {
             static_assert(sizeof...(Bounds) == 0, "a struct field takes no limit");
             ReadStruct(value);

@@ -3,6 +3,7 @@
 // Rules of the sparse object messages; see wire_sparse.h.
 #include "node/wire_sparse.h"
 
+#include <algorithm>
 #include <string>
 
 namespace mooncake::sparse::wire {
@@ -39,6 +40,19 @@ Status LeaseRangesToDeviceRequest::Validate() const {
                                std::to_string(kCudaIpcHandleBytes));
     }
     return destination.Validate();
+}
+
+void MakeRoomForKeptTargets(std::vector<KeptTargetSet>& kept, std::size_t incoming) {
+    std::size_t total = 0;
+    for (const KeptTargetSet& k : kept) total += k.targets.size();
+    while (!kept.empty() &&
+           (kept.size() >= kMaxKeptTargetSets || total + incoming > kMaxKeptTargets)) {
+        const auto oldest = std::min_element(
+            kept.begin(), kept.end(),
+            [](const KeptTargetSet& a, const KeptTargetSet& b) { return a.last_use < b.last_use; });
+        total -= oldest->targets.size();
+        kept.erase(oldest);
+    }
 }
 
 Status PlanToDevice::Validate() const {

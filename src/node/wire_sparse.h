@@ -621,6 +621,17 @@ struct SparseReadPlanReply {
     friend bool operator==(const SparseReadPlanReply&, const SparseReadPlanReply&) = default;
 };
 
+/// A target set a connection keeps (SparseReadPlanRequest::target_set): the daemon's, and the
+/// client's mirror of what the daemon keeps.
+struct KeptTargetSet {
+    std::uint64_t id = 0;
+    std::vector<TargetDescriptor> targets;
+    std::uint64_t last_use = 0;  ///< A clock of the connection's uses.
+};
+/// Drops the least recently used sets of `kept` until `incoming` more targets fit the limits
+/// (kMaxKeptTargetSets sets, kMaxKeptTargets targets): the one rule both sides follow.
+void MakeRoomForKeptTargets(std::vector<KeptTargetSet>& kept, std::size_t incoming);
+
 /// Bytes of a member of an object the connection leases, to be copied to `dst_offset`.
 struct LeaseRangeCopy {
     std::uint64_t lease_id = 0;
