@@ -30,16 +30,27 @@ Status LeasesToDeviceRequest::Validate() const {
     return destination.Validate();
 }
 
-Status LeaseRangesToDeviceRequest::Validate() const {
+namespace {
+
+/// A destination the daemon copies into by CUDA IPC, and the optional IPC event it records after
+/// the copies; `what` names it in the error.
+Status ValidateDeviceCopyTarget(const TensorLocation& destination, const std::string& ready_event,
+                                const std::string& what) {
     if (destination.ref.kind != BufferKind::kCudaIpc) {
-        return InvalidArgument("a LeaseRangesToDevice destination is not in CUDA memory");
+        return InvalidArgument(what + " destination is not in CUDA memory");
     }
     if (!ready_event.empty() && ready_event.size() != kCudaIpcHandleBytes) {
-        return InvalidArgument("a LeaseRangesToDevice ready event handle has " +
+        return InvalidArgument(what + " ready event handle has " +
                                std::to_string(ready_event.size()) + " bytes, not " +
                                std::to_string(kCudaIpcHandleBytes));
     }
     return destination.Validate();
+}
+
+}  // namespace
+
+Status LeaseRangesToDeviceRequest::Validate() const {
+    return ValidateDeviceCopyTarget(destination, ready_event, "a LeaseRangesToDevice");
 }
 
 void MakeRoomForKeptTargets(std::vector<KeptTargetSet>& kept, std::size_t incoming) {
@@ -56,15 +67,7 @@ void MakeRoomForKeptTargets(std::vector<KeptTargetSet>& kept, std::size_t incomi
 }
 
 Status PlanToDevice::Validate() const {
-    if (destination.ref.kind != BufferKind::kCudaIpc) {
-        return InvalidArgument("a planned read's device destination is not in CUDA memory");
-    }
-    if (!ready_event.empty() && ready_event.size() != kCudaIpcHandleBytes) {
-        return InvalidArgument("a planned read's ready event handle has " +
-                               std::to_string(ready_event.size()) + " bytes, not " +
-                               std::to_string(kCudaIpcHandleBytes));
-    }
-    return destination.Validate();
+    return ValidateDeviceCopyTarget(destination, ready_event, "a planned read's device");
 }
 
 Status SparseWaitRequest::Validate() const {

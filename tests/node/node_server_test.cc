@@ -69,6 +69,19 @@ std::vector<std::byte> Pattern(std::size_t n, int seed) {
     return v;
 }
 
+/// A CUDA destination the daemon checks but whose handle opens nothing: `size` bytes at a made-up
+/// base of device 0.
+wire::TensorLocation UnopenableCudaDestination(std::uint64_t size) {
+    wire::TensorLocation d;
+    d.ref.kind = wire::BufferKind::kCudaIpc;
+    d.ref.size = size;
+    d.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
+    d.ref.device = 0;
+    d.cuda_base = std::uint64_t{1} << 40;
+    d.cuda_alloc_size = size;
+    return d;
+}
+
 /// Waits up to 5 s for `pred`.
 template <typename Pred>
 bool Eventually(Pred pred) {
@@ -848,12 +861,7 @@ TEST_F(NodeServerTest, LeasesToDeviceChecksEveryItemFirst) {
     auto lease = peer.Call<wire::LeaseReply>(wire::LeaseRequest{"k"});
     ASSERT_TRUE(lease.ok()) << lease.status().ToString();
     wire::LeasesToDeviceRequest req;
-    req.destination.ref.kind = wire::BufferKind::kCudaIpc;
-    req.destination.ref.size = 4096;
-    req.destination.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
-    req.destination.ref.device = 0;
-    req.destination.cuda_base = std::uint64_t{1} << 40;
-    req.destination.cuda_alloc_size = 4096;
+    req.destination = UnopenableCudaDestination(4096);
     const auto ask = [&](wire::LeaseMemberCopy item) {
         req.items = {item};
         return peer.Request(req);
@@ -905,12 +913,7 @@ TEST_F(NodeServerTest, APlannedReadThatCannotStageItsRangesIsPlannedAllTheSame) 
     ASSERT_EQ(plain->ranges.size(), 2u);  // a range per half
 
     wire::PlanToDevice& to = plan.to_device.emplace();
-    to.destination.ref.kind = wire::BufferKind::kCudaIpc;
-    to.destination.ref.size = 4096;
-    to.destination.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
-    to.destination.ref.device = 0;
-    to.destination.cuda_base = std::uint64_t{1} << 40;
-    to.destination.cuda_alloc_size = 4096;
+    to.destination = UnopenableCudaDestination(4096);
     to.ready_event.assign(wire::kCudaIpcHandleBytes, '\x33');
     for (const std::uint64_t room : {std::uint64_t{4096}, std::uint64_t{1}}) {
         to.destination.ref.size = room;  // 1: the layout does not fit
@@ -951,12 +954,7 @@ TEST_F(NodeServerTest, LeaseRangesToDeviceChecksEveryItemFirst) {
     auto lease = peer.Call<wire::LeaseReply>(wire::LeaseRequest{"k"});
     ASSERT_TRUE(lease.ok()) << lease.status().ToString();
     wire::LeaseRangesToDeviceRequest req;
-    req.destination.ref.kind = wire::BufferKind::kCudaIpc;
-    req.destination.ref.size = 4096;
-    req.destination.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x22');
-    req.destination.ref.device = 0;
-    req.destination.cuda_base = std::uint64_t{1} << 40;
-    req.destination.cuda_alloc_size = 4096;
+    req.destination = UnopenableCudaDestination(4096);
     const auto ask = [&](std::vector<wire::LeaseRangeCopy> items) {
         req.items = std::move(items);
         return peer.Request(req);
