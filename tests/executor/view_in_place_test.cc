@@ -292,7 +292,9 @@ TEST(PlannedReadTest, TargetsBuiltFromThePlannedPiecesAreTheReadsTargets) {
         auto theirs = entries(want.indices, want.values);
         const bool on_grid = v.target_box.origin()[0] % want.desc.tile_shape[0] == 0 &&
                              v.target_box.origin()[1] % want.desc.tile_shape[1] == 0;
-        if (on_grid) EXPECT_EQ(mine, theirs);
+        if (on_grid) {
+            EXPECT_EQ(mine, theirs);
+        }
         std::sort(mine.begin(), mine.end());
         std::sort(theirs.begin(), theirs.end());
         EXPECT_EQ(mine, theirs);

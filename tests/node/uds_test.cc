@@ -124,7 +124,7 @@ void MakeStaleSocketFile(const std::string& path) {
 
 TEST(UdsTest, SmallFrameRoundTrip) {
     auto [a, b] = MakePair();
-    const auto frame = FrameOf(wire::HelloRequest{1, 77, "client"}, 9);
+    const auto frame = FrameOf(wire::HelloRequest{1, 77, "client", ""}, 9);
     MCS_ASSERT_OK(a.SendFrame(frame));
     auto got = b.RecvFrame(wire::kMaxFrameBytes, nullptr, Deadline::After(5s));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -671,7 +671,7 @@ TEST(UdsTest, DaemonDeathIsUnavailableForTheClient) {
     ASSERT_TRUE(cred.ok());
     EXPECT_EQ(cred->pid, child);
 
-    MCS_ASSERT_OK(client->SendFrame(FrameOf(wire::HelloRequest{1, 1, "c"})));
+    MCS_ASSERT_OK(client->SendFrame(FrameOf(wire::HelloRequest{1, 1, "c", ""})));
     const auto t0 = Clock::now();
     EXPECT_THAT(client->RecvFrame(wire::kMaxFrameBytes, nullptr, Deadline::After(20s)),
                 StatusIsWithMessage(StatusCode::kUnavailable, "node daemon at " + path));
