@@ -445,7 +445,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             r = {"what": "gpu_sync", "backend": backend, "device": str(device), "apply": apply,
                  "trainer": args.trainer, "reader": args.reader, "read_groups": args.read_groups,
                  "gather_engine_bytes": args.gather_engine_bytes,
-                 "read_staging": args.read_staging, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "read_staging": args.read_staging,
+                 "segment_huge_pages": args.segment_huge_pages, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -520,6 +521,10 @@ def main() -> int:
                     help="through the node daemon, whether a device read's ranges are copied as "
                          "the daemon plans the read (on) or on a copy request after it (off); "
                          "default: the library's")
+    ap.add_argument("--segment-huge-pages", choices=("on", "off"), default=None,
+                    help="the node daemon's segment_huge_pages (transparent huge pages for its "
+                         "segments where the kernel gives them to shared memory); default: the "
+                         "daemon's")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",
@@ -583,7 +588,10 @@ def main() -> int:
                                       pinned_quota_bytes=str(store_bytes),
                                       gpu_commit_check=str(backend == "node").lower(),
                                       **({} if args.gather_engine_bytes is None else
-                                         {"device_gather_engine_bytes": args.gather_engine_bytes})
+                                         {"device_gather_engine_bytes": args.gather_engine_bytes}),
+                                      **({} if args.segment_huge_pages is None else
+                                         {"segment_huge_pages":
+                                          str(args.segment_huge_pages == "on").lower()})
                                       ) as d:
                 store = mcs.connect(d.url)
                 out += run_backend(store, backend, args, device, dtype, seed)

@@ -155,10 +155,11 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
         if (!v.ok()) return v.status().WithContext(key);
         (key == "frame_timeout" ? c.frame_timeout : c.idle_timeout) = *v;
     } else if (key == "prefault_segments" || key == "read_in_place" ||
-               key == "gpu_commit_check") {
-        bool& flag = key == "prefault_segments" ? c.prefault_segments
-                     : key == "read_in_place"   ? c.read_in_place
-                                                : c.gpu_commit_check;
+               key == "gpu_commit_check" || key == "segment_huge_pages") {
+        bool& flag = key == "prefault_segments"   ? c.prefault_segments
+                     : key == "read_in_place"     ? c.read_in_place
+                     : key == "segment_huge_pages" ? c.segment_huge_pages
+                                                  : c.gpu_commit_check;
         const std::string v = Lower(Trim(value));
         if (v == "true" || v == "1" || v == "yes" || v == "on") {
             flag = true;
@@ -236,6 +237,7 @@ Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
     o.store.pinned_quota_bytes = c.pinned_quota_bytes;
     o.store.metadata_capacity_bytes = c.metadata_capacity_bytes;
     o.store.prefault = c.prefault_segments;
+    o.store.huge_pages = c.segment_huge_pages;
     o.store.prepare_threads = c.prepare_threads;
     o.store.prepare_in_background = true;  // Listen at once.
     o.frame_timeout = c.frame_timeout;
@@ -264,7 +266,7 @@ std::span<const std::string_view> ConfigKeys() {
         "read_threads",         "max_connections",  "frame_timeout",
         "idle_timeout",         "prefault_segments", "prepare_threads",
         "log_level",            "read_in_place",    "commit_staging_pinned_bytes",
-        "gpu_commit_check",     "device_gather_engine_bytes"};
+        "gpu_commit_check",     "device_gather_engine_bytes", "segment_huge_pages"};
     return kKeys;
 }
 
@@ -329,6 +331,7 @@ std::string ConfigToJson(const NodeDaemonConfig& c) {
     j["frame_timeout"] = std::to_string(c.frame_timeout.count()) + "ms";
     j["idle_timeout"] = std::to_string(c.idle_timeout.count()) + "ms";
     j["prefault_segments"] = c.prefault_segments;
+    j["segment_huge_pages"] = c.segment_huge_pages;
     j["prepare_threads"] = c.prepare_threads;
     j["log_level"] = c.log_level;
     return j.dump();

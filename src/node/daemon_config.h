@@ -49,6 +49,8 @@ struct NodeDaemonConfig {
     std::chrono::milliseconds idle_timeout{60000};
     /// Populate every segment page in the background at start-up.
     bool prefault_segments = true;
+    /// Segments in transparent huge pages where the kernel allows it (ShmStoreOptions).
+    bool segment_huge_pages = false;
     /// Threads that pre-fault and pin the segments in the background.
     std::uint32_t prepare_threads = 4;
     std::string log_level = "info";  ///< debug | info | warning | error

@@ -72,6 +72,9 @@ DEFINE_string(idle_timeout, "60s",
 DEFINE_bool(prefault_segments, true,
             "Populate every segment page in the background at start-up (fast copies into "
             "fresh memory; commits the capacity to RAM).");
+DEFINE_bool(segment_huge_pages, false,
+            "Ask for transparent huge pages for the segments (madvise MADV_HUGEPAGE; granted "
+            "when /sys/kernel/mm/transparent_hugepage/shmem_enabled allows it).");
 DEFINE_uint32(prepare_threads, 4, "Threads that pre-fault and pin the segments in the background.");
 DEFINE_string(log_level, "info", "debug | info | warning | error");
 DEFINE_bool(exit_with_parent, false,
@@ -275,6 +278,10 @@ int main(int argc, char** argv) {
                               << (now.preparation.detail.empty()
                                       ? std::string()
                                       : " (" + now.preparation.detail + ")");
+                    if (options->store.huge_pages) {
+                        LOG(INFO) << "segments in huge pages: "
+                                  << (*server)->store().SegmentHugePageBytes() << " bytes";
+                    }
                 }
                 continue;
             }

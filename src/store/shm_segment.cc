@@ -74,6 +74,8 @@ Result<ShmSegment> ShmSegment::Create(std::string_view name, std::uint64_t size,
     if (p == MAP_FAILED) return Unavailable(Errno("mmap(" + std::to_string(size) + ")"));
     seg.data_ = static_cast<std::byte*>(p);
     seg.size_ = size;
+    // Before any page is touched: the pages are allocated huge from the first fault on.
+    if (options.huge_pages) seg.huge_pages_advised_ = ::madvise(p, size, MADV_HUGEPAGE) == 0;
     if (options.seal_future_write) {
         // After our own writable mapping exists: it keeps working, every later one is refused.
         if (::fcntl(seg.fd_, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0) {
@@ -91,6 +93,30 @@ Result<ShmSegment> ShmSegment::Create(std::string_view name, std::uint64_t size,
     return seg;
 }
 
+Result<std::uint64_t> ShmSegment::HugePageBytes() const {
+    std::FILE* f = std::fopen("/proc/self/smaps", "re");
+    if (f == nullptr) return Unavailable(Errno("fopen(/proc/self/smaps)"));
+    const auto begin = reinterpret_cast<std::uintptr_t>(data_);
+    const std::uintptr_t end = begin + size_;
+    std::uint64_t kib = 0;
+    bool inside = false, found = false;
+    char line[512];
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+        unsigned long lo = 0, hi = 0;
+        unsigned long long n = 0;
+        // A mapping's header line starts "lo-hi perms ...", its fields "Name:   N kB".
+        if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2) {
+            inside = lo < end && hi > begin;
+            found = found || inside;
+        } else if (inside && std::sscanf(line, "ShmemPmdMapped: %llu kB", &n) == 1) {
+            kib += n;
+        }
+    }
+    std::fclose(f);
+    if (!found) return Unavailable("the segment's mapping is not in /proc/self/smaps");
+    return kib * 1024;
+}
+
 ShmSegment::~ShmSegment() { Reset(); }
 
 void ShmSegment::Reset() {
@@ -99,6 +125,7 @@ void ShmSegment::Reset() {
     CloseFd(fd_);
     size_ = 0;
     write_sealed_ = false;
+    huge_pages_advised_ = false;
 }
 
 ShmSegment::ShmSegment(ShmSegment&& other) noexcept
@@ -106,7 +133,8 @@ ShmSegment::ShmSegment(ShmSegment&& other) noexcept
       ro_fd_(std::exchange(other.ro_fd_, -1)),
       data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      write_sealed_(std::exchange(other.write_sealed_, false)) {}
+      write_sealed_(std::exchange(other.write_sealed_, false)),
+      huge_pages_advised_(std::exchange(other.huge_pages_advised_, false)) {}
 
 ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
     if (this != &other) {
@@ -116,6 +144,7 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& other) noexcept {
         data_ = std::exchange(other.data_, nullptr);
         size_ = std::exchange(other.size_, 0);
         write_sealed_ = std::exchange(other.write_sealed_, false);
+        huge_pages_advised_ = std::exchange(other.huge_pages_advised_, false);
     }
     return *this;
 }

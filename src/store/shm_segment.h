@@ -29,6 +29,12 @@ struct ShmSegmentOptions {
     /// Seal against new writable mappings once the creator has mapped it (see above). Segments
     /// of the daemon set it; a client buffer, which the daemon must map writable, does not.
     bool seal_future_write = true;
+    /// Ask the kernel for transparent huge pages (madvise MADV_HUGEPAGE): 2 MiB pages where
+    /// it has them, fewer translations for the CPU and for a GPU that copies the segment by DMA
+    /// once it is registered. The kernel grants them to shared memory only when its shmem
+    /// setting allows (/sys/kernel/mm/transparent_hugepage/shmem_enabled: advise, always or
+    /// within_size); a refused request leaves 4 KiB pages (huge_pages_advised() false).
+    bool huge_pages = false;
 };
 
 /// A memfd segment of fixed size, mapped read-write in this process. Move-only; the mapping
@@ -57,6 +63,12 @@ public:
     /// A read-only fd of the same file, opened once at creation; owned by the segment. This is
     /// the one to send to other processes.
     int read_only_fd() const { return ro_fd_; }
+    /// Whether the kernel took the huge page request (ShmSegmentOptions::huge_pages); its
+    /// shmem setting may still give 4 KiB pages.
+    bool huge_pages_advised() const { return huge_pages_advised_; }
+    /// Bytes of this process's mapping of the segment that huge pages back now (/proc/self/smaps:
+    /// ShmemPmdMapped). Errors: Unavailable (smaps unreadable or the mapping not in it).
+    Result<std::uint64_t> HugePageBytes() const;
     /// Whether F_SEAL_FUTURE_WRITE was applied (false on kernels older than 5.1).
     bool write_sealed() const { return write_sealed_; }
 
@@ -68,6 +80,7 @@ private:
     std::byte* data_ = nullptr;
     std::uint64_t size_ = 0;
     bool write_sealed_ = false;
+    bool huge_pages_advised_ = false;
 };
 
 /// A mapping of a memfd received from another process. Move-only; unmapped by the destructor.

@@ -82,7 +82,10 @@ Result<std::unique_ptr<ShmStore>> ShmStore::Create(const ShmStoreOptions& option
     std::vector<ShmSegment> segments;
     std::vector<std::uint64_t> sizes;
     for (std::uint32_t i = 0; i < options.num_segments; ++i) {
-        auto seg = ShmSegment::Create(options.name + "-" + std::to_string(i), options.segment_size);
+        ShmSegmentOptions segment_options;
+        segment_options.huge_pages = options.huge_pages;
+        auto seg = ShmSegment::Create(options.name + "-" + std::to_string(i), options.segment_size,
+                                      segment_options);
         if (!seg.ok()) return seg.status().WithContext("segment " + std::to_string(i));
         segments.push_back(std::move(seg).value());
         sizes.push_back(options.segment_size);
@@ -543,6 +546,14 @@ std::vector<ShmSegmentDesc> ShmStore::Segments() const {
                        s.read_only_fd()});
     }
     return out;
+}
+
+std::uint64_t ShmStore::SegmentHugePageBytes() const {
+    std::uint64_t total = 0;
+    for (const ShmSegment& seg : state_->segments) {
+        if (Result<std::uint64_t> b = seg.HugePageBytes(); b.ok()) total += *b;
+    }
+    return total;
 }
 
 ShmStoreStats ShmStore::Stats() const {

@@ -49,6 +49,9 @@ struct ShmStoreOptions {
     /// Populate every segment page ahead of use (store/segment_preparer.h), so that a copy into
     /// fresh memory does not page-fault. Commits the whole capacity to RAM.
     bool prefault = true;
+    /// Segments in transparent huge pages where the kernel gives shared memory those
+    /// (ShmSegmentOptions::huge_pages).
+    bool huge_pages = false;
     /// Threads that pre-fault and pin the segments.
     std::uint32_t prepare_threads = 4;
     /// Create returns at once and the segments are prepared in the background (a segment not
@@ -174,6 +177,9 @@ public:
 
     std::vector<ShmSegmentDesc> Segments() const;
     ShmStoreStats Stats() const;
+    /// Bytes of the segments that huge pages back now (ShmStoreOptions::huge_pages), read from
+    /// /proc/self/smaps: for a log line, not a hot path. 0 where unreadable.
+    std::uint64_t SegmentHugePageBytes() const;
     /// Waits until the segments are prepared (pre-faulted, pinned up to the quota). False on
     /// timeout.
     bool WaitPrepared(std::chrono::milliseconds timeout) const;

@@ -292,6 +292,13 @@ TEST(DaemonConfigTest, TimeoutsAndPreparationKeys) {
     ASSERT_TRUE(ApplyYamlConfig("gpu_commit_check: off\n", c).ok());
     EXPECT_FALSE(c.gpu_commit_check);
     EXPECT_NE(ConfigToJson(c).find("\"gpu_commit_check\":false"), std::string::npos);
+    EXPECT_FALSE(c.segment_huge_pages);
+    EXPECT_FALSE(ToServerOptions(c)->store.huge_pages);
+    ASSERT_TRUE(ApplyYamlConfig("segment_huge_pages: on\n", c).ok());
+    EXPECT_TRUE(c.segment_huge_pages);
+    EXPECT_TRUE(ToServerOptions(c)->store.huge_pages);
+    EXPECT_NE(ConfigToJson(c).find("\"segment_huge_pages\":true"), std::string::npos);
+    EXPECT_FALSE(SetConfigKey(c, "segment_huge_pages", "maybe").ok());
     EXPECT_EQ(c.device_gather_engine_bytes, std::uint64_t{256} << 10);
     ASSERT_TRUE(ApplyYamlConfig("device_gather_engine_bytes: 1MiB\n", c).ok());
     EXPECT_EQ(c.device_gather_engine_bytes, std::uint64_t{1} << 20);

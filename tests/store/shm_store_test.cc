@@ -107,6 +107,39 @@ TEST(ShmSegmentTest, CreateMapsSealedMemoryAndReadOnlyFdCannotWrite) {
     }
 }
 
+// A segment that asks for huge pages is the same memory to its users; whether the kernel backs
+// it with them depends on its shmem setting, which HugePageBytes reports (never past the size).
+TEST(ShmSegmentTest, HugePagesAreAskedForAndReported) {
+    constexpr std::uint64_t kSize = std::uint64_t{8} << 20;
+    for (const bool huge : {false, true}) {
+        ShmSegmentOptions options;
+        options.huge_pages = huge;
+        auto seg = ShmSegment::Create("seg_huge", kSize, options);
+        ASSERT_TRUE(seg.ok()) << seg.status().ToString();
+        if (!huge) EXPECT_FALSE(seg->huge_pages_advised());
+        std::memset(seg->data(), 0x3c, seg->size());
+        void* ro = ::mmap(nullptr, seg->size(), PROT_READ, MAP_SHARED, seg->read_only_fd(), 0);
+        ASSERT_NE(ro, MAP_FAILED);
+        EXPECT_EQ(static_cast<unsigned char*>(ro)[kSize - 1], 0x3c);
+        ::munmap(ro, seg->size());
+        auto bytes = seg->HugePageBytes();
+        ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+        EXPECT_LE(*bytes, kSize);
+        EXPECT_EQ(*bytes % (std::uint64_t{2} << 20), 0u);
+        const bool advised = seg->huge_pages_advised();
+        ShmSegment moved = std::move(*seg);
+        EXPECT_EQ(moved.huge_pages_advised(), advised);
+    }
+    ShmStoreOptions o;
+    o.segment_size = std::uint64_t{4} << 20;
+    o.num_segments = 2;
+    o.huge_pages = true;
+    o.prepare_in_background = false;
+    auto store = ShmStore::Create(o);
+    ASSERT_TRUE(store.ok()) << store.status().ToString();
+    EXPECT_LE((*store)->SegmentHugePageBytes(), 2 * o.segment_size);
+}
+
 TEST(ShmSegmentTest, RejectsSizesThatAreNotWholePages) {
     EXPECT_THAT(ShmSegment::Create("x", 0), StatusIs(StatusCode::kInvalidArgument));
     EXPECT_THAT(ShmSegment::Create("x", PageSize() + 1), StatusIs(StatusCode::kInvalidArgument));
