@@ -260,7 +260,9 @@ std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
 
 /// Groups of whole tensors that a device read plans one after another
 /// (ReadOnDevice); 1: the whole read at once; 0: automatic (embedded: up to kAutoReadGroups,
-/// each of at least kMinAutoGroupTargets targets; through the node daemon: one). _set_device_read_groups sets it for the process.
+/// each of at least kMinAutoGroupTargets targets; through the node daemon: one per plan
+/// request, NodeClientOptions::planned_read_targets each). _set_device_read_groups sets it for
+/// the process.
 std::atomic<int>& DeviceReadGroups() {
     static std::atomic<int> groups{0};
     return groups;
@@ -311,13 +313,19 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
     // while group k's ranges cross PCIe. Through the node daemon (which answers a copy request
     // once the copies are queued, its event recorded after them) a group's plan is a request
     // of its own that costs more than the copy it overlaps: one group unless set (the H100
-    // layer step's read: 12.3-14.1 ms in one group, 14.2-15.7 in four).
+    // layer step's read: 12.3-14.1 ms in one group, 14.2-15.7 in four), or as many as the
+    // requests the daemon's plan takes anyway (a node's read: 142,144 targets at Kimi-K2
+    // scale), so that each is planned in one request and has its ranges copied as it is
+    // planned (a read planned in several requests has them copied by a request of its own).
     std::vector<Group> groups;
     const bool node = s.node() != nullptr;
     const int setting = DeviceReadGroups().load(std::memory_order_relaxed);
+    const std::size_t per_request =
+        node ? std::max<std::size_t>(1, s.node()->options().planned_read_targets) : 0;
+    const bool by_request = node && setting <= 0;  // groups of at most per_request targets
     const std::size_t wanted =
         setting > 0 ? std::size_t(setting)
-        : node      ? 1
+        : node      ? (targets.size() + per_request - 1) / per_request
                     : std::min(kAutoReadGroups,
                                std::max<std::size_t>(1, targets.size() / kMinAutoGroupTargets));
     if (wanted <= 1 || targets.size() < 2) {
@@ -332,14 +340,34 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
             rank_of[t] = tensor_rank.try_emplace(targets[t].tensor_id, tensor_rank.size()).first->second;
         }
         const std::size_t tensors = tensor_rank.size();
-        const std::size_t n = std::min(wanted, tensors);
+        // Each tensor's group: as many tensors in each of `wanted` groups, or (by_request)
+        // tensors in order, a group closed before the one that would take it past per_request
+        // targets.
+        std::vector<std::size_t> group_of(tensors);
+        std::size_t n = std::min(wanted, tensors);
+        if (by_request) {
+            std::vector<std::size_t> count(tensors, 0);
+            for (std::size_t t = 0; t < targets.size(); ++t) ++count[rank_of[t]];
+            std::size_t k = 0, in_group = 0;
+            for (std::size_t r = 0; r < tensors; ++r) {
+                if (in_group > 0 && in_group + count[r] > per_request) {
+                    ++k;
+                    in_group = 0;
+                }
+                group_of[r] = k;
+                in_group += count[r];
+            }
+            n = k + 1;
+        } else {
+            for (std::size_t r = 0; r < tensors; ++r) group_of[r] = r * n / tensors;
+        }
         groups.resize(n);
         // Targets listed tensor by tensor (as a layout lists them) make each group a subspan;
         // otherwise its targets are copied into it.
         bool contiguous = true;
         for (std::size_t t = 0; t < targets.size(); ++t) {
-            const std::size_t k = rank_of[t] * n / tensors;
-            if (t > 0 && k < rank_of[t - 1] * n / tensors) contiguous = false;
+            const std::size_t k = group_of[rank_of[t]];
+            if (t > 0 && k < group_of[rank_of[t - 1]]) contiguous = false;
             groups[k].of.push_back(t);
         }
         for (Group& g : groups) {

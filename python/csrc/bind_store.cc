@@ -455,7 +455,8 @@ std::unique_ptr<PyStore> PyStore::Connect(const std::string& socket_path,
                                           std::uint64_t initial_buffer_bytes,
                                           std::optional<double> reply_spin_max_s,
                                           std::optional<double> reply_spin_s,
-                                          const std::string& name_space) {
+                                          const std::string& name_space,
+                                          std::uint64_t planned_read_targets) {
     ThrowIfError(ValidateNamespace(name_space));
     NodeClientOptions options;
     options.socket_path = socket_path;
@@ -469,6 +470,7 @@ std::unique_ptr<PyStore> PyStore::Connect(const std::string& socket_path,
     options.call_timeout =
         std::chrono::milliseconds(static_cast<std::int64_t>(call_timeout_s * 1000));
     if (initial_buffer_bytes > 0) options.initial_buffer_bytes = initial_buffer_bytes;
+    if (planned_read_targets > 0) options.planned_read_targets = planned_read_targets;
     if (reply_spin_max_s) {
         CheckSeconds(*reply_spin_max_s, "reply_spin_max", /*allow_zero=*/true);
         options.reply_spin_max =
@@ -531,7 +533,7 @@ void RegisterStore(pyb::module_& m) {
                     pyb::arg("connect_timeout") = 5.0, pyb::arg("call_timeout") = 120.0,
                     pyb::arg("client_name") = "", pyb::arg("initial_buffer_bytes") = 0,
                     pyb::arg("reply_spin_max") = pyb::none(), pyb::arg("reply_spin") = pyb::none(),
-                    pyb::arg("name_space") = "")
+                    pyb::arg("name_space") = "", pyb::arg("planned_read_targets") = 0)
         .def_property_readonly("remote", [](Store& s) { return s.node() != nullptr; },
                                "Whether the work runs in a node daemon.")
         .def("put_sparse_object", &PutSparseObject, pyb::arg("tensor_id"),

@@ -44,7 +44,8 @@ public:
                                             std::uint64_t initial_buffer_bytes,
                                             std::optional<double> reply_spin_max_s,
                                             std::optional<double> reply_spin_s,
-                                            const std::string& name_space);
+                                            const std::string& name_space,
+                                            std::uint64_t planned_read_targets);
 
     SparseService& service() { return *service_; }
     /// The daemon's client when the work runs in a node daemon, else null: what only a

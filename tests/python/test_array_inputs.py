@@ -241,6 +241,12 @@ def test_node_timeouts_must_be_finite_positive_seconds(tmp_path, option, value):
         mcs.connect(f"unix://{tmp_path}/none.sock", **{option: value})
 
 
+@pytest.mark.parametrize("value", [0, -1, 2.5, "7", None, True, (1 << 20) + 1, 1 << 70])
+def test_node_planned_read_targets_must_be_a_positive_count(tmp_path, value):
+    with pytest.raises(mcs.InvalidArgument, match="planned_read_targets"):
+        mcs.connect(f"unix://{tmp_path}/none.sock", planned_read_targets=value)
+
+
 @pytest.mark.parametrize("value", [math.inf, math.nan, -1e-9])
 def test_node_timeouts_are_checked_by_the_core_too(tmp_path, value):
     from mooncake.sparse import _core

@@ -336,6 +336,40 @@ def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinn
         _core._set_device_read_staging(previous_staging)
 
 
+def test_a_device_read_larger_than_a_plan_request_is_read_in_groups_each_staged(tmp_path):
+    # A read of more targets than one plan request takes (planned_read_targets; a node's read at
+    # Kimi-K2 scale) is read in groups of whole tensors of at most as many targets, each planned
+    # in one request and so each with its ranges copied as the daemon plans them: 19 targets
+    # (six tensors of three, one unchanged) at most 7 a request are three groups.
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    previous = _core._set_device_read_groups(0)
+    previous_staging = _core._set_device_read_staging(True)
+    try:
+        with start_node_daemon(tmp_path, segment_size="64MiB", num_segments=4,
+                               pinned_quota_bytes="256MiB") as daemon:
+            with pytest.raises(mcs.InvalidArgument):
+                mcs.connect(daemon.url, planned_read_targets=0)
+            store = mcs.connect(daemon.url, planned_read_targets=7)
+            if not store.capabilities().get("cuda_ipc_available"):
+                pytest.skip("no CUDA IPC with the daemon here")
+            deadline = time.monotonic() + 30
+            while store.metrics()["pinned_bytes"] < (256 << 20):
+                assert time.monotonic() < deadline, "the daemon did not pin its segments"
+                time.sleep(0.05)
+            store.reset_metrics()
+            check_targets_built_on_the_gpu(store, reads=2)
+            m = store.metrics()
+            assert m["planned_reads"] == 2 * 3
+            # The first read's groups ask for their copies (no free allocation yet); the
+            # second's are staged, each into an allocation of its own.
+            assert 2 <= m["planned_reads_staged"] <= 3
+            store.close()
+    finally:
+        _core._set_device_read_groups(previous)
+        _core._set_device_read_staging(previous_staging)
+
+
 def test_concurrent_device_reads_through_the_daemon_wait_for_their_own_copies(tmp_path):
     # Two connections of this process read from pinned segments on two threads at once: each
     # request is answered before its copies are done, and each thread's filter waits on its own

@@ -955,7 +955,8 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
     - "unix:///PATH": the node daemon (mooncake_sparse_node) listening at PATH ("unix://":
       at its default path, mooncake.sparse.node.default_socket_path()); kwargs
       connect_timeout and call_timeout (seconds), client_name, initial_buffer_bytes,
-      reply_spin (seconds any call polls for its reply before sleeping; default 0.0002; a
+      planned_read_targets (the most targets a read's plan asks the daemon for in one request,
+      default 16384; a device read of more is read in groups of at most as many), reply_spin (seconds any call polls for its reply before sleeping; default 0.0002; a
       tensor call polls longer, for as long as its bytes take at 8 GB/s) and reply_spin_max
       (the most seconds a call polls; 0 never polls; default 0.02). Raises
       Unavailable when no daemon runs there. A call that loses the daemon raises Unavailable
@@ -977,7 +978,8 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
 
             path = default_socket_path()  # where mooncake_sparse_node listens by default
         unknown = set(kwargs) - {"connect_timeout", "call_timeout", "client_name",
-                                 "initial_buffer_bytes", "reply_spin_max", "reply_spin"}
+                                 "initial_buffer_bytes", "reply_spin_max", "reply_spin",
+                                 "planned_read_targets"}
         if unknown:
             raise InvalidArgument(f"unknown option(s) for a node store: {sorted(unknown)}")
         kwargs.setdefault("client_name", f"pid {os.getpid()}")
@@ -990,6 +992,12 @@ def connect(url: str | None = None, **kwargs: Any) -> Store:
         if "initial_buffer_bytes" in kwargs:
             kwargs["initial_buffer_bytes"] = _int(kwargs["initial_buffer_bytes"],
                                                   "initial_buffer_bytes", minimum=0)
+        if "planned_read_targets" in kwargs:
+            kwargs["planned_read_targets"] = _int(kwargs["planned_read_targets"],
+                                                  "planned_read_targets", minimum=1)
+            if kwargs["planned_read_targets"] > 1 << 20:  # the protocol's items per list
+                raise InvalidArgument("planned_read_targets must be <= 1048576, got "
+                                      f"{kwargs['planned_read_targets']}")
         kwargs["client_name"] = _str(kwargs["client_name"], "client_name")
         return Store(backend=_core._Store.connect(path, name_space=namespace, **kwargs),
                      url=url, namespace=namespace)
