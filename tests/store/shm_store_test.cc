@@ -116,7 +116,9 @@ TEST(ShmSegmentTest, HugePagesAreAskedForAndReported) {
         options.huge_pages = huge;
         auto seg = ShmSegment::Create("seg_huge", kSize, options);
         ASSERT_TRUE(seg.ok()) << seg.status().ToString();
-        if (!huge) EXPECT_FALSE(seg->huge_pages_advised());
+        if (!huge) {
+            EXPECT_FALSE(seg->huge_pages_advised());
+        }
         std::memset(seg->data(), 0x3c, seg->size());
         void* ro = ::mmap(nullptr, seg->size(), PROT_READ, MAP_SHARED, seg->read_only_fd(), 0);
         ASSERT_NE(ro, MAP_FAILED);
