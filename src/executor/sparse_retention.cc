@@ -9,6 +9,8 @@
 //   mcs-anchor/<b-d>/<id>       the anchor's tensor objects
 // (with a namespace, "mcs/lease@NAME/...", "mcs-anchor@NAME/...", and so on).
 #include <algorithm>
+#include <charconv>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -80,14 +82,55 @@ Status SparseStore::FreeStep(Generation step) {
     return Status::Ok();
 }
 
+namespace {
+
+/// A retention pass tries every step number from the floor up to this many; past it (a step
+/// sealed far ahead of the steps before it, say by a client that skipped numbers), it frees
+/// the steps that left records, found by listing, and not 2^64 numbers one by one.
+constexpr std::uint64_t kMaxStepWalk = 4096;
+
+}  // namespace
+
+Result<std::vector<std::uint64_t>> SparseStore::StepsWithRecords(std::uint64_t first,
+                                                                 std::uint64_t last) {
+    std::set<std::uint64_t> steps;
+    for (const std::string& prefix : {keys_.Seal(), keys_.Sealing(), keys_.Manifest(),
+                                      keys_.Admit(), keys_.Lease()}) {
+        MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(prefix));
+        for (const std::string& key : keys) {
+            std::string_view tag = std::string_view(key).substr(prefix.size());
+            tag = tag.substr(0, tag.find('/'));  // "BASE-DELTA"
+            const std::size_t dash = tag.find('-');
+            if (dash == std::string_view::npos) continue;
+            std::uint64_t base = 0, delta = 0;
+            const char* b = tag.data();
+            const auto [be, berr] = std::from_chars(b, b + dash, base);
+            const auto [de, derr] = std::from_chars(b + dash + 1, b + tag.size(), delta);
+            if (berr != std::errc() || be != b + dash || derr != std::errc() ||
+                de != b + tag.size()) {
+                continue;
+            }
+            if (delta == base + 1 && delta >= first && delta <= last) steps.insert(delta);
+        }
+    }
+    return std::vector<std::uint64_t>(steps.begin(), steps.end());
+}
+
 Status SparseStore::CollectSteps(std::uint64_t keep_last, bool strict) {
     if (keep_last == 0) return Status::Ok();
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
     if (!latest || !floor || *latest < keep_last + *floor) return Status::Ok();
     const std::uint64_t last_freed = *latest - keep_last;  // steps floor..last_freed go
+    // The step numbers to free: every one of a short span, else those that left records.
+    std::vector<std::uint64_t> span;
+    if (last_freed - *floor < kMaxStepWalk) {
+        for (std::uint64_t k = *floor; k <= last_freed; ++k) span.push_back(k);
+    } else {
+        MCS_ASSIGN_OR_RETURN(span, StepsWithRecords(*floor, last_freed));
+    }
     if (strict) {
-        for (std::uint64_t k = *floor; k <= last_freed; ++k) {
+        for (const std::uint64_t k : span) {
             MCS_ASSIGN_OR_RETURN(const bool leased, IsLeased({k - 1, k}));
             if (leased) {
                 return FailedPrecondition("retention keep_last=" + std::to_string(keep_last) +
@@ -96,18 +139,26 @@ Status SparseStore::CollectSteps(std::uint64_t keep_last, bool strict) {
             }
         }
     }
-    std::uint64_t next = *floor;
+    // The new floor: the first step not freed (leased, or failed), else past last_freed.
+    std::uint64_t next = last_freed + 1;
     Status status;
-    for (; next <= last_freed; ++next) {
-        const Generation step{next - 1, next};
+    for (const std::uint64_t k : span) {
+        const Generation step{k - 1, k};
         auto leased = IsLeased(step);
         if (!leased.ok()) {
             status = leased.status();
+            next = k;
             break;
         }
-        if (*leased) break;  // kept until its reader is done; a later pass frees it
+        if (*leased) {  // kept until its reader is done; a later pass frees it
+            next = k;
+            break;
+        }
         status = FreeStep(step);
-        if (!status.ok()) break;
+        if (!status.ok()) {
+            next = k;
+            break;
+        }
     }
     if (next != *floor) MCS_RETURN_IF_ERROR(WriteStepRecord(keys_.Floor(), next));
     return status;

@@ -440,6 +440,10 @@ private:
     /// Frees what the retention in force no longer keeps. `strict`: fail (changing nothing)
     /// when a leased step would go, instead of keeping it for a later pass.
     Status CollectSteps(std::uint64_t keep_last, bool strict);
+    /// Steps k in [first, last] that left any record (seal, seal in progress, manifest entry,
+    /// admission, lease), ascending: what a retention pass over a long span of step numbers
+    /// has to free, found by listing instead of by trying every number.
+    Result<std::vector<std::uint64_t>> StepsWithRecords(std::uint64_t first, std::uint64_t last);
     Status FreeStep(Generation step);
     /// Frees anchors older than the newest keep_anchors ones.
     Status CollectAnchors();

@@ -461,6 +461,40 @@ TEST(StepsTest, ASealedManifestReadAgainIsTheSameUntilRetentionFreesTheStep) {
     EXPECT_EQ(second.sources[0].generation, Step(2));
 }
 
+TEST(StepsTest, RetentionOverAJumpInStepNumbersFreesTheStepsThatExistOnly) {
+    // A step sealed far past the steps before it (numbers skipped): retention frees the steps
+    // that left records, a step committed in the gap and never sealed among them, and moves
+    // the floor past the gap, without trying every number in it (2^50 here: a pass that tried
+    // each would never end).
+    auto os = std::shared_ptr<ObjectStore>(MakeEmbeddedStore());
+    SparseStore trainer(os, Options("trainer"));
+    ASSERT_OK(trainer.SetRetention(1));
+    CommitAndSeal(trainer, {"w"}, 1);
+    CommitAndSeal(trainer, {"w"}, 2);
+    const std::uint64_t far = std::uint64_t{1} << 50;
+    ASSERT_OK(CommitOne(trainer, "u", far / 2, 3.0f));  // in the gap, never sealed
+    const std::string gap_tag = "/" + std::to_string(far / 2 - 1) + "-" + std::to_string(far / 2);
+    const auto gap_keys = [&] {
+        auto keys = os->List("mcs/");
+        EXPECT_TRUE(keys.ok());
+        std::size_t n = 0;
+        for (const std::string& k : keys.ok() ? *keys : std::vector<std::string>{}) {
+            n += k.find(gap_tag) != std::string::npos;
+        }
+        return n;
+    };
+    EXPECT_GT(gap_keys(), 0u);
+    CommitAndSeal(trainer, {"w"}, far);
+    EXPECT_THAT(trainer.GetManifest(Step(2)), StatusIs(StatusCode::kNotFound));
+    EXPECT_EQ(gap_keys(), 0u);
+    ASSERT_OK_AND_ASSIGN(StepManifest kept, trainer.GetManifest(Step(far)));
+    EXPECT_EQ(kept.sources.size(), 1u);
+    CommitAndSeal(trainer, {"w"}, far + 1);
+    EXPECT_THAT(trainer.GetManifest(Step(far)), StatusIs(StatusCode::kNotFound));
+    ASSERT_OK_AND_ASSIGN(StepManifest last, trainer.GetManifest(Step(far + 1)));
+    EXPECT_EQ(last.sources.size(), 1u);
+}
+
 TEST(StepsTest, ASealKeepsExactlyTheDecodedManifestOfItsStep) {
     // What a seal keeps for the readers of its step is exactly what a decode of the step's
     // manifest gives, in the same order: every field, boxes, placements, policies, apply modes
