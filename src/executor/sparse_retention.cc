@@ -120,7 +120,10 @@ Status SparseStore::CollectSteps(std::uint64_t keep_last, bool strict) {
     if (keep_last == 0) return Status::Ok();
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> latest, ReadStepRecord(keys_.Latest()));
     MCS_ASSIGN_OR_RETURN(std::optional<std::uint64_t> floor, ReadStepRecord(keys_.Floor()));
-    if (!latest || !floor || *latest < keep_last + *floor) return Status::Ok();
+    // Nothing to free unless latest >= floor + keep_last (no sum: keep_last may be near 2^64).
+    if (!latest || !floor || *latest < *floor || *latest - *floor < keep_last) {
+        return Status::Ok();
+    }
     const std::uint64_t last_freed = *latest - keep_last;  // steps floor..last_freed go
     // The step numbers to free: every one of a short span, else those that left records.
     std::vector<std::uint64_t> span;

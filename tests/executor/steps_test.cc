@@ -493,6 +493,11 @@ TEST(StepsTest, RetentionOverAJumpInStepNumbersFreesTheStepsThatExistOnly) {
     EXPECT_THAT(trainer.GetManifest(Step(far)), StatusIs(StatusCode::kNotFound));
     ASSERT_OK_AND_ASSIGN(StepManifest last, trainer.GetManifest(Step(far + 1)));
     EXPECT_EQ(last.sources.size(), 1u);
+    // A retention near 2^64 steps keeps everything (floor + keep_last does not wrap around).
+    ASSERT_OK(trainer.SetRetention(~std::uint64_t{0}));
+    CommitAndSeal(trainer, {"w"}, far + 2);
+    ASSERT_OK_AND_ASSIGN(StepManifest still, trainer.GetManifest(Step(far + 1)));
+    EXPECT_EQ(still.sources.size(), 1u);
 }
 
 TEST(StepsTest, ASealKeepsExactlyTheDecodedManifestOfItsStep) {
