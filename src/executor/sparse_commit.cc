@@ -33,6 +33,19 @@ std::string GenerationTag(Generation g) {
     return std::to_string(g.base) + "-" + std::to_string(g.delta);
 }
 
+std::optional<Generation> ParseGenerationTag(std::string_view tag) {
+    const std::size_t dash = tag.find('-');
+    if (dash == std::string_view::npos) return std::nullopt;
+    Generation g;
+    const char* b = tag.data();
+    const auto [be, berr] = std::from_chars(b, b + dash, g.base);
+    const auto [de, derr] = std::from_chars(b + dash + 1, b + tag.size(), g.delta);
+    if (berr != std::errc() || be != b + dash || derr != std::errc() || de != b + tag.size()) {
+        return std::nullopt;
+    }
+    return g;
+}
+
 namespace {
 
 using Json = nlohmann::json;

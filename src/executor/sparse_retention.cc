@@ -9,7 +9,6 @@
 //   mcs-anchor/<b-d>/<id>       the anchor's tensor objects
 // (with a namespace, "mcs/lease@NAME/...", "mcs-anchor@NAME/...", and so on).
 #include <algorithm>
-#include <charconv>
 #include <set>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -98,19 +97,11 @@ Result<std::vector<std::uint64_t>> SparseStore::StepsWithRecords(std::uint64_t f
                                       keys_.Admit(), keys_.Lease()}) {
         MCS_ASSIGN_OR_RETURN(std::vector<std::string> keys, store_->List(prefix));
         for (const std::string& key : keys) {
-            std::string_view tag = std::string_view(key).substr(prefix.size());
-            tag = tag.substr(0, tag.find('/'));  // "BASE-DELTA"
-            const std::size_t dash = tag.find('-');
-            if (dash == std::string_view::npos) continue;
-            std::uint64_t base = 0, delta = 0;
-            const char* b = tag.data();
-            const auto [be, berr] = std::from_chars(b, b + dash, base);
-            const auto [de, derr] = std::from_chars(b + dash + 1, b + tag.size(), delta);
-            if (berr != std::errc() || be != b + dash || derr != std::errc() ||
-                de != b + tag.size()) {
-                continue;
+            const std::string_view rest = std::string_view(key).substr(prefix.size());
+            const std::optional<Generation> g = ParseGenerationTag(rest.substr(0, rest.find('/')));
+            if (g && g->delta == g->base + 1 && g->delta >= first && g->delta <= last) {
+                steps.insert(g->delta);
             }
-            if (delta == base + 1 && delta >= first && delta <= last) steps.insert(delta);
         }
     }
     return std::vector<std::uint64_t>(steps.begin(), steps.end());

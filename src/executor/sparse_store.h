@@ -578,6 +578,8 @@ std::optional<SourceDescriptor> PlanIndexedSource(const PutSparseRequest& reques
 
 /// "base-delta": how a generation appears in keys.
 std::string GenerationTag(Generation generation);
+/// The generation of a GenerationTag, or nullopt for text that is not one.
+std::optional<Generation> ParseGenerationTag(std::string_view tag);
 
 /// A namespace name: 1-64 of [A-Za-z0-9_.-] ("" is the default namespace).
 /// Errors: InvalidArgument.
