@@ -353,6 +353,10 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # it queues as it plans) and its copy requests (zero on the embedded store).
             phases.update({f"daemon_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
                            for k in ("planned_read", "leases_to_device")})
+            # The spans of segment memory the daemon's copies moved (a planned read's ranges
+            # laid out as they lie in its segments merge into few).
+            phases["daemon_copy_runs"] = (m1.get("leases_to_device_runs", 0)
+                                          - m0.get("leases_to_device_runs", 0))
             if args.reader == "pipelined":
                 t_apply = 0.0
             else:

@@ -872,33 +872,52 @@ DType PlannedValueDType(const SourceDescriptor* first) {
 StagingLayout LayOutStaging(std::span<const PlannedRead::Range> ranges) {
     const std::size_t nr = ranges.size();
     StagingLayout out;
-    out.at.resize(2 * nr);
+    out.at.assign(2 * nr, 0);
     out.follows.assign(2 * nr, false);
-    for (int k = 0; k < 2; ++k) {
-        const std::byte* prev_end = nullptr;
-        std::uint64_t prev_offset = 0;
-        const std::byte* prev_at = nullptr;
-        std::uint32_t prev_source = PlannedRead::kNoSource;
-        for (std::size_t r = 0; r < nr; ++r) {
-            const PlannedRead::Range& range = ranges[r];
-            const std::span<const std::byte> bytes = k == 0 ? range.indices : range.values;
-            std::uint64_t offset;
-            if (prev_at != nullptr && range.source == prev_source && !bytes.empty() &&
-                bytes.data() >= prev_end && bytes.data() - prev_end <= StagingLayout::kMaxGap) {
-                offset = prev_offset + static_cast<std::uint64_t>(bytes.data() - prev_at);
-                out.follows[2 * r + k] = true;
-            } else {
-                const auto mod = reinterpret_cast<std::uintptr_t>(bytes.data()) & 15;
-                offset = (out.total + 15) / 16 * 16 + mod;
-                prev_offset = offset;
-                prev_at = bytes.data();
-            }
-            out.at[2 * r + k] = offset;
-            out.total = std::max<std::uint64_t>(out.total, offset + bytes.size());
-            if (!bytes.empty()) prev_end = bytes.data() + bytes.size();
-            prev_source = range.source;
-            if (bytes.empty()) prev_at = nullptr;
+    // Member m: range m / 2's indices (m even) or values (m odd), by address.
+    const auto bytes_of = [&](std::size_t m) {
+        const PlannedRead::Range& range = ranges[m / 2];
+        return m % 2 == 0 ? range.indices : range.values;
+    };
+    const auto address_of = [&](std::size_t m) {
+        return reinterpret_cast<std::uintptr_t>(bytes_of(m).data());
+    };
+    std::vector<std::uint32_t> order;
+    order.reserve(2 * nr);
+    for (std::size_t m = 0; m < 2 * nr; ++m) {
+        if (!bytes_of(m).empty()) order.push_back(static_cast<std::uint32_t>(m));
+    }
+    std::sort(order.begin(), order.end(), [&](std::uint32_t a, std::uint32_t b) {
+        const std::uintptr_t pa = address_of(a), pb = address_of(b);
+        return pa < pb || (pa == pb && a < b);
+    });
+    // Runs, in address order: a member that starts inside the run so far, or at most kMaxGap
+    // bytes past its end, keeps its distance from the run's first byte.
+    std::uintptr_t run_at = 0, run_end = 0;
+    std::uint64_t run_offset = 0;
+    std::uint32_t run = 0;  // 0: none yet
+    std::vector<std::uint32_t> run_of(2 * nr, 0);
+    for (std::uint32_t m : order) {
+        const std::uintptr_t p = address_of(m);
+        const std::uint64_t size = bytes_of(m).size();
+        if (run == 0 || (p > run_end && p - run_end > static_cast<std::uintptr_t>(
+                                                          StagingLayout::kMaxGap))) {
+            run_offset = (out.total + 15) / 16 * 16 + (p & 15);
+            run_at = run_end = p;
+            ++run;
         }
+        out.at[m] = run_offset + (p - run_at);
+        run_of[m] = run;
+        run_end = std::max<std::uintptr_t>(run_end, p + size);
+        out.total = std::max<std::uint64_t>(out.total, out.at[m] + size);
+    }
+    // Range r's member follows range r - 1's: same source, same run, at or past its end (for a
+    // caller that knows only each member of one object to be one allocation).
+    for (std::size_t m = 2; m < 2 * nr; ++m) {
+        const std::size_t prev = m - 2;
+        out.follows[m] = run_of[m] != 0 && run_of[m] == run_of[prev] &&
+                         ranges[m / 2].source == ranges[prev / 2].source &&
+                         address_of(m) >= address_of(prev) + bytes_of(prev).size();
     }
     return out;
 }

@@ -282,12 +282,16 @@ struct PlannedRead {
 /// Builds a planned read's target objects; its error is the read's.
 using PlannedReadFn = std::function<Status(PlannedRead& read)>;
 
-/// Where a device read places a planned read's ranges in one staging allocation: every range's
-/// indices, then every range's values, each at the offset of its host address modulo 16 (a
-/// gather then moves 16-byte words); a member's range that starts at most kMaxGap bytes after
-/// the same source's previous one keeps its distance from it (`follows`), so that one copy
-/// moves both and the gap. `at[2 * r]`, `at[2 * r + 1]`: range r's indices and values;
-/// `total`: the bytes the layout spans.
+/// Where a device read places a planned read's ranges in one staging allocation. The range
+/// members (indices and values) are laid out in host address order, in runs: a member that
+/// starts inside the run so far, or at most kMaxGap bytes past its end, keeps its distance from
+/// the run's first byte, so that one copy moves the run, gaps included (an object's indices
+/// and values, and objects stored next to each other); a run starts at the offset of its host
+/// address modulo 16 (a gather then moves 16-byte words). `at[2 * r]`, `at[2 * r + 1]`: range
+/// r's indices and values; `follows[m]`: member m (2 * r + k) lies in the run of range r - 1's
+/// same member, of the same source, at or past its end (one copy may extend the other for a
+/// caller that knows only each member of one object to be one allocation); `total`: the bytes
+/// the layout spans.
 struct StagingLayout {
     static constexpr std::ptrdiff_t kMaxGap = 4096;
     std::vector<std::uint64_t> at;

@@ -666,6 +666,7 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
         {"leases_to_device_bytes", double(leases_to_device_bytes_.load(std::memory_order_relaxed))},
         {"leases_to_device_copies",
          double(leases_to_device_copies_.load(std::memory_order_relaxed))},
+        {"leases_to_device_runs", double(leases_to_device_runs_.load(std::memory_order_relaxed))},
         {"leases_to_device_deferred",
          double(leases_to_device_deferred_.load(std::memory_order_relaxed))},
         {"leases_to_device_seconds",

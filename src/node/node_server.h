@@ -253,7 +253,9 @@ private:
     std::atomic<std::uint64_t> device_commit_copy_nanos_{0};  ///< ... mapping and copying,
     std::atomic<std::uint64_t> device_commit_nanos_{0};       ///< ... the whole of the handler.
     std::atomic<std::uint64_t> leases_to_device_bytes_{0};   ///< LeasesToDevice members' bytes.
-    std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies.
+    std::atomic<std::uint64_t> leases_to_device_copies_{0};  ///< ... in this many H2D copies
+    /// (a gather kernel's launch counted once) of this many spans of segment memory.
+    std::atomic<std::uint64_t> leases_to_device_runs_{0};
     /// ... of which requests answered before their copies were done (the client's ready event
     /// recorded after them).
     std::atomic<std::uint64_t> leases_to_device_deferred_{0};

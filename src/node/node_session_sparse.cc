@@ -881,6 +881,8 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
     if (deferred) server_.leases_to_device_deferred_.fetch_add(1, std::memory_order_relaxed);
     server_.leases_to_device_bytes_.fetch_add(total, std::memory_order_relaxed);
     server_.leases_to_device_copies_.fetch_add(issued, std::memory_order_relaxed);
+    server_.leases_to_device_runs_.fetch_add(pinned.size() + pageable.size(),
+                                             std::memory_order_relaxed);
     server_.leases_to_device_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
     return Status::Ok();
 }
@@ -1024,6 +1026,12 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
                                           range.pinned});
                     }
                 }
+                // In the layout's order (that of the host addresses): the members of one run
+                // then follow each other and move as one copy.
+                std::stable_sort(copies.begin(), copies.end(),
+                                 [](const SegmentCopy& a, const SegmentCopy& b) {
+                                     return a.offset < b.offset;
+                                 });
                 const Status copied = CopySegmentsToDevice(copies, req.to_device->destination,
                                                            req.to_device->ready_event);
                 if (copied.ok()) {

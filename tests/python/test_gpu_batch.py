@@ -193,6 +193,9 @@ def test_device_read_through_the_daemon_is_copied_by_it(store):
     # member of a source at most (the ranges of one member lie side by side in both places).
     assert after["leases_to_device_bytes"] == sum(s.nnz * s.entry_bytes for s in m)
     assert 1 <= after["leases_to_device_copies"] <= 2 * len(m)
+    # Laid out in the order of their addresses in the daemon's segments, a source's indices and
+    # values (side by side there) move as one span, and sources stored next to each other too.
+    assert 1 <= after["leases_to_device_runs"] <= sum(s.nnz > 0 for s in m)
     assert all(isinstance(d, DeviceSparseObject) for d in dev)
     for h, d in zip(host, dev):
         assert np.array_equal(np.asarray(h.indices), torch.as_tensor(d.indices).cpu().numpy())
