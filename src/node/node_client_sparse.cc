@@ -1136,9 +1136,8 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
             if (at.size() != 2 * all.ranges.size()) {
                 return InvalidArgument("one offset per range member");
             }
-            // In the layout's order (LayOutStaging: that of the members' addresses), so that
-            // the daemon moves the members the caller placed as they lie in its segments, one
-            // after the other, as one copy.
+            // The daemon takes the items in destination order: those laid out as they lie in
+            // its segments (LayOutStaging) move as one copy.
             wire::LeaseRangesToDeviceRequest copy;
             copy.items.reserve(at.size());
             for (int k = 0; k < 2; ++k) {
@@ -1152,10 +1151,6 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
                                           at[2 * r + k]});
                 }
             }
-            std::stable_sort(copy.items.begin(), copy.items.end(),
-                             [](const wire::LeaseRangeCopy& a, const wire::LeaseRangeCopy& b) {
-                                 return a.dst_offset < b.dst_offset;
-                             });
             std::lock_guard guard(mu_);
             if (session_ != session) {
                 return Unavailable("the connection to the node daemon was lost during the read");

@@ -130,12 +130,13 @@ private:
         /// pinned): the driver is not asked.
         bool pinned = false;
     };
-    /// Copies `copies` (checked by the caller) into the client's CUDA memory `destination`:
-    /// runs of one segment the client placed as they lie there move as one copy, pageable
-    /// bytes through pinned landing memory; returns once the copies are done.
+    /// Copies `copies` (checked by the caller; in any order) into the client's CUDA memory
+    /// `destination`: taken in destination order, runs of one segment the client placed as
+    /// they lie there move as one copy, pageable bytes through pinned landing memory; returns
+    /// once the copies are done.
     /// With `ready_event` (the client's CUDA IPC event handle), the copies may be left running
     /// with the event recorded after them.
-    Status CopySegmentsToDevice(std::span<const SegmentCopy> copies,
+    Status CopySegmentsToDevice(std::vector<SegmentCopy> copies,
                                 const wire::TensorLocation& destination,
                                 std::string_view ready_event = {});
     /// A commit's object, checked against the client's bytes and rebuilt in canonical form.

@@ -718,7 +718,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeasesToDevice(
         }
         copies.push_back({bytes.data(), item.offset, bytes.size(), lease.segment_id()});
     }
-    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(copies, req.destination));
+    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(std::move(copies), req.destination));
     return Reply{wire::OkReply{}, {}};
 }
 
@@ -750,11 +750,11 @@ Result<NodeServer::Session::Reply> NodeServer::Session::LeaseRangesToDevice(
         copies.push_back({bytes.data() + item.offset, item.dst_offset, item.bytes,
                           lease.segment_id()});
     }
-    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(copies, req.destination, req.ready_event));
+    MCS_RETURN_IF_ERROR(CopySegmentsToDevice(std::move(copies), req.destination, req.ready_event));
     return Reply{wire::OkReply{}, {}};
 }
 
-Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> copies,
+Status NodeServer::Session::CopySegmentsToDevice(std::vector<SegmentCopy> copies,
                                                  const wire::TensorLocation& destination,
                                                  std::string_view ready_event) {
     const auto start = std::chrono::steady_clock::now();
@@ -763,8 +763,9 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
     auto mapped = MapCuda(destination);
     if (!mapped.ok()) return mapped.status().WithContext("the destination");
     const DeviceMemory dst = mapped->first;
-    // Host-to-device copies from the segments. Copies of one segment that the client placed
-    // as they lie there (same distance apart in the destination as in the segment, a few KiB at
+    // Host-to-device copies from the segments, in destination order (a planned read's layout
+    // follows the members' addresses, LayOutStaging). Copies of one segment that the client
+    // placed as they lie there (same distance apart in the destination as in the segment, a few KiB at
     // most: a read publishes its objects next to each other, a planned read's ranges of one
     // member follow each other) move as one copy of their span.
     // A span in pinned segment memory goes straight to the device; one in pageable memory is
@@ -776,6 +777,9 @@ Status NodeServer::Session::CopySegmentsToDevice(std::span<const SegmentCopy> co
         std::uint64_t offset;
         std::uint64_t bytes;
     };
+    std::stable_sort(copies.begin(), copies.end(), [](const SegmentCopy& a, const SegmentCopy& b) {
+        return a.offset < b.offset;
+    });
     std::vector<Run> pinned, pageable;
     std::uint64_t pageable_bytes = 0;
     for (std::size_t k = 0; k < copies.size();) {
@@ -1026,14 +1030,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
                                           range.pinned});
                     }
                 }
-                // In the layout's order (that of the host addresses): the members of one run
-                // then follow each other and move as one copy.
-                std::stable_sort(copies.begin(), copies.end(),
-                                 [](const SegmentCopy& a, const SegmentCopy& b) {
-                                     return a.offset < b.offset;
-                                 });
-                const Status copied = CopySegmentsToDevice(copies, req.to_device->destination,
-                                                           req.to_device->ready_event);
+                const Status copied = CopySegmentsToDevice(
+                    std::move(copies), req.to_device->destination, req.to_device->ready_event);
                 if (copied.ok()) {
                     reply.staged_at = std::move(layout.at);
                     staged = true;
