@@ -398,8 +398,10 @@ std::optional<DeviceRead> ReadOnDevice(PyStore& s, const StepManifestView& manif
         if (Result<const cuda::IpcReadyEvent*> r = cuda::IpcReadyEvent::Of(device); r.ok()) {
             if (Status st = cuda::Synchronize(stream); !st.ok()) throw StatusError(st);
             stream_waited = true;
-            read_options.stage_on_device =
-                ReadOptions::DeviceStaging{device, stream, (*r)->handle(), /*stream_waited=*/true};
+            const cuda::IpcReadyEvent* event = *r;
+            read_options.stage_on_device = ReadOptions::DeviceStaging{
+                device, stream, event->handle(), /*stream_waited=*/true,
+                [event] { return event->Synchronize(); }};
         }
     }
     // Queues a group's ranges' copies into device memory and its filter/rebase on `stream`.

@@ -339,6 +339,11 @@ Status IpcReadyEvent::WaitOn(std::uintptr_t stream) const {
     return Status::Ok();
 }
 
+Status IpcReadyEvent::Synchronize() const {
+    MCS_CUDA(cudaEventSynchronize(static_cast<cudaEvent_t>(event_)));
+    return Status::Ok();
+}
+
 Result<std::shared_ptr<void>> OpenIpcEvent(std::span<const std::byte> handle, int device) {
     cudaIpcEventHandle_t h;
     if (handle.size() != sizeof(h)) {

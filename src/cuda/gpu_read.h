@@ -109,6 +109,9 @@ public:
     /// Work queued on `stream` from now on runs after the event's last record.
     /// Errors: Unavailable / Internal.
     Status WaitOn(std::uintptr_t stream) const;
+    /// Returns once the work before the event's last record has run (a host wait).
+    /// Errors: Unavailable / Internal.
+    Status Synchronize() const;
 
 private:
     IpcReadyEvent() = default;

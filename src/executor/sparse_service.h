@@ -138,6 +138,10 @@ struct ReadOptions {
         std::uintptr_t stream = 0;
         std::span<const std::byte> ready_event;  ///< As ranges_to_device's.
         bool stream_waited = false;
+        /// Waits on the host until the copies the daemon queued before its last record of
+        /// ready_event have run. With it, a read that fails after the daemon answered hands its
+        /// allocation back to the read pool; without, the allocation is never reused.
+        std::function<Status()> wait_ready;
     };
     std::optional<DeviceStaging> stage_on_device;
 };

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "executor/tensor_store.h"
+#include "node/log.h"
 #include "node/node_client.h"
 #include "transport/parallel_for.h"
 #include "node/node_tensor_store.h"
@@ -891,22 +892,32 @@ Result<std::vector<TargetObjectView>> NodeClient::ReadPlannedAs(
     std::vector<std::array<std::span<const std::byte>, 2>> members;
     std::shared_ptr<Session> session;
     // Ranges the daemon copied as it planned (ReadOptions::stage_on_device): where, and the
-    // allocation, kept out of the read pool if the call fails before the build has taken it
-    // (the daemon's copies may still run: the pool's next user would not wait for them).
+    // allocation. If the call fails after the daemon answered and before the build has taken
+    // them, the daemon's copies may still run, and the pool's next user would not wait for
+    // them: the allocation goes back to the pool once they have run (DeviceStaging::wait_ready),
+    // else it is kept out of the pool.
     std::shared_ptr<DeviceArena> staged_arena;
     std::vector<std::uint64_t> staged_at;
     struct StagedGuard {
         std::shared_ptr<DeviceArena> arena;
         std::vector<std::shared_ptr<DeviceArena>>* held = nullptr;
         std::mutex* mu = nullptr;
+        const std::function<Status()>* wait_ready = nullptr;
         ~StagedGuard() {
-            if (arena && held != nullptr) {
-                std::lock_guard lock(*mu);
-                held->push_back(std::move(arena));
+            if (!arena || held == nullptr) return;
+            if (wait_ready != nullptr && *wait_ready) {
+                const Status waited = (*wait_ready)();
+                if (waited.ok()) return;
+                MCS_LOG(kWarning) << "a failed device read could not wait for the node daemon's "
+                                     "copies ("
+                                  << waited.ToString() << "): its allocation is not reused";
             }
+            std::lock_guard lock(*mu);
+            held->push_back(std::move(arena));
         }
     } staged_guard;
     staged_guard.mu = &mu_;
+    if (options.stage_on_device) staged_guard.wait_ready = &options.stage_on_device->wait_ready;
     {
         std::unique_lock lock(mu_);
         MCS_RETURN_IF_ERROR(EnsureConnected());
