@@ -765,9 +765,9 @@ Status NodeServer::Session::CopySegmentsToDevice(std::vector<SegmentCopy> copies
     const DeviceMemory dst = mapped->first;
     // Host-to-device copies from the segments, in destination order (a planned read's layout
     // follows the members' addresses, LayOutStaging). Copies of one segment that the client
-    // placed as they lie there (same distance apart in the destination as in the segment, a few KiB at
-    // most: a read publishes its objects next to each other, a planned read's ranges of one
-    // member follow each other) move as one copy of their span.
+    // placed as they lie there (same distance apart in the destination as in the segment, a
+    // few KiB at most: a read publishes its objects next to each other, a planned read's
+    // ranges of one member follow each other) move as one copy of their span.
     // A span in pinned segment memory goes straight to the device; one in pageable memory is
     // first gathered into pinned landing memory on the copy threads (a pageable copy runs at a
     // fraction of the pinned rate).
