@@ -1085,16 +1085,31 @@ void RegisterGpu(pyb::module_& m) {
             keep_w.reserve(n);
             keep_o.reserve(3 * n);
             std::uintptr_t s = 0;
+            // An item's error names it; spelled only for an error (a step applies hundreds of
+            // thousands of items).
+            const auto named = [n](std::size_t i, const Status& st) {
+                return n == 1 ? st
+                              : Status(st.code(), "weights[" + std::to_string(i) + "] " +
+                                                      std::string(st.message()));
+            };
+            // The batch of the previous item: a read's objects share one, cast once.
+            PyObject* last_batch = nullptr;
+            const DeviceObjects* last = nullptr;
             for (std::size_t i = 0; i < n; ++i) {
                 // A DeviceSparseObject of a batch (a device read, an upload): its members are
                 // the batch's, taken without converting them to Python objects.
                 const SparseObjectView* view_of = nullptr;
                 const DeviceArray* idx_of = nullptr;
                 const DeviceArray* val_of = nullptr;
-                if (pyb::object batch = member(objs[i], k_batch);
-                    batch && pyb::isinstance<DeviceObjects>(batch)) {
+                pyb::object batch = member(objs[i], k_batch);
+                if (batch && batch.ptr() != last_batch && pyb::isinstance<DeviceObjects>(batch)) {
+                    last = &batch.cast<const DeviceObjects&>();
+                    last_batch = batch.ptr();
+                    keep_o.push_back(batch);
+                }
+                if (batch && batch.ptr() == last_batch) {
                     pyb::object k = member(objs[i], k_index);
-                    const auto& b = batch.cast<const DeviceObjects&>();
+                    const DeviceObjects& b = *last;
                     const Py_ssize_t at = k && PyLong_Check(k.ptr()) ? PyLong_AsSsize_t(k.ptr()) : -1;
                     if (at == -1) PyErr_Clear();
                     if (at < 0 || std::size_t(at) >= b.hosts.size() ||
@@ -1104,7 +1119,6 @@ void RegisterGpu(pyb::module_& m) {
                     view_of = b.hosts[at].get();
                     idx_of = &b.members[at].first;
                     val_of = &b.members[at].second;
-                    keep_o.push_back(std::move(batch));
                 } else {
                     pyb::object host = member(objs[i], k_host);
                     pyb::object idx = member(objs[i], k_indices);
@@ -1120,10 +1134,21 @@ void RegisterGpu(pyb::module_& m) {
                     keep_o.push_back(std::move(idx));
                     keep_o.push_back(std::move(val));
                 }
-                const std::string at = n == 1 ? "" : "weights[" + std::to_string(i) + "] ";
-                keep_w.push_back(ParseTensorArg(weights[i], at + "weight", true, stream));
-                items[i].weight = CudaArg(keep_w.back(), at + "weight");
-                if (i == 0) s = keep_w.back().ref.stream;
+                try {
+                    keep_w.push_back(ParseTensorArg(weights[i], "weight", true, stream));
+                } catch (const StatusError& e) {
+                    throw StatusError(named(i, e.status));
+                }
+                ParsedTensor& w = keep_w.back();
+                if (w.ref.memory != TensorMemory::kCuda) {
+                    ThrowIfError(named(i, InvalidArgument("weight is not a CUDA tensor")));
+                }
+                // The weight's shape and strides move into the item (the parsed tensor only
+                // keeps the weight alive from here on).
+                items[i].weight = {w.ref.dtype, std::move(w.ref.shape),
+                                   {w.ref.device.address, w.ref.device.device},
+                                   w.ref.device.bytes, std::move(w.ref.strides)};
+                if (i == 0) s = w.ref.stream;
                 if (items[i].weight.ptr.device != items[0].weight.ptr.device) return false;
                 const SparseObjectView& view = *view_of;
                 const auto local = view.target_box.shape();

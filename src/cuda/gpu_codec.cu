@@ -633,16 +633,29 @@ __global__ void ApplyKernel(const ApplyDesc* __restrict__ descs, const std::uint
     }
 }
 
-Status CheckDevice(const DeviceArray& a, const std::string& what) {
-    if (a.shape.empty()) return InvalidArgument(what + " has no shape");
+std::string ItemPrefix(std::size_t n, std::size_t i) {
+    return n == 1 ? std::string() : "item " + std::to_string(i) + ": ";
+}
+
+/// An array of a batch's item, named in an error only (a batch's checks run per item, and
+/// spelling every item's name would cost more than its checks): "item i: name".
+struct Where {
+    std::size_t n = 1;  ///< Items of the batch (one: no item prefix).
+    std::size_t i = 0;
+    const char* name = "";
+    std::string str() const { return ItemPrefix(n, i) + name; }
+};
+
+Status CheckDevice(const DeviceArray& a, const Where& what) {
+    if (a.shape.empty()) return InvalidArgument(what.str() + " has no shape");
     Index n = 1;
     for (Index e : a.shape) n *= e;
     if (std::uint64_t(n) * DTypeSize(a.dtype) != a.bytes) {
-        return InvalidArgument(what + " byte size does not match shape x dtype");
+        return InvalidArgument(what.str() + " byte size does not match shape x dtype");
     }
-    if (a.ptr.address == 0 && n > 0) return InvalidArgument(what + " is null");
+    if (a.ptr.address == 0 && n > 0) return InvalidArgument(what.str() + " is null");
     if (!a.strides.empty() && a.strides.size() != a.shape.size()) {
-        return InvalidArgument(what + " has " + std::to_string(a.strides.size()) +
+        return InvalidArgument(what.str() + " has " + std::to_string(a.strides.size()) +
                                " strides for rank " + std::to_string(a.shape.size()));
     }
     return Status::Ok();
@@ -650,13 +663,9 @@ Status CheckDevice(const DeviceArray& a, const std::string& what) {
 
 /// Arrays the kernels read as flat memory (encode inputs, indices, values) must be
 /// C-contiguous: callers make them so (their bytes move anyway).
-Status CheckContiguous(const DeviceArray& a, const std::string& what) {
+Status CheckContiguous(const DeviceArray& a, const Where& what) {
     if (IsCContiguous(a.shape, a.strides)) return Status::Ok();
-    return InvalidArgument(what + " must be C-contiguous");
-}
-
-std::string ItemPrefix(std::size_t n, std::size_t i) {
-    return n == 1 ? std::string() : "item " + std::to_string(i) + ": ";
+    return InvalidArgument(what.str() + " must be C-contiguous");
 }
 
 /// Element-size class of a dtype group: 0 bfloat16, 1 float16, 2 float32.
@@ -939,44 +948,47 @@ void LaunchApply(int value_class, bool wide, const ApplyDesc* descs, const std::
     else go.template operator()<float>();
 }
 
-Status CheckApplyItem(const ApplyItem& it, const std::string& at) {
+Status CheckApplyItem(const ApplyItem& it, std::size_t n, std::size_t i) {
+    const auto at = [&] { return ItemPrefix(n, i); };
     const DeviceArray& w = it.weight;
-    MCS_RETURN_IF_ERROR(CheckDevice(w, at + "weight"));
-    MCS_RETURN_IF_ERROR(CheckDevice(it.indices, at + "indices"));
-    MCS_RETURN_IF_ERROR(CheckDevice(it.values, at + "values"));
+    MCS_RETURN_IF_ERROR(CheckDevice(w, {n, i, "weight"}));
+    MCS_RETURN_IF_ERROR(CheckDevice(it.indices, {n, i, "indices"}));
+    MCS_RETURN_IF_ERROR(CheckDevice(it.values, {n, i, "values"}));
     const std::size_t rank = w.shape.size();
     if (rank < 1 || rank > 3 || it.indices.shape.size() != 2 || Index(rank) != it.indices.shape[1] ||
         it.values.shape.size() != 1 || it.indices.shape[0] != it.values.shape[0]) {
-        return InvalidArgument(at + "GPU apply takes a weight of rank 1 to 3, indices [nnz, rank] and "
+        return InvalidArgument(at() +
+                               "GPU apply takes a weight of rank 1 to 3, indices [nnz, rank] and "
                                "values [nnz]");
     }
     // An object without entries (a tensor a sealed step left unchanged) applies as a no-op to a
     // weight of any dtype, as on the host.
     if (it.values.dtype != w.dtype && it.values.shape[0] > 0) {
-        return InvalidArgument(at + "values dtype differs from the weight's");
+        return InvalidArgument(at() + "values dtype differs from the weight's");
     }
     if (ValueClass(w.dtype) < 0) {
-        return InvalidArgument(at + "GPU apply supports bfloat16, float16 and float32, not " +
+        return InvalidArgument(at() + "GPU apply supports bfloat16, float16 and float32, not " +
                                std::string(DTypeName(w.dtype)));
     }
     if (it.indices.dtype != DType::kUInt16 && it.indices.dtype != DType::kUInt32) {
-        return InvalidArgument(at + "indices must be uint16 or uint32");
+        return InvalidArgument(at() + "indices must be uint16 or uint32");
     }
     for (Index e : w.shape) {
         if (e > Index(std::numeric_limits<std::uint32_t>::max())) {
-            return InvalidArgument(at + "GPU apply supports extents below 2^32");
+            return InvalidArgument(at() + "GPU apply supports extents below 2^32");
         }
     }
-    MCS_RETURN_IF_ERROR(CheckContiguous(it.indices, at + "indices"));
-    MCS_RETURN_IF_ERROR(CheckContiguous(it.values, at + "values"));
+    MCS_RETURN_IF_ERROR(CheckContiguous(it.indices, {n, i, "indices"}));
+    MCS_RETURN_IF_ERROR(CheckContiguous(it.values, {n, i, "values"}));
     // Unique coordinates write distinct elements only if the view gives every coordinate its
     // own element: a broadcast (stride 0) or expanded view would make writes race.
     if (!IsNonOverlapping(w.shape, w.strides)) {
-        return InvalidArgument(at + "weight view has overlapping elements (a broadcast or expanded "
+        return InvalidArgument(at() +
+                               "weight view has overlapping elements (a broadcast or expanded "
                                "view); apply needs one element per coordinate");
     }
     if (w.ptr.device != it.indices.ptr.device || w.ptr.device != it.values.ptr.device) {
-        return InvalidArgument(at + "weight, indices and values are on different devices");
+        return InvalidArgument(at() + "weight, indices and values are on different devices");
     }
     return Status::Ok();
 }
@@ -1083,31 +1095,33 @@ Result<std::vector<GpuEncoded>> EncodeUpdates(std::span<const DeviceArray> news,
     for (std::size_t i = 0; i < news.size(); ++i) {
         const DeviceArray& nw = news[i];
         const DeviceArray& od = olds[i];
-        const std::string at = ItemPrefix(news.size(), i);
-        MCS_RETURN_IF_ERROR(CheckDevice(nw, at + "new"));
-        MCS_RETURN_IF_ERROR(CheckDevice(od, at + "old"));
+        const auto at = [&] { return ItemPrefix(news.size(), i); };
+        MCS_RETURN_IF_ERROR(CheckDevice(nw, {news.size(), i, "new"}));
+        MCS_RETURN_IF_ERROR(CheckDevice(od, {news.size(), i, "old"}));
         if (nw.dtype != od.dtype || nw.shape != od.shape) {
-            return InvalidArgument(at + "new and old differ in dtype or shape");
+            return InvalidArgument(at() + "new and old differ in dtype or shape");
         }
         if (nw.ptr.device != od.ptr.device || nw.ptr.device != device) {
-            return InvalidArgument(at + "new and old must be on the batch's one device");
+            return InvalidArgument(at() + "new and old must be on the batch's one device");
         }
-        MCS_RETURN_IF_ERROR(CheckContiguous(nw, at + "new"));
-        MCS_RETURN_IF_ERROR(CheckContiguous(od, at + "old"));
+        MCS_RETURN_IF_ERROR(CheckContiguous(nw, {news.size(), i, "new"}));
+        MCS_RETURN_IF_ERROR(CheckContiguous(od, {news.size(), i, "old"}));
         const std::size_t rank = nw.shape.size();
         if (rank < 1 || rank > 3) {
-            return InvalidArgument(at + "GPU encode takes tensors of rank 1 to 3, not " + std::to_string(rank));
+            return InvalidArgument(at() + "GPU encode takes tensors of rank 1 to 3, not " +
+                                   std::to_string(rank));
         }
         EncodePlan& p = plans[i];
         p.value_class = ValueClass(nw.dtype);
         if (p.value_class < 0) {
-            return InvalidArgument(at + "GPU encode supports bfloat16, float16 and float32, not " +
+            return InvalidArgument(at() +
+                                   "GPU encode supports bfloat16, float16 and float32, not " +
                                    std::string(DTypeName(nw.dtype)));
         }
         Index elements = 1;
         for (Index e : nw.shape) {
             if (e > Index(std::numeric_limits<std::uint32_t>::max())) {
-                return InvalidArgument(at + "GPU encode supports extents below 2^32");
+                return InvalidArgument(at() + "GPU encode supports extents below 2^32");
             }
             elements *= e;
         }
@@ -1116,7 +1130,7 @@ Result<std::vector<GpuEncoded>> EncodeUpdates(std::span<const DeviceArray> news,
         p.wide = *std::max_element(nw.shape.begin(), nw.shape.end()) > 65536;
         if (elements == 0) {
             // As the host codec: a source tensor has at least one element per dimension.
-            return InvalidArgument(at + "shape has a non-positive extent");
+            return InvalidArgument(at() + "shape has a non-positive extent");
         }
         MCS_RETURN_IF_ERROR(ValidateTileShape(p.tile, nw.shape));
         // [a, b, c] and its tile [ta, tb, tc], leading ones for ranks below 3.
@@ -1173,9 +1187,10 @@ Status ApplySparseBatch(std::span<const ApplyItem> items, std::uintptr_t stream_
     std::vector<std::map<std::uintptr_t, std::uintptr_t>> waves;
     for (std::size_t i = 0; i < items.size(); ++i) {
         const ApplyItem& it = items[i];
-        const std::string at = ItemPrefix(items.size(), i);
-        MCS_RETURN_IF_ERROR(CheckApplyItem(it, at));
-        if (it.weight.ptr.device != device) return InvalidArgument(at + "items are on different devices");
+        MCS_RETURN_IF_ERROR(CheckApplyItem(it, items.size(), i));
+        if (it.weight.ptr.device != device) {
+            return InvalidArgument(ItemPrefix(items.size(), i) + "items are on different devices");
+        }
         const std::uint64_t nnz = std::uint64_t(it.values.shape[0]);
         if (nnz == 0) continue;
         const auto [lo_off, hi_off] = StridedExtent(it.weight.shape, it.weight.strides);
