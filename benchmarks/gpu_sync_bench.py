@@ -27,7 +27,9 @@ Per step (a fraction --density of every tensor changes; overwrite and scatter_ad
   (measured in this run; on the CPU: memcpy bandwidth).
 
 Every inference parameter is checked after each sparse step (bit for bit for overwrite). On the
-embedded store and through the node daemon (--backends). Prints one JSON line per result.
+embedded store and through the node daemon (--backends); the daemon's steps start once it has
+prepared its segments (--wait-prepared), as a daemon serving a training run has, and each row
+records that preparation's state. Prints one JSON line per result.
 
     python benchmarks/gpu_sync_bench.py --device cuda --experts 96 --json gpu_sync.jsonl
     python benchmarks/gpu_sync_bench.py --device cpu --quick         # CI size, under a minute
@@ -241,6 +243,22 @@ def changed(old: torch.Tensor, density: float, gen: torch.Generator) -> torch.Te
     return new
 
 
+def wait_prepared(store, timeout: float) -> float | None:
+    """Waits up to `timeout` seconds for the node daemon to finish preparing its segments (its
+    `pinning_complete` metric; a daemon of a training run has long finished by its first step).
+    Returns the seconds waited, or None for a store without that metric (the embedded one) or
+    when not asked to wait."""
+    if timeout <= 0 or "pinning_complete" not in store.metrics():
+        return None
+    t0 = time.perf_counter()
+    while store.metrics().get("pinning_complete") != 1 and time.perf_counter() - t0 < timeout:
+        time.sleep(0.05)
+    waited = time.perf_counter() - t0
+    log(f"daemon segments prepared after {waited:.2f} s"
+        f"{'' if store.metrics().get('pinning_complete') == 1 else ' (not complete: timed out)'}")
+    return waited
+
+
 def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list[dict]:
     specs = layer(args)
     gen = torch.Generator(device=device).manual_seed(rng_seed)
@@ -252,6 +270,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
     node_bytes = sum(sl.view.numel() * sl.view.element_size() for sl in slots)
     ceil = ceilings(device, dense_bytes)
     store.set_retention(keep_last=1)
+    prepared_wait = wait_prepared(store, args.wait_prepared)
     # The node's targets, converted once as a reader keeps them (InferenceSync does too).
     targets = mcs.TargetBatch([sl.target for sl in slots])
     results = []
@@ -462,6 +481,12 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "dense_put_s": t_put, "dense_box_get_s": t_box, "dense_box_s": t_put + t_box,
                  "dense_full_get_s": t_full, "dense_full_s": t_put + t_full,
                  "dense_full_get_bytes": full_bytes,
+                 # The node daemon's background preparation of its segments (pre-faulting,
+                 # then registering them with CUDA) as this step ended: a registration holds
+                 # the CUDA driver while it runs, and the daemon's own copies wait for it.
+                 "daemon_pinning_complete": mc1.get("pinning_complete"),
+                 "daemon_pinned_bytes": mc1.get("pinned_bytes"),
+                 "daemon_prepared_wait_s": prepared_wait,
                  "floor_s": floor, "speedup_vs_dense_box": (t_put + t_box) / sparse,
                  "speedup_vs_dense_full": (t_put + t_full) / sparse, "sparse_over_floor": sparse / floor,
                  "bit_exact": apply == "overwrite", **ceil}
@@ -529,6 +554,11 @@ def main() -> int:
                     help="the node daemon's segment_huge_pages (transparent huge pages for its "
                          "segments where the kernel gives them to shared memory); default: the "
                          "daemon's")
+    ap.add_argument("--wait-prepared", type=float, default=120.0, metavar="SECONDS",
+                    help="before the first step, wait up to this long for the node daemon to "
+                         "finish preparing (pre-faulting and pinning) its segments, as a daemon "
+                         "that serves a training run has (0: do not wait; the rows record the "
+                         "preparation's state either way)")
     ap.add_argument("--quick", action="store_true", help="CPU/CI size: 8 experts of 256x512")
     ap.add_argument("--json", default=None)
     ap.add_argument("--profile", action="store_true",

@@ -27,6 +27,12 @@ def test_cpu_size_runs_and_reports_every_phase(tmp_path):
             assert r[k] > 0, k
         assert r["nnz"] > 0 and r["targets"] > r["tensors"]
         assert r["read_bytes"] < r["node_bytes"]
+        # The daemon's steps start once it has prepared its segments; the embedded store has
+        # none to prepare.
+        if r["backend"] == "node":
+            assert r["daemon_pinning_complete"] == 1 and r["daemon_prepared_wait_s"] >= 0
+        else:
+            assert r["daemon_prepared_wait_s"] is None
 
 
 def test_trace_records_the_four_phases_of_each_modes_last_step(tmp_path):
