@@ -49,6 +49,7 @@ import numpy as np
 
 import mooncake.sparse as mcs
 from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+from mooncake.sparse.testing import wait_prepared as _wait_prepared
 
 try:
     import torch
@@ -244,18 +245,11 @@ def changed(old: torch.Tensor, density: float, gen: torch.Generator) -> torch.Te
 
 
 def wait_prepared(store, timeout: float) -> float | None:
-    """Waits up to `timeout` seconds for the node daemon to finish preparing its segments (its
-    `pinning_complete` metric; a daemon of a training run has long finished by its first step).
-    Returns the seconds waited, or None for a store without that metric (the embedded one) or
-    when not asked to wait."""
-    if timeout <= 0 or "pinning_complete" not in store.metrics():
-        return None
-    t0 = time.perf_counter()
-    while store.metrics().get("pinning_complete") != 1 and time.perf_counter() - t0 < timeout:
-        time.sleep(0.05)
-    waited = time.perf_counter() - t0
-    log(f"daemon segments prepared after {waited:.2f} s"
-        f"{'' if store.metrics().get('pinning_complete') == 1 else ' (not complete: timed out)'}")
+    """testing.wait_prepared, logged."""
+    waited = _wait_prepared(store, timeout)
+    if waited is not None:
+        done = store.metrics().get("pinning_complete") == 1
+        log(f"daemon segments prepared after {waited:.2f} s{'' if done else ' (timed out)'}")
     return waited
 
 

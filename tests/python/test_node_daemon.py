@@ -17,7 +17,7 @@ import pytest
 import mooncake.sparse as mcs
 import node_workers as nw
 from conftest import dense_of, random_coo
-from mooncake.sparse.testing import find_node_daemon, start_node_daemon
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon, wait_prepared
 
 try:
     find_node_daemon()
@@ -714,6 +714,18 @@ def test_capabilities_report_background_preparation(tmp_path):
             assert caps["pinned_target_bytes"] == 0 and caps["pinned_bytes"] == 0
         else:
             assert caps["pinned_target_bytes"] == 6 << 20
+
+
+def test_wait_prepared_returns_once_the_segments_are_prepared(tmp_path):
+    # What the benchmarks wait for before their first step: a daemon of a running job has long
+    # prepared its segments.
+    with start_node_daemon(tmp_path, segment_size="4MiB", num_segments=2) as daemon:
+        store = mcs.connect(daemon.url)
+        waited = wait_prepared(store, timeout=20)
+        assert waited is not None and 0 <= waited < 20
+        assert store.metrics()["pinning_complete"] == 1
+        assert wait_prepared(store, timeout=0) is None  # not asked to wait
+    assert wait_prepared(mcs.connect(), timeout=5) is None  # the embedded store prepares nothing
 
 
 # A harness that starts a daemon and then dies without stopping it (SIGKILL: the OOM killer, a

@@ -234,6 +234,20 @@ def start_node_daemon(tmp_path: os.PathLike | str, *, check_clean: bool = True,
             daemon.check_clean()
 
 
+def wait_prepared(store: Any, timeout: float = 120.0) -> float | None:
+    """Waits up to `timeout` seconds until the node daemon behind `store` has prepared its
+    segments: after it starts, it pre-faults them and registers them with CUDA in the background
+    (its `pinning_complete` metric), and a benchmark's first steps would otherwise run beside that
+    work, which the daemon of a running job has long finished. Returns the seconds waited, or None
+    for a store without that preparation (the embedded store) or a `timeout` of 0 or less."""
+    if timeout <= 0 or "pinning_complete" not in store.metrics():
+        return None
+    t0 = time.perf_counter()
+    while store.metrics().get("pinning_complete") != 1 and time.perf_counter() - t0 < timeout:
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
 # ---------------------------------------------------------------------------------------------
 # Upstream Mooncake Store: a real mooncake_master, and node daemons hosted in Python on it.
 # ---------------------------------------------------------------------------------------------
