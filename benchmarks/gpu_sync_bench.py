@@ -476,8 +476,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "dense_full_get_s": t_full, "dense_full_s": t_put + t_full,
                  "dense_full_get_bytes": full_bytes,
                  # The node daemon's background preparation of its segments (pre-faulting,
-                 # then registering them with CUDA) as this step ended: a registration holds
-                 # the CUDA driver while it runs, and the daemon's own copies wait for it.
+                 # then registering them with CUDA) as this step ended: a step beside it
+                 # measures the daemon's start, not a running daemon.
                  "daemon_pinning_complete": mc1.get("pinning_complete"),
                  "daemon_pinned_bytes": mc1.get("pinned_bytes"),
                  "daemon_prepared_wait_s": prepared_wait,
