@@ -6,8 +6,9 @@ the bytes), on the embedded store and through the node daemon, it times:
 
 - encode: N x encode_update vs one encode_updates;
 - commit: N x put_sparse_object vs one put_sparse_objects (the first batch of a fresh store,
-  `commit_batch_s`; a fresh node daemon has first prepared its segments, --wait-prepared), then `--steps` more batch commits, one generation each, with the store's
-  retention keeping the last 2 (a training run's steady state: each step's objects reuse the
+  `commit_batch_s`; a fresh node daemon has first prepared its segments, --wait-prepared),
+  then `--steps` more batch commits, one generation each, with the store's retention keeping
+  the last 2 (a training run's steady state: each step's objects reuse the
   memory the retired ones freed; `commit_steady_s`, their median; each step's seal,
   `seal_steady_s`, which also frees the step past retention);
 - admit: N x admit vs one admit_batch (a trainer's admissions of a step);

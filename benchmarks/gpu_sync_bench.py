@@ -48,8 +48,7 @@ import time
 import numpy as np
 
 import mooncake.sparse as mcs
-from mooncake.sparse.testing import find_node_daemon, start_node_daemon
-from mooncake.sparse.testing import wait_prepared as _wait_prepared
+from mooncake.sparse.testing import find_node_daemon, start_node_daemon, wait_prepared
 
 try:
     import torch
@@ -244,15 +243,6 @@ def changed(old: torch.Tensor, density: float, gen: torch.Generator) -> torch.Te
     return new
 
 
-def wait_prepared(store, timeout: float) -> float | None:
-    """testing.wait_prepared, logged."""
-    waited = _wait_prepared(store, timeout)
-    if waited is not None:
-        done = store.metrics().get("pinning_complete") == 1
-        log(f"daemon segments prepared after {waited:.2f} s{'' if done else ' (timed out)'}")
-    return waited
-
-
 def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list[dict]:
     specs = layer(args)
     gen = torch.Generator(device=device).manual_seed(rng_seed)
@@ -265,6 +255,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
     ceil = ceilings(device, dense_bytes)
     store.set_retention(keep_last=1)
     prepared_wait = wait_prepared(store, args.wait_prepared)
+    if prepared_wait is not None:
+        log(f"{backend}: waited {prepared_wait:.2f} s for the daemon's segment preparation")
     # The node's targets, converted once as a reader keeps them (InferenceSync does too).
     targets = mcs.TargetBatch([sl.target for sl in slots])
     results = []

@@ -116,14 +116,30 @@ pyb::tuple EncodedTuple(const cuda::GpuEncoded& e) {
         ShapeTuple(e.tile_shape));
 }
 
-cuda::DeviceArray CudaArg(const ParsedTensor& p, const std::string& what) {
+/// The i-th of n CUDA tensors of a batch argument `list` (kept alive in `keep`), as the codec
+/// takes it: its shape and strides move into the array. Its name ("list[i] name"; "name" in a
+/// batch of one) is spelled only for an error, as a step's batches hold hundreds of thousands.
+cuda::DeviceArray CudaItem(const pyb::handle& obj, const char* list, std::size_t n,
+                           std::size_t i, const char* name, bool destination,
+                           const pyb::object& stream, std::vector<ParsedTensor>& keep) {
+    const auto named = [&](const Status& st) {
+        return n == 1 ? st
+                      : Status(st.code(), std::string(list) + "[" + std::to_string(i) + "] " +
+                                              st.message());
+    };
+    try {
+        keep.push_back(ParseTensorArg(obj, name, destination, stream));
+    } catch (const StatusError& e) {
+        throw StatusError(named(e.status));
+    }
+    ParsedTensor& p = keep.back();
     if (p.ref.memory != TensorMemory::kCuda) {
-        ThrowIfError(InvalidArgument(what + " is not a CUDA tensor"));
+        ThrowIfError(named(InvalidArgument(std::string(name) + " is not a CUDA tensor")));
     }
     // Strides travel as they are: apply writes a strided weight view in place (a TP slice of
     // a fused parameter), and the codec refuses them where it reads flat memory.
-    return {p.ref.dtype, p.ref.shape, {p.ref.device.address, p.ref.device.device},
-            p.ref.device.bytes, p.ref.strides};
+    return {p.ref.dtype, std::move(p.ref.shape), {p.ref.device.address, p.ref.device.device},
+            p.ref.device.bytes, std::move(p.ref.strides)};
 }
 
 std::uint64_t AlignUp(std::uint64_t x, std::uint64_t a) { return (x + a - 1) / a * a; }
@@ -745,11 +761,8 @@ std::vector<cuda::GpuEncoded> EncodeBatch(const pyb::list& news, const pyb::list
     n.reserve(news.size());
     o.reserve(news.size());
     for (std::size_t i = 0; i < news.size(); ++i) {
-        const std::string at = news.size() == 1 ? "" : "pairs[" + std::to_string(i) + "] ";
-        keep.push_back(ParseTensorArg(news[i], at + "new", false, stream));
-        n.push_back(CudaArg(keep.back(), at + "new"));
-        keep.push_back(ParseTensorArg(olds[i], at + "old", false, stream));
-        o.push_back(CudaArg(keep.back(), at + "old"));
+        n.push_back(CudaItem(news[i], "pairs", news.size(), i, "new", false, stream, keep));
+        o.push_back(CudaItem(olds[i], "pairs", news.size(), i, "old", false, stream, keep));
     }
     cuda::GpuEncodeOptions opt;
     opt.apply = ValueOrThrow(ParseApplyMode(apply));
@@ -1033,9 +1046,8 @@ void RegisterGpu(pyb::module_& m) {
             keep_m.reserve(2 * n);
             std::uintptr_t s = 0;
             for (std::size_t i = 0; i < n; ++i) {
-                const std::string at = n == 1 ? "" : "weights[" + std::to_string(i) + "] ";
-                keep_w.push_back(ParseTensorArg(weights[i], at + "weight", true, stream));
-                items[i].weight = CudaArg(keep_w.back(), at + "weight");
+                items[i].weight =
+                    CudaItem(weights[i], "weights", n, i, "weight", true, stream, keep_w);
                 if (i == 0) s = keep_w.back().ref.stream;
                 const int dev = items[i].weight.ptr.device;
                 keep_m.push_back(DeviceOf(indices[i], "indices", dev, s));
@@ -1085,13 +1097,6 @@ void RegisterGpu(pyb::module_& m) {
             keep_w.reserve(n);
             keep_o.reserve(3 * n);
             std::uintptr_t s = 0;
-            // An item's error names it; spelled only for an error (a step applies hundreds of
-            // thousands of items).
-            const auto named = [n](std::size_t i, const Status& st) {
-                return n == 1 ? st
-                              : Status(st.code(), "weights[" + std::to_string(i) + "] " +
-                                                      std::string(st.message()));
-            };
             // The batch of the previous item: a read's objects share one, cast once.
             PyObject* last_batch = nullptr;
             const DeviceObjects* last = nullptr;
@@ -1134,21 +1139,9 @@ void RegisterGpu(pyb::module_& m) {
                     keep_o.push_back(std::move(idx));
                     keep_o.push_back(std::move(val));
                 }
-                try {
-                    keep_w.push_back(ParseTensorArg(weights[i], "weight", true, stream));
-                } catch (const StatusError& e) {
-                    throw StatusError(named(i, e.status));
-                }
-                ParsedTensor& w = keep_w.back();
-                if (w.ref.memory != TensorMemory::kCuda) {
-                    ThrowIfError(named(i, InvalidArgument("weight is not a CUDA tensor")));
-                }
-                // The weight's shape and strides move into the item (the parsed tensor only
-                // keeps the weight alive from here on).
-                items[i].weight = {w.ref.dtype, std::move(w.ref.shape),
-                                   {w.ref.device.address, w.ref.device.device},
-                                   w.ref.device.bytes, std::move(w.ref.strides)};
-                if (i == 0) s = w.ref.stream;
+                items[i].weight =
+                    CudaItem(weights[i], "weights", n, i, "weight", true, stream, keep_w);
+                if (i == 0) s = keep_w.back().ref.stream;
                 if (items[i].weight.ptr.device != items[0].weight.ptr.device) return false;
                 const SparseObjectView& view = *view_of;
                 const auto local = view.target_box.shape();
