@@ -71,8 +71,9 @@ def main() -> int:
     if args.timeline:
         sys.stdout.write(timeline(args.dir / args.timeline))
         return 0
-    res = {f.name: summarize(f) for f in sorted(args.dir.glob("trace_*.json"))}
-    (args.dir / "trace_summary.json").write_text(json.dumps(res, indent=1))
+    summary = args.dir / "trace_summary.json"  # this script's own output: not a trace
+    res = {f.name: summarize(f) for f in sorted(args.dir.glob("trace_*.json")) if f != summary}
+    summary.write_text(json.dumps(res, indent=1))
     for name, ph in res.items():
         print(name)
         for p, v in ph.items():
