@@ -19,7 +19,13 @@
 // Output contract: one JSON object per line on stdout, human text on stderr; `--json PATH` saves
 // the same lines.
 //
-// Usage: commit_steady_bench [--objects 10000] [--steps 40] [--paths batch,indexed] [--json PATH]
+// --shape R,C commits N bfloat16 R x C tensors instead (1 % of elements changed, encoded by the
+// host codec with its default tile shape): the objects of a MoE layer's step, whose entries the
+// store keeps in its pinned pool when --pinned-quota BYTES is set (pageable without CUDA, as
+// the pool is; the per-object work of a commit from the GPU is the same).
+//
+// Usage: commit_steady_bench [--objects 10000] [--steps 40] [--paths batch,indexed]
+//                            [--shape R,C] [--pinned-quota BYTES] [--json PATH]
 
 #include <algorithm>
 #include <cerrno>
@@ -54,6 +60,8 @@ struct Options {
     std::uint64_t objects = 10000;
     std::uint64_t steps = 40;
     std::vector<std::string> paths = {"batch", "indexed"};
+    std::vector<std::int64_t> shape;  ///< Empty: 64x64 float32 tensors.
+    std::uint64_t pinned_quota = 0;
     std::string json_path;
 };
 
@@ -70,7 +78,8 @@ Options ParseArgs(int argc, char** argv) {
         if (arg == "--help" || arg == "-h" || i + 1 >= argc) {
             std::fprintf(stderr,
                          "usage: commit_steady_bench [--objects N] [--steps S] "
-                         "[--paths batch,indexed] [--json PATH]\n");
+                         "[--paths batch,indexed] [--shape R,C] [--pinned-quota BYTES] "
+                         "[--json PATH]\n");
             std::exit(arg == "--help" || arg == "-h" ? 0 : 1);
         }
         const std::string value = argv[++i];
@@ -88,6 +97,13 @@ Options ParseArgs(int argc, char** argv) {
                 o.paths.push_back(p);
                 pos = comma + 1;
             }
+        } else if (arg == "--shape") {
+            const std::size_t comma = value.find(',');
+            if (comma == std::string::npos) Die("--shape wants R,C");
+            o.shape = {static_cast<std::int64_t>(ParseUnsigned(arg, value.substr(0, comma))),
+                       static_cast<std::int64_t>(ParseUnsigned(arg, value.substr(comma + 1)))};
+        } else if (arg == "--pinned-quota") {
+            o.pinned_quota = ParseUnsigned(arg, value);
         } else if (arg == "--json") {
             o.json_path = value;
         } else {
@@ -142,6 +158,41 @@ std::vector<Update> MakeUpdates(std::uint64_t n) {
     return ups;
 }
 
+/// N bfloat16 tensors of `shape`, each element changed with probability 1/100 against zeros,
+/// encoded by the host codec (canonical entries, default tile shape). One dense pair at a time.
+std::vector<Update> MakeLayerUpdates(std::uint64_t n, const std::vector<std::int64_t>& shape) {
+    std::mt19937_64 rng(1);
+    const auto elements = static_cast<std::size_t>(shape[0] * shape[1]);
+    std::vector<std::uint16_t> old_values(elements, 0), new_values(elements, 0);
+    const auto bytes = [](const std::vector<std::uint16_t>& v) {
+        return std::as_bytes(std::span<const std::uint16_t>(v));
+    };
+    std::vector<Update> ups(n);
+    for (std::uint64_t i = 0; i < n; ++i) {
+        std::fill(new_values.begin(), new_values.end(), std::uint16_t{0});
+        for (std::size_t e = 0; e < elements; ++e) {
+            if (rng() % 100 == 0) new_values[e] = static_cast<std::uint16_t>(0x3f80 + rng() % 64);
+        }
+        const mcs::Shape s(shape.begin(), shape.end());
+        mcs::Result<mcs::EncodedUpdate> enc =
+            mcs::EncodeUpdate({mcs::DType::kBFloat16, s, bytes(new_values)},
+                              {mcs::DType::kBFloat16, s, bytes(old_values)});
+        if (!enc.ok()) Die("encode: " + enc.status().ToString());
+        Update& u = ups[i];
+        u.indices = std::move(enc->indices);
+        u.values = std::move(enc->values);
+        mcs::PutSparseRequest& r = u.request;
+        r.tensor_id = "layers." + std::to_string(i) + ".w";
+        r.global_shape = s;
+        r.placement_policy = *mcs::PlacementPolicy::Parse("none");
+        r.encode.tile_shape = enc->tile_shape;
+        const auto nnz = static_cast<mcs::Index>(enc->nnz);
+        r.indices = {enc->index_dtype, {nnz, static_cast<mcs::Index>(enc->rank)}, u.indices};
+        r.values = {enc->value_dtype, {nnz}, u.values};
+    }
+    return ups;
+}
+
 double Micros(std::chrono::steady_clock::duration d) {
     return std::chrono::duration<double, std::micro>(d).count();
 }
@@ -177,7 +228,8 @@ std::vector<mcs::SparseObject> IndexedObjects(const std::vector<Update>& ups) {
 }
 
 void Run(const std::string& path, const Options& o, Emitter& out) {
-    std::vector<Update> ups = MakeUpdates(o.objects);
+    std::vector<Update> ups =
+        o.shape.empty() ? MakeUpdates(o.objects) : MakeLayerUpdates(o.objects, o.shape);
     std::vector<std::string> names;
     names.reserve(ups.size());
     std::uint64_t entry_bytes = 0;
@@ -199,7 +251,9 @@ void Run(const std::string& path, const Options& o, Emitter& out) {
         }
         memcpy_us = std::min(memcpy_us, Micros(std::chrono::steady_clock::now() - t));
     }
-    mcs::SparseStore store(mcs::MakeEmbeddedStore());
+    mcs::SparseStoreOptions store_options;
+    store_options.pinned_quota_bytes = o.pinned_quota;
+    mcs::SparseStore store(mcs::MakeEmbeddedStore(), store_options);
     if (mcs::Status s = store.SetRetention(2); !s.ok()) Die("retention: " + s.ToString());
     const double n = static_cast<double>(o.objects);
     for (std::uint64_t k = 1; k <= o.steps; ++k) {
