@@ -227,9 +227,8 @@ std::vector<mcs::SparseObject> IndexedObjects(const std::vector<Update>& ups) {
     return out;
 }
 
-void Run(const std::string& path, const Options& o, Emitter& out) {
-    std::vector<Update> ups =
-        o.shape.empty() ? MakeUpdates(o.objects) : MakeLayerUpdates(o.objects, o.shape);
+/// One path's steps over `ups` (each step sets their generation).
+void Run(const std::string& path, const Options& o, std::vector<Update>& ups, Emitter& out) {
     std::vector<std::string> names;
     names.reserve(ups.size());
     std::uint64_t entry_bytes = 0;
@@ -321,6 +320,9 @@ int main(int argc, char** argv) {
     std::snprintf(meta, sizeof(meta), "{\"what\": \"meta\", \"ld_preload\": \"%s\"}",
                   preload != nullptr ? preload : "");
     out.Emit(meta);
-    for (const std::string& path : o.paths) Run(path, o, out);
+    // The updates once for every path (a layer's take the host codec tens of seconds).
+    std::vector<Update> ups =
+        o.shape.empty() ? MakeUpdates(o.objects) : MakeLayerUpdates(o.objects, o.shape);
+    for (const std::string& path : o.paths) Run(path, o, ups, out);
     return 0;
 }
