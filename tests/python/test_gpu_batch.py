@@ -997,6 +997,44 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
             s.close()
 
 
+def test_daemon_commit_of_many_large_updates_checked_on_its_gpu_equals_its_host_check(tmp_path):
+    # Forty updates of 64 KiB of entries and more into pinned segments: the daemon checks them
+    # on its GPU and copies each from this process's memory straight into its segments, summing
+    # it on its host as it lands. The objects are those a daemon checking on its host makes.
+    if not HAVE_DAEMON:
+        pytest.skip("mooncake_sparse_node is not built")
+    pairs = pairs_of([((256, 256), torch.bfloat16)] * 36 + [((384, 256), torch.float32)] * 4,
+                     density=0.2)
+    with start_node_daemon(tmp_path / "gpu", segment_size="64MiB", num_segments=2,
+                           pinned_quota_bytes="128MiB") as a, \
+            start_node_daemon(tmp_path / "host", segment_size="64MiB", num_segments=2,
+                              gpu_commit_check="false") as b:
+        stores = [mcs.connect(a.url), mcs.connect(b.url)]
+        if not stores[0].capabilities().get("cuda_ipc_available"):
+            pytest.skip("no CUDA IPC with the daemon here")
+        deadline = time.monotonic() + 30
+        while stores[0].metrics()["pinned_bytes"] < (128 << 20):
+            assert time.monotonic() < deadline, "the daemon did not pin its segments"
+            time.sleep(0.05)
+        for s in stores:
+            assert all(isinstance(r, dict) for r in commit_all(s, pairs, "g"))
+        if not daemon_checks_on_its_gpu(stores[0]):
+            pytest.skip("this daemon is built without the GPU codec")
+        m = stores[0].metrics()
+        assert m["sparse_device_commit_gpu_items"] == len(pairs)
+        ma = sorted(stores[0].manifest((0, 1)), key=lambda x: x.source_ref)
+        mb = sorted(stores[1].manifest((0, 1)), key=lambda x: x.source_ref)
+        assert [repr(x) for x in ma] == [repr(x) for x in mb]
+        objs = stores[0].read_sparse_objects(stores[0].manifest((0, 1)),
+                                             whole_targets(pairs, "g"))
+        for (new, old), obj in zip(pairs, objs):
+            w = old.clone()
+            mcs.apply_sparse_object(w, obj)
+            assert np.array_equal(bits(w), bits(new))
+        for s in stores:
+            s.close()
+
+
 @pytest.mark.parametrize("apply", ["overwrite", "scatter_add"])
 def test_put_sparse_updates_in_parts_commits_what_the_two_calls_do(store, apply):
     # Parts of a step: the GPU encodes a part while the one before it is committed from a side
