@@ -124,6 +124,15 @@ def commit_all(store, pairs, prefix, generation=(0, 1), apply="overwrite"):
     return store.put_sparse_objects(updates)
 
 
+def wait_pinned(store, nbytes, timeout=30):
+    """Waits until the daemon behind `store` has pinned `nbytes` of its segments (it pins them
+    in the background)."""
+    deadline = time.monotonic() + timeout
+    while store.metrics()["pinned_bytes"] < nbytes:
+        assert time.monotonic() < deadline, "the daemon did not pin its segments"
+        time.sleep(0.05)
+
+
 def whole_targets(pairs, prefix):
     return [mcs.Target(f"{prefix}{i}", f"n/r{i}", "n", {}, (0,) * n.dim(), tuple(n.shape))
             for i, (n, _) in enumerate(pairs)]
@@ -309,10 +318,8 @@ def test_device_read_through_the_daemon_builds_targets_on_the_gpu(tmp_path, pinn
             if not store.capabilities().get("cuda_ipc_available"):
                 pytest.skip("no CUDA IPC with the daemon here")
             # The daemon pins its segments in the background: the read waits for them here.
-            deadline = time.monotonic() + 30
-            while pinned and store.metrics()["pinned_bytes"] < (256 << 20):
-                assert time.monotonic() < deadline, "the daemon did not pin its segments"
-                time.sleep(0.05)
+            if pinned:
+                wait_pinned(store, 256 << 20)
             store.reset_metrics()
             before = _core._device_read_counters()
             check_targets_built_on_the_gpu(store, reads=2)
@@ -356,10 +363,7 @@ def test_a_device_read_larger_than_a_plan_request_is_read_in_groups_each_staged(
             store = mcs.connect(daemon.url, planned_read_targets=7)
             if not store.capabilities().get("cuda_ipc_available"):
                 pytest.skip("no CUDA IPC with the daemon here")
-            deadline = time.monotonic() + 30
-            while store.metrics()["pinned_bytes"] < (256 << 20):
-                assert time.monotonic() < deadline, "the daemon did not pin its segments"
-                time.sleep(0.05)
+            wait_pinned(store, 256 << 20)
             store.reset_metrics()
             check_targets_built_on_the_gpu(store, reads=2)
             m = store.metrics()
@@ -386,10 +390,7 @@ def test_concurrent_device_reads_through_the_daemon_wait_for_their_own_copies(tm
         stores = [mcs.connect(daemon.url) for _ in range(2)]
         if not stores[0].capabilities().get("cuda_ipc_available"):
             pytest.skip("no CUDA IPC with the daemon here")
-        deadline = time.monotonic() + 30
-        while stores[0].metrics()["pinned_bytes"] < (256 << 20):
-            assert time.monotonic() < deadline, "the daemon did not pin its segments"
-            time.sleep(0.05)
+        wait_pinned(stores[0], 256 << 20)
         pairs = pairs_of([((512, 384), torch.bfloat16), ((96, 80), torch.float32),
                           ((2, 70000), torch.bfloat16)], density=0.2)
         assert all(isinstance(r, dict) for r in commit_all(stores[0], pairs, "c"))
@@ -1012,10 +1013,7 @@ def test_daemon_commit_of_many_large_updates_checked_on_its_gpu_equals_its_host_
         stores = [mcs.connect(a.url), mcs.connect(b.url)]
         if not stores[0].capabilities().get("cuda_ipc_available"):
             pytest.skip("no CUDA IPC with the daemon here")
-        deadline = time.monotonic() + 30
-        while stores[0].metrics()["pinned_bytes"] < (128 << 20):
-            assert time.monotonic() < deadline, "the daemon did not pin its segments"
-            time.sleep(0.05)
+        wait_pinned(stores[0], 128 << 20)
         for s in stores:
             assert all(isinstance(r, dict) for r in commit_all(s, pairs, "g"))
         if not daemon_checks_on_its_gpu(stores[0]):
