@@ -321,7 +321,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                              for k in ("commit_index", "commit_write", "commit_put",
                                        "commit_publish", "sparse_device_commit",
                                        "sparse_device_commit_copy", "sparse_device_commit_check",
-                                       "sparse_device_commit_fill")}
+                                       "sparse_device_commit_fill", "sparse_device_commit_landed",
+                                       "sparse_device_commit_sum")}
             phases_commit["commit_pageable_bytes"] = (
                 mc1.get("sparse_device_commit_pageable_bytes", 0)
                 - mc0.get("sparse_device_commit_pageable_bytes", 0))
@@ -357,7 +358,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # The node daemon's handlers of a device read: its plan requests (with the copies
             # it queues as it plans) and its copy requests (zero on the embedded store).
             phases.update({f"daemon_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
-                           for k in ("planned_read", "leases_to_device")})
+                           for k in ("planned_read", "planned_read_plan", "planned_read_queued",
+                                     "leases_to_device")})
             # The spans of segment memory the daemon's copies moved (a planned read's ranges
             # laid out as they lie in its segments merge into few).
             phases["daemon_copy_runs"] = (m1.get("leases_to_device_runs", 0)

@@ -249,6 +249,9 @@ private:
     std::atomic<std::uint64_t> device_commit_gpu_items_{0};  ///< ... checked on the GPU.
     std::atomic<std::uint64_t> device_commit_check_nanos_{0};  ///< ... the GPU check,
     std::atomic<std::uint64_t> device_commit_fill_nanos_{0};  ///< ... copies and host sums,
+    /// ... of which until the last copy had landed (the rest: host sums still running),
+    std::atomic<std::uint64_t> device_commit_landed_nanos_{0};
+    std::atomic<std::uint64_t> device_commit_sum_nanos_{0};  ///< ... thread-time in host sums,
     std::atomic<std::uint64_t> device_commit_pageable_bytes_{0};  ///< ... into pageable memory.
     std::atomic<std::uint64_t> device_commit_copy_nanos_{0};  ///< ... mapping and copying,
     std::atomic<std::uint64_t> device_commit_nanos_{0};       ///< ... the whole of the handler.
@@ -266,7 +269,9 @@ private:
     /// SparseReadPlan requests whose ranges were copied to the client's device as planned.
     std::atomic<std::uint64_t> planned_reads_staged_{0};
     std::atomic<std::uint64_t> step_reads_{0};  ///< SparseReadStep requests served.
-    std::atomic<std::uint64_t> planned_read_nanos_{0};       ///< ... taking this long.
+    std::atomic<std::uint64_t> planned_read_nanos_{0};       ///< ... taking this long,
+    std::atomic<std::uint64_t> planned_read_plan_nanos_{0};  ///< ... until the plan was made,
+    std::atomic<std::uint64_t> planned_read_queued_nanos_{0};  ///< ... its copies queued.
 };
 
 }  // namespace mooncake::sparse

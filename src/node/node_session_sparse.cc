@@ -560,10 +560,19 @@ void NodeServer::Session::CommitCheckedOnDevice(
             return mapped[batch_of[t.object]][k].src;
         };
         std::atomic<bool> same{true};
+        std::atomic<std::uint64_t> sum_nanos{0}, landed_nanos{0};
         const auto check = [&](const EntryTarget& t) {
+            const auto begin = std::chrono::steady_clock::now();
             const Sums& want = sums[t.object];
             if (Checksum(t.indices) != want.indices || Checksum(t.values) != want.values) {
                 same.store(false, std::memory_order_relaxed);
+            }
+            sum_nanos.fetch_add(NanosSince(begin), std::memory_order_relaxed);
+        };
+        const auto landed = [&] {
+            const std::uint64_t at = NanosSince(copies);
+            std::uint64_t seen = landed_nanos.load(std::memory_order_relaxed);
+            while (seen < at && !landed_nanos.compare_exchange_weak(seen, at)) {
             }
         };
         struct Staged {
@@ -639,10 +648,12 @@ void NodeServer::Session::CommitCheckedOnDevice(
                 failure = s;
                 return;
             }
+            landed();
             check(t);
         });
         MCS_RETURN_IF_ERROR(failure);
         MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
+        if (total > 0) landed();  // the staged runs (the direct copies' threads are done)
         if (!staged.empty()) {
             std::vector<HostCopy> moves;
             moves.reserve(staged.size());
@@ -659,6 +670,9 @@ void NodeServer::Session::CommitCheckedOnDevice(
         server_.device_commit_copies_.fetch_add(runs.size() + 2 * direct.size(),
                                                 std::memory_order_relaxed);
         server_.device_commit_fill_nanos_.fetch_add(NanosSince(copies), std::memory_order_relaxed);
+        server_.device_commit_landed_nanos_.fetch_add(landed_nanos.load(),
+                                                      std::memory_order_relaxed);
+        server_.device_commit_sum_nanos_.fetch_add(sum_nanos.load(), std::memory_order_relaxed);
         server_.device_commit_pageable_bytes_.fetch_add(pageable, std::memory_order_relaxed);
         if (!same.load()) {
             return DataLoss("the entries changed in the client's memory while they were "
@@ -963,7 +977,9 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
     std::vector<ObjectLease> leases;
     bool staged = false;  // copies into the client's memory queued (to_device)
     const auto start = std::chrono::steady_clock::now();
+    std::uint64_t plan_nanos = 0, queued_nanos = 0;
     const auto build = [&](PlannedRead& read) -> Status {
+        plan_nanos = NanosSince(start);
         // A lease on every source the ranges come from: the client's copies of the ranges run
         // after this call, and the leases keep the bytes where they are until it releases them.
         std::vector<std::uint32_t> planned_of(read.manifest.size(), PlannedRead::kNoSource);
@@ -1032,6 +1048,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
                 }
                 const Status copied = CopySegmentsToDevice(
                     std::move(copies), req.to_device->destination, req.to_device->ready_event);
+                queued_nanos = NanosSince(start);
                 if (copied.ok()) {
                     reply.staged_at = std::move(layout.at);
                     staged = true;
@@ -1077,6 +1094,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
     if (staged) server_.planned_reads_staged_.fetch_add(1, std::memory_order_relaxed);
     server_.planned_reads_.fetch_add(1, std::memory_order_relaxed);
     server_.planned_read_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
+    server_.planned_read_plan_nanos_.fetch_add(plan_nanos, std::memory_order_relaxed);
+    server_.planned_read_queued_nanos_.fetch_add(queued_nanos, std::memory_order_relaxed);
     return Reply{std::move(reply), {}};
 }
 

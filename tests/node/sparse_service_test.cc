@@ -517,6 +517,12 @@ TEST(SparseServiceTest, APlannedReadGivesTheSameTargetsInProcessAndThroughTheDae
     EXPECT_EQ(Metric(*metrics, "planned_reads"), 2);
     // The second read named the targets the first one sent.
     EXPECT_EQ(Metric(*metrics, "planned_reads_kept_targets"), 1);
+    // The handler's clocks: until its plan was made, within the whole; no copies were asked
+    // for (the reads are to the host), so none were queued.
+    EXPECT_GT(Metric(*metrics, "planned_read_plan_seconds"), 0.0);
+    EXPECT_LE(Metric(*metrics, "planned_read_plan_seconds"),
+              Metric(*metrics, "planned_read_seconds"));
+    EXPECT_EQ(Metric(*metrics, "planned_read_queued_seconds"), 0.0);
     client->reset();
     (*server)->Stop();
 

@@ -175,6 +175,14 @@ def test_device_commit_through_the_daemon_goes_by_cuda_ipc(store):
                 >= 64 << 10 for (n, _), (i, v) in zip(pairs, coo))
     assert on_gpu in (0, large)
     assert m["sparse_device_commit_copies"] <= (len(pairs) - 1 if on_gpu else 1)
+    # The fill's clocks (of GPU-checked updates): the last copy landed within the fill, and
+    # the bytes were summed on the host as they landed.
+    landed, fill = m["sparse_device_commit_landed_seconds"], m["sparse_device_commit_fill_seconds"]
+    if on_gpu:
+        assert 0 < landed <= fill
+        assert m["sparse_device_commit_sum_seconds"] > 0
+    else:
+        assert landed == fill == m["sparse_device_commit_sum_seconds"] == 0
     # A second step reuses the client's commit arena: no new mapping in the daemon.
     opens = m["cuda_ipc_opens"]
     stepped = pairs_of(MIXED, seed=SEED + 1)
