@@ -11,7 +11,9 @@
 // The targets are built by a callback that only counts the plan (no bytes move), so the figure
 // is the plan and its hand-over alone. The ceiling is the embedded plan of the same read on the
 // same data: through the daemon, the difference is the protocol's cost (request, reply,
-// leases, checks of the reply).
+// leases, checks of the reply). The calls named "fresh" read a step just committed, whose
+// sources no read has seen (as every step of a training run is); their ceiling is the embedded
+// store's fresh read.
 //
 // Usage: planned_read_bench [--layers N] [--density D] [--rank R] [--repeats N] [--json PATH]
 #include <unistd.h>
@@ -175,14 +177,34 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kimi-k2, %d layers, %s: %zu targets of %zu tensors, %.3g entries\n",
                  opt.layers, rank_id.c_str(), targets.size(), tensors.size(), double(nnz));
 
-    const auto commit = [&](mcs::SparseService& s) {
+    const auto commit_step = [&](mcs::SparseService& s, mcs::Generation g) {
+        for (mcs::PutSparseRequest& q : requests) q.generation = g;
         for (const auto& r : s.PutSparseObjects(requests, 2)) {
             if (!r.ok()) Die("commit: " + r.status().ToString());
         }
-        if (mcs::Status st = s.SealGeneration(generation, ids); !st.ok()) {
+        if (mcs::Status st = s.SealGeneration(g, ids); !st.ok()) {
             Die("seal: " + st.ToString());
         }
-        return OrDie(s.GetManifest(generation), "manifest");
+        return OrDie(s.GetManifest(g), "manifest");
+    };
+    const auto commit = [&](mcs::SparseService& s) { return commit_step(s, generation); };
+    // Reads of fresh steps, as a training run makes them: each repeat commits and seals step
+    // (k, k + 1), whose sources no read has seen (no tile index of theirs is cached), then
+    // reads it; only the read is timed. The store keeps the last two steps.
+    const auto fresh = [&](mcs::SparseService& s, const std::function<void(const mcs::StepManifest&)>& read) {
+        if (mcs::Status st = s.SetRetention(2); !st.ok()) Die("retention: " + st.ToString());
+        std::vector<double> times;
+        for (int i = 0; i <= opt.repeats; ++i) {
+            const auto g = OrDie(mcs::Generation::Make(static_cast<std::uint64_t>(i) + 1,
+                                                       static_cast<std::uint64_t>(i) + 2),
+                                 "generation");
+            const mcs::StepManifest step = commit_step(s, g);
+            const auto t0 = Clock::now();
+            read(step);
+            if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
+        std::sort(times.begin(), times.end());
+        return Timing{times.front(), times[times.size() / 2]};
     };
     const auto report = [&](const char* backend, const char* call, const Timing& t,
                             const CountPlan& plan, double ceiling_s,
@@ -213,7 +235,7 @@ int main(int argc, char** argv) {
     read_options.num_threads = 1;
 
     // Embedded: the ceiling.
-    double ceiling_s = 0;
+    double ceiling_s = 0, fresh_ceiling_s = 0;
     {
         auto object_store = std::shared_ptr<mcs::ObjectStore>(mcs::MakeEmbeddedStore());
         mcs::SparseStore store(object_store, mcs::SparseStoreOptions{});
@@ -224,6 +246,11 @@ int main(int argc, char** argv) {
         });
         ceiling_s = t.median_s;
         report("embedded", "ReadPlanned", t, plan, ceiling_s);
+        const Timing f = fresh(store, [&](const mcs::StepManifest& step) {
+            OrDie(store.ReadPlanned(step, targets, read_options, std::ref(plan)), "embedded read");
+        });
+        fresh_ceiling_s = f.median_s;
+        report("embedded", "ReadPlanned fresh", f, plan, fresh_ceiling_s);
     }
 
     // Through a node daemon.
@@ -234,7 +261,7 @@ int main(int argc, char** argv) {
         options.socket_path = dir + "/node.sock";
         options.store.segment_size = std::uint64_t{256} << 20;
         options.store.num_segments =
-            static_cast<std::uint32_t>(2 + nnz * 6 * 2 / options.store.segment_size);
+            static_cast<std::uint32_t>(2 + nnz * 6 * 4 / options.store.segment_size);  // four steps
         options.store.prefault = false;
         auto server = OrDie(mcs::NodeServer::Start(options), "node server");
         mcs::NodeClientOptions copts;
@@ -263,6 +290,16 @@ int main(int argc, char** argv) {
         timed("ReadPlanned", [&] {
             OrDie(client->ReadPlanned(step, targets, read_options, std::ref(plan)), "node read");
         });
+        {
+            const double h0 = handler_s();
+            const Timing f = fresh(*client, [&](const mcs::StepManifest& fresh_step) {
+                OrDie(client->ReadPlannedSealedStep(fresh_step, targets, read_options,
+                                                    std::ref(plan)),
+                      "node read by step");
+            });
+            report("node", "ReadPlannedSealedStep fresh", f, plan, fresh_ceiling_s,
+                   (handler_s() - h0) / double(opt.repeats + 1));
+        }
         client.reset();
         server->Stop();
         std::filesystem::remove_all(dir);

@@ -71,6 +71,16 @@ void NodeCache::FinishIndexes(std::span<const std::string* const> refs, IndexCla
     claims.flight.set_value(std::make_shared<const std::vector<IndexResult>>(results));
 }
 
+void NodeCache::AddIndexes(std::span<const std::shared_ptr<const SourceIndex>> indexes) {
+    std::lock_guard lock(mu_);
+    for (const std::shared_ptr<const SourceIndex>& idx : indexes) {
+        if (!idx || !idx->source) continue;
+        auto [it, added] = index_.try_emplace(idx->source->source_ref);
+        if (!added && (it->second.index || it->second.flight.valid())) continue;
+        AddIndex(*it, idx);  // may evict, never the entry just added
+    }
+}
+
 std::shared_ptr<const SourceIndex> NodeCache::FindIndexLocked(const std::string& ref) {
     auto it = index_.find(ref);
     if (it == index_.end() || !it->second.index) return nullptr;

@@ -99,6 +99,11 @@ public:
     void FinishIndexes(std::span<const std::string* const> refs, IndexClaims& claims,
                        const std::vector<IndexResult>& results);
 
+    /// Caches the indexes of sources just written, which their writer knows (a commit's
+    /// objects), each under its `source->source_ref`, under one lock: the first read of a step
+    /// then finds them. A source already cached, or being read, is left as it is.
+    void AddIndexes(std::span<const std::shared_ptr<const SourceIndex>> indexes);
+
     // ---- Range reads -----------------------------------------------------------------------
 
     /// One unique read of a call: entries [start, end) of the source `*source_ref`.

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "codec/object_metadata.h"
+#include "executor/node_cache.h"
 #include "transport/parallel_for.h"
 #include "executor/sparse_store.h"
 #include "transport/host_copy.h"
@@ -603,6 +604,22 @@ void SparseStore::UndoMissedCommits(std::span<const SparseObject* const> objects
     }
 }
 
+void SparseStore::CacheCommittedIndexes(std::span<const SparseObject* const> objects,
+                                        std::span<const Result<CommitResult>> results) {
+    std::vector<std::shared_ptr<const SourceIndex>> indexes;
+    indexes.reserve(objects.size());
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+        const SparseObject* o = objects[i];
+        if (o == nullptr || !results[i].ok() || !results[i]->created) continue;
+        auto source = std::make_shared<const SourceDescriptor>(o->desc);
+        Result<TileIndex> index = TileIndex::Make(*source, o->tile_coords, o->tile_ptr);
+        if (!index.ok()) continue;  // not possible for a committed object; a read builds it
+        indexes.push_back(std::make_shared<const SourceIndex>(
+            SourceIndex{std::move(source), std::move(index).value()}));
+    }
+    if (!indexes.empty()) cache_->AddIndexes(indexes);
+}
+
 void SparseStore::CountCommits(const CommitBatch& batch) {
     std::lock_guard mlock(metrics_mu_);
     metrics_.idempotent_commits += batch.idempotent;
@@ -627,6 +644,8 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         const SparseObject* one = &object;
         UndoMissedCommits({&one, 1}, {&result, 1}, batch);
     }
+    const SparseObject* one = &object;
+    CacheCommittedIndexes({&one, 1}, {&result, 1});
     CountCommits(batch);
     return result;
 }
@@ -736,6 +755,7 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
         }
         UndoMissedCommits(committed, results, batch);
     }
+    CacheCommittedIndexes(committed, results);
     CountCommits(batch);
 }
 
@@ -810,6 +830,7 @@ Result<std::vector<Result<CommitResult>>> SparseStore::PutIndexedObjects(
                                                 committed, batch, num_threads));
         UndoMissedCommits(committed, results, batch);
     }
+    CacheCommittedIndexes(committed, results);
     CountCommits(batch);
     {
         std::lock_guard lock(metrics_mu_);

@@ -406,6 +406,10 @@ private:
     void UndoMissedCommits(std::span<const SparseObject* const> objects,
                            std::span<Result<CommitResult>> results, CommitBatch& batch);
     void CountCommits(const CommitBatch& batch);
+    /// Caches the tile index of each object of `objects` (null: not committed) whose commit
+    /// created it: the node's reads of the step then find them (NodeCache::AddIndexes).
+    void CacheCommittedIndexes(std::span<const SparseObject* const> objects,
+                               std::span<const Result<CommitResult>> results);
     /// Names, checks and encodes the metadata of `objects` (null: failed already; `results`
     /// holds why) in parallel, then commits them under one lock, with the step checks once per
     /// step, and undoes what a seal by another process missed.

@@ -143,7 +143,8 @@ TEST(SparseStoreTest, NonEpEp2Tp2AcceptanceThroughExecutor) {
     EXPECT_EQ(m.source_objects_put, 1u);
     EXPECT_EQ(m.range_gets, 2u);
     EXPECT_EQ(m.full_gets, 0u);
-    EXPECT_EQ(m.index_gets, 1u);
+    EXPECT_EQ(m.index_gets, 0u);  // the commit cached the tile index for the node's reads
+    EXPECT_EQ(m.index_cache_hits, 1u);
     EXPECT_EQ(m.target_objects_published, 4u);
     // The store saw no whole read of indices/values, and no entry was read twice.
     for (const auto& [key, member] : rec->whole_reads) {
@@ -188,8 +189,55 @@ TEST(SparseStoreTest, SecondBatchHitsNodeCache) {
     ASSERT_TRUE(store.ReadSparseObjects(manifest, {{Target("r1", "w", "n", {0, 0}, {128, 256})}}).ok());
     const auto second = store.Metrics();
     EXPECT_EQ(second.range_gets, first.range_gets);
-    EXPECT_EQ(second.index_gets, 1u);
+    EXPECT_EQ(second.index_gets, 0u);  // cached by the commit
+    EXPECT_EQ(second.index_cache_hits, 2u);
     EXPECT_GT(second.cache_hits, first.cache_hits);
+}
+
+TEST(SparseStoreTest, ACommitCachesItsTileIndexesForTheNodesReads) {
+    // The store that commits a step keeps its sources' tile indexes: its first read of the step
+    // loads none. Another store over the same objects (another process) loads each once.
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(21);
+    const Shape shape{128, 512};
+    std::vector<PutSparseRequest> requests;
+    std::vector<Coo> coos;
+    for (int k = 0; k < 3; ++k) coos.push_back(RandomCoo(rng, shape, 600));
+    for (int k = 0; k < 3; ++k) requests.push_back(Request("w" + std::to_string(k), shape, coos[k]));
+    for (const auto& r : store.PutSparseObjects(requests)) ASSERT_TRUE(r.ok()) << r.status().ToString();
+    const auto manifest = *store.Manifest({0, 1});
+    std::vector<TargetDescriptor> targets;
+    for (int k = 0; k < 3; ++k) {
+        targets.push_back(Target("r" + std::to_string(k), "w" + std::to_string(k), "n", {0, 0},
+                                 {128, 256}));
+    }
+    auto objs = store.ReadSparseObjects(manifest, targets);
+    ASSERT_TRUE(objs.ok()) << objs.status().ToString();
+    EXPECT_EQ(store.Metrics().index_gets, 0u);
+    EXPECT_EQ(store.Metrics().index_cache_hits, 3u);
+    for (const auto& [key, member] : rec->whole_reads) {
+        EXPECT_NE(member, "tile_coords") << key;
+        EXPECT_NE(member, "tile_ptr") << key;
+    }
+    SparseStore other(rec);
+    auto again = other.ReadSparseObjects(manifest, targets);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(other.Metrics().index_gets, 3u);
+    EXPECT_EQ(other.Metrics().index_cache_hits, 0u);
+    for (std::size_t k = 0; k < targets.size(); ++k) {
+        EXPECT_EQ(Entries((*objs)[k]), Entries((*again)[k]));
+        EXPECT_FALSE(Entries((*objs)[k]).empty());
+    }
+    // A commit of the same update again (idempotent) creates nothing and caches nothing new;
+    // one that fails caches nothing.
+    ASSERT_TRUE(store.PutSparseObject(requests[0]).ok());
+    PutSparseRequest bad = Request("w9", shape, coos[0]);
+    bad.global_shape = {64, 512};  // its entries fall outside
+    EXPECT_FALSE(store.PutSparseObject(bad).ok());
+    auto third = store.ReadSparseObjects(manifest, targets);
+    ASSERT_TRUE(third.ok());
+    EXPECT_EQ(store.Metrics().index_gets, 0u);
 }
 
 TEST(SparseStoreTest, FullSourceBaselineCountsFullGets) {
@@ -424,6 +472,8 @@ TEST(SparseStoreTest, ManifestEntryThatMisdescribesTheStoredObjectIsRejected) {
     PutSparseRequest req = Request("w", shape, coo);
     req.encode.tile_shape = Shape{16, 16};
     ASSERT_TRUE(store.PutSparseObject(req).ok());
+    // The commit cached the object's tile index; the first round reads it from the store.
+    ASSERT_OK(store.ClearCaches());
     const auto manifest = *store.Manifest({0, 1});
     const std::vector<TargetDescriptor> targets = {Target("r0", "w", "n", {0, 0}, {64, 64})};
 

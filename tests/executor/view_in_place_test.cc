@@ -209,9 +209,14 @@ TEST(ViewInPlaceTest, TheRangesAreViewedNotCopied) {
     const Batch batch = Commit(store);
     ReadOptions options;
     options.view_in_place = true;
+    // The commit cached the sources' tile indexes: one snapshot for the whole read.
     ASSERT_TRUE(store.ReadSparseObjects(batch.manifest, batch.targets, options).ok());
-    // One view of the sources for their tile indexes (a batch of a few sources), then one
-    // snapshot for the whole read.
+    EXPECT_EQ(forwarding->view_calls, 1);
+    // A reader without them (caches cleared): one view of the sources for their tile indexes
+    // (a batch of a few sources), then one snapshot for the whole read.
+    ASSERT_TRUE(store.ClearCaches().ok());
+    forwarding->view_calls = 0;
+    ASSERT_TRUE(store.ReadSparseObjects(batch.manifest, batch.targets, options).ok());
     EXPECT_EQ(forwarding->view_calls, 2);
     EXPECT_EQ(forwarding->range_reads, 0u);
 }
