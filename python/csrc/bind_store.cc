@@ -38,6 +38,9 @@ std::unique_ptr<PyStore> PyStore::Embedded(std::string node_id, std::uint64_t ca
     options.node_id = std::move(node_id);
     options.name_space = name_space;
     options.pinned_quota_bytes = pinned_quota_bytes;
+    // An object store of the caller's (Mooncake's, across nodes) is read by other processes
+    // through stores of their own: a commit's indexes cached here would serve none of them.
+    options.cache_committed_indexes = object_store.is_none();
     std::shared_ptr<ObjectStore> objects =
         object_store.is_none() ? std::shared_ptr<ObjectStore>(MakeEmbeddedStore({capacity_bytes}))
                                : MakePythonObjectStore(object_store);

@@ -604,20 +604,32 @@ void SparseStore::UndoMissedCommits(std::span<const SparseObject* const> objects
     }
 }
 
-void SparseStore::CacheCommittedIndexes(std::span<const SparseObject* const> objects,
+void SparseStore::CacheCommittedIndexes(std::span<SparseObject* const> objects,
                                         std::span<const Result<CommitResult>> results) {
+    if (!options_.cache_committed_indexes) return;
     std::vector<std::shared_ptr<const SourceIndex>> indexes;
     indexes.reserve(objects.size());
     for (std::size_t i = 0; i < objects.size(); ++i) {
-        const SparseObject* o = objects[i];
+        SparseObject* o = objects[i];
         if (o == nullptr || !results[i].ok() || !results[i]->created) continue;
-        auto source = std::make_shared<const SourceDescriptor>(o->desc);
-        Result<TileIndex> index = TileIndex::Make(*source, o->tile_coords, o->tile_ptr);
+        auto source = std::make_shared<const SourceDescriptor>(std::move(o->desc));
+        Result<TileIndex> index =
+            TileIndex::Make(*source, std::move(o->tile_coords), std::move(o->tile_ptr));
         if (!index.ok()) continue;  // not possible for a committed object; a read builds it
         indexes.push_back(std::make_shared<const SourceIndex>(
             SourceIndex{std::move(source), std::move(index).value()}));
     }
     if (!indexes.empty()) cache_->AddIndexes(indexes);
+}
+
+void SparseStore::CacheCommittedIndexes(std::vector<std::optional<SparseObject>>& owned,
+                                        std::span<const SparseObject* const> committed,
+                                        std::span<const Result<CommitResult>> results) {
+    std::vector<SparseObject*> objects(owned.size(), nullptr);
+    for (std::size_t i = 0; i < owned.size(); ++i) {
+        if (committed[i] != nullptr && owned[i]) objects[i] = &*owned[i];
+    }
+    CacheCommittedIndexes(objects, results);
 }
 
 void SparseStore::CountCommits(const CommitBatch& batch) {
@@ -644,8 +656,8 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         const SparseObject* one = &object;
         UndoMissedCommits({&one, 1}, {&result, 1}, batch);
     }
-    const SparseObject* one = &object;
-    CacheCommittedIndexes({&one, 1}, {&result, 1});
+    SparseObject* committed = &object;
+    CacheCommittedIndexes({&committed, 1}, {&result, 1});
     CountCommits(batch);
     return result;
 }
@@ -755,7 +767,7 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
         }
         UndoMissedCommits(committed, results, batch);
     }
-    CacheCommittedIndexes(committed, results);
+    CacheCommittedIndexes(objects, committed, results);
     CountCommits(batch);
 }
 
@@ -830,7 +842,7 @@ Result<std::vector<Result<CommitResult>>> SparseStore::PutIndexedObjects(
                                                 committed, batch, num_threads));
         UndoMissedCommits(committed, results, batch);
     }
-    CacheCommittedIndexes(committed, results);
+    CacheCommittedIndexes(held, committed, results);
     CountCommits(batch);
     {
         std::lock_guard lock(metrics_mu_);

@@ -238,6 +238,14 @@ TEST(SparseStoreTest, ACommitCachesItsTileIndexesForTheNodesReads) {
     auto third = store.ReadSparseObjects(manifest, targets);
     ASSERT_TRUE(third.ok());
     EXPECT_EQ(store.Metrics().index_gets, 0u);
+
+    // A store told that its readers are elsewhere caches nothing at the commit.
+    SparseStoreOptions options;
+    options.cache_committed_indexes = false;
+    SparseStore remote(std::make_shared<RecordingStore>(), options);
+    for (const auto& r : remote.PutSparseObjects(requests)) ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(remote.ReadSparseObjects(*remote.Manifest({0, 1}), targets).ok());
+    EXPECT_EQ(remote.Metrics().index_gets, 3u);
 }
 
 TEST(SparseStoreTest, FullSourceBaselineCountsFullGets) {

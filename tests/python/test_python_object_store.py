@@ -114,6 +114,9 @@ def test_commit_read_apply_on_a_python_object_store():
         assert shard.tobytes() == new[t.global_offset[0]:t.global_offset[0] + 128].tobytes()
     assert impl.calls["read_ranges"] >= 1
     assert store.store_counters()["puts"] == impl.calls["put"]
+    # Readers of an object store of the caller's have stores of their own: the commit cached
+    # no tile index here, and the read loaded the source's.
+    assert store.metrics()["index_gets"] == 1
 
 
 def test_python_exceptions_come_back_typed():
