@@ -1048,8 +1048,8 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
                 }
                 const Status copied = CopySegmentsToDevice(
                     std::move(copies), req.to_device->destination, req.to_device->ready_event);
-                queued_nanos = NanosSince(start);
                 if (copied.ok()) {
+                    queued_nanos = NanosSince(start);
                     reply.staged_at = std::move(layout.at);
                     staged = true;
                 } else {
