@@ -117,6 +117,12 @@ struct Timing {
     double min_s = 0, median_s = 0;
 };
 
+/// The fastest and the median of `seconds`.
+Timing Summarize(std::vector<double> seconds) {
+    std::sort(seconds.begin(), seconds.end());
+    return {seconds.front(), seconds[seconds.size() / 2]};
+}
+
 Timing Repeat(int repeats, const std::function<void()>& fn) {
     fn();  // warm-up: caches filled, connections made
     std::vector<double> s;
@@ -125,8 +131,7 @@ Timing Repeat(int repeats, const std::function<void()>& fn) {
         fn();
         s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    std::sort(s.begin(), s.end());
-    return {s.front(), s[s.size() / 2]};
+    return Summarize(std::move(s));
 }
 
 }  // namespace
@@ -203,8 +208,7 @@ int main(int argc, char** argv) {
             read(step);
             if (i > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
         }
-        std::sort(times.begin(), times.end());
-        return Timing{times.front(), times[times.size() / 2]};
+        return Summarize(std::move(times));
     };
     const auto report = [&](const char* backend, const char* call, const Timing& t,
                             const CountPlan& plan, double ceiling_s,
@@ -277,29 +281,32 @@ int main(int argc, char** argv) {
             }
             return 0.0;
         };
-        const auto timed = [&](const char* call, const std::function<void()>& fn) {
+        // `measure` makes repeats + 1 calls (a warm-up or a first step, then the timed ones).
+        const auto timed = [&](const char* call, double ceiling,
+                               const std::function<Timing()>& measure) {
             const double h0 = handler_s();
-            const Timing t = Repeat(opt.repeats, fn);
+            const Timing t = measure();
             const double per_call = (handler_s() - h0) / double(opt.repeats + 1);
-            report("node", call, t, plan, ceiling_s, per_call);
+            report("node", call, t, plan, ceiling, per_call);
         };
-        timed("ReadPlannedSealedStep", [&] {
-            OrDie(client->ReadPlannedSealedStep(step, targets, read_options, std::ref(plan)),
-                  "node read by step");
+        timed("ReadPlannedSealedStep", ceiling_s, [&] {
+            return Repeat(opt.repeats, [&] {
+                OrDie(client->ReadPlannedSealedStep(step, targets, read_options, std::ref(plan)),
+                      "node read by step");
+            });
         });
-        timed("ReadPlanned", [&] {
-            OrDie(client->ReadPlanned(step, targets, read_options, std::ref(plan)), "node read");
+        timed("ReadPlanned", ceiling_s, [&] {
+            return Repeat(opt.repeats, [&] {
+                OrDie(client->ReadPlanned(step, targets, read_options, std::ref(plan)), "node read");
+            });
         });
-        {
-            const double h0 = handler_s();
-            const Timing f = fresh(*client, [&](const mcs::StepManifest& fresh_step) {
+        timed("ReadPlannedSealedStep fresh", fresh_ceiling_s, [&] {
+            return fresh(*client, [&](const mcs::StepManifest& fresh_step) {
                 OrDie(client->ReadPlannedSealedStep(fresh_step, targets, read_options,
                                                     std::ref(plan)),
                       "node read by step");
             });
-            report("node", "ReadPlannedSealedStep fresh", f, plan, fresh_ceiling_s,
-                   (handler_s() - h0) / double(opt.repeats + 1));
-        }
+        });
         client.reset();
         server->Stop();
         std::filesystem::remove_all(dir);
