@@ -1042,10 +1042,11 @@ Result<std::vector<TargetObjectView>> SparseStore::ReadPlannedStep(
             MCS_RETURN_IF_ERROR(BindInPlaceReads(call, views, view_of));
             read.ranges.resize(call.reads.size());
             for (const ReadGroup& g : call.plan->read_groups) {
-                const bool pinned = views[view_of[g.source_index]].pinned;
+                const ObjectView& view = views[view_of[g.source_index]];
                 for (std::size_t r = g.begin; r < g.end; ++r) {
                     read.ranges[r] = {call.reads[r].indices, call.reads[r].values,
-                                      static_cast<std::uint32_t>(g.source_index), pinned};
+                                      static_cast<std::uint32_t>(g.source_index), view.pinned,
+                                      &view};
                 }
             }
         }

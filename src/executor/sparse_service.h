@@ -219,6 +219,9 @@ struct PlannedRead {
         std::span<const std::byte> values;   ///< [count] of the source's value dtype
         std::uint32_t source = 0;            ///< Into `manifest`.
         bool pinned = false;                 ///< Page-locked host memory.
+        /// The store's view of the source the range lies in (null where the ranges are not
+        /// viewed in place): a store-specific call takes it instead of the source's key.
+        const ObjectView* view = nullptr;
     };
     /// Entries [begin, begin + count) of one range that a target takes: all of them, or with
     /// `filter` those inside `overlap` (a boundary tile's), rebased by the target's origin.

@@ -989,7 +989,11 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseReadPlan(
             const SourceDescriptor& src = read.manifest[range.source];
             std::uint32_t& p = planned_of[range.source];
             if (p == PlannedRead::kNoSource) {
-                MCS_ASSIGN_OR_RETURN(ObjectLease lease, server_.store_->Lease(src.source_ref));
+                // The version viewed, without a second lookup of its key.
+                MCS_ASSIGN_OR_RETURN(ObjectLease lease,
+                                     range.view != nullptr
+                                         ? server_.store_->LeaseViewed(*range.view)
+                                         : server_.store_->Lease(src.source_ref));
                 const ObjectInfo& info = lease.info();
                 const MemberInfo* mi = info.FindMember("indices");
                 const MemberInfo* mv = info.FindMember("values");

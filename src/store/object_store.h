@@ -127,6 +127,11 @@ struct ObjectView {
     const ObjectInfo* info = nullptr;
     std::span<const std::span<const std::byte>> members;  ///< Same order as info->members.
     bool pinned = false;  ///< The bytes are page-locked.
+    /// The viewing store's own reference to the version viewed (null where it keeps none):
+    /// what a store-specific call during the ViewFn takes instead of looking the key up again
+    /// (ShmStore::LeaseViewed). `store` names the store that set it.
+    const void* store = nullptr;
+    const void* handle = nullptr;
 };
 
 /// Reads the views (all taken from one state of the store); its Status is ViewObjects' result.

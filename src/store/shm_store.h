@@ -168,6 +168,12 @@ public:
     /// Errors: NotFound.
     Result<ObjectLease> Lease(std::string_view key);
 
+    /// Leases the version a view of this store's ViewObjects shows, during its ViewFn call,
+    /// without looking its key up again: the lease holds the bytes the view holds (even if
+    /// the key has been upserted since the view was taken).
+    /// Errors: InvalidArgument (not a view of this store).
+    Result<ObjectLease> LeaseViewed(const ObjectView& view);
+
     /// Copies an object into segment memory WITHOUT a key: it is reachable only through the
     /// returned lease and freed when the lease goes (target-local objects handed to a client).
     /// `key_label` only names it in ObjectInfo::key and errors.

@@ -61,7 +61,7 @@ Status ShmStore::ViewObjects(std::span<const std::string_view> keys, const ViewF
             }
             const bool pinned = o.extent && o.extent->offset + o.extent->size <=
                                                 st.preparer->PinnedBytes(o.extent->segment);
-            views[i] = {&o.info, spans[i], pinned};
+            views[i] = {&o.info, spans[i], pinned, state_.get(), &objects[i]};
             Touch(o, st);
         }
         MCS_RETURN_IF_ERROR(fn(views));
@@ -224,6 +224,20 @@ StoreCounters ShmStore::Counters() const {
     c.range_bytes = st.range_bytes.load(std::memory_order_relaxed);
     c.removes = st.removes.load(std::memory_order_relaxed);
     return c;
+}
+
+Result<ObjectLease> ShmStore::LeaseViewed(const ObjectView& view) {
+    if (view.store != state_.get() || view.handle == nullptr) {
+        return InvalidArgument("the view is not one of this store's");
+    }
+    // ViewObjects holds a lease on the view's extent and checked it current under the
+    // extent's lock: this one holds the same bytes, taken without that lock.
+    const ObjectPtr& object = *static_cast<const ObjectPtr*>(view.handle);
+    if (object->extent) {
+        object->extent->leases.fetch_add(1, std::memory_order_acq_rel);
+        state_->leases.fetch_add(1, std::memory_order_relaxed);
+    }
+    return ObjectLease(object);
 }
 
 Result<ObjectLease> ShmStore::Lease(std::string_view key) {

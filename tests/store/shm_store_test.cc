@@ -442,6 +442,46 @@ TEST(ShmStoreTest, MetadataBoundIsEnforced) {
     MCS_EXPECT_OK(store->Put("again", std::string(300, 'm'), {}, {}));
 }
 
+TEST(ShmStoreTest, LeaseViewedHoldsTheViewedVersionWithoutALookup) {
+    auto store = MakeStore(64 * kKiB);
+    auto other = MakeStore(64 * kKiB);
+    ASSERT_NE(store, nullptr);
+    ASSERT_NE(other, nullptr);
+    MCS_ASSERT_OK(PutBlob(*store, "k", 8 * kKiB, 1));
+    MCS_ASSERT_OK(PutBlob(*other, "k", 8 * kKiB, 1));
+    const std::vector<std::byte> old = Blob(8 * kKiB, 1)[0].bytes;
+    std::uint64_t offset = 0;
+    {
+        auto plain = store->Lease("k");
+        ASSERT_TRUE(plain.ok());
+        offset = plain->member_offset(0);
+    }
+    ObjectLease held;
+    const std::string_view keys[] = {"k"};
+    MCS_ASSERT_OK(store->ViewObjects(keys, [&](std::span<const ObjectView> views) -> Status {
+        MCS_ASSIGN_OR_RETURN(held, store->LeaseViewed(views[0]));
+        EXPECT_EQ(held.Bytes(0).data(), views[0].members[0].data());
+        // A view of another store, or no store's, is refused.
+        EXPECT_THAT(other->LeaseViewed(views[0]), StatusIs(StatusCode::kInvalidArgument));
+        EXPECT_THAT(store->LeaseViewed(ObjectView{}), StatusIs(StatusCode::kInvalidArgument));
+        return Status::Ok();
+    }));
+    // The lease outlives the view and counts as one: an upsert moves the key elsewhere and
+    // leaves the leased bytes as they were.
+    ASSERT_TRUE(held.valid());
+    EXPECT_EQ(held.member_offset(0), offset);
+    EXPECT_EQ(store->Stats().leases, 1u);
+    MCS_ASSERT_OK(PutBlob(*store, "k", 8 * kKiB, 2, PutMode::kUpsert));
+    EXPECT_EQ(store->Stats().in_place_upserts, 0u);
+    EXPECT_EQ(store->Stats().realloc_upserts, 1u);
+    const auto bytes = held.Bytes(0);
+    EXPECT_TRUE(std::equal(bytes.begin(), bytes.end(), old.begin(), old.end()));
+    EXPECT_EQ(held.info().metadata, "meta-1");
+    held = ObjectLease();
+    EXPECT_EQ(store->Stats().leases, 0u);
+    EXPECT_EQ(store->Stats().used_bytes, 8 * kKiB);
+}
+
 TEST(ShmStoreTest, PublishIsReachableOnlyThroughItsLease) {
     auto store = MakeStore(64 * kKiB);
     ASSERT_NE(store, nullptr);
