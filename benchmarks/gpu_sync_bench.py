@@ -174,6 +174,25 @@ def device_clocks() -> dict[str, float]:
     return out
 
 
+def call_clocks(store) -> dict[str, float]:
+    """Through the node daemon (zeros elsewhere), seconds so far: the client's time in its calls
+    and in gathering a device commit's members into its arena; taken without a call."""
+    stats = getattr(store._core, "client_stats", None)
+    try:
+        got = stats() if stats is not None else {}
+    except Exception:  # not a node store
+        got = {}
+    return {k: float(got.get(k, 0.0)) for k in ("call_seconds", "device_commit_gather_seconds")}
+
+
+def requests_seconds(metrics: dict) -> float:
+    """The daemon's time in the requests it served so far, its Metrics requests aside (all
+    connections; 0 elsewhere)."""
+    return sum(v for k, v in metrics.items()
+               if k.startswith("request_") and k.endswith("_seconds")
+               and k != "request_metrics_seconds")
+
+
 def untimed(fn, device) -> tuple[float, object]:
     """fn() without waiting for the device: the host's time until it returns."""
     t = time.perf_counter()
@@ -299,6 +318,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                     return timer(fn, device)
             mc0 = store.metrics()
             dc0 = device_clocks()
+            cc0 = call_clocks(store)
             if args.trainer == "pipelined":
                 # Encode and commit in one call, the copies of each part overlapping the
                 # encode of the next (timed as one phase: commit_s is 0).
@@ -313,6 +333,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                                 values=v, generation=gen_k, apply=apply)
                            for n, (i, v) in zip(names, coo)]
                 t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
+            cc1 = call_clocks(store)
             mc1 = store.metrics()
             dc1 = device_clocks()
             # The commit's own clocks: indexing and writing in the store; through the daemon,
@@ -323,6 +344,14 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                                        "sparse_device_commit_copy", "sparse_device_commit_check",
                                        "sparse_device_commit_fill", "sparse_device_commit_landed",
                                        "sparse_device_commit_sum")}
+            # Through the daemon: the client's time in the commit's calls, in gathering the
+            # members into its arena, and the daemon's time in those requests (the rest of the
+            # calls' time is the transport: encoding, the socket, decoding).
+            phases_commit["client_commit_call_s"] = cc1["call_seconds"] - cc0["call_seconds"]
+            phases_commit["client_commit_gather_s"] = (cc1["device_commit_gather_seconds"]
+                                                       - cc0["device_commit_gather_seconds"])
+            phases_commit["daemon_commit_requests_s"] = (requests_seconds(mc1)
+                                                         - requests_seconds(mc0))
             phases_commit["commit_pageable_bytes"] = (
                 mc1.get("sparse_device_commit_pageable_bytes", 0)
                 - mc0.get("sparse_device_commit_pageable_bytes", 0))
@@ -334,6 +363,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             manifest = store.manifest(gen_k)
             kw = {"device": device} if device.type == "cuda" else {}
             m0 = store.metrics()
+            cc2 = call_clocks(store)
             if args.reader == "pipelined":
                 # Read and apply in one call, each part's read overlapping the apply of the
                 # part before (timed as one phase: apply_s is 0).
@@ -342,6 +372,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 t_read, objs = phase("read", lambda: store.read_sparse_objects(manifest, targets,
                                                                                **kw))
+            cc3 = call_clocks(store)
             m1 = store.metrics()
             dc2 = device_clocks()
             # This process's clocks of the direct device paths (embedded store): the commit's
@@ -360,6 +391,9 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             phases.update({f"daemon_{k}_s": m1.get(f"{k}_seconds", 0.0) - m0.get(f"{k}_seconds", 0.0)
                            for k in ("planned_read", "planned_read_plan", "planned_read_queued",
                                      "leases_to_device")})
+            # Through the daemon: the client's time in the read's calls, the daemon's in them.
+            phases["client_read_call_s"] = cc3["call_seconds"] - cc2["call_seconds"]
+            phases["daemon_read_requests_s"] = requests_seconds(m1) - requests_seconds(m0)
             # The spans of segment memory the daemon's copies moved (a planned read's ranges
             # laid out as they lie in its segments merge into few).
             phases["daemon_copy_runs"] = (m1.get("leases_to_device_runs", 0)

@@ -433,6 +433,8 @@ pyb::dict ClientStats(PyStore& s) {
     d["replies_slept"] = st.replies_slept;
     d["leases_released"] = st.leases_released;
     d["buffer_bytes"] = st.buffer_bytes;
+    d["call_seconds"] = st.call_seconds;
+    d["device_commit_gather_seconds"] = st.device_commit_gather_seconds;
     d["connected"] = node.connected();
     return d;
 }

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -180,6 +181,16 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
         return Unavailable("the connection to the node daemon at " + options_.socket_path +
                            " was dropped during the call");
     }
+    const auto start = std::chrono::steady_clock::now();
+    struct Clock {
+        NodeClient& client;
+        std::chrono::steady_clock::time_point start;
+        ~Clock() {
+            const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - start;
+            std::lock_guard lock(client.stats_mu_);
+            client.stats_.call_seconds += spent.count();
+        }
+    } clock{*this, start};
     const std::uint64_t id = next_request_id_++;
     MCS_RETURN_IF_ERROR(wire::EncodeFrameInto(request, id, send_frame_));
     const std::vector<std::byte>& frame_bytes = send_frame_;

@@ -126,6 +126,12 @@ struct NodeClientStats {
     std::uint64_t buffer_bytes = 0;  ///< Current client buffer size.
     std::uint64_t replies_spun = 0;  ///< Replies that arrived while the caller polled.
     std::uint64_t replies_slept = 0; ///< Replies the caller slept for (spin budget ran out).
+    /// Time in calls: encoding the request, sending it, waiting for the reply and decoding its
+    /// frame (against the daemon's request_<type>_seconds, the rest is the transport).
+    double call_seconds = 0;
+    /// Device commits: copying the members into the commit arena the daemon reads, and waiting
+    /// for those copies (before the request goes out).
+    double device_commit_gather_seconds = 0;
 };
 
 class NodeClient final : public ObjectStore,

@@ -746,6 +746,7 @@ Status NodeClient::CommitDeviceChunk(std::span<const PutSparseRequest> requests,
     std::lock_guard lock(mu_);
     MCS_RETURN_IF_ERROR(EnsureConnected());
     MCS_ASSIGN_OR_RETURN(const DeviceArena* arena, ArenaLocked(device, std::max<std::uint64_t>(total, 1)));
+    const auto gather = std::chrono::steady_clock::now();
     // Device-to-device copies into the arena, runs of adjacent members as one copy.
     for (std::size_t j = 0; j < at.size();) {
         std::size_t end = j + 1;
@@ -762,6 +763,11 @@ Status NodeClient::CommitDeviceChunk(std::span<const PutSparseRequest> requests,
         j = end;
     }
     MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
+    {
+        const std::chrono::duration<double> spent = std::chrono::steady_clock::now() - gather;
+        std::lock_guard slock(stats_mu_);
+        stats_.device_commit_gather_seconds += spent.count();
+    }
 
     wire::SparseCommitDeviceRequest request;
     request.items.resize(chunk.size());

@@ -12,8 +12,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cctype>
+#include <chrono>
 #include <cstring>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -29,6 +33,31 @@ namespace mooncake::sparse {
 
 using node_internal::kDaemonVersion;
 using node_internal::Product;
+
+namespace {
+
+std::uint64_t NanosBetween(std::chrono::steady_clock::time_point a,
+                           std::chrono::steady_clock::time_point b) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+}
+
+/// "SparseCommitDevice" -> "sparse_commit_device".
+std::string SnakeCase(std::string_view camel) {
+    std::string out;
+    out.reserve(camel.size() + 4);
+    for (const char c : camel) {
+        if (std::isupper(static_cast<unsigned char>(c))) {
+            if (!out.empty()) out.push_back('_');
+            out.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+        } else {
+            out.push_back(c);
+        }
+    }
+    return out;
+}
+
+}  // namespace
 
 void NodeServer::Session::Run() {
     UnixConnection& conn = connection_.conn;
@@ -107,7 +136,14 @@ void NodeServer::Session::Run() {
         }
         server_.requests_.fetch_add(1, std::memory_order_relaxed);
         const std::uint64_t request_id = frame->header.request_id;
+        const auto dispatched = std::chrono::steady_clock::now();
         Result<Reply> reply = Dispatch(*frame, fds);
+        const auto handled = std::chrono::steady_clock::now();
+        if (const auto t = static_cast<std::size_t>(frame->header.type); t < kRequestTypes) {
+            RequestClock& clock = server_.request_clocks_[t];
+            clock.count.fetch_add(1, std::memory_order_relaxed);
+            clock.nanos.fetch_add(NanosBetween(dispatched, handled), std::memory_order_relaxed);
+        }
         fds.clear();  // Close any fd a handler did not take.
         // Before the reply goes out: once the client has it, it may count on this connection
         // being kept (never evicted for being stateless).
@@ -135,6 +171,8 @@ void NodeServer::Session::Run() {
         const std::span<const int> reply_fds =
             reply.ok() ? std::span<const int>(reply->fds) : std::span<const int>();
         Status sent = conn.SendFrame(out, reply_fds, Deadline::After(server_.options_.send_timeout));
+        server_.reply_nanos_.fetch_add(NanosBetween(handled, std::chrono::steady_clock::now()),
+                                       std::memory_order_relaxed);
         trim(out);
         if (!sent.ok()) {
             MCS_LOG(kDebug) << "connection " << connection_.id << ": " << sent.ToString();
@@ -716,6 +754,18 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
     };
     for (const auto& [name, value] : extra) items.emplace_back(name, value);
     for (const auto& [name, value] : sparse_extra) items.emplace_back(name, value);
+    // Per request type served so far: requests_<type> and request_<type>_seconds (its name in
+    // snake case: requests_sparse_commit_device), and the replies' time.
+    for (std::size_t t = 0; t < kRequestTypes; ++t) {
+        const std::uint64_t count = request_clocks_[t].count.load(std::memory_order_relaxed);
+        if (count == 0) continue;
+        const std::string name =
+            SnakeCase(wire::MessageTypeName(static_cast<wire::MessageType>(t)));
+        items.emplace_back("requests_" + name, double(count));
+        items.emplace_back("request_" + name + "_seconds",
+                           1e-9 * double(request_clocks_[t].nanos.load(std::memory_order_relaxed)));
+    }
+    items.emplace_back("reply_seconds", 1e-9 * double(reply_nanos_.load(std::memory_order_relaxed)));
     if (options_.tensor_objects) {
         // The tensor path on a distributed store: where each read's chosen replica was, and the
         // network transfers that moved them (one per batch).

@@ -22,6 +22,7 @@
 //   rebuilt object's, then commits its own private copy (the client cannot change it after).
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -235,6 +236,16 @@ private:
     std::atomic<std::uint64_t> connections_total_{0};
     std::atomic<std::uint64_t> rejected_peers_{0};
     std::atomic<std::uint64_t> requests_{0};
+    /// Per request type (indexed by its wire value): requests served, and the time from their
+    /// frame's arrival to their handler's return (decoding included); every reply's encoding
+    /// and sending apart. Against a client's time in the call, what remains is the transport.
+    struct RequestClock {
+        std::atomic<std::uint64_t> count{0};
+        std::atomic<std::uint64_t> nanos{0};
+    };
+    static constexpr std::size_t kRequestTypes = 128;
+    std::array<RequestClock, kRequestTypes> request_clocks_{};
+    std::atomic<std::uint64_t> reply_nanos_{0};
     std::atomic<std::uint64_t> request_errors_{0};
     std::atomic<std::uint64_t> protocol_errors_{0};
     std::atomic<std::uint64_t> frame_timeouts_{0};

@@ -346,6 +346,22 @@ TEST_F(NodeServerTest, SparseCommitManifestAndReadMatchTheEmbeddedStore) {
     EXPECT_EQ(m["range_gets"], 2);  // two TP boxes, each read once for both EP replicas
     EXPECT_EQ(m["cuda_ipc_available"], 0);
     EXPECT_GT(m["shm_capacity_bytes"], 0);
+    // Every request type served is counted and timed; the one in flight (Metrics) is not yet.
+    EXPECT_EQ(m["requests_sparse_read"], 1);
+    EXPECT_GT(m["request_sparse_read_seconds"], 0);
+    EXPECT_EQ(m["requests_hello"], 1);
+    EXPECT_EQ(m.count("requests_metrics"), 0u);
+    EXPECT_EQ(m.count("requests_sparse_read_plan"), 0u);  // none served: not listed
+    EXPECT_GT(m["reply_seconds"], 0);
+    double types = 0;
+    for (const auto& [name, value] : m) {
+        if (name.starts_with("requests_")) types += value;
+    }
+    EXPECT_EQ(types, m["requests"] - 1);  // all but the Metrics call in flight
+    // The client's time in its calls holds the daemon's time in them.
+    const NodeClientStats stats = client->Stats();
+    EXPECT_GT(stats.call_seconds, m["request_sparse_read_seconds"]);
+    EXPECT_EQ(stats.device_commit_gather_seconds, 0);
 
     // A second read is served by the daemon's caches; after ClearCaches it reads again.
     ASSERT_TRUE(client->Metrics(/*reset=*/true).ok());

@@ -137,6 +137,13 @@ def test_reply_wait_polls_then_sleeps_as_configured(node):
             np.testing.assert_array_equal(out, t)
             st = s._core.client_stats()
             assert st["replies_spun"] + st["replies_slept"] == st["calls"]
+            # Calls are timed on both sides (the daemon's clocks are of all its connections);
+            # no device commit ran.
+            m = s.metrics()
+            assert m["requests_tensor_put"] >= 20 and m["requests_tensor_get"] >= 20
+            assert m["request_tensor_put_seconds"] > 0 and m["request_tensor_get_seconds"] > 0
+            assert st["call_seconds"] > 0
+            assert st["device_commit_gather_seconds"] == 0
             if polled:
                 assert st["replies_spun"] == st["calls"] > 0
             else:
