@@ -181,8 +181,7 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
         return Unavailable("the connection to the node daemon at " + options_.socket_path +
                            " was dropped during the call");
     }
-    const auto start = std::chrono::steady_clock::now();
-    struct Clock {
+    struct Clock {  // the call's time, however it ends
         NodeClient& client;
         std::chrono::steady_clock::time_point start;
         ~Clock() {
@@ -190,7 +189,7 @@ Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::spa
             std::lock_guard lock(client.stats_mu_);
             client.stats_.call_seconds += spent.count();
         }
-    } clock{*this, start};
+    } clock{*this, std::chrono::steady_clock::now()};
     const std::uint64_t id = next_request_id_++;
     MCS_RETURN_IF_ERROR(wire::EncodeFrameInto(request, id, send_frame_));
     const std::vector<std::byte>& frame_bytes = send_frame_;

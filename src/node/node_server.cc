@@ -34,13 +34,9 @@ namespace mooncake::sparse {
 using node_internal::kDaemonVersion;
 using node_internal::Product;
 
-namespace {
+using node_internal::NanosBetween;
 
-std::uint64_t NanosBetween(std::chrono::steady_clock::time_point a,
-                           std::chrono::steady_clock::time_point b) {
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
-}
+namespace {
 
 /// "SparseCommitDevice" -> "sparse_commit_device".
 std::string SnakeCase(std::string_view camel) {

@@ -37,6 +37,16 @@ inline std::optional<std::uint64_t> Product(std::uint64_t a, std::uint64_t b, st
     return out;
 }
 
+/// Nanoseconds from `start` to `end`, and to now: the daemon's clocks count in them.
+inline std::uint64_t NanosBetween(std::chrono::steady_clock::time_point start,
+                                  std::chrono::steady_clock::time_point end) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(end - start).count());
+}
+inline std::uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
+    return NanosBetween(start, std::chrono::steady_clock::now());
+}
+
 template <typename T>
 std::span<const std::byte> AsBytes(const std::vector<T>& v) {
     return {reinterpret_cast<const std::byte*>(v.data()), v.size() * sizeof(T)};

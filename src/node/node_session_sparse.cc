@@ -27,13 +27,9 @@ using node_internal::AsBytes;
 using node_internal::kMaxReadThreads;
 using node_internal::Product;
 
-namespace {
+using node_internal::NanosSince;
 
-std::uint64_t NanosSince(std::chrono::steady_clock::time_point start) {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - start)
-                                          .count());
-}
+namespace {
 
 /// The byte sizes a commit's members must have by its descriptor (rank taken from it).
 struct MemberSizes {
