@@ -342,8 +342,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                              for k in ("commit_index", "commit_write", "commit_put",
                                        "commit_publish", "sparse_device_commit",
                                        "sparse_device_commit_copy", "sparse_device_commit_check",
-                                       "sparse_device_commit_fill", "sparse_device_commit_landed",
-                                       "sparse_device_commit_sum")}
+                                       "sparse_device_commit_fill", "sparse_device_commit_landed")}
             # Through the daemon: the client's time in the commit's calls, in gathering the
             # members into its arena, and the daemon's time in those requests (the rest of the
             # calls' time is the transport: encoding, the socket, decoding).

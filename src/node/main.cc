@@ -16,12 +16,15 @@
 
 #include <csignal>
 #include <cstdio>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "node/daemon_config.h"
 #include "node/log.h"
 #include "node/node_server.h"
 #ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
+#include "cuda/gpu_codec.h"
 #include "cuda/gpu_index.h"
 #include "cuda/gpu_read.h"
 #endif
@@ -105,6 +108,17 @@ mcs::Result<std::vector<mcs::DeviceIndexResult>> CheckOnDevice(
                   found[i].checksum_values};
     }
     return out;
+}
+
+/// NodeServerOptions::device_copy_to_host: the GPU codec's batched copies.
+mcs::Status CopyToHostBatched(std::span<const mcs::DeviceToHostCopy> copies, int device,
+                              mcs::CudaStream stream) {
+    std::vector<mcs::cuda::HostDeviceCopy> list;
+    list.reserve(copies.size());
+    for (const mcs::DeviceToHostCopy& c : copies) {
+        list.push_back({{c.src, device}, {c.dst, static_cast<std::size_t>(c.bytes)}});
+    }
+    return mcs::cuda::CopyBatchToHost(list, stream);
 }
 
 /// NodeServerOptions::device_gather: the GPU codec's copy kernel, reading the pinned segments
@@ -235,6 +249,7 @@ int main(int argc, char** argv) {
 #ifdef MOONCAKE_SPARSE_DAEMON_GPU_INDEX
     if (config->gpu_commit_check && mcs::cuda::Available()) {
         options->device_index = &CheckOnDevice;
+        options->device_copy_to_host = &CopyToHostBatched;
         LOG(INFO) << "commits from CUDA memory are checked on the GPU (gpu_commit_check)";
     }
     if (mcs::cuda::Available()) {

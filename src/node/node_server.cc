@@ -460,7 +460,41 @@ NodeServer::NodeServer(NodeServerOptions options, std::shared_ptr<ShmStore> stor
     commit_staging_ = PinnedHostPool::Make(options_.commit_staging_pinned_bytes);
 }
 
-NodeServer::~NodeServer() { Stop(); }
+NodeServer::~NodeServer() {
+    Stop();
+    // No commit holds a scratch once the connections are joined.
+    for (auto& [device, scratch] : device_scratch_) {
+        if (scratch->address != 0) (void)cuda::DeviceFree(scratch->address, device);
+    }
+}
+
+Result<std::uintptr_t> NodeServer::DeviceScratchOf(int device, std::uint64_t bytes,
+                                                   std::unique_lock<std::mutex>& hold) {
+    DeviceScratch* scratch = nullptr;
+    {
+        std::lock_guard lock(device_scratch_mu_);
+        std::unique_ptr<DeviceScratch>& slot = device_scratch_[device];
+        if (!slot) slot = std::make_unique<DeviceScratch>();
+        scratch = slot.get();
+    }
+    hold = std::unique_lock(scratch->mu);
+    if (scratch->bytes < bytes) {
+        // Grown in steps of 64 MiB, so that steps of slightly different sizes keep one buffer.
+        constexpr std::uint64_t kGrain = std::uint64_t{64} << 20;
+        if (scratch->address != 0) {
+            // The last holder waited for its copies out of it before it let go.
+            MCS_RETURN_IF_ERROR(cuda::DeviceFree(scratch->address, device));
+            device_scratch_bytes_.fetch_sub(scratch->bytes, std::memory_order_relaxed);
+            scratch->address = 0;
+            scratch->bytes = 0;
+        }
+        const std::uint64_t want = (bytes + kGrain - 1) / kGrain * kGrain;
+        MCS_ASSIGN_OR_RETURN(scratch->address, cuda::DeviceAlloc(want, device));
+        scratch->bytes = want;
+        device_scratch_bytes_.fetch_add(want, std::memory_order_relaxed);
+    }
+    return scratch->address;
+}
 
 void NodeServer::AcceptLoop() {
     for (;;) {
@@ -693,8 +727,10 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
          1e-9 * double(device_commit_fill_nanos_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_landed_seconds",
          1e-9 * double(device_commit_landed_nanos_.load(std::memory_order_relaxed))},
-        {"sparse_device_commit_sum_seconds",
-         1e-9 * double(device_commit_sum_nanos_.load(std::memory_order_relaxed))},
+        {"sparse_device_commit_private_copies",
+         double(device_commit_private_copies_.load(std::memory_order_relaxed))},
+        {"sparse_device_commit_private_bytes",
+         double(device_scratch_bytes_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_pageable_bytes",
          double(device_commit_pageable_bytes_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_copy_seconds",

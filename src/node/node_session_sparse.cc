@@ -469,10 +469,6 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     return Reply{std::move(reply), {}};
 }
 
-/// Threads that copy and sum the large objects of a device commit checked on the GPU: enough
-/// that the sums of landed objects keep up with the copies still running.
-constexpr int kDirectCopyThreads = 8;
-
 /// Entry bytes from which an update of a device commit is checked on the GPU.
 constexpr std::uint64_t kGpuCheckMinBytes = std::uint64_t{64} << 10;
 
@@ -510,6 +506,94 @@ void NodeServer::Session::CommitCheckedOnDevice(
     }
     if (items.empty()) return;
     const auto start = std::chrono::steady_clock::now();
+    // 1. The members into the daemon's own device memory, where the GPU checks them and from
+    //    where they are copied into the store: the bytes that land are the bytes checked,
+    //    whatever the client does with its memory meanwhile. Members that lie close together in
+    //    one mapping (the client's arena holds a batch densely) move as one copy of their span.
+    //    `own[t]`: item t's members there.
+    std::vector<std::array<DeviceMemory, 2>> own(items.size());
+    std::unique_lock<std::mutex> scratch_hold;
+    {
+        struct Member {
+            const DevicePiece* piece;
+            std::size_t item;
+            int k;
+        };
+        std::vector<Member> members;
+        members.reserve(2 * items.size());
+        for (std::size_t t = 0; t < items.size(); ++t) {
+            for (int k = 0; k < 2; ++k) {
+                const DevicePiece& p = mapped[item_of[t]][k];
+                if (p.src.bytes > 0) members.push_back({&p, t, k});
+                own[t][k] = {0, 0, device};
+            }
+        }
+        std::sort(members.begin(), members.end(), [](const Member& a, const Member& b) {
+            return a.piece->mapping != b.piece->mapping ? a.piece->mapping < b.piece->mapping
+                                                        : a.piece->src.address < b.piece->src.address;
+        });
+        constexpr std::uint64_t kMaxGap = 4096;
+        struct Span {
+            std::uintptr_t begin, end;
+            std::uint64_t at;  ///< Into the scratch.
+        };
+        std::vector<Span> spans;
+        std::vector<std::size_t> span_of(members.size());
+        std::uint64_t total = 0;
+        for (std::size_t x = 0; x < members.size(); ++x) {
+            const DeviceMemory& src = members[x].piece->src;
+            const std::uintptr_t end = src.address + src.bytes;
+            if (x > 0 && members[x].piece->mapping == members[x - 1].piece->mapping &&
+                src.address <= spans.back().end + kMaxGap) {
+                Span& last = spans.back();
+                if (end > last.end) {
+                    total += end - last.end;
+                    last.end = end;
+                }
+            } else {
+                // The span keeps its address modulo 256 (the kernels' vector loads see the
+                // members aligned as the client laid them out).
+                total = (total + 255) / 256 * 256 + src.address % 256;
+                spans.push_back({src.address, end, total});
+                total += src.bytes;
+            }
+            span_of[x] = spans.size() - 1;
+        }
+        Result<std::uintptr_t> scratch =
+            server_.DeviceScratchOf(device, std::max<std::uint64_t>(total, 1), scratch_hold);
+        if (!scratch.ok()) {
+            static std::atomic<bool> warned{false};
+            if (!warned.exchange(true)) {
+                MCS_LOG(kWarning) << "device commit: no device memory for the daemon's copy ("
+                                  << scratch.status().ToString() << "); checking on the host";
+            }
+            return;
+        }
+        for (const Span& sp : spans) {
+            const Status copied = cuda::MemcpyAsync(
+                reinterpret_cast<void*>(*scratch + sp.at), reinterpret_cast<const void*>(sp.begin),
+                sp.end - sp.begin, cuda::CopyKind::kDeviceToDevice, kCudaPerThreadStream, device);
+            if (!copied.ok()) {
+                // What was queued reads the client's memory, not the store's: nothing to undo.
+                (void)cuda::StreamSynchronize(kCudaPerThreadStream, device);
+                MCS_LOG(kWarning) << "device commit: the copy into the daemon's memory failed ("
+                                  << copied.ToString() << "); checking on the host";
+                return;
+            }
+        }
+        for (std::size_t x = 0; x < members.size(); ++x) {
+            const Member& m = members[x];
+            const Span& sp = spans[span_of[x]];
+            own[m.item][m.k] = {*scratch + sp.at + (m.piece->src.address - sp.begin),
+                                m.piece->src.bytes, device};
+        }
+        for (std::size_t t = 0; t < items.size(); ++t) {
+            items[t].indices = own[t][0].address;
+            items[t].values = own[t][1].address;
+        }
+        server_.device_commit_private_copies_.fetch_add(spans.size(), std::memory_order_relaxed);
+    }
+    // 2. The check, on the same stream: after the copies.
     Result<std::vector<DeviceIndexResult>> indexed =
         server_.options_.device_index(items, kCudaPerThreadStream);
     server_.device_commit_check_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
@@ -518,14 +602,10 @@ void NodeServer::Session::CommitCheckedOnDevice(
                           << indexed.status().ToString() << "); checking on the host";
         return;
     }
-    // The objects, from the GPU's tile indexes and sums.
+    // 3. The objects, from the GPU's tile indexes and sums.
     std::vector<SparseObject> batch;
     std::vector<bool> hard_pin;
-    std::vector<std::size_t> batch_of;
-    struct Sums {
-        std::uint64_t indices = 0, values = 0;
-    };
-    std::vector<Sums> sums;
+    std::vector<std::size_t> batch_of, item_at;
     for (std::size_t t = 0; t < items.size(); ++t) {
         DeviceIndexResult& r = (*indexed)[t];
         if (!r.canonical) continue;
@@ -537,46 +617,28 @@ void NodeServer::Session::CommitCheckedOnDevice(
         batch.push_back(std::move(*object));
         hard_pin.push_back(requests[i].hard_pin);
         batch_of.push_back(i);
-        sums.push_back({r.checksum_indices, r.checksum_values});
+        item_at.push_back(t);
     }
     if (batch.empty()) return;
-    // The entries go from the client's memory straight into the store's; the bytes that land
-    // must be the bytes the GPU checked (a client that writes its memory during the commit
-    // fails it, and nothing of it stays).
+    // 4. The entries from the daemon's copy into the store's memory.
     const EntryFill fill = [&](std::span<const EntryTarget> targets) -> Status {
-        // Objects bound for pinned memory go by device-to-host copies of their own, on several
-        // threads, each summing its objects as they land while the others' copies run. The
-        // others (small ones, which the store keeps out of its pinned pool, or any bound for
-        // pageable memory) through pinned staging: the runs they form in the client's memory (a
-        // batch lies there densely) in a few copies, then host copies to their places.
+        // Objects bound for pinned memory by device-to-host copies of their own members, in a
+        // few batched driver calls (device_copy_to_host). The others (small ones, which the
+        // store keeps out of its pinned pool, or any bound for pageable memory) through pinned
+        // staging: the runs they form in the daemon's copy in a few copies, then host copies
+        // to their places.
         constexpr std::uint64_t kDirectBytes = std::uint64_t{64} << 10;
         constexpr std::uint64_t kMaxGap = 4096;
         const auto copies = std::chrono::steady_clock::now();
         const auto source = [&](const EntryTarget& t, int k) -> const DeviceMemory& {
-            return mapped[batch_of[t.object]][k].src;
-        };
-        std::atomic<bool> same{true};
-        std::atomic<std::uint64_t> sum_nanos{0}, landed_nanos{0};
-        const auto check = [&](const EntryTarget& t) {
-            const auto begin = std::chrono::steady_clock::now();
-            const Sums& want = sums[t.object];
-            if (Checksum(t.indices) != want.indices || Checksum(t.values) != want.values) {
-                same.store(false, std::memory_order_relaxed);
-            }
-            sum_nanos.fetch_add(NanosSince(begin), std::memory_order_relaxed);
-        };
-        const auto landed = [&] {
-            const std::uint64_t at = NanosSince(copies);
-            std::uint64_t seen = landed_nanos.load(std::memory_order_relaxed);
-            while (seen < at && !landed_nanos.compare_exchange_weak(seen, at)) {
-            }
+            return own[item_at[t.object]][k];
         };
         struct Staged {
             std::span<std::byte> dst;
             DeviceMemory src;
         };
         std::vector<Staged> staged;
-        std::vector<const EntryTarget*> direct, small;
+        std::vector<DeviceToHostCopy> direct;
         std::uint64_t pageable = 0;
         for (const EntryTarget& t : targets) {
             if (!t.pinned) pageable += t.indices.size() + t.values.size();
@@ -584,13 +646,14 @@ void NodeServer::Session::CommitCheckedOnDevice(
             for (int k = 0; k < 2; ++k) {
                 if (dst[k].size() != source(t, k).bytes) return Internal("filled entry size");
             }
-            if (t.pinned && t.indices.size() + t.values.size() >= kDirectBytes) {
-                direct.push_back(&t);
-                continue;
-            }
-            small.push_back(&t);
+            const bool to_pinned = t.pinned && t.indices.size() + t.values.size() >= kDirectBytes;
             for (int k = 0; k < 2; ++k) {
-                if (!dst[k].empty()) staged.push_back({dst[k], source(t, k)});
+                if (dst[k].empty()) continue;
+                if (to_pinned) {
+                    direct.push_back({source(t, k).address, dst[k].data(), dst[k].size()});
+                } else {
+                    staged.push_back({dst[k], source(t, k)});
+                }
             }
         }
         std::sort(staged.begin(), staged.end(), [](const Staged& a, const Staged& b) {
@@ -620,36 +683,21 @@ void NodeServer::Session::CommitCheckedOnDevice(
         if (total > 0) {
             MCS_ASSIGN_OR_RETURN(landing, server_.commit_staging_->Allocate(total));
             for (const Run& r : runs) {
-                MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(
-                    landing.data() + r.at, reinterpret_cast<const void*>(r.begin), r.end - r.begin,
-                    cuda::CopyKind::kDeviceToHost, kCudaPerThreadStream, device));
+                direct.push_back({r.begin, landing.data() + r.at, r.end - r.begin});
             }
         }
-        std::mutex failure_mu;
-        Status failure;
-        internal::ParallelFor(kDirectCopyThreads, direct.size(), [&](std::size_t x) {
-            const EntryTarget& t = *direct[x];
-            const std::span<std::byte> dst[2] = {t.indices, t.values};
-            Status s;
-            for (int k = 0; k < 2 && s.ok(); ++k) {
-                if (dst[k].empty()) continue;
-                s = cuda::MemcpyAsync(dst[k].data(),
-                                      reinterpret_cast<const void*>(source(t, k).address),
-                                      dst[k].size(), cuda::CopyKind::kDeviceToHost,
-                                      kCudaPerThreadStream, device);
+        if (server_.options_.device_copy_to_host) {
+            MCS_RETURN_IF_ERROR(
+                server_.options_.device_copy_to_host(direct, device, kCudaPerThreadStream));
+        } else {
+            for (const DeviceToHostCopy& c : direct) {
+                MCS_RETURN_IF_ERROR(cuda::MemcpyAsync(c.dst, reinterpret_cast<const void*>(c.src),
+                                                      c.bytes, cuda::CopyKind::kDeviceToHost,
+                                                      kCudaPerThreadStream, device));
             }
-            if (s.ok()) s = cuda::StreamSynchronize(kCudaPerThreadStream, device);
-            if (!s.ok()) {
-                std::lock_guard lock(failure_mu);
-                failure = s;
-                return;
-            }
-            landed();
-            check(t);
-        });
-        MCS_RETURN_IF_ERROR(failure);
-        MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
-        if (total > 0) landed();  // the staged runs (the direct copies' threads are done)
+            MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
+        }
+        const std::uint64_t landed = NanosSince(copies);
         if (!staged.empty()) {
             std::vector<HostCopy> moves;
             moves.reserve(staged.size());
@@ -661,19 +709,11 @@ void NodeServer::Session::CommitCheckedOnDevice(
                                  m.src.bytes});
             }
             ParallelCopies(moves, DefaultCopyThreads());
-            internal::ParallelFor(0, small.size(), [&](std::size_t x) { check(*small[x]); }, 0);
         }
-        server_.device_commit_copies_.fetch_add(runs.size() + 2 * direct.size(),
-                                                std::memory_order_relaxed);
+        server_.device_commit_copies_.fetch_add(direct.size(), std::memory_order_relaxed);
         server_.device_commit_fill_nanos_.fetch_add(NanosSince(copies), std::memory_order_relaxed);
-        server_.device_commit_landed_nanos_.fetch_add(landed_nanos.load(),
-                                                      std::memory_order_relaxed);
-        server_.device_commit_sum_nanos_.fetch_add(sum_nanos.load(), std::memory_order_relaxed);
+        server_.device_commit_landed_nanos_.fetch_add(landed, std::memory_order_relaxed);
         server_.device_commit_pageable_bytes_.fetch_add(pageable, std::memory_order_relaxed);
-        if (!same.load()) {
-            return DataLoss("the entries changed in the client's memory while they were "
-                            "committed: commit them again");
-        }
         return Status::Ok();
     };
     Result<std::vector<Result<CommitResult>>> committed =

@@ -175,19 +175,26 @@ def test_device_commit_through_the_daemon_goes_by_cuda_ipc(store):
                 >= 64 << 10 for (n, _), (i, v) in zip(pairs, coo))
     assert on_gpu in (0, large)
     assert m["sparse_device_commit_copies"] <= (len(pairs) - 1 if on_gpu else 1)
-    # The fill's clocks (of GPU-checked updates): the last copy landed within the fill, and
-    # the bytes were summed on the host as they landed.
+    # GPU-checked updates: first copied into the daemon's own device memory (a few spans of
+    # the client's arena), checked there, and copied into the store from there; the fill's
+    # clocks: its device-to-host copies landed within it.
     landed, fill = m["sparse_device_commit_landed_seconds"], m["sparse_device_commit_fill_seconds"]
+    own = m["sparse_device_commit_private_bytes"]
     if on_gpu:
         assert 0 < landed <= fill
-        assert m["sparse_device_commit_sum_seconds"] > 0
+        assert 1 <= m["sparse_device_commit_private_copies"] <= 2 * on_gpu
+        large_bytes = sum(i.numel() * i.element_size() + v.numel() * v.element_size()
+                          for (n, _), (i, v) in zip(pairs, coo) if n.dim() == 2)
+        assert own >= min(large_bytes, 64 << 20)
     else:
-        assert landed == fill == m["sparse_device_commit_sum_seconds"] == 0
-    # A second step reuses the client's commit arena: no new mapping in the daemon.
+        assert landed == fill == m["sparse_device_commit_private_copies"] == own == 0
+    # A second step reuses the client's commit arena (no new mapping in the daemon) and the
+    # daemon's own memory (no larger allocation for a step of the same size).
     opens = m["cuda_ipc_opens"]
     stepped = pairs_of(MIXED, seed=SEED + 1)
     commit_all(store, stepped, "ipc", generation=(1, 2))
     assert store.metrics()["cuda_ipc_opens"] == opens
+    assert store.metrics()["sparse_device_commit_private_bytes"] == own
     objs = store.read_sparse_objects(store.manifest((1, 2)), whole_targets(pairs, "ipc"))
     for (new, old), obj in zip(stepped, objs):
         w = old.clone()
