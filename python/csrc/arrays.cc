@@ -175,6 +175,13 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what, Access acce
         out.keepalive = copy;
         return out;
     }
+    if (PyCapsule_CheckExact(obj.ptr())) {
+        // A capsule, now consumed, holds nothing more than the managed tensor does: the
+        // tensor alone keeps the memory (a commit borrows two per update; each holder more
+        // is an allocation and a GIL round trip as it is released).
+        out.keepalive = std::move(owner);
+        return out;
+    }
     out.keepalive = std::shared_ptr<void>(
         new std::pair<std::shared_ptr<void>, std::shared_ptr<void>>(owner, KeepObject(pyb::reinterpret_borrow<pyb::object>(obj))),
         [](void* p) { delete static_cast<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>*>(p); });

@@ -145,7 +145,33 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
             }
             std::array<pyb::object, kNumFields> field;
             Py_ssize_t present = 0;
-            for (int f = 0; f < kNumFields; ++f) {
+            // An update written as a dict display or dict(...) keywords has the interned keys
+            // themselves: its few entries are matched by identity in one pass, instead of a
+            // lookup per field. Any other key (a copy of a name, an unknown one) takes the
+            // lookups below, which then see every field.
+            bool matched = false;
+            {
+                PyObject* key = nullptr;
+                PyObject* value = nullptr;
+                Py_ssize_t pos = 0;
+                while (PyDict_Next(u, &pos, &key, &value)) {
+                    int f = 0;
+                    while (f < kNumFields && kKeys[f] != key) ++f;
+                    if (f == kNumFields) break;
+                    field[f] = pyb::reinterpret_borrow<pyb::object>(value);
+                    ++present;
+                }
+                matched = present == PyDict_Size(u);
+                if (!matched) {
+                    field = {};
+                    present = 0;
+                } else {
+                    for (pyb::object& v : field) {
+                        if (!v) v = pyb::none();
+                    }
+                }
+            }
+            for (int f = 0; !matched && f < kNumFields; ++f) {
                 if (kKeys[f] == nullptr) throw pyb::error_already_set();
                 PyObject* v = PyDict_GetItemWithError(u, kKeys[f]);  // borrowed
                 if (v == nullptr) {
@@ -270,17 +296,19 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
     }
     std::vector<std::optional<Result<CommitResult>>> by_update(n);
     for (std::size_t k = 0; k < results.size(); ++k) by_update[of[k]] = std::move(results[k]);
-    pyb::list out;
+    pyb::list out(n);  // filled in place: no growth of the list per update
     for (std::size_t i = 0; i < n; ++i) {
+        pyb::object item;
         if (!by_update[i]) {
-            out.append(pyb::make_tuple(static_cast<int>(errors[i].code()), errors[i].message()));
+            item = pyb::make_tuple(static_cast<int>(errors[i].code()), errors[i].message());
         } else if (!by_update[i]->ok()) {
             const Status& e = by_update[i]->status();
-            out.append(pyb::make_tuple(static_cast<int>(e.code()), e.message()));
+            item = pyb::make_tuple(static_cast<int>(e.code()), e.message());
         } else {
             const CommitResult& c = **by_update[i];
-            out.append(CommitDict(c.source_ref, c.created, c.nnz, c.bytes));
+            item = CommitDict(c.source_ref, c.created, c.nnz, c.bytes);
         }
+        PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item.release().ptr());
     }
     return out;
 }

@@ -317,6 +317,13 @@ class Store(TensorMixin):
                     torch_members = torch_members or ti is tensor or tv is tensor
                     batch.append(u)
                     continue
+                # Without the GPU codec, host tensors that need no detach go as they are too:
+                # the copy below would hand the core the same objects.
+                if ti is tensor and tv is tensor and tensor is not None \
+                        and not idx.is_cuda and not vals.is_cuda \
+                        and not idx.requires_grad and not vals.requires_grad:
+                    batch.append(u)
+                    continue
             elif not isinstance(u, Mapping):
                 batch.append(u)  # the core names what is wrong with it
                 continue
