@@ -56,9 +56,9 @@ DEFINE_string(commit_staging_pinned_bytes, "1GiB",
               "Host bytes pinned for commits copied from clients' CUDA memory by CUDA IPC; "
               "beyond it they land in pageable memory.");
 DEFINE_bool(gpu_commit_check, true,
-            "Commits from clients' CUDA memory are checked, indexed and checksummed on the GPU "
-            "and copied once into the store (a daemon built with the GPU codec); off: copied "
-            "into staging memory and checked on the host.");
+            "Commits from clients' CUDA memory are checked, indexed and checksummed on their GPU "
+            "in the daemon's own copy there, and copied from it into the store (a daemon built "
+            "with the GPU codec); off: copied into staging memory and checked on the host.");
 DEFINE_string(device_gather_engine_bytes, "256KiB",
               "Runs of ranges of at least this many bytes that the daemon copies into clients' "
               "GPU memory go to the copy engine, beside one gather kernel for the rest; 0: all by "
