@@ -154,6 +154,13 @@ ParsedTensor FromCapsule(const pyb::object& capsule, const std::string& what,
         out.ref.host_bytes = bytes;
         out.ref.writable = true;  // DLPack < 1.0 has no read-only flag
     }
+    if (producer.ptr() == cap) {
+        // The capsule itself, now consumed, holds nothing more than the managed tensor does (a
+        // commit from the GPU parses two per update; each holder more is an allocation and a
+        // GIL round trip as it is released).
+        out.keepalive = std::move(owner);
+        return out;
+    }
     out.keepalive = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
         std::move(owner), HoldObject(pyb::reinterpret_borrow<pyb::object>(producer)));
     return out;
