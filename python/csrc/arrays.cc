@@ -11,15 +11,35 @@
 #include "transport/host_copy.h"
 
 namespace mooncake::sparse::py {
-namespace {
-
 std::shared_ptr<void> KeepObject(pyb::object obj) {
-    // The last reference may drop on a thread without the GIL (after a released section).
     return std::shared_ptr<void>(new pyb::object(std::move(obj)), [](void* p) {
         pyb::gil_scoped_acquire gil;
         delete static_cast<pyb::object*>(p);
     });
 }
+
+std::pair<DLManagedTensor*, std::shared_ptr<void>> ConsumeDLPack(PyObject* capsule) {
+    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+    PyCapsule_SetName(capsule, "used_dltensor");  // Ours now: we call the deleter.
+    std::shared_ptr<void> owner(managed, [](void* p) {
+        auto* m = static_cast<DLManagedTensor*>(p);
+        if (m->deleter) {
+            pyb::gil_scoped_acquire gil;
+            m->deleter(m);
+        }
+    });
+    return {managed, std::move(owner)};
+}
+
+std::shared_ptr<void> KeepDLPack(std::shared_ptr<void> owner, const pyb::handle& producer,
+                                 PyObject* capsule) {
+    if (producer.ptr() == capsule) return owner;
+    using Both = std::pair<std::shared_ptr<void>, std::shared_ptr<void>>;
+    return std::make_shared<Both>(std::move(owner),
+                                  KeepObject(pyb::reinterpret_borrow<pyb::object>(producer)));
+}
+
+namespace {
 
 Result<DType> FromNumpy(const pyb::dtype& dt) {
     const char kind = dt.kind();
@@ -133,16 +153,7 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what, Access acce
     if (!PyCapsule_IsValid(cap, "dltensor")) {
         ThrowIfError(InvalidArgument(std::string(what) + ": __dlpack__ did not return a DLPack capsule"));
     }
-    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
-    // We own it now: mark the capsule consumed and call the deleter when done.
-    PyCapsule_SetName(cap, "used_dltensor");
-    std::shared_ptr<void> owner(managed, [](void* p) {
-        auto* m = static_cast<DLManagedTensor*>(p);
-        if (m->deleter) {
-            pyb::gil_scoped_acquire gil;
-            m->deleter(m);
-        }
-    });
+    auto [managed, owner] = ConsumeDLPack(cap);
     const DLTensor& t = managed->dl_tensor;
     if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost) {
         ThrowIfError(Unimplemented(std::string(what) + " lives on device type " +
@@ -175,16 +186,7 @@ BorrowedArray BorrowDLPack(const pyb::handle& obj, const char* what, Access acce
         out.keepalive = copy;
         return out;
     }
-    if (PyCapsule_CheckExact(obj.ptr())) {
-        // A capsule, now consumed, holds nothing more than the managed tensor does: the
-        // tensor alone keeps the memory (a commit borrows two per update; each holder more
-        // is an allocation and a GIL round trip as it is released).
-        out.keepalive = std::move(owner);
-        return out;
-    }
-    out.keepalive = std::shared_ptr<void>(
-        new std::pair<std::shared_ptr<void>, std::shared_ptr<void>>(owner, KeepObject(pyb::reinterpret_borrow<pyb::object>(obj))),
-        [](void* p) { delete static_cast<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>*>(p); });
+    out.keepalive = KeepDLPack(std::move(owner), obj, cap);
     return out;
 }
 

@@ -19,6 +19,7 @@
 
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "codec/codec.h"
@@ -45,6 +46,22 @@ struct BorrowedArray {
     /// lowest-addressed element to the highest).
     MutableHostArray mutable_view() const;
 };
+
+/// Keeps a Python object alive from C++; its last reference may drop on a thread without the
+/// GIL (after a released section).
+std::shared_ptr<void> KeepObject(pyb::object obj);
+
+/// Consumes a legacy DLPack capsule (renamed "used_dltensor"): its managed tensor, and the owner
+/// that calls the tensor's deleter (with the GIL) when its last reference goes.
+/// Precondition: PyCapsule_IsValid(capsule, "dltensor").
+std::pair<DLManagedTensor*, std::shared_ptr<void>> ConsumeDLPack(PyObject* capsule);
+
+/// What keeps an array taken from a consumed capsule alive: its managed tensor's `owner`, and
+/// `producer` too unless that is the capsule itself, which once consumed holds nothing more (a
+/// commit takes two arrays per update; each holder more is an allocation and a GIL round trip
+/// as it is released).
+std::shared_ptr<void> KeepDLPack(std::shared_ptr<void> owner, const pyb::handle& producer,
+                                 PyObject* capsule);
 
 /// Borrows a CPU array to read: zero-copy when it is native and C-contiguous, else a native
 /// C-contiguous copy (non-contiguous views, big-endian dtypes, torch tensors with the negation

@@ -34,14 +34,6 @@ constexpr int kDLCudaDevice = 2;       // kDLCUDA
 constexpr int kDLCudaHostDevice = 3;   // kDLCUDAHost
 constexpr int kDLCudaManagedDevice = 13;
 
-std::shared_ptr<void> HoldObject(pyb::object obj) {
-    // The last reference may drop on a thread without the GIL (after a released section).
-    return std::shared_ptr<void>(new pyb::object(std::move(obj)), [](void* p) {
-        pyb::gil_scoped_acquire gil;
-        delete static_cast<pyb::object*>(p);
-    });
-}
-
 Result<DType> DTypeOfTypestr(const std::string& typestr) {
     if (typestr.size() < 3) return InvalidArgument("bad typestr '" + typestr + "'");
     const char kind = typestr[1];
@@ -115,15 +107,7 @@ ParsedTensor FromCapsule(const pyb::object& capsule, const std::string& what,
     if (!PyCapsule_IsValid(cap, "dltensor")) {
         ThrowIfError(InvalidArgument(what + ": not an unconsumed DLPack capsule"));
     }
-    auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(cap, "dltensor"));
-    PyCapsule_SetName(cap, "used_dltensor");  // Ours now: we call the deleter.
-    std::shared_ptr<void> owner(managed, [](void* p) {
-        auto* m = static_cast<DLManagedTensor*>(p);
-        if (m->deleter) {
-            pyb::gil_scoped_acquire gil;
-            m->deleter(m);
-        }
-    });
+    auto [managed, owner] = ConsumeDLPack(cap);
     const DLTensor& t = managed->dl_tensor;
     const int type = t.device.device_type;
     const bool cuda = type == kDLCudaDevice || type == kDLCudaManagedDevice;
@@ -154,15 +138,7 @@ ParsedTensor FromCapsule(const pyb::object& capsule, const std::string& what,
         out.ref.host_bytes = bytes;
         out.ref.writable = true;  // DLPack < 1.0 has no read-only flag
     }
-    if (producer.ptr() == cap) {
-        // The capsule itself, now consumed, holds nothing more than the managed tensor does (a
-        // commit from the GPU parses two per update; each holder more is an allocation and a
-        // GIL round trip as it is released).
-        out.keepalive = std::move(owner);
-        return out;
-    }
-    out.keepalive = std::make_shared<std::pair<std::shared_ptr<void>, std::shared_ptr<void>>>(
-        std::move(owner), HoldObject(pyb::reinterpret_borrow<pyb::object>(producer)));
+    out.keepalive = KeepDLPack(std::move(owner), producer, cap);
     return out;
 }
 
@@ -199,7 +175,7 @@ ParsedTensor FromCudaArrayInterface(const pyb::handle& obj, const std::string& w
     } else if (cai.contains("stream") && !cai["stream"].is_none()) {
         out.ref.stream = cai["stream"].cast<std::uintptr_t>();  // 1 = legacy, 2 = per-thread
     }
-    out.keepalive = HoldObject(pyb::reinterpret_borrow<pyb::object>(obj));
+    out.keepalive = KeepObject(pyb::reinterpret_borrow<pyb::object>(obj));
     return out;
 }
 
