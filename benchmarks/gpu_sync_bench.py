@@ -15,9 +15,10 @@ Per step (a fraction --density of every tensor changes; overwrite and scatter_ad
   default) alternates two ways of timing the steps: "phases" steps wait for the device around
   each of the four calls (encode_s, commit_s, read_s, apply_s; sparse_s their sum); "step" steps
   make the four calls as a trainer and a reader make them, the device waited for only before the
-  first and after the last (sparse_s that wall; each phase's figure is then the host's time from
-  the call before returning to this one returning, the device work still queued at that point
-  counted in a later phase);
+  first and after the last (sparse_s that wall, less the benchmark's own readings of its clocks
+  between the calls, bookkeeping_s; each phase's figure is then the host's time from the call
+  before returning to this one returning, the device work still queued at that point counted in
+  a later phase). The manifest fetch between commit and read (manifest_s) is in neither;
 - dense_full: batch_upsert_tensor of the whole new tensors + batch_get_tensor_into of whole
   tensors for every (rank, tensor) that needs them (into scratch buffers);
 - dense_box: the same put + each rank reads only its own box into its parameter view (the best
@@ -307,6 +308,15 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             if cpu_profile is not None:
                 cpu_profile.ProfilerStart(
                     f"{args.cpu_profile}.{backend}.{apply}.{step}".encode())
+            # The clocks' first readings, before the step: the calls' clocks between the phases
+            # below are the benchmark's bookkeeping, taken out of a "step" step's wall
+            # (t_book), as is the manifest fetch (manifest_s: not one of the four calls, in
+            # neither timing). At those points the device has finished the phase before (the
+            # commit returns once its entries landed, the read once its targets are built).
+            mc0 = store.metrics()
+            dc0 = device_clocks()
+            cc0 = call_clocks(store)
+            t_book = 0.0
             t_step = time.perf_counter()
 
             def phase(name, fn):
@@ -316,9 +326,6 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                     return timer(fn, device)
                 with torch.profiler.record_function(f"phase:{name}"):
                     return timer(fn, device)
-            mc0 = store.metrics()
-            dc0 = device_clocks()
-            cc0 = call_clocks(store)
             if args.trainer == "pipelined":
                 # Encode and commit in one call, the copies of each part overlapping the
                 # encode of the next (timed as one phase: commit_s is 0).
@@ -333,6 +340,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                                 values=v, generation=gen_k, apply=apply)
                            for n, (i, v) in zip(names, coo)]
                 t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
+            t_book0 = time.perf_counter()
             cc1 = call_clocks(store)
             mc1 = store.metrics()
             dc1 = device_clocks()
@@ -359,10 +367,13 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 raise bad[0]
             coo_bytes = sum(r["bytes"] for r in res)
             nnz = sum(r["nnz"] for r in res)
-            manifest = store.manifest(gen_k)
+            t_book += time.perf_counter() - t_book0
+            t_manifest, manifest = timed(lambda: store.manifest(gen_k), device)
+            t_book0 = time.perf_counter()
             kw = {"device": device} if device.type == "cuda" else {}
             m0 = store.metrics()
             cc2 = call_clocks(store)
+            t_book += time.perf_counter() - t_book0
             if args.reader == "pipelined":
                 # Read and apply in one call, each part's read overlapping the apply of the
                 # part before (timed as one phase: apply_s is 0).
@@ -371,6 +382,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 t_read, objs = phase("read", lambda: store.read_sparse_objects(manifest, targets,
                                                                                **kw))
+            t_book0 = time.perf_counter()
             cc3 = call_clocks(store)
             m1 = store.metrics()
             dc2 = device_clocks()
@@ -397,6 +409,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # laid out as they lie in its segments merge into few).
             phases["daemon_copy_runs"] = (m1.get("leases_to_device_runs", 0)
                                           - m0.get("leases_to_device_runs", 0))
+            t_book += time.perf_counter() - t_book0
             if args.reader == "pipelined":
                 t_apply = 0.0
             else:
@@ -454,8 +467,10 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # timed, not in sparse_s (the readers above read the step's manifest before it).
             t_seal, _ = timed(lambda: store.seal_generation(gen_k, names), device)
             # The step: the four calls' sum (phases), or the wall from the first call to the
-            # device's finishing the last (step), the untimed Python between the calls included.
-            sparse = t_enc + t_commit + t_read + t_apply if timing == "phases" else t_wall
+            # device's finishing the last (step), the Python between the calls included but for
+            # the benchmark's own readings of the clocks and the manifest fetch.
+            sparse = (t_enc + t_commit + t_read + t_apply if timing == "phases"
+                      else t_wall - t_book - t_manifest)
             # Dense baselines of the same step (--no-dense: none, their fields null).
             t_put = t_box = t_full = float("nan")
             full_bytes = 0
@@ -497,6 +512,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "encode_s": t_enc, "commit_s": t_commit, "read_s": t_read, "apply_s": t_apply,
                  "read_host_s": t_read_host, **phases, **phases_commit, **clocks,
                  "sparse_s": sparse, "seal_s": t_seal,
+                 "manifest_s": t_manifest, "bookkeeping_s": t_book,
                  "commit_us_per_tensor": t_commit / len(specs) * 1e6,
                  "read_us_per_target": t_read / len(slots) * 1e6,
                  "dense_put_s": t_put, "dense_box_get_s": t_box, "dense_box_s": t_put + t_box,
