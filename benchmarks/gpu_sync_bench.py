@@ -38,6 +38,7 @@ records that preparation's state. Prints one JSON line per result.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -310,13 +311,20 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                     f"{args.cpu_profile}.{backend}.{apply}.{step}".encode())
             # The clocks' first readings, before the step: the calls' clocks between the phases
             # below are the benchmark's bookkeeping, taken out of a "step" step's wall
-            # (t_book), as is the manifest fetch (manifest_s: not one of the four calls, in
+            # (bookkeeping_s), as is the manifest fetch (manifest_s: not one of the four calls, in
             # neither timing). At those points the device has finished the phase before (the
             # commit returns once its entries landed, the read once its targets are built).
             mc0 = store.metrics()
             dc0 = device_clocks()
             cc0 = call_clocks(store)
-            t_book = 0.0
+            book = [0.0]  # seconds of bookkeeping in the step's wall
+
+            @contextlib.contextmanager
+            def bookkeeping(device_idle: bool = True):
+                t = time.perf_counter()
+                yield
+                if device_idle:  # else the device's work went on meanwhile: it stays counted
+                    book[0] += time.perf_counter() - t
             t_step = time.perf_counter()
 
             def phase(name, fn):
@@ -340,10 +348,10 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                                 values=v, generation=gen_k, apply=apply)
                            for n, (i, v) in zip(names, coo)]
                 t_commit, res = phase("commit", lambda: store.put_sparse_objects(updates))
-            t_book0 = time.perf_counter()
-            cc1 = call_clocks(store)
-            mc1 = store.metrics()
-            dc1 = device_clocks()
+            with bookkeeping():
+                cc1 = call_clocks(store)
+                mc1 = store.metrics()
+                dc1 = device_clocks()
             # The commit's own clocks: indexing and writing in the store; through the daemon,
             # its handler and the copies from the client's GPU within it.
             phases_commit = {f"{k}_s": mc1.get(f"{k}_seconds", 0.0) - mc0.get(f"{k}_seconds", 0.0)
@@ -367,13 +375,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                 raise bad[0]
             coo_bytes = sum(r["bytes"] for r in res)
             nnz = sum(r["nnz"] for r in res)
-            t_book += time.perf_counter() - t_book0
             t_manifest, manifest = timed(lambda: store.manifest(gen_k), device)
-            t_book0 = time.perf_counter()
             kw = {"device": device} if device.type == "cuda" else {}
-            m0 = store.metrics()
-            cc2 = call_clocks(store)
-            t_book += time.perf_counter() - t_book0
+            with bookkeeping():
+                m0 = store.metrics()
+                cc2 = call_clocks(store)
             if args.reader == "pipelined":
                 # Read and apply in one call, each part's read overlapping the apply of the
                 # part before (timed as one phase: apply_s is 0).
@@ -382,10 +388,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             else:
                 t_read, objs = phase("read", lambda: store.read_sparse_objects(manifest, targets,
                                                                                **kw))
-            t_book0 = time.perf_counter()
-            cc3 = call_clocks(store)
-            m1 = store.metrics()
-            dc2 = device_clocks()
+            # (The pipelined reader's call returns with its last part's apply still on the device.)
+            with bookkeeping(device_idle=args.reader != "pipelined"):
+                cc3 = call_clocks(store)
+                m1 = store.metrics()
+                dc2 = device_clocks()
             # This process's clocks of the direct device paths (embedded store): the commit's
             # GPU index pass and its parts in the store, the device read's plan / range copies
             # / filter (zero where the daemon does the work).
@@ -409,7 +416,6 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # laid out as they lie in its segments merge into few).
             phases["daemon_copy_runs"] = (m1.get("leases_to_device_runs", 0)
                                           - m0.get("leases_to_device_runs", 0))
-            t_book += time.perf_counter() - t_book0
             if args.reader == "pipelined":
                 t_apply = 0.0
             else:
@@ -470,7 +476,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # device's finishing the last (step), the Python between the calls included but for
             # the benchmark's own readings of the clocks and the manifest fetch.
             sparse = (t_enc + t_commit + t_read + t_apply if timing == "phases"
-                      else t_wall - t_book - t_manifest)
+                      else t_wall - book[0] - t_manifest)
             # Dense baselines of the same step (--no-dense: none, their fields null).
             t_put = t_box = t_full = float("nan")
             full_bytes = 0
@@ -512,7 +518,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "encode_s": t_enc, "commit_s": t_commit, "read_s": t_read, "apply_s": t_apply,
                  "read_host_s": t_read_host, **phases, **phases_commit, **clocks,
                  "sparse_s": sparse, "seal_s": t_seal,
-                 "manifest_s": t_manifest, "bookkeeping_s": t_book,
+                 "manifest_s": t_manifest, "bookkeeping_s": book[0],
                  "commit_us_per_tensor": t_commit / len(specs) * 1e6,
                  "read_us_per_target": t_read / len(slots) * 1e6,
                  "dense_put_s": t_put, "dense_box_get_s": t_box, "dense_box_s": t_put + t_box,
