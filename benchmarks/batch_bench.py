@@ -76,7 +76,8 @@ def sync(device: str) -> None:
 
 class Clocks:
     """Seconds a store's clocks count over the calls made inside `with clocks:` (the store's
-    metrics ending in _seconds, and the direct device commit's counters), summed."""
+    metrics ending in _seconds, the direct device commit's counters, and the binding's split of
+    put_sparse_objects), summed."""
 
     def __init__(self, store) -> None:
         self.store = store
@@ -87,6 +88,10 @@ class Clocks:
         counters = getattr(mcs._core, "_device_commit_counters", None)
         if counters is not None:
             out.update({f"direct_{k}": v for k, v in counters().items() if k.endswith("_seconds")})
+        # The binding's split of put_sparse_objects: parse, the backend's commit, results.
+        calls = getattr(mcs._core, "_commit_call_counters", None)
+        if calls is not None:
+            out.update({f"call_{k}": v for k, v in calls().items() if k.endswith("_seconds")})
         return out
 
     def __enter__(self) -> "Clocks":

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <optional>
@@ -111,6 +112,34 @@ pyb::dict PutSparseObject(PyStore& s, const std::string& tensor_id,
     return CommitDict(c.source_ref, c.created, c.nnz, c.bytes);
 }
 
+namespace {
+
+/// Where put_sparse_objects spends its time in the binding (ns, summed over calls): the parse of
+/// the updates (fields, members: for CUDA members torch's exporter), the backend's commit (the
+/// embedded store, or the daemon's client and its request), and the results' Python objects.
+/// For benchmarks to split a batch commit's fixed cost per object.
+struct CommitCallCounters {
+    std::atomic<std::uint64_t> calls{0};
+    std::atomic<std::uint64_t> updates{0};
+    std::atomic<std::uint64_t> parse_ns{0};
+    std::atomic<std::uint64_t> commit_ns{0};
+    std::atomic<std::uint64_t> results_ns{0};
+};
+
+CommitCallCounters& CallCounters() {
+    static CommitCallCounters* c = new CommitCallCounters;  // never destroyed
+    return *c;
+}
+
+void AddNanos(std::atomic<std::uint64_t>& to, std::chrono::steady_clock::time_point from,
+              std::chrono::steady_clock::time_point until) {
+    to.fetch_add(static_cast<std::uint64_t>(
+                     std::chrono::duration_cast<std::chrono::nanoseconds>(until - from).count()),
+                 std::memory_order_relaxed);
+}
+
+}  // namespace
+
 /// put_sparse_objects: each update a dict of put_sparse_object's keyword arguments. Returns,
 /// per update in order, its commit dict or (status code, message) for its error. An update
 /// that does not parse fails alone, like one the store rejects.
@@ -132,6 +161,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         for (int f = 0; f < kNumFields; ++f) keys[f] = PyUnicode_InternFromString(kNames[f]);
         return keys;  // never released: they live as long as the module
     }();
+    const auto t_parse = std::chrono::steady_clock::now();
     const std::size_t n = updates.size();
     std::vector<std::optional<ParsedPut>> parsed(n);
     std::vector<Status> errors(n);
@@ -229,6 +259,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
             errors[i] = InvalidArgument(what() + ": " + e.what());
         }
     }
+    const auto t_commit = std::chrono::steady_clock::now();
     std::vector<ParsedPut*> on_device;
     bool all_on_device = true;
     for (auto& p : parsed) {
@@ -294,6 +325,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         pyb::gil_scoped_release nogil;
         results = s.service().PutSparseObjects(requests, num_threads);
     }
+    const auto t_results = std::chrono::steady_clock::now();
     std::vector<std::optional<Result<CommitResult>>> by_update(n);
     for (std::size_t k = 0; k < results.size(); ++k) by_update[of[k]] = std::move(results[k]);
     pyb::list out(n);  // filled in place: no growth of the list per update
@@ -310,7 +342,24 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
         }
         PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), item.release().ptr());
     }
+    CommitCallCounters& c = CallCounters();
+    c.calls.fetch_add(1, std::memory_order_relaxed);
+    c.updates.fetch_add(n, std::memory_order_relaxed);
+    AddNanos(c.parse_ns, t_parse, t_commit);
+    AddNanos(c.commit_ns, t_commit, t_results);
+    AddNanos(c.results_ns, t_results, std::chrono::steady_clock::now());
     return out;
+}
+
+pyb::dict CommitCallCountersDict() {
+    const CommitCallCounters& c = CallCounters();
+    pyb::dict d;
+    d["calls"] = c.calls.load();
+    d["updates"] = c.updates.load();
+    d["parse_seconds"] = double(c.parse_ns.load()) * 1e-9;
+    d["commit_seconds"] = double(c.commit_ns.load()) * 1e-9;
+    d["results_seconds"] = double(c.results_ns.load()) * 1e-9;
+    return d;
 }
 
 std::vector<std::shared_ptr<SparseObjectView>> Read(
@@ -555,6 +604,11 @@ pyb::tuple StepManifestOf(PyStore& s, StepManifest m) {
 }  // namespace
 
 void RegisterStore(pyb::module_& m) {
+    m.def("_commit_call_counters", &CommitCallCountersDict,
+          "Where put_sparse_objects spent its time in this process (monotonic): calls, updates, "
+          "and the seconds of its parse of the updates (parse_seconds), of the backend's commit "
+          "(commit_seconds: the embedded store, or the daemon's client and its request) and of "
+          "the results' Python objects (results_seconds).");
     using Store = PyStore;
     auto cls = pyb::class_<Store>(
         m, "_Store",
