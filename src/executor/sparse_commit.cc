@@ -605,31 +605,42 @@ void SparseStore::UndoMissedCommits(std::span<const SparseObject* const> objects
 }
 
 void SparseStore::CacheCommittedIndexes(std::span<SparseObject* const> objects,
-                                        std::span<const Result<CommitResult>> results) {
+                                        std::span<const Result<CommitResult>> results,
+                                        int num_threads) {
     if (!options_.cache_committed_indexes) return;
+    // Each object's index is checked and built on its own (in parallel: a step commits tens of
+    // thousands of objects), then the cache takes them all under its lock once.
+    std::vector<std::shared_ptr<const SourceIndex>> built(objects.size());
+    internal::ParallelFor(
+        num_threads, objects.size(),
+        [&](std::size_t i) {
+            SparseObject* o = objects[i];
+            if (o == nullptr || !results[i].ok() || !results[i]->created) return;
+            auto source = std::make_shared<const SourceDescriptor>(std::move(o->desc));
+            Result<TileIndex> index =
+                TileIndex::Make(*source, std::move(o->tile_coords), std::move(o->tile_ptr));
+            if (!index.ok()) return;  // not possible for a committed object; a read builds it
+            built[i] = std::make_shared<const SourceIndex>(
+                SourceIndex{std::move(source), std::move(index).value()});
+        },
+        /*chunk=*/0);
     std::vector<std::shared_ptr<const SourceIndex>> indexes;
-    indexes.reserve(objects.size());
-    for (std::size_t i = 0; i < objects.size(); ++i) {
-        SparseObject* o = objects[i];
-        if (o == nullptr || !results[i].ok() || !results[i]->created) continue;
-        auto source = std::make_shared<const SourceDescriptor>(std::move(o->desc));
-        Result<TileIndex> index =
-            TileIndex::Make(*source, std::move(o->tile_coords), std::move(o->tile_ptr));
-        if (!index.ok()) continue;  // not possible for a committed object; a read builds it
-        indexes.push_back(std::make_shared<const SourceIndex>(
-            SourceIndex{std::move(source), std::move(index).value()}));
+    indexes.reserve(built.size());
+    for (std::shared_ptr<const SourceIndex>& b : built) {
+        if (b) indexes.push_back(std::move(b));
     }
     if (!indexes.empty()) cache_->AddIndexes(indexes);
 }
 
 void SparseStore::CacheCommittedIndexes(std::vector<std::optional<SparseObject>>& owned,
                                         std::span<const SparseObject* const> committed,
-                                        std::span<const Result<CommitResult>> results) {
+                                        std::span<const Result<CommitResult>> results,
+                                        int num_threads) {
     std::vector<SparseObject*> objects(owned.size(), nullptr);
     for (std::size_t i = 0; i < owned.size(); ++i) {
         if (committed[i] != nullptr && owned[i]) objects[i] = &*owned[i];
     }
-    CacheCommittedIndexes(objects, results);
+    CacheCommittedIndexes(objects, results, num_threads);
 }
 
 void SparseStore::CountCommits(const CommitBatch& batch) {
@@ -657,7 +668,7 @@ Result<CommitResult> SparseStore::CommitSparseObject(SparseObject object, bool h
         UndoMissedCommits({&one, 1}, {&result, 1}, batch);
     }
     SparseObject* committed = &object;
-    CacheCommittedIndexes({&committed, 1}, {&result, 1});
+    CacheCommittedIndexes({&committed, 1}, {&result, 1}, 1);
     CountCommits(batch);
     return result;
 }
@@ -767,7 +778,7 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
         }
         UndoMissedCommits(committed, results, batch);
     }
-    CacheCommittedIndexes(objects, committed, results);
+    CacheCommittedIndexes(objects, committed, results, num_threads);
     CountCommits(batch);
 }
 
@@ -842,7 +853,7 @@ Result<std::vector<Result<CommitResult>>> SparseStore::PutIndexedObjects(
                                                 committed, batch, num_threads));
         UndoMissedCommits(committed, results, batch);
     }
-    CacheCommittedIndexes(held, committed, results);
+    CacheCommittedIndexes(held, committed, results, num_threads);
     CountCommits(batch);
     {
         std::lock_guard lock(metrics_mu_);

@@ -414,13 +414,14 @@ private:
     /// Caches the tile index of each object of `objects` (null: not committed) whose commit
     /// created it, moved out of the object (which the commit is done with): the node's reads of
     /// the step then find them (NodeCache::AddIndexes). Unless
-    /// SparseStoreOptions::cache_committed_indexes is off.
+    /// SparseStoreOptions::cache_committed_indexes is off. The indexes are built on up to
+    /// `num_threads` threads (0: all).
     void CacheCommittedIndexes(std::span<SparseObject* const> objects,
-                               std::span<const Result<CommitResult>> results);
+                               std::span<const Result<CommitResult>> results, int num_threads);
     /// CacheCommittedIndexes of the objects of `owned` that `committed` names.
     void CacheCommittedIndexes(std::vector<std::optional<SparseObject>>& owned,
                                std::span<const SparseObject* const> committed,
-                               std::span<const Result<CommitResult>> results);
+                               std::span<const Result<CommitResult>> results, int num_threads);
     /// Names, checks and encodes the metadata of `objects` (null: failed already; `results`
     /// holds why) in parallel, then commits them under one lock, with the step checks once per
     /// step, and undoes what a seal by another process missed.
