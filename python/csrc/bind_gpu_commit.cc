@@ -267,16 +267,24 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
     if (!indexed.ok()) return std::nullopt;  // the staging path reports what is wrong, if anything
     const std::uint64_t index_ns = NanosSince(t_index);
     std::vector<std::optional<SparseObject>> objects(n);
-    std::vector<bool> on_device(n, false);
-    for (std::size_t t = 0; t < items.size(); ++t) {
-        cuda::IndexResult& r = (*indexed)[t];
-        if (!r.canonical) continue;
-        const std::size_t k = item_of[t];
-        objects[k] = FinishCanonicalEntries(std::move(*plans[k]), std::move(r.tile_coords),
-                                            std::move(r.tile_ptr), r.checksum_indices,
-                                            r.checksum_values);
-        on_device[k] = objects[k].has_value();
+    {
+        // Each object from its tile index (its tile checksums, its descriptor's checks) on its
+        // own: in parallel, a layer's large tensors have thousands of tiles each.
+        pyb::gil_scoped_release nogil;
+        internal::ParallelFor(
+            num_threads, items.size(),
+            [&](std::size_t t) {
+                cuda::IndexResult& r = (*indexed)[t];
+                if (!r.canonical) return;
+                const std::size_t k = item_of[t];
+                objects[k] = FinishCanonicalEntries(std::move(*plans[k]), std::move(r.tile_coords),
+                                                    std::move(r.tile_ptr), r.checksum_indices,
+                                                    r.checksum_values);
+            },
+            /*chunk=*/0);
     }
+    std::vector<bool> on_device(n, false);
+    for (std::size_t k = 0; k < n; ++k) on_device[k] = objects[k].has_value();
     if (std::find(on_device.begin(), on_device.end(), true) == on_device.end()) {
         return std::nullopt;
     }

@@ -606,14 +606,23 @@ void NodeServer::Session::CommitCheckedOnDevice(
     std::vector<SparseObject> batch;
     std::vector<bool> hard_pin;
     std::vector<std::size_t> batch_of, item_at;
+    // Each object from its tile index on its own (its tile checksums, its descriptor's checks):
+    // in parallel, a layer's large tensors have thousands of tiles each.
+    std::vector<std::optional<SparseObject>> finished(items.size());
+    internal::ParallelFor(
+        0, items.size(),
+        [&](std::size_t t) {
+            DeviceIndexResult& r = (*indexed)[t];
+            if (!r.canonical) return;
+            finished[t] = FinishCanonicalEntries(std::move(*plans[item_of[t]]),
+                                                 std::move(r.tile_coords), std::move(r.tile_ptr),
+                                                 r.checksum_indices, r.checksum_values);
+        },
+        /*chunk=*/0);
     for (std::size_t t = 0; t < items.size(); ++t) {
-        DeviceIndexResult& r = (*indexed)[t];
-        if (!r.canonical) continue;
-        const std::size_t i = item_of[t];
-        std::optional<SparseObject> object =
-            FinishCanonicalEntries(std::move(*plans[i]), std::move(r.tile_coords),
-                                   std::move(r.tile_ptr), r.checksum_indices, r.checksum_values);
+        std::optional<SparseObject>& object = finished[t];
         if (!object) continue;
+        const std::size_t i = item_of[t];
         batch.push_back(std::move(*object));
         hard_pin.push_back(requests[i].hard_pin);
         batch_of.push_back(i);
