@@ -164,11 +164,13 @@ def timed(fn, device) -> tuple[float, object]:
 def device_clocks() -> dict[str, float]:
     """Seconds on this process's direct device paths so far (monotonic; zeros where the build
     has no GPU codec): commit_{total,index,prepare,fill,publish}, read_{total,plan,ranges,
-    filter}."""
+    filter}; and the binding's split of put_sparse_objects on either store: call_{parse,commit,
+    results}."""
     out = {}
     for prefix, name, keys in (
             ("commit", "_device_commit_counters", ("total", "index", "prepare", "fill", "publish")),
-            ("read", "_device_read_counters", ("total", "plan", "ranges", "filter"))):
+            ("read", "_device_read_counters", ("total", "plan", "ranges", "filter")),
+            ("call", "_commit_call_counters", ("parse", "commit", "results"))):
         fn = getattr(mcs._core, name, None)
         got = fn() if fn is not None else {}
         for k in keys:
@@ -398,6 +400,10 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # / filter (zero where the daemon does the work).
             clocks = {f"direct_commit_{k}_s": dc1[f"commit_{k}"] - dc0[f"commit_{k}"]
                       for k in ("total", "index", "prepare", "fill", "publish")}
+            # The binding's put_sparse_objects: its parse of the updates, the backend's commit,
+            # the results (the rest of commit_s is Python's, before and after the call).
+            clocks.update({f"commit_call_{k}_s": dc1[f"call_{k}"] - dc0[f"call_{k}"]
+                           for k in ("parse", "commit", "results")})
             clocks.update({f"device_read_{k}_s": dc2[f"read_{k}"] - dc1[f"read_{k}"]
                            for k in ("total", "plan", "ranges", "filter")})
             # The read's own clocks (the store's metrics): planning, binding the ranges, and
