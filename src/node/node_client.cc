@@ -172,7 +172,7 @@ void NodeClient::TrimFrameBuffer(std::vector<std::byte>& buffer) {
     if (buffer.capacity() > kKeepBytes) std::vector<std::byte>().swap(buffer);
 }
 
-Result<wire::Frame> NodeClient::RoundTrip(const wire::Message& request, std::span<const int> fds,
+Result<wire::Frame> NodeClient::RoundTrip(wire::MessageRef request, std::span<const int> fds,
                                           std::vector<std::byte>& storage,
                                           std::uint64_t spin_bytes) {
     // Never dials: a request may name bytes of this session's client buffer, or lease ids of

@@ -280,7 +280,7 @@ public:
     /// One SparseCommitBatch request of objects[chunk[k]]; their outcomes into out[chunk[k]].
     /// Errors (then for every item of the chunk): the call's.
     Status CommitChunk(std::span<const PutSparseRequest> requests,
-                       const std::vector<std::optional<SparseObject>>& objects,
+                       std::vector<std::optional<SparseObject>>& objects,
                        std::span<const std::size_t> chunk, std::vector<Result<CommitResult>>& out);
     Result<wire::SparseCommitReply> CommitSparseObject(const SourceDescriptor& desc,
                                                        std::string_view coordinate_space,
@@ -355,10 +355,10 @@ private:
                              std::vector<Result<CommitResult>>& out);
     /// Frees a frame buffer that one large call grew past what calls usually need.
     static void TrimFrameBuffer(std::vector<std::byte>& buffer);
-    Result<wire::Frame> RoundTrip(const wire::Message& request, std::span<const int> fds,
+    Result<wire::Frame> RoundTrip(wire::MessageRef request, std::span<const int> fds,
                                   std::vector<std::byte>& storage, std::uint64_t spin_bytes = 0);
     template <typename Reply>
-    Result<Reply> Call(const wire::Message& request, std::uint64_t spin_bytes = 0);
+    Result<Reply> Call(wire::MessageRef request, std::uint64_t spin_bytes = 0);
     /// A SparseRead or SparseReadStep request of `targets`, and its objects from the reply
     /// (each described from its target and what the daemon's read decided of it).
     Result<std::vector<TargetObjectView>> ReadPlannedAs(const StepManifestView& manifest,
@@ -425,7 +425,7 @@ private:
 };
 
 template <typename Reply>
-Result<Reply> NodeClient::Call(const wire::Message& request, std::uint64_t spin_bytes) {
+Result<Reply> NodeClient::Call(wire::MessageRef request, std::uint64_t spin_bytes) {
     MCS_RETURN_IF_ERROR(FlushReleasesLocked());
     MCS_ASSIGN_OR_RETURN(wire::Frame frame, RoundTrip(request, {}, recv_frame_, spin_bytes));
     Result<Reply> reply = wire::DecodeReplyAs<Reply>(frame);

@@ -43,12 +43,20 @@ MessageType TypeOf(const Message& message) {
     return std::visit([](const auto& m) { return std::decay_t<decltype(m)>::kType; }, message);
 }
 
+void MessageRef::EncodeTo(WireWriter& w) const {
+    if (message_ != nullptr) {
+        std::visit([&](const auto& m) { Encode(w, m); }, *message_);
+    } else {
+        encode_(w, object_);
+    }
+}
+
 namespace {
 
-Status EncodeInto(WireWriter& w, const Message& message) {
-    std::visit([&](const auto& m) { Encode(w, m); }, message);
+Status EncodeInto(WireWriter& w, MessageRef message) {
+    message.EncodeTo(w);
     if (!w.status().ok()) {
-        return w.status().WithContext("encoding " + std::string(MessageTypeName(TypeOf(message))));
+        return w.status().WithContext("encoding " + std::string(MessageTypeName(message.type())));
     }
     return Status::Ok();
 }
@@ -81,15 +89,14 @@ Result<std::vector<std::byte>> EncodePayload(const Message& message) {
     return std::move(w).Take();
 }
 
-Status EncodeFrameInto(const Message& message, std::uint64_t request_id,
-                       std::vector<std::byte>& out) {
+Status EncodeFrameInto(MessageRef message, std::uint64_t request_id, std::vector<std::byte>& out) {
     WireWriter w(std::move(out));
     out.clear();
     for (std::size_t i = 0; i < kFrameHeaderBytes; ++i) w.WriteU8(0);
     Status s = EncodeInto(w, message);
     const std::size_t payload = w.size() - kFrameHeaderBytes;
     if (s.ok() && payload > kMaxPayloadBytes) {
-        s = ResourceExhausted(std::string(MessageTypeName(TypeOf(message))) + " payload of " +
+        s = ResourceExhausted(std::string(MessageTypeName(message.type())) + " payload of " +
                               Num(payload) + " bytes exceeds the frame limit of " +
                               Num(kMaxPayloadBytes));
     }
@@ -99,14 +106,14 @@ Status EncodeFrameInto(const Message& message, std::uint64_t request_id,
         return s;
     }
     FrameHeader h;
-    h.type = TypeOf(message);
+    h.type = message.type();
     h.request_id = request_id;
     h.payload_len = static_cast<std::uint32_t>(payload);
     EncodeFrameHeader(h, std::span<std::byte, kFrameHeaderBytes>(out.data(), kFrameHeaderBytes));
     return Status::Ok();
 }
 
-Result<std::vector<std::byte>> EncodeFrame(const Message& message, std::uint64_t request_id) {
+Result<std::vector<std::byte>> EncodeFrame(MessageRef message, std::uint64_t request_id) {
     std::vector<std::byte> out;
     MCS_RETURN_IF_ERROR(EncodeFrameInto(message, request_id, out));
     return out;

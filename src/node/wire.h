@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -118,20 +119,39 @@ MessageType TypeOf(const Message& message);
 // Encoding and decoding whole frames and payloads.
 // ---------------------------------------------------------------------------------------------
 
+/// A message to encode, by reference: a Message, or one of its alternatives encoded where it
+/// lies (a request of tens of thousands of items is not copied into a Message first). It refers
+/// to the message it was made from, which must outlive it: pass it down a call, never keep it.
+class MessageRef {
+public:
+    MessageRef(const Message& message)  // NOLINT(google-explicit-constructor): a view
+        : type_(TypeOf(message)), message_(&message) {}
+    template <typename M>
+        requires(!std::is_same_v<M, Message> && requires { M::kType; })
+    MessageRef(const M& message)  // NOLINT(google-explicit-constructor): a view
+        : type_(M::kType), object_(&message), encode_([](WireWriter& w, const void* m) {
+              Encode(w, *static_cast<const M*>(m));
+          }) {}
+
+    MessageType type() const { return type_; }
+    /// The message's payload, appended to `w` (its status tells whether a field was refused).
+    void EncodeTo(WireWriter& w) const;
+
+private:
+    MessageType type_;
+    const Message* message_ = nullptr;
+    const void* object_ = nullptr;
+    void (*encode_)(WireWriter&, const void*) = nullptr;
+};
+
 /// Header + payload of `message`.
 /// Errors: InvalidArgument (a field beyond its limit); ResourceExhausted (frame larger than
 /// kMaxFrameBytes).
-Result<std::vector<std::byte>> EncodeFrame(const Message& message, std::uint64_t request_id);
+Result<std::vector<std::byte>> EncodeFrame(MessageRef message, std::uint64_t request_id);
 
 /// EncodeFrame into `out` (replaced; its capacity is reused).
 /// Errors: as EncodeFrame (`out` is then empty).
-Status EncodeFrameInto(const Message& message, std::uint64_t request_id,
-                       std::vector<std::byte>& out);
-
-template <typename M>
-Result<std::vector<std::byte>> EncodeFrame(const M& message, std::uint64_t request_id) {
-    return EncodeFrame(Message(message), request_id);
-}
+Status EncodeFrameInto(MessageRef message, std::uint64_t request_id, std::vector<std::byte>& out);
 
 /// The payload bytes of `message` alone.
 /// Errors: as EncodeFrame.
