@@ -467,7 +467,7 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjects(
 }
 
 Status NodeClient::CommitChunk(std::span<const PutSparseRequest> requests,
-                               const std::vector<std::optional<SparseObject>>& objects,
+                               std::vector<std::optional<SparseObject>>& objects,
                                std::span<const std::size_t> chunk,
                                std::vector<Result<CommitResult>>& out) {
     std::lock_guard lock(mu_);
@@ -487,14 +487,14 @@ Status NodeClient::CommitChunk(std::span<const PutSparseRequest> requests,
     wire::SparseCommitBatchRequest request;
     request.items.resize(chunk.size());
     for (std::size_t k = 0; k < chunk.size(); ++k) {
-        const SparseObject& o = *objects[chunk[k]];
+        SparseObject& o = *objects[chunk[k]];
         wire::SparseCommitRequest& item = request.items[k];
         const auto member = [&](std::size_t m, std::uint64_t checksum) {
             return wire::ClientMember{wire::BufferRef::Client(offsets[4 * k + m], parts[4 * k + m].size()),
                                       checksum};
         };
-        item.desc = o.desc;
-        item.coordinate_space = o.coordinate_space;
+        item.desc = std::move(o.desc);  // the object is done with once sent (its bytes are staged)
+        item.coordinate_space = std::move(o.coordinate_space);
         item.indices = member(0, o.checksum_indices);
         item.values = member(1, o.checksum_values);
         item.tile_coords = member(2, o.checksum_tile_coords);
