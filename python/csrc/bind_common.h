@@ -6,6 +6,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -17,6 +18,15 @@
 #include "executor/sparse_store.h"
 
 namespace mooncake::sparse::py {
+
+/// Nanoseconds of a steady-clock interval, and since `t0`: for the binding's time counters.
+inline std::uint64_t Nanos(std::chrono::steady_clock::duration d) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+}
+inline std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
+    return Nanos(std::chrono::steady_clock::now() - t0);
+}
 
 NamedAxes AxesFromDict(const pyb::handle& obj, const char* what);
 pyb::dict AxesToDict(const NamedAxes& axes);

@@ -268,12 +268,6 @@ DeviceReadCounters& ReadCounters() {
     return *c;
 }
 
-std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
-}
-
 /// Groups of whole tensors that a device read plans one after another
 /// (ReadOnDevice); 1: the whole read at once; 0: automatic (embedded: up to kAutoReadGroups,
 /// each of at least kMinAutoGroupTargets targets; through the node daemon: one per plan

@@ -56,12 +56,6 @@ struct DeviceCommitCounters {
     std::atomic<std::uint64_t> publish_ns{0};
 };
 
-[[maybe_unused]] std::uint64_t NanosSince(std::chrono::steady_clock::time_point t0) {
-    return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
-}
-
 DeviceCommitCounters& DirectCounters() {
     static DeviceCommitCounters* c = new DeviceCommitCounters;  // never destroyed
     return *c;
@@ -352,15 +346,11 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
         const auto t_commit = std::chrono::steady_clock::now();
         committed = service.PutIndexedObjects(std::move(batch), hard_pin, fill, num_threads);
         const auto t_end = std::chrono::steady_clock::now();
-        const auto ns = [](std::chrono::steady_clock::duration d) {
-            return static_cast<std::uint64_t>(
-                std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
-        };
-        DirectCounters().commit_ns.fetch_add(ns(t_end - t_commit), std::memory_order_relaxed);
+        DirectCounters().commit_ns.fetch_add(Nanos(t_end - t_commit), std::memory_order_relaxed);
         if (first_fill && last_fill) {
-            DirectCounters().prepare_ns.fetch_add(ns(*first_fill - t_commit),
+            DirectCounters().prepare_ns.fetch_add(Nanos(*first_fill - t_commit),
                                                   std::memory_order_relaxed);
-            DirectCounters().publish_ns.fetch_add(ns(t_end - *last_fill), std::memory_order_relaxed);
+            DirectCounters().publish_ns.fetch_add(Nanos(t_end - *last_fill), std::memory_order_relaxed);
         }
     }
     if (!committed.ok()) return std::nullopt;  // nothing was committed

@@ -131,13 +131,6 @@ CommitCallCounters& CallCounters() {
     return *c;
 }
 
-void AddNanos(std::atomic<std::uint64_t>& to, std::chrono::steady_clock::time_point from,
-              std::chrono::steady_clock::time_point until) {
-    to.fetch_add(static_cast<std::uint64_t>(
-                     std::chrono::duration_cast<std::chrono::nanoseconds>(until - from).count()),
-                 std::memory_order_relaxed);
-}
-
 }  // namespace
 
 /// put_sparse_objects: each update a dict of put_sparse_object's keyword arguments. Returns,
@@ -345,9 +338,9 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
     CommitCallCounters& c = CallCounters();
     c.calls.fetch_add(1, std::memory_order_relaxed);
     c.updates.fetch_add(n, std::memory_order_relaxed);
-    AddNanos(c.parse_ns, t_parse, t_commit);
-    AddNanos(c.commit_ns, t_commit, t_results);
-    AddNanos(c.results_ns, t_results, std::chrono::steady_clock::now());
+    c.parse_ns.fetch_add(Nanos(t_commit - t_parse), std::memory_order_relaxed);
+    c.commit_ns.fetch_add(Nanos(t_results - t_commit), std::memory_order_relaxed);
+    c.results_ns.fetch_add(NanosSince(t_results), std::memory_order_relaxed);
     return out;
 }
 
