@@ -986,10 +986,11 @@ w::Message SparseCommitBatchOf(Choices& c, const World& world) {
     return r;
 }
 
-/// A device commit of up to three updates drawn from the pending objects, their members in a
-/// fuzzed CUDA allocation (no GPU here: every update is refused alone, typed).
+/// A device commit of up to three updates drawn from the pending objects, their members laid
+/// out in a fuzzed CUDA allocation (no GPU here: every update is refused alone, typed).
 w::Message SparseCommitDeviceOf(Choices& c, const World& world) {
     w::SparseCommitDeviceRequest r;
+    std::uint64_t end = 0;  // Where the members laid out so far end.
     for (std::size_t n = c.Range("device items", 0, 3), i = 0; i < n; ++i) {
         const w::SparseCommitRequest& pending =
             world.commits[c.Pick("commit.object", world.commits.size())];
@@ -1014,14 +1015,9 @@ w::Message SparseCommitDeviceOf(Choices& c, const World& world) {
             m.shape = ShapeOf(c, label, shape);
             std::uint64_t bytes = DTypeSize(m.dtype);
             for (Index e : m.shape) bytes *= static_cast<std::uint64_t>(e < 0 ? 0 : e);
-            m.location.ref.kind = w::BufferKind::kCudaIpc;
-            m.location.ref.offset = U64(c, label, 0);
-            m.location.ref.size = U64(c, label, bytes);
-            m.location.ref.cuda_ipc_handle = c.Text(label, w::kCudaIpcHandleBytes);
-            m.location.ref.cuda_ipc_handle.resize(w::kCudaIpcHandleBytes, '\0');
-            m.location.ref.device = static_cast<std::int32_t>(c.Range(label, 0, 8));
-            m.location.cuda_base = U64(c, label, std::uint64_t{1} << 40);
-            m.location.cuda_alloc_size = U64(c, label, std::uint64_t{64} << 20);
+            m.offset = U64(c, label, (end + 63) / 64 * 64);
+            m.size = U64(c, label, bytes);
+            if (m.offset <= ~std::uint64_t{0} - m.size) end = std::max(end, m.offset + m.size);
             return m;
         };
         const Index nnz = static_cast<Index>(d.nnz), rank = static_cast<Index>(d.rank());
@@ -1029,6 +1025,15 @@ w::Message SparseCommitDeviceOf(Choices& c, const World& world) {
         u.values = member("device.values", d.value_dtype, {nnz});
         r.items.push_back(std::move(u));
     }
+    const std::string label = "device.memory";
+    r.memory.ref.kind = w::BufferKind::kCudaIpc;
+    r.memory.ref.offset = U64(c, label, 0);
+    r.memory.ref.size = U64(c, label, end);
+    r.memory.ref.cuda_ipc_handle = c.Text(label, w::kCudaIpcHandleBytes);
+    r.memory.ref.cuda_ipc_handle.resize(w::kCudaIpcHandleBytes, '\0');
+    r.memory.ref.device = static_cast<std::int32_t>(c.Range(label, 0, 8));
+    r.memory.cuda_base = U64(c, label, std::uint64_t{1} << 40);
+    r.memory.cuda_alloc_size = U64(c, label, std::uint64_t{64} << 20);
     return r;
 }
 

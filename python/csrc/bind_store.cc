@@ -305,7 +305,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
             indices.push_back(member(*parsed[i]->device_indices));
             values.push_back(member(*parsed[i]->device_values));
         }
-        const std::vector<PutSparseRequest> requests = take_requests();
+        std::vector<PutSparseRequest> requests = take_requests();
         pyb::gil_scoped_release nogil;
         results = node->PutSparseObjectsFromDevice(requests, indices, values, stream);
     } else if (direct) {

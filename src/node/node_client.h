@@ -270,9 +270,10 @@ public:
     /// per device and exports once, and the daemon copies them by CUDA IPC into its own pinned
     /// memory, then validates, encodes and commits them (SparseCommitDevice). Nothing passes
     /// through host memory of this process. `stream`: the members' producing stream, waited for
-    /// first. Same results as PutSparseObjects; each update fails alone.
+    /// first. Same results as PutSparseObjects; each update fails alone. The requests' fields
+    /// but their tensor_id are moved into the call's request: the caller reads them no more.
     std::vector<Result<CommitResult>> PutSparseObjectsFromDevice(
-        std::span<const PutSparseRequest> requests, std::span<const DeviceMember> indices,
+        std::span<PutSparseRequest> requests, std::span<const DeviceMember> indices,
         std::span<const DeviceMember> values, CudaStream stream);
 
     // ---- The sparse layer at the level of the protocol. -----------------------------------
@@ -348,7 +349,7 @@ private:
     /// The largest free allocation of the read pool on `device`, or null. Needs mu_.
     std::shared_ptr<DeviceArena> FreeReadArenaLocked(int device);
     /// One SparseCommitDevice request of the updates `chunk` (all on one device).
-    Status CommitDeviceChunk(std::span<const PutSparseRequest> requests,
+    Status CommitDeviceChunk(std::span<PutSparseRequest> requests,
                              std::span<const DeviceMember> indices,
                              std::span<const DeviceMember> values,
                              std::span<const std::size_t> chunk,

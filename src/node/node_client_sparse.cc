@@ -681,7 +681,7 @@ Result<NodeClient::DeviceCopy> NodeClient::CopyViewsToDevice(
 }
 
 std::vector<Result<CommitResult>> NodeClient::PutSparseObjectsFromDevice(
-    std::span<const PutSparseRequest> requests, std::span<const DeviceMember> indices,
+    std::span<PutSparseRequest> requests, std::span<const DeviceMember> indices,
     std::span<const DeviceMember> values, CudaStream stream) {
     const std::size_t n = requests.size();
     std::vector<Result<CommitResult>> out(n, Internal("unset"));
@@ -722,7 +722,7 @@ std::vector<Result<CommitResult>> NodeClient::PutSparseObjectsFromDevice(
     return out;
 }
 
-Status NodeClient::CommitDeviceChunk(std::span<const PutSparseRequest> requests,
+Status NodeClient::CommitDeviceChunk(std::span<PutSparseRequest> requests,
                                      std::span<const DeviceMember> indices,
                                      std::span<const DeviceMember> values,
                                      std::span<const std::size_t> chunk,
@@ -769,31 +769,32 @@ Status NodeClient::CommitDeviceChunk(std::span<const PutSparseRequest> requests,
         stats_.device_commit_gather_seconds += spent.count();
     }
 
+    // Every member as an offset into the arena's used span, exported once for the request.
     wire::SparseCommitDeviceRequest request;
-    request.items.resize(chunk.size());
     const CudaIpcExport& e = arena->exported;
-    const auto member = [&](const DeviceMember& m, std::uint64_t offset) {
-        return wire::DeviceMember{m.dtype, m.shape,
-                                  wire::CudaLocation(e, e.offset + offset, m.memory.bytes)};
-    };
+    request.memory = wire::CudaLocation(e, e.offset, total);
+    request.items.resize(chunk.size());
     std::uint64_t bytes = 0;
     for (std::size_t k = 0; k < chunk.size(); ++k) {
-        const PutSparseRequest& r = requests[chunk[k]];
+        // Moved: the caller's requests are not read again but for their tensor_id.
+        PutSparseRequest& r = requests[chunk[k]];
         wire::DeviceUpdate& u = request.items[k];
         u.tensor_id = r.tensor_id;
-        u.global_shape = r.global_shape;
-        u.global_offset = r.global_offset;
-        u.local_shape = r.local_shape;
-        u.source_placement = r.source_placement;
-        u.policy = r.placement_policy;
+        u.global_shape = std::move(r.global_shape);
+        u.global_offset = std::move(r.global_offset);
+        u.local_shape = std::move(r.local_shape);
+        u.source_placement = std::move(r.source_placement);
+        u.policy = std::move(r.placement_policy);
         u.generation = r.generation;
         u.apply = r.apply;
-        u.tile_shape = r.encode.tile_shape;
+        u.tile_shape = std::move(r.encode.tile_shape);
         u.duplicates = r.encode.duplicates;
         u.hard_pin = r.hard_pin;
-        u.indices = member(indices[chunk[k]], at[k]);
-        u.values = member(values[chunk[k]], at[m + k]);
-        bytes += indices[chunk[k]].memory.bytes + values[chunk[k]].memory.bytes;
+        const DeviceMember& mi = indices[chunk[k]];
+        const DeviceMember& mv = values[chunk[k]];
+        u.indices = {mi.dtype, mi.shape, at[k], mi.memory.bytes};
+        u.values = {mv.dtype, mv.shape, at[m + k], mv.memory.bytes};
+        bytes += mi.memory.bytes + mv.memory.bytes;
     }
     MCS_ASSIGN_OR_RETURN(auto reply, Call<wire::SparseCommitBatchReply>(request, total));
     if (reply.items.size() != chunk.size()) {

@@ -193,7 +193,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::Dispatch(const wire::Fra
     case MessageType::MsgType: {                                                 \
         auto req = wire::DecodePayloadAs<wire::Handler##Request>(frame.payload); \
         if (!req.ok()) return req.status();                                      \
-        return Handler(*req __VA_OPT__(, ) __VA_ARGS__);                         \
+        return Handler(std::move(*req) __VA_OPT__(, ) __VA_ARGS__);              \
     }
     switch (type) {
         MCS_DISPATCH_(kHello, Hello)

@@ -110,7 +110,7 @@ private:
     Result<Reply> Release(const wire::ReleaseRequest& req);
     Result<Reply> SparseCommit(const wire::SparseCommitRequest& req);
     Result<Reply> SparseCommitBatch(const wire::SparseCommitBatchRequest& req);
-    Result<Reply> SparseCommitDevice(const wire::SparseCommitDeviceRequest& req);
+    Result<Reply> SparseCommitDevice(wire::SparseCommitDeviceRequest&& req);
     /// One member of a SparseCommitDevice update, mapped.
     struct DevicePiece {
         DeviceMemory src;

@@ -274,7 +274,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitBatch(
 
 namespace {
 
-/// A device member's bytes from its dtype and shape, checked against what the client exported.
+/// A device member's bytes from its dtype and shape, checked against the size the client gave.
 Result<std::uint64_t> DeviceMemberBytes(const wire::DeviceMember& m, std::string_view what) {
     std::uint64_t bytes = DTypeSize(m.dtype);
     for (const Index e : m.shape) {
@@ -283,25 +283,26 @@ Result<std::uint64_t> DeviceMemberBytes(const wire::DeviceMember& m, std::string
                                    " is negative or too large");
         }
     }
-    if (bytes != m.location.ref.size) {
+    if (bytes != m.size) {
         return InvalidArgument(std::string(what) + " of " + std::to_string(bytes) +
-                               " bytes (dtype and shape) is exported as " +
-                               std::to_string(m.location.ref.size) + " bytes");
+                               " bytes (dtype and shape) is sent as " + std::to_string(m.size) +
+                               " bytes");
     }
     return bytes;
 }
 
-PutSparseRequest RequestOf(const wire::DeviceUpdate& u) {
+/// The executor's request of a device update, its fields moved out of it (the members stay).
+PutSparseRequest RequestOf(wire::DeviceUpdate& u) {
     PutSparseRequest r;
-    r.tensor_id = u.tensor_id;
-    r.global_shape = u.global_shape;
-    r.global_offset = u.global_offset;
-    r.local_shape = u.local_shape;
-    r.source_placement = u.source_placement;
-    r.placement_policy = u.policy;
+    r.tensor_id = std::move(u.tensor_id);
+    r.global_shape = std::move(u.global_shape);
+    r.global_offset = std::move(u.global_offset);
+    r.local_shape = std::move(u.local_shape);
+    r.source_placement = std::move(u.source_placement);
+    r.placement_policy = std::move(u.policy);
     r.generation = u.generation;
     r.apply = u.apply;
-    r.encode.tile_shape = u.tile_shape;
+    r.encode.tile_shape = std::move(u.tile_shape);
     r.encode.duplicates = u.duplicates;
     r.encode.num_threads = 1;  // The batch runs its updates side by side.
     r.hard_pin = u.hard_pin;
@@ -311,34 +312,44 @@ PutSparseRequest RequestOf(const wire::DeviceUpdate& u) {
 }  // namespace
 
 Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
-    const wire::SparseCommitDeviceRequest& req) {
+    wire::SparseCommitDeviceRequest&& req) {
     const auto start = std::chrono::steady_clock::now();
-    // 1. Every member mapped (CUDA IPC, cached per allocation); an update whose members cannot
-    //    be mapped fails alone.
+    // 1. The client's memory that holds every member, mapped once (CUDA IPC, cached per
+    //    allocation); an update whose members do not fit their dtypes and shapes fails alone,
+    //    as every update does when the memory cannot be mapped.
     const std::size_t n = req.items.size();
     std::vector<Status> failed(n);
     std::vector<PutSparseRequest> requests(n);
     std::vector<std::array<DevicePiece, 2>> mapped(n);
-    std::vector<std::shared_ptr<const CudaIpcMapping>> holders;
+    // Sizes first: a malformed update is refused without touching the GPU.
+    bool any = false;
     for (std::size_t i = 0; i < n; ++i) {
-        const wire::DeviceUpdate& u = req.items[i];
+        wire::DeviceUpdate& u = req.items[i];
         requests[i] = RequestOf(u);
-        const wire::DeviceMember* members[2] = {&u.indices, &u.values};
-        // Sizes first (a malformed update is refused without touching the GPU), then the maps.
-        Status s;
-        for (int k = 0; k < 2 && s.ok(); ++k) {
-            s = DeviceMemberBytes(*members[k], k == 0 ? "indices" : "values").status();
-        }
-        for (int k = 0; k < 2 && s.ok(); ++k) {
-            auto m = MapCuda(members[k]->location);
+        Status s = DeviceMemberBytes(u.indices, "indices").status();
+        if (s.ok()) s = DeviceMemberBytes(u.values, "values").status();
+        any = any || s.ok();
+        failed[i] = std::move(s);
+    }
+    std::shared_ptr<const CudaIpcMapping> holder;
+    if (any) {
+        auto m = MapCuda(req.memory);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!failed[i].ok()) continue;
             if (!m.ok()) {
-                s = m.status().WithContext(k == 0 ? "indices" : "values");
-                break;
+                failed[i] = m.status().WithContext("the members");
+                continue;
             }
-            mapped[i][k] = {m->first, m->second.get(), 2 * i + k};
-            holders.push_back(std::move(m->second));
+            const wire::DeviceMember* members[2] = {&req.items[i].indices, &req.items[i].values};
+            for (int k = 0; k < 2; ++k) {
+                // The request's Validate kept offset + size inside the memory.
+                mapped[i][k] = {{m->first.address + members[k]->offset, members[k]->size,
+                                 m->first.device},
+                                m->second.get(),
+                                2 * i + k};
+            }
         }
-        failed[i] = s;
+        if (m.ok()) holder = std::move(m->second);
     }
 
     // 2. Updates the GPU takes: checked and indexed there, copied once into the store.
@@ -402,7 +413,7 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
             MCS_RETURN_IF_ERROR(cuda::StreamSynchronize(kCudaPerThreadStream, device));
         }
     }
-    holders.clear();
+    holder.reset();
     server_.device_commit_copies_.fetch_add(runs.size(), std::memory_order_relaxed);
     server_.device_commit_copy_nanos_.fetch_add(NanosSince(staging), std::memory_order_relaxed);
 
@@ -413,19 +424,15 @@ Result<NodeServer::Session::Reply> NodeServer::Session::SparseCommitDevice(
     valid.reserve(n);
     std::uint64_t bytes = 0;
     for (std::size_t i = 0; i < n; ++i) {
-        const wire::DeviceUpdate& u = req.items[i];
-        if (failed[i].ok() && outcome[i]) {
-            bytes += u.indices.location.ref.size + u.values.location.ref.size;
-        }
+        wire::DeviceUpdate& u = req.items[i];
+        if (failed[i].ok() && outcome[i]) bytes += u.indices.size + u.values.size;
         if (!failed[i].ok() || outcome[i]) continue;
         PutSparseRequest& r = requests[i];
-        r.indices = {u.indices.dtype, u.indices.shape,
-                     {landing.data() + landing_at[2 * i],
-                      static_cast<std::size_t>(u.indices.location.ref.size)}};
-        r.values = {u.values.dtype, u.values.shape,
-                    {landing.data() + landing_at[2 * i + 1],
-                     static_cast<std::size_t>(u.values.location.ref.size)}};
-        bytes += u.indices.location.ref.size + u.values.location.ref.size;
+        r.indices = {u.indices.dtype, std::move(u.indices.shape),
+                     {landing.data() + landing_at[2 * i], static_cast<std::size_t>(u.indices.size)}};
+        r.values = {u.values.dtype, std::move(u.values.shape),
+                    {landing.data() + landing_at[2 * i + 1], static_cast<std::size_t>(u.values.size)}};
+        bytes += u.indices.size + u.values.size;
         valid.push_back(std::move(r));
         of.push_back(i);
     }
@@ -488,7 +495,7 @@ void NodeServer::Session::CommitCheckedOnDevice(
     for (std::size_t i = 0; i < n; ++i) {
         if (!failed[i].ok()) continue;
         const wire::DeviceUpdate& u = req.items[i];
-        auto [it, fresh] = generation_of.try_emplace(u.tensor_id, u.generation);
+        auto [it, fresh] = generation_of.try_emplace(requests[i].tensor_id, u.generation);
         if (!fresh && it->second != u.generation) return;
         const DeviceMemory& di = mapped[i][0].src;
         const DeviceMemory& dv = mapped[i][1].src;

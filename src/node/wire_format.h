@@ -65,8 +65,9 @@ inline constexpr std::uint16_t kWireVersion = 1;          ///< Frame layout vers
 /// recorded the client's CUDA IPC event after them (LeaseRangesToDeviceRequest::ready_event).
 /// 12: a planned read's targets kept per connection (SparseReadPlanRequest::target_set).
 /// 13: a planned read's ranges copied to the client's device as the daemon plans them
-/// (SparseReadPlanRequest::to_device, SparseReadPlanReply::staged_at).
-inline constexpr std::uint32_t kProtocolVersion = 13;
+/// (SparseReadPlanRequest::to_device, SparseReadPlanReply::staged_at). 14: a device commit's
+/// members as offsets into one exported allocation (SparseCommitDeviceRequest::memory).
+inline constexpr std::uint32_t kProtocolVersion = 14;
 inline constexpr std::size_t kFrameHeaderBytes = 24;
 inline constexpr std::size_t kMaxFrameBytes = std::size_t{64} << 20;  ///< Header + payload.
 inline constexpr std::size_t kMaxPayloadBytes = kMaxFrameBytes - kFrameHeaderBytes;

@@ -17,10 +17,31 @@ Status SparseReadOptions::Validate() const {
 }
 
 Status DeviceMember::Validate() const {
-    if (location.ref.kind != BufferKind::kCudaIpc) {
-        return InvalidArgument("a device member is not in CUDA memory");
+    std::uint64_t end = 0;
+    if (__builtin_add_overflow(offset, size, &end)) {
+        return InvalidArgument("a device member's offset " + std::to_string(offset) +
+                               " and size " + std::to_string(size) + " overflow");
     }
-    return location.Validate();
+    return Status::Ok();
+}
+
+Status SparseCommitDeviceRequest::Validate() const {
+    if (memory.ref.kind != BufferKind::kCudaIpc) {
+        return InvalidArgument("a device commit's members are not in CUDA memory");
+    }
+    MCS_RETURN_IF_ERROR(memory.Validate());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        for (const DeviceMember* m : {&items[i].indices, &items[i].values}) {
+            if (m->offset + m->size > memory.ref.size) {
+                return InvalidArgument("item " + std::to_string(i) + ": a device member of " +
+                                       std::to_string(m->size) + " bytes at offset " +
+                                       std::to_string(m->offset) + " lies outside the " +
+                                       std::to_string(memory.ref.size) +
+                                       " bytes of the request's memory");
+            }
+        }
+    }
+    return Status::Ok();
 }
 
 Status LeasesToDeviceRequest::Validate() const {

@@ -143,16 +143,20 @@ struct EnumTraits<DuplicatePolicy>
     static constexpr std::string_view kUnknown = "unknown duplicate policy";
 };
 
-/// One array of an update in the client's CUDA memory (C-contiguous), exported by IPC.
+/// One array of an update in the client's CUDA memory (C-contiguous): `size` bytes at `offset`
+/// of the request's `memory`, which holds every member of the request (one allocation exported
+/// once, so that an update carries no handle of its own).
 struct DeviceMember {
     DType dtype = DType::kUInt8;
     Shape shape;
-    TensorLocation location;  ///< kCudaIpc; ref.size is the array's bytes.
+    std::uint64_t offset = 0;  ///< From the start of SparseCommitDeviceRequest::memory.
+    std::uint64_t size = 0;    ///< The array's bytes; offset + size never overflows (checked).
 
     static void Fields(auto& v, auto& m) {
         v("dtype", m.dtype);
         v("member shape", m.shape, kMaxRank);
-        v("location", m.location);
+        v("member offset", m.offset);
+        v("member size", m.size);
     }
     Status Validate() const;
     friend bool operator==(const DeviceMember&, const DeviceMember&) = default;
@@ -200,9 +204,16 @@ struct DeviceUpdate {
 /// SparseCommitBatchReply, per item in order.
 struct SparseCommitDeviceRequest {
     static constexpr MessageType kType = MessageType::kSparseCommitDevice;
+    /// kCudaIpc: the client's memory that holds every member (ref.size: the span the members'
+    /// offsets and sizes lie in).
+    TensorLocation memory;
     std::vector<DeviceUpdate> items;
 
-    static void Fields(auto& v, auto& m) { v("items", m.items, kMaxBatchItems); }
+    static void Fields(auto& v, auto& m) {
+        v("memory", m.memory);
+        v("items", m.items, kMaxBatchItems);
+    }
+    Status Validate() const;
     friend bool operator==(const SparseCommitDeviceRequest&,
                            const SparseCommitDeviceRequest&) = default;
 };

@@ -804,34 +804,31 @@ TEST_F(NodeServerTest, APlannedReadsTargetsAreKeptPerConnection) {
 }
 
 /// A device commit whose members the daemon cannot reach: each update fails alone with its
-/// typed error (its sizes first, then the CUDA mapping), nothing is committed, and the
-/// connection and the daemon go on serving.
+/// typed error (its sizes first, then the CUDA mapping of the request's memory), nothing is
+/// committed, and the connection and the daemon go on serving.
 TEST_F(NodeServerTest, DeviceCommitsThatCannotBeMappedFailEachUpdateAlone) {
     RawPeer peer(socket_);
     ASSERT_OK(peer.Request(wire::HelloRequest{}));
-    const auto member = [](DType dtype, Shape shape, std::uint64_t bytes) {
-        wire::DeviceMember m;
-        m.dtype = dtype;
-        m.shape = std::move(shape);
-        m.location.ref.kind = wire::BufferKind::kCudaIpc;
-        m.location.ref.offset = 0;
-        m.location.ref.size = bytes;
-        m.location.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x11');
-        m.location.ref.device = 0;
-        m.location.cuda_base = std::uint64_t{1} << 40;
-        m.location.cuda_alloc_size = 64 << 20;
-        return m;
+    const auto member = [](DType dtype, Shape shape, std::uint64_t offset, std::uint64_t bytes) {
+        return wire::DeviceMember{dtype, std::move(shape), offset, bytes};
     };
     wire::DeviceUpdate good;
     good.tensor_id = "w";
     good.global_shape = {64, 64};
     good.generation = {0, 1};
-    good.indices = member(DType::kUInt8, {10, 2}, 20);
-    good.values = member(DType::kFloat32, {10}, 40);
+    good.indices = member(DType::kUInt8, {10, 2}, 0, 20);
+    good.values = member(DType::kFloat32, {10}, 64, 40);
     wire::DeviceUpdate sized = good;
     sized.tensor_id = "v";
-    sized.values = member(DType::kFloat32, {10}, 44);  // shape says 40 bytes
+    sized.values = member(DType::kFloat32, {10}, 128, 44);  // shape says 40 bytes
     wire::SparseCommitDeviceRequest req;
+    req.memory.ref.kind = wire::BufferKind::kCudaIpc;
+    req.memory.ref.offset = 0;
+    req.memory.ref.size = 256;
+    req.memory.ref.cuda_ipc_handle.assign(wire::kCudaIpcHandleBytes, '\x11');
+    req.memory.ref.device = 0;
+    req.memory.cuda_base = std::uint64_t{1} << 40;
+    req.memory.cuda_alloc_size = 64 << 20;
     req.items = {good, sized};
     auto reply = peer.Call<wire::SparseCommitBatchReply>(req);
     ASSERT_TRUE(reply.ok()) << reply.status().ToString();
@@ -841,8 +838,23 @@ TEST_F(NodeServerTest, DeviceCommitsThatCannotBeMappedFailEachUpdateAlone) {
                 reply->items[0].code == int(StatusCode::kInvalidArgument))
         << reply->items[0].message;
     EXPECT_EQ(reply->items[1].code, int(StatusCode::kInvalidArgument)) << reply->items[1].message;
-    EXPECT_NE(reply->items[1].message.find("exported as 44 bytes"), std::string::npos)
+    EXPECT_NE(reply->items[1].message.find("sent as 44 bytes"), std::string::npos)
         << reply->items[1].message;
+    // A request whose member lies outside its memory (the last item's values grown on the
+    // wire to 200 bytes at offset 128 of 256) is refused whole, typed; the connection goes on
+    // serving.
+    {
+        auto frame = wire::EncodeFrame(req, 99);
+        ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+        std::vector<std::byte> bytes = std::move(frame).value();
+        ASSERT_EQ(std::to_integer<int>(bytes[bytes.size() - 8]), 44);
+        bytes[bytes.size() - 8] = std::byte{200};
+        ASSERT_OK(peer.Send(bytes));
+        auto answer = peer.Receive();
+        ASSERT_TRUE(answer.ok()) << answer.status().ToString();
+        EXPECT_THAT(wire::DecodeReplyAs<wire::SparseCommitBatchReply>(*answer),
+                    StatusIsWithMessage(StatusCode::kInvalidArgument, "outside the 256 bytes"));
+    }
     // Nothing committed; the connection still serves.
     auto manifest = peer.Call<wire::SparseManifestReply>(wire::SparseManifestRequest{{0, 1}});
     ASSERT_TRUE(manifest.ok()) << manifest.status().ToString();

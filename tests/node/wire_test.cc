@@ -284,10 +284,9 @@ std::vector<Message> SampleMessages() {
         a.source_placement = Axes({{"ep", 3}});
         a.policy = PlacementPolicy::Owner("ep").value();
         a.generation = {3, 4};
-        a.indices = {DType::kUInt16, {41, 2},
-                     {CudaRef(0, 41 * 2 * 2), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"}};
-        a.values = {DType::kBFloat16, {41},
-                    {CudaRef(256, 41 * 2), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"}};
+        d.memory = {CudaRef(4096, 1024), 0x7f0000000000ull, 64 << 20, "0000:3b:00.0"};
+        a.indices = {DType::kUInt16, {41, 2}, 0, 41 * 2 * 2};
+        a.values = {DType::kBFloat16, {41}, 256, 41 * 2};
         DeviceUpdate b = a;
         b.tensor_id = "layers.3.self_attn.q_proj";
         b.global_offset = Shape{1024, 0};
@@ -297,10 +296,13 @@ std::vector<Message> SampleMessages() {
         b.duplicates = DuplicatePolicy::kSum;
         b.hard_pin = false;
         b.values.dtype = DType::kFloat32;
-        b.values.location.ref.size = 41 * 4;
+        b.indices.offset = 512;
+        b.values = {DType::kFloat32, {41}, 768, 41 * 4};
         d.items = {a, b};
         out.push_back(d);
-        out.push_back(SparseCommitDeviceRequest{});
+        SparseCommitDeviceRequest empty;
+        empty.memory = {CudaRef(0, 0), 0x7f0000000000ull, 64 << 20, ""};
+        out.push_back(empty);
     }
     {
         // A read's target objects into one device allocation of the client.
@@ -504,6 +506,50 @@ TEST(WireTest, TensorLocationBoundsAreChecked) {
     auto decoded = DecodeFrame(bytes);
     ASSERT_TRUE(decoded.ok());
     EXPECT_THAT(DecodeMessage(*decoded), StatusIsWithMessage(StatusCode::kInvalidArgument, "allocation"));
+}
+
+TEST(WireTest, DeviceCommitMembersLieInTheRequestsMemory) {
+    // Every member of a device commit is a range of the request's one CUDA memory: a member
+    // past its end, an offset and size that overflow, or memory that is not CUDA memory never
+    // encode and never decode.
+    SparseCommitDeviceRequest req;
+    req.memory = {CudaRef(0, 100), 0x7f0000000000ull, 1 << 20, ""};
+    DeviceUpdate u;
+    u.tensor_id = "w";
+    u.global_shape = {8, 8};
+    u.generation = {0, 1};
+    u.indices = {DType::kUInt8, {10, 2}, 0, 20};
+    u.values = {DType::kFloat32, {10}, 60, 40};  // ends at 100: inside
+    req.items = {u};
+    auto frame = EncodeFrame(req, 1);
+    ASSERT_TRUE(frame.ok()) << frame.status().ToString();
+    auto decoded = DecodeFrame(*frame);
+    ASSERT_TRUE(decoded.ok());
+    auto message = DecodeMessage(*decoded);
+    ASSERT_TRUE(message.ok()) << message.status().ToString();
+    EXPECT_EQ(std::get<SparseCommitDeviceRequest>(*message), req);
+
+    SparseCommitDeviceRequest past = req;
+    past.items[0].values.offset = 61;
+    EXPECT_THAT(EncodeFrame(past, 1),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "outside the 100 bytes"));
+    SparseCommitDeviceRequest wraps = req;
+    wraps.items[0].indices.offset = ~std::uint64_t{0} - 3;
+    EXPECT_THAT(EncodeFrame(wraps, 1), StatusIsWithMessage(StatusCode::kInvalidArgument, "overflow"));
+    SparseCommitDeviceRequest host = req;
+    host.memory = {BufferRef::Client(0, 100), 0, 0, ""};
+    EXPECT_THAT(EncodeFrame(host, 1),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "not in CUDA memory"));
+
+    // The same member grown past the memory on the wire is refused on decode. The request's
+    // last field is the values member's size (u64, little-endian): 40 -> 41.
+    std::vector<std::byte> bytes = *frame;
+    ASSERT_EQ(std::to_integer<int>(bytes[bytes.size() - 8]), 40);
+    bytes[bytes.size() - 8] = std::byte{41};
+    auto grown = DecodeFrame(bytes);
+    ASSERT_TRUE(grown.ok());
+    EXPECT_THAT(DecodeMessage(*grown),
+                StatusIsWithMessage(StatusCode::kInvalidArgument, "outside the 100 bytes"));
 }
 
 TEST(WireTest, TensorBoxOriginRoundTripsAndIsChecked) {
