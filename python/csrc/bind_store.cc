@@ -322,6 +322,7 @@ pyb::list PutSparseObjects(PyStore& s, const pyb::list& updates, int num_threads
     std::vector<std::optional<Result<CommitResult>>> by_update(n);
     for (std::size_t k = 0; k < results.size(); ++k) by_update[of[k]] = std::move(results[k]);
     pyb::list out(n);  // filled in place: no growth of the list per update
+    const GcPause no_collection;  // n result dicts
     for (std::size_t i = 0; i < n; ++i) {
         pyb::object item;
         if (!by_update[i]) {

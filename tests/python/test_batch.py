@@ -77,6 +77,27 @@ def test_a_step_through_the_batch_calls_is_bit_exact(store):
     assert all(isinstance(r, dict) and not r["created"] for r in again)
 
 
+def test_a_batch_commit_leaves_the_collector_as_it_found_it(store):
+    # The batch pauses Python's cyclic collector while it makes its result dicts, then restores
+    # it: enabled stays enabled, disabled stays disabled, a failed update included.
+    import gc
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    idx, vals = mcs.encode_update(changed(rng, w, 0.2), w)
+    good = {"tensor_id": "g", "global_shape": (16, 16), "indices": idx, "values": vals,
+            "generation": (0, 1)}
+    bad = dict(good, tensor_id="b", global_shape=(2, 2))
+    was = gc.isenabled()
+    try:
+        for enabled, gen in ((True, (0, 1)), (False, (1, 2))):
+            gc.enable() if enabled else gc.disable()
+            out = store.put_sparse_objects([dict(good, generation=gen), dict(bad, generation=gen)])
+            assert isinstance(out[0], dict) and isinstance(out[1], mcs.InvalidArgument)
+            assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+
+
 def test_a_read_takes_its_manifest_in_every_form(store):
     """A step's manifest as the store gave it is read where it lies; a slice, a reversed list,
     entries of two manifests joined, or a plain list all read the same objects, and an entry
