@@ -165,6 +165,9 @@ std::vector<MemberData> MembersOf(const SparseObject& object, std::span<const st
 /// Source objects smaller than this are not placed in the pinned pool: a pinned block is at
 /// least 2 MiB, and a device read gathers a small object's few bytes through staging as fast.
 constexpr std::uint64_t kMinPinnedObjectBytes = std::uint64_t{256} << 10;
+/// A batch of at least this many objects that is not filled in place commits through
+/// CommitEachLocked (its store puts built side by side), a smaller one object by object.
+constexpr std::size_t kEachCommitObjects = 64;
 
 namespace {
 
@@ -549,18 +552,155 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
             return Status::Ok();
         });
     // 3. Manifest entries and heads; an object whose batch write failed is committed alone.
+    std::vector<std::size_t> published;
     for (std::size_t i : write) {
-        if (written[i]) {
+        if (written[i]) published.push_back(i);
+    }
+    PublishEachLocked(
+        objects, metadata, published, heads,
+        [&](std::size_t i) {
             const EntryViews e = entries_of(i);
-            results[i] = PublishCommitLocked(*objects[i], metadata[i], heads[i], batch,
-                                             objects[i]->PayloadBytes() + e.indices.size() +
-                                                 e.values.size());
-        } else {
+            return objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
+        },
+        results, batch, num_threads);
+    for (std::size_t i : write) {
+        if (!written[i]) {
             results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
         }
     }
     for (std::size_t i : later) {
         results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
+    }
+}
+
+void SparseStore::CommitEachLocked(std::vector<std::optional<SparseObject>>& objects,
+                                   const std::vector<std::string>& metadata,
+                                   const std::vector<bool>& hard_pin,
+                                   std::span<const EntryViews> entries,
+                                   std::vector<Result<CommitResult>>& results,
+                                   std::vector<const SparseObject*>& committed,
+                                   CommitBatch& batch, int num_threads) {
+    const auto entries_of = [&](std::size_t i) {
+        return entries.empty() ? EntryViews{} : entries[i];
+    };
+    const auto bytes_of = [&](std::size_t i) {
+        const EntryViews e = entries_of(i);
+        return objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
+    };
+    // 1. Every object's checks (CommitFilledLocked's): a second generation of a tensor in the
+    //    batch is committed after the first one moved its head.
+    std::vector<std::size_t> write, later;
+    std::vector<std::optional<Generation>> heads(objects.size());
+    std::map<std::string_view, Generation, std::less<>> generation_of;
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+        if (!objects[i]) continue;
+        const SourceDescriptor& d = objects[i]->desc;
+        committed[i] = &*objects[i];
+        auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
+        if (!fresh && it->second != d.generation) {
+            later.push_back(i);
+            continue;
+        }
+        if (std::optional<Result<CommitResult>> done = CheckCommitLocked(*objects[i], batch, heads[i])) {
+            if (done->ok()) (*done)->bytes = bytes_of(i);
+            results[i] = std::move(*done);
+            continue;
+        }
+        write.push_back(i);
+    }
+    // 2. The source objects, each alone, built side by side by the store.
+    const auto put_start = std::chrono::steady_clock::now();
+    std::vector<std::vector<MemberData>> members(write.size());
+    std::vector<EachPut> sources(write.size());
+    for (std::size_t k = 0; k < write.size(); ++k) {
+        const std::size_t i = write[k];
+        const EntryViews e = entries_of(i);
+        members[k] = MembersOf(*objects[i], e.indices, e.values);
+        // Sources are found through manifests, never listed.
+        sources[k] = {objects[i]->desc.source_ref, metadata[i], members[k],
+                      {PutMode::kCreate, hard_pin[i], false}};
+    }
+    const std::vector<Status> put = store_->PutEach(sources, num_threads);
+    std::vector<std::size_t> written;
+    written.reserve(write.size());
+    for (std::size_t k = 0; k < write.size(); ++k) {
+        if (put[k].ok()) {
+            written.push_back(write[k]);
+        } else {
+            results[write[k]] = put[k];
+        }
+    }
+    // 3. Manifest entries and heads.
+    const auto publish_start = std::chrono::steady_clock::now();
+    PublishEachLocked(objects, metadata, written, heads, bytes_of, results, batch, num_threads);
+    {
+        const auto end = std::chrono::steady_clock::now();
+        std::lock_guard lock(metrics_mu_);
+        metrics_.commit_put_seconds +=
+            std::chrono::duration<double>(publish_start - put_start).count();
+        metrics_.commit_publish_seconds += std::chrono::duration<double>(end - publish_start).count();
+    }
+    for (std::size_t i : later) {
+        results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
+    }
+}
+
+void SparseStore::PublishEachLocked(const std::vector<std::optional<SparseObject>>& objects,
+                                    const std::vector<std::string>& metadata,
+                                    std::span<const std::size_t> write,
+                                    const std::vector<std::optional<Generation>>& heads,
+                                    const std::function<std::uint64_t(std::size_t)>& bytes_of,
+                                    std::vector<Result<CommitResult>>& results,
+                                    CommitBatch& batch, int num_threads) {
+    const std::size_t m = write.size();
+    if (m == 0) return;
+    // 1. The manifest entries.
+    std::vector<std::string> entry_keys(m);
+    std::vector<EachPut> entries(m);
+    for (std::size_t k = 0; k < m; ++k) {
+        const std::size_t i = write[k];
+        entry_keys[k] = ManifestKeyOf(objects[i]->desc);
+        entries[k] = {entry_keys[k], metadata[i], {}, {PutMode::kUpsert, true}};
+    }
+    const std::vector<Status> entered = store_->PutEach(entries, num_threads);
+    // 2. The heads that move: one per tensor (every object of a tensor here is of one step,
+    //    and the checks found one head for all of them).
+    std::vector<std::string> head_keys, head_metadata;
+    head_keys.reserve(m);  // no reallocation: the items view them
+    head_metadata.reserve(m);
+    std::vector<EachPut> moves;
+    std::vector<std::ptrdiff_t> move_of(m, -1);
+    std::map<std::string_view, std::size_t, std::less<>> move_of_tensor;
+    for (std::size_t k = 0; k < m; ++k) {
+        const SourceDescriptor& d = objects[write[k]]->desc;
+        const std::optional<Generation>& head = heads[write[k]];
+        if (!entered[k].ok() || (head && *head == d.generation)) continue;
+        auto [it, fresh] = move_of_tensor.try_emplace(d.tensor_id, moves.size());
+        if (fresh) {
+            head_keys.push_back(HeadKeyOf(d.tensor_id));
+            head_metadata.push_back(HeadMetadata(d.generation));
+            moves.push_back({head_keys.back(), head_metadata.back(), {}, {PutMode::kUpsert, true}});
+        }
+        move_of[k] = static_cast<std::ptrdiff_t>(it->second);
+    }
+    const std::vector<Status> moved = store_->PutEach(moves, num_threads);
+    // 3. The outcomes: a failed object leaves nothing of itself visible.
+    for (std::size_t k = 0; k < m; ++k) {
+        const std::size_t i = write[k];
+        const SourceDescriptor& d = objects[i]->desc;
+        Status s = entered[k];
+        if (s.ok() && move_of[k] >= 0) s = moved[static_cast<std::size_t>(move_of[k])];
+        if (!s.ok()) {
+            (void)store_->Remove(entry_keys[k]);
+            (void)store_->Remove(d.source_ref);
+            results[i] = std::move(s);
+            continue;
+        }
+        if (move_of[k] >= 0) batch.heads[d.tensor_id] = d.generation;
+        const std::uint64_t bytes = bytes_of(i);
+        ++batch.created;
+        batch.created_bytes += bytes;
+        results[i] = CommitResult{d.source_ref, true, d.nnz, bytes};
     }
 }
 
@@ -768,6 +908,9 @@ void SparseStore::CommitBuilt(std::vector<std::optional<SparseObject>>& objects,
               internal::ResolveThreads(num_threads) > 1))) {
             CommitFilledLocked(objects, metadata, hard_pin, entries, results, committed, batch,
                                num_threads);
+        } else if (objects.size() >= kEachCommitObjects) {
+            CommitEachLocked(objects, metadata, hard_pin, entries, results, committed, batch,
+                             num_threads);
         } else {
             for (std::size_t i = 0; i < objects.size(); ++i) {
                 if (!objects[i]) continue;
@@ -911,9 +1054,7 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
         }));
     // 3. Manifest entries and heads.
     const auto publish_start = std::chrono::steady_clock::now();
-    for (std::size_t i : write) {
-        results[i] = PublishCommitLocked(*objects[i], metadata[i], heads[i], batch, bytes_of(i));
-    }
+    PublishEachLocked(objects, metadata, write, heads, bytes_of, results, batch, num_threads);
     const auto end = std::chrono::steady_clock::now();
     std::lock_guard lock(metrics_mu_);
     metrics_.commit_put_seconds += std::chrono::duration<double>(publish_start - put_start).count();

@@ -392,6 +392,29 @@ private:
                             std::vector<Result<CommitResult>>& results,
                             std::vector<const SparseObject*>& committed, CommitBatch& batch,
                             int num_threads);
+    /// The commits of a batch of many small objects with commit_mu_ held, on any store:
+    /// CommitFilledLocked's checks, then every source object in one PutEach (the store builds
+    /// them on `num_threads` threads and makes them visible under one lock), then
+    /// PublishEachLocked. Each object succeeds or fails alone, as by CommitLocked.
+    /// `committed[i]` is set for every object that was tried.
+    void CommitEachLocked(std::vector<std::optional<SparseObject>>& objects,
+                          const std::vector<std::string>& metadata,
+                          const std::vector<bool>& hard_pin, std::span<const EntryViews> entries,
+                          std::vector<Result<CommitResult>>& results,
+                          std::vector<const SparseObject*>& committed, CommitBatch& batch,
+                          int num_threads);
+    /// PublishCommitLocked of the objects `write` (indices into `objects`, their source objects
+    /// written; `heads[i]`: object i's tensor's head as the batch's checks found it) in two
+    /// PutEach: every manifest entry, then every head that moves (one per tensor). An object
+    /// whose entry or head fails is removed again (entry and source object) and fails with
+    /// that error; `bytes_of(i)`: object i's stored bytes.
+    void PublishEachLocked(const std::vector<std::optional<SparseObject>>& objects,
+                           const std::vector<std::string>& metadata,
+                           std::span<const std::size_t> write,
+                           const std::vector<std::optional<Generation>>& heads,
+                           const std::function<std::uint64_t(std::size_t)>& bytes_of,
+                           std::vector<Result<CommitResult>>& results, CommitBatch& batch,
+                           int num_threads);
     /// The source objects `write` (indices into `objects`), in one PutFilled per pin class and,
     /// with a pinned pool, per size class (only large objects go into it): each object's
     /// members (`members_of`) copied into the store on `num_threads` threads, but for the

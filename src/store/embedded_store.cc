@@ -33,6 +33,7 @@
 
 #include "store/keyed_map.h"
 #include "store/object_store.h"
+#include "transport/parallel_for.h"
 #include "transport/pinned_pool.h"
 
 namespace mooncake::sparse {
@@ -42,6 +43,8 @@ namespace {
 constexpr std::uint64_t kMemberAlignment = 64;
 /// A Put of at least this many payload bytes checks for conflicts and capacity before it copies.
 constexpr std::uint64_t kEarlyCheckBytes = 64 << 10;
+/// A PutEach of fewer items builds them on the caller's thread.
+constexpr std::size_t kEachParallelItems = 64;
 
 std::string Quote(std::string_view s) {
     constexpr std::size_t kMaxShown = 200;
@@ -121,6 +124,9 @@ public:
 
     Status Put(std::string_view key, std::string_view metadata,
                std::span<const MemberData> members, const PutOptions& options) override;
+    /// Each object validated and built (its memory allocated and copied) in parallel, then the
+    /// batch installed under one exclusive lock, item by item as Put installs one.
+    std::vector<Status> PutEach(std::span<const EachPut> items, int num_threads) override;
     Result<ObjectInfo> Stat(std::string_view key) override;
     Result<std::shared_ptr<const ObjectInfo>> StatShared(std::string_view key) override;
     Result<std::shared_ptr<const ObjectInfo>> Find(std::string_view key) override;
@@ -215,6 +221,70 @@ private:
     std::atomic<std::uint64_t> range_bytes_{0};
     std::atomic<std::uint64_t> removes_{0};
 };
+
+std::vector<Status> EmbeddedStore::PutEach(std::span<const EachPut> items, int num_threads) {
+    const std::size_t n = items.size();
+    std::vector<Status> out(n);
+    std::vector<std::uint64_t> charged(n, 0), member_bytes(n, 0);
+    std::vector<std::shared_ptr<Object>> built(n);
+    // A few objects per task: each is a small allocation and copy.
+    internal::ParallelFor(
+        n < kEachParallelItems ? 1 : num_threads, n,
+        [&](std::size_t i) {
+            const EachPut& item = items[i];
+            Result<Plan> plan = Validate(item.key, item.metadata, item.members, item.options);
+            if (!plan.ok()) {
+                out[i] = plan.status();
+                return;
+            }
+            Result<std::shared_ptr<Object>> object =
+                Build(item.key, item.metadata, item.members, item.options, *plan);
+            if (!object.ok()) {
+                out[i] = object.status();
+                return;
+            }
+            charged[i] = plan->charged;
+            member_bytes[i] = plan->member_bytes;
+            built[i] = std::move(object).value();
+        },
+        /*chunk=*/0);
+    std::vector<ObjectPtr> released;  // Replaced or refused: freed after the lock.
+    std::uint64_t puts = 0, bytes = 0;
+    {
+        std::unique_lock lock(mu_);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!built[i]) continue;
+            const std::string_view key = items[i].key;
+            auto it = objects_.find(key);
+            const bool exists = it != objects_.end();
+            if (exists && items[i].options.mode == PutMode::kCreate) {
+                out[i] = Conflict("object " + Quote(key) + " already exists");
+                released.push_back(std::move(built[i]));
+                continue;
+            }
+            const std::uint64_t freed = exists ? it->second->charged_bytes : 0;
+            if (!Fits(charged[i], freed)) {
+                out[i] = CapacityError(key, charged[i], freed);
+                released.push_back(std::move(built[i]));
+                continue;
+            }
+            std::shared_ptr<Object>& object = built[i];
+            object->info.version =
+                exists ? it->second->info.version + 1 : removed_version_floor_ + 1;
+            used_bytes_ = used_bytes_ - freed + charged[i];
+            if (exists) {
+                released.push_back(std::exchange(it->second, std::move(object)));
+            } else {
+                objects_.emplace(std::string(key), std::move(object));
+            }
+            ++puts;
+            bytes += member_bytes[i];
+        }
+    }
+    puts_.fetch_add(puts, std::memory_order_relaxed);
+    bytes_put_.fetch_add(bytes, std::memory_order_relaxed);
+    return out;
+}
 
 Result<EmbeddedStore::Plan> EmbeddedStore::Validate(std::string_view key,
                                                     std::string_view metadata,

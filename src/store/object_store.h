@@ -69,6 +69,14 @@ struct PutOptions {
     bool listed = true;
 };
 
+/// One object of ObjectStore::PutEach: Put's arguments.
+struct EachPut {
+    std::string_view key;
+    std::string_view metadata;
+    std::span<const MemberData> members;
+    PutOptions options;
+};
+
 /// Copy rows [row_start, row_end) of one member into `dst` (exactly the rows' bytes).
 struct RangeRead {
     std::string_view key;
@@ -164,6 +172,21 @@ public:
     /// Errors: InvalidArgument; Conflict (kCreate on an existing key); ResourceExhausted.
     virtual Status Put(std::string_view key, std::string_view metadata,
                        std::span<const MemberData> members, const PutOptions& options) = 0;
+
+    /// Puts every item as Put would, each alone: the result's [i] is item i's status, with
+    /// Put's errors. Items take effect in order (a key given twice is two Puts in order). A
+    /// batch of a step's small objects (its sources, manifest entries and heads): stores that
+    /// hold objects in this process build them on up to `num_threads` threads (0: every
+    /// hardware thread) and make them visible under one lock, once built (a conflict is then
+    /// found after the copy). The base implementation Puts each item.
+    virtual std::vector<Status> PutEach(std::span<const EachPut> items, int /*num_threads*/) {
+        std::vector<Status> out;
+        out.reserve(items.size());
+        for (const EachPut& item : items) {
+            out.push_back(Put(item.key, item.metadata, item.members, item.options));
+        }
+        return out;
+    }
 
     /// Metadata and member table of an object.
     /// Errors: NotFound.

@@ -9,6 +9,7 @@
 // (extent -> table) cannot deadlock with them.
 #include "store/shm_store.h"
 #include "store/shm_state.h"
+#include "transport/parallel_for.h"
 
 #include <algorithm>
 #include <atomic>
@@ -412,6 +413,95 @@ Status ShmStore::Put(std::string_view key, std::string_view metadata,
     st.puts.fetch_add(1, std::memory_order_relaxed);
     st.bytes_put.fetch_add(layout.member_bytes, std::memory_order_relaxed);
     return Status::Ok();
+}
+
+std::vector<Status> ShmStore::PutEach(std::span<const EachPut> items, int num_threads) {
+    ShmState& st = *state_;
+    const std::size_t n = items.size();
+    for (const EachPut& item : items) {
+        if (item.options.mode != PutMode::kUpsert) continue;
+        for (const MemberData& m : item.members) {
+            if (!m.bytes.empty()) return ObjectStore::PutEach(items, num_threads);
+        }
+    }
+    std::vector<Status> out(n);
+    std::vector<std::shared_ptr<ShmObject>> built(n);
+    std::vector<std::uint64_t> member_bytes(n, 0);
+    // A few objects per task: each is a small placement and copy.
+    constexpr std::size_t kEachParallelItems = 64;
+    internal::ParallelFor(
+        n < kEachParallelItems ? 1 : num_threads, n,
+        [&](std::size_t i) {
+            const EachPut& item = items[i];
+            out[i] = [&]() -> Status {
+                MCS_RETURN_IF_ERROR(internal::ValidateObjectKey(item.key));
+                if (item.options.mode != PutMode::kCreate && item.options.mode != PutMode::kUpsert) {
+                    return InvalidArgument("unknown PutMode value " +
+                                           std::to_string(static_cast<int>(item.options.mode)));
+                }
+                MCS_ASSIGN_OR_RETURN(const Layout layout,
+                                     Validate(item.key, item.metadata, item.members));
+                if (layout.metadata_charge > options_.metadata_capacity_bytes) {
+                    return ResourceExhausted("object " + Quote(item.key) +
+                                             ": its metadata alone exceeds the bound of " +
+                                             std::to_string(options_.metadata_capacity_bytes) +
+                                             " bytes");
+                }
+                std::shared_ptr<ShmObject> object =
+                    Describe(item.key, item.metadata, item.members, item.options.hard_pin,
+                             layout.sizes, layout.offsets, layout.metadata_charge);
+                if (layout.extent_bytes > 0) {
+                    MCS_ASSIGN_OR_RETURN(object->extent,
+                                         AllocateExtent(item.key, layout.extent_bytes));
+                    // Not visible to anyone yet: the copy needs no lock.
+                    WriteMembers(object->extent->base, item.members, layout.offsets);
+                }
+                Touch(*object, st);
+                member_bytes[i] = layout.member_bytes;
+                built[i] = std::move(object);
+                return Status::Ok();
+            }();
+        },
+        /*chunk=*/0);
+    std::vector<ObjectPtr> released;  // Replaced or refused: freed after the lock.
+    std::uint64_t puts = 0, bytes = 0;
+    {
+        std::unique_lock lock(st.mu);
+        for (std::size_t i = 0; i < n; ++i) {
+            if (!built[i]) continue;
+            const std::string_view key = items[i].key;
+            std::shared_ptr<ShmObject>& object = built[i];
+            auto it = st.objects.find(key);
+            const bool exists = it != st.objects.end();
+            if (exists && items[i].options.mode == PutMode::kCreate) {
+                out[i] = Conflict("object " + Quote(key) + " already exists");
+                released.push_back(std::move(object));
+                continue;
+            }
+            const std::uint64_t freed = exists ? it->second->charged_metadata : 0;
+            if (st.metadata_bytes - freed + object->charged_metadata >
+                options_.metadata_capacity_bytes) {
+                out[i] = ResourceExhausted("object " + Quote(key) + ": the metadata bound of " +
+                                           std::to_string(options_.metadata_capacity_bytes) +
+                                           " bytes is reached");
+                released.push_back(std::move(object));
+                continue;
+            }
+            st.metadata_bytes = st.metadata_bytes - freed + object->charged_metadata;
+            if (exists) {
+                object->info.version = it->second->info.version + 1;
+                released.push_back(std::exchange(it->second, std::move(object)));
+            } else {
+                object->info.version = st.removed_version_floor + 1;
+                st.objects.emplace(std::string(key), std::move(object));
+            }
+            ++puts;
+            bytes += member_bytes[i];
+        }
+    }
+    st.puts.fetch_add(puts, std::memory_order_relaxed);
+    st.bytes_put.fetch_add(bytes, std::memory_order_relaxed);
+    return out;
 }
 
 Status ShmStore::PutFilled(std::span<const FilledPut> puts, const PutOptions& options,

@@ -140,6 +140,10 @@ public:
     /// fit (after evicting what may be evicted) or the metadata bound is reached.
     Status Put(std::string_view key, std::string_view metadata,
                std::span<const MemberData> members, const PutOptions& options) override;
+    /// Each object validated, placed and copied into a fresh extent in parallel, then the batch
+    /// installed under one table lock, item by item as Put installs one. A batch that upserts
+    /// members (which Put may rewrite in place) Puts each item instead.
+    std::vector<Status> PutEach(std::span<const EachPut> items, int num_threads) override;
     Result<ObjectInfo> Stat(std::string_view key) override;
     Result<std::shared_ptr<const ObjectInfo>> StatShared(std::string_view key) override;
     Status ReadMember(std::string_view key, std::string_view member,

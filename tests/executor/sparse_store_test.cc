@@ -300,6 +300,70 @@ TEST(SparseStoreTest, FailedCommitLeavesStoreUnchanged) {
     EXPECT_EQ(store.Metrics().source_objects_put, 0u);
 }
 
+TEST(SparseStoreTest, ABatchWhosePublishFailsForSomeObjectsLeavesNothingOfThem) {
+    // A batch large enough that its store puts go side by side (PutEach): the manifest entry of
+    // one tensor and the head of another cannot be written. Those objects fail with the store's
+    // error and leave nothing visible; the batch's second generation of a third tensor commits
+    // after its first, and every other object commits with its tensor's head at its step.
+    auto rec = std::make_shared<RecordingStore>();
+    SparseStore store(rec);
+    std::mt19937_64 rng(17);
+    const Shape shape{32, 32};
+    std::vector<Coo> coos;  // the requests view their entries
+    coos.reserve(202);
+    const auto coo = [&]() -> const Coo& { return coos.emplace_back(RandomCoo(rng, shape, 5)); };
+    std::vector<PutSparseRequest> reqs;
+    for (int i = 0; i < 100; ++i) {
+        reqs.push_back(Request("t" + std::to_string(i), shape, coo(), "none", {0, 1}));
+    }
+    reqs.push_back(Request("t2", shape, coo(), "none", {1, 2}));
+    rec->fail_puts_with_prefix_ = "mcs/manifest/0-1/t7";
+    auto results = store.PutSparseObjects(reqs);
+    ASSERT_EQ(results.size(), reqs.size());
+    // "t7" and every "t7x": the prefix names them all.
+    for (std::size_t i = 0; i < reqs.size(); ++i) {
+        const std::string& id = reqs[i].tensor_id;
+        if (id.starts_with("t7")) {
+            EXPECT_THAT(results[i].status(), StatusIs(StatusCode::kResourceExhausted)) << id;
+            EXPECT_THAT(*rec->List("mcs/manifest/0-1/" + id), IsEmpty());
+            EXPECT_FALSE(store.CurrentGeneration(id)->has_value()) << id;
+            continue;
+        }
+        ASSERT_TRUE(results[i].ok()) << id << ": " << results[i].status().ToString();
+        EXPECT_TRUE(results[i]->created);
+    }
+    EXPECT_EQ(*store.CurrentGeneration("t2"), (Generation{1, 2}));
+    EXPECT_EQ(*store.CurrentGeneration("t3"), (Generation{0, 1}));
+
+    // A head that cannot move: the objects of that tensor fail and leave nothing; the others
+    // of the step commit.
+    std::vector<PutSparseRequest> next;
+    for (int i = 0; i < 100; ++i) {
+        next.push_back(Request("t" + std::to_string(i), shape, coo(), "none", {1, 2}));
+    }
+    next[2] = Request("u", shape, coo(), "none", {1, 2});
+    rec->fail_puts_with_prefix_ = "mcs/head/t5";
+    const std::size_t objects_before = rec->List("mcs/")->size();
+    results = store.PutSparseObjects(next);
+    std::size_t created = 0;
+    for (std::size_t i = 0; i < next.size(); ++i) {
+        const std::string& id = next[i].tensor_id;
+        if (id.starts_with("t5")) {
+            EXPECT_THAT(results[i].status(), StatusIs(StatusCode::kResourceExhausted)) << id;
+            EXPECT_THAT(*rec->List("mcs/manifest/1-2/" + id), IsEmpty());
+            continue;
+        }
+        ASSERT_TRUE(results[i].ok()) << id << ": " << results[i].status().ToString();
+        created += results[i]->created ? 1 : 0;
+        EXPECT_EQ(*store.CurrentGeneration(id), (Generation{1, 2})) << id;
+    }
+    // Each created object added its source and manifest entry; heads moved in place but for
+    // tensors without one before ("u", and those of the first batch's failures, "t7x").
+    ASSERT_OK_AND_ASSIGN(auto manifest, store.Manifest({1, 2}));
+    EXPECT_EQ(manifest.size(), created + 1);  // + the first batch's "t2" at (1, 2)
+    EXPECT_GT(rec->List("mcs/")->size(), objects_before);
+}
+
 TEST(SparseStoreTest, StaleAndConflictingCommits) {
     SparseStore store(MakeEmbeddedStore());
     std::mt19937_64 rng(13);

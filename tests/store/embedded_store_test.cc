@@ -20,6 +20,8 @@ namespace mooncake::sparse {
 namespace {
 
 using ::mooncake::sparse::testing::Create;
+using ::mooncake::sparse::testing::EachBatch;
+using ::mooncake::sparse::testing::ExpectPutEachIsPutInOrder;
 using ::mooncake::sparse::testing::OwnedMember;
 using ::mooncake::sparse::testing::PatternMember;
 using ::mooncake::sparse::testing::StatusIs;
@@ -580,6 +582,48 @@ TEST(EmbeddedStoreTest, CountersTrackSuccessfulTraffic) {
     EXPECT_EQ(c.range_reads, 3u);
     EXPECT_EQ(c.range_bytes, 19u);
     EXPECT_EQ(c.removes, 1u);
+}
+
+TEST(EmbeddedStoreTest, PutEachIsPutOfEachItemInOrder) {
+    for (const std::size_t count : {std::size_t{3}, std::size_t{300}}) {
+        for (const int threads : {1, 4}) {
+            SCOPED_TRACE(std::to_string(count) + " objects on " + std::to_string(threads) +
+                         " threads");
+            auto each = MakeEmbeddedStore();
+            auto serial = MakeEmbeddedStore();
+            for (ObjectStore* s : {each.get(), serial.get()}) {
+                MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
+            }
+            std::vector<std::string> keys;
+            std::vector<std::vector<MemberData>> members;
+            std::vector<OwnedMember> owned;
+            const std::vector<EachPut> items = EachBatch(count, keys, members, owned);
+            ExpectPutEachIsPutInOrder(*each, *serial, items, threads);
+            EXPECT_EQ(each->Counters().puts, serial->Counters().puts);
+            EXPECT_EQ(each->Counters().bytes_put, serial->Counters().bytes_put);
+        }
+    }
+}
+
+TEST(EmbeddedStoreCapacityTest, PutEachRefusesWhatNoLongerFitsAsPutInOrderWould) {
+    // Room for some of the batch's objects only: the ones installed first fit, the rest are
+    // ResourceExhausted, as Puts in order would be; nothing is charged for a refused one.
+    std::vector<std::string> keys;
+    std::vector<std::vector<MemberData>> members;
+    std::vector<OwnedMember> owned;
+    const std::vector<EachPut> items = EachBatch(200, keys, members, owned);
+    EmbeddedStoreOptions options;
+    options.capacity_bytes = 2000;
+    auto each = MakeEmbeddedStore(options);
+    auto serial = MakeEmbeddedStore(options);
+    for (ObjectStore* s : {each.get(), serial.get()}) {
+        MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
+    }
+    ExpectPutEachIsPutInOrder(*each, *serial, items, 4);
+    const std::vector<Status> again = each->PutEach(items, 4);
+    EXPECT_TRUE(std::any_of(again.begin(), again.end(), [](const Status& s) {
+        return s.code() == StatusCode::kResourceExhausted;
+    }));
 }
 
 }  // namespace

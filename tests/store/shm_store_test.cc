@@ -26,7 +26,11 @@
 namespace mooncake::sparse {
 namespace {
 
+using ::mooncake::sparse::testing::Create;
+using ::mooncake::sparse::testing::EachBatch;
+using ::mooncake::sparse::testing::ExpectPutEachIsPutInOrder;
 using ::mooncake::sparse::testing::OwnedMember;
+using ::mooncake::sparse::testing::Upsert;
 using ::mooncake::sparse::testing::PatternMember;
 using ::mooncake::sparse::testing::StatusIs;
 using ::mooncake::sparse::testing::Views;
@@ -533,6 +537,68 @@ TEST(ShmStoreTest, InvalidInputIsRejected) {
     bad.segment_size = PageSize();
     bad.num_segments = 0;
     EXPECT_THAT(ShmStore::Create(bad), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(ShmStoreTest, PutEachIsPutOfEachItemInOrder) {
+    for (const std::size_t count : {std::size_t{3}, std::size_t{300}}) {
+        for (const int threads : {1, 4}) {
+            SCOPED_TRACE(std::to_string(count) + " objects on " + std::to_string(threads) +
+                         " threads");
+            auto each = MakeStore(64 * kKiB, 2);
+            auto serial = MakeStore(64 * kKiB, 2);
+            ASSERT_NE(each, nullptr);
+            ASSERT_NE(serial, nullptr);
+            for (ObjectStore* s : {static_cast<ObjectStore*>(each.get()),
+                                   static_cast<ObjectStore*>(serial.get())}) {
+                MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
+            }
+            std::vector<std::string> keys;
+            std::vector<std::vector<MemberData>> members;
+            std::vector<OwnedMember> owned;
+            const std::vector<EachPut> items = EachBatch(count, keys, members, owned);
+            ExpectPutEachIsPutInOrder(*each, *serial, items, threads);
+            EXPECT_EQ(each->Stats().objects, serial->Stats().objects);
+            EXPECT_EQ(each->Counters().puts, serial->Counters().puts);
+        }
+    }
+}
+
+TEST(ShmStoreTest, PutEachRefusesWhatPassesTheMetadataBoundAndFreesItsExtent) {
+    // Past the metadata bound, items are ResourceExhausted as Puts in order would be, and the
+    // extents built for them return to the allocator.
+    std::vector<std::string> keys;
+    std::vector<std::vector<MemberData>> members;
+    std::vector<OwnedMember> owned;
+    const std::vector<EachPut> items = EachBatch(200, keys, members, owned);
+    auto each = MakeStore(64 * kKiB, 1, /*metadata_capacity=*/8192);
+    auto serial = MakeStore(64 * kKiB, 1, /*metadata_capacity=*/8192);
+    ASSERT_NE(each, nullptr);
+    ASSERT_NE(serial, nullptr);
+    for (ObjectStore* s : {static_cast<ObjectStore*>(each.get()),
+                           static_cast<ObjectStore*>(serial.get())}) {
+        MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
+    }
+    ExpectPutEachIsPutInOrder(*each, *serial, items, 4);
+    EXPECT_EQ(each->Stats().objects, serial->Stats().objects);
+    EXPECT_EQ(each->Stats().used_bytes, serial->Stats().used_bytes);
+}
+
+TEST(ShmStoreTest, PutEachOfUpsertsWithMembersPutsEachItem) {
+    // An upsert with members may be rewritten in place by Put: such a batch takes Put's path.
+    auto store = MakeStore(64 * kKiB);
+    ASSERT_NE(store, nullptr);
+    const OwnedMember a = PatternMember("m", DType::kUInt8, {64}, 1);
+    const OwnedMember b = PatternMember("m", DType::kUInt8, {64}, 2);
+    MCS_ASSERT_OK(store->Put("k", "v1", std::vector<MemberData>{a.View()}, Create()));
+    const std::vector<MemberData> mb = {b.View()};
+    const std::vector<EachPut> items = {{"k", "v2", mb, Upsert()}, {"j", "v1", mb, Create()}};
+    const std::vector<Status> out = store->PutEach(items, 4);
+    MCS_EXPECT_OK(out[0]);
+    MCS_EXPECT_OK(out[1]);
+    std::vector<std::byte> got(64);
+    MCS_ASSERT_OK(store->ReadMember("k", "m", got));
+    EXPECT_EQ(got, b.bytes);
+    EXPECT_EQ(store->Stats().in_place_upserts, 1u);
 }
 
 }  // namespace

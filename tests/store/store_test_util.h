@@ -144,4 +144,79 @@ inline void ExpectParallelRangeReadsMatch(ObjectStore& store) {
     }
 }
 
+/// A batch of PutEach items over `members` (one owned member set per item, kept alive by the
+/// caller): `count` fresh objects with members, then the cases a step's commit meets and a bad
+/// caller sends (a create of a key the store holds, a key given twice, metadata-only upserts,
+/// an invalid key, a member whose bytes do not match its shape).
+inline std::vector<EachPut> EachBatch(std::size_t count, std::vector<std::string>& keys,
+                                      std::vector<std::vector<MemberData>>& members,
+                                      std::vector<OwnedMember>& owned) {
+    owned.clear();
+    for (std::size_t i = 0; i < count; ++i) {
+        owned.push_back(PatternMember("indices", DType::kUInt16, {Index(1 + i % 7), 2},
+                                      static_cast<std::uint8_t>(i)));
+    }
+    keys.clear();
+    members.clear();
+    std::vector<EachPut> items;
+    for (std::size_t i = 0; i < count; ++i) {
+        keys.push_back("src/t" + std::to_string(i));
+        members.push_back({owned[i].View()});
+    }
+    keys.push_back("held");          // created before the batch
+    keys.push_back("twice");         // created, then created again: a conflict
+    keys.push_back("head/t");        // upserted twice: the second wins
+    keys.push_back("bad key\n");     // invalid
+    keys.push_back("mismatched");    // 3 bytes for a uint16 member of 2 elements
+    members.push_back({});
+    static const std::byte three[3] = {};
+    members.push_back({MemberData{"m", DType::kUInt16, {2}, std::span<const std::byte>(three), 0}});
+    for (std::size_t i = 0; i < count; ++i) {
+        items.push_back({keys[i], i % 3 == 0 ? "" : "meta", members[i],
+                         {PutMode::kCreate, i % 2 == 0}});
+    }
+    const std::span<const MemberData> none;
+    items.push_back({keys[count], "again", none, {PutMode::kCreate, false}});
+    items.push_back({keys[count + 1], "first", members[0], {PutMode::kCreate, false}});
+    items.push_back({keys[count + 1], "second", none, {PutMode::kCreate, false}});
+    items.push_back({keys[count + 2], "gen 1", none, {PutMode::kUpsert, true}});
+    items.push_back({keys[count + 2], "gen 2", none, {PutMode::kUpsert, true}});
+    items.push_back({keys[count + 3], "x", none, {PutMode::kCreate, false}});
+    items.push_back({keys[count + 4], "x", members[count + 1], {PutMode::kCreate, false}});
+    return items;
+}
+
+/// PutEach of `items` into `each` does what a Put of each item in order into `serial` does:
+/// the same status codes, then the same objects (metadata, members' bytes, versions).
+inline void ExpectPutEachIsPutInOrder(ObjectStore& each, ObjectStore& serial,
+                                      std::span<const EachPut> items, int num_threads) {
+    std::vector<Status> expected;
+    for (const EachPut& item : items) {
+        expected.push_back(serial.Put(item.key, item.metadata, item.members, item.options));
+    }
+    const std::vector<Status> got = each.PutEach(items, num_threads);
+    ASSERT_EQ(got.size(), items.size());
+    for (std::size_t i = 0; i < items.size(); ++i) {
+        EXPECT_EQ(got[i].code(), expected[i].code())
+            << "item " << i << " (" << items[i].key << "): " << got[i].ToString() << " vs "
+            << expected[i].ToString();
+    }
+    for (const EachPut& item : items) {
+        auto a = serial.Stat(item.key);
+        auto b = each.Stat(item.key);
+        ASSERT_EQ(a.ok(), b.ok()) << item.key;
+        if (!a.ok()) continue;
+        EXPECT_EQ(b->metadata, a->metadata) << item.key;
+        EXPECT_EQ(b->version, a->version) << item.key;
+        EXPECT_EQ(b->hard_pinned, a->hard_pinned) << item.key;
+        ASSERT_EQ(b->members.size(), a->members.size()) << item.key;
+        for (const MemberInfo& m : a->members) {
+            std::vector<std::byte> x(m.size_bytes), y(m.size_bytes);
+            MCS_ASSERT_OK(serial.ReadMember(item.key, m.name, x));
+            MCS_ASSERT_OK(each.ReadMember(item.key, m.name, y));
+            EXPECT_EQ(x, y) << item.key;
+        }
+    }
+}
+
 }  // namespace mooncake::sparse::testing
