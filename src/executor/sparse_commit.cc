@@ -511,30 +511,13 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
     const auto entries_of = [&](std::size_t i) {
         return entries.empty() ? EntryViews{} : entries[i];
     };
-    // 1. Every object's checks. An object whose tensor already has another generation in this
-    //    batch is checked against the head the first one moves, so it is committed after them.
-    std::vector<std::size_t> write, later;
-    std::vector<std::optional<Generation>> heads(objects.size());
-    std::map<std::string_view, Generation, std::less<>> generation_of;
-    for (std::size_t i = 0; i < objects.size(); ++i) {
-        if (!objects[i]) continue;
-        const SourceDescriptor& d = objects[i]->desc;
-        committed[i] = &*objects[i];
-        auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
-        if (!fresh && it->second != d.generation) {
-            later.push_back(i);
-            continue;
-        }
-        if (std::optional<Result<CommitResult>> done = CheckCommitLocked(*objects[i], batch, heads[i])) {
-            if (done->ok()) {
-                const EntryViews e = entries_of(i);
-                (*done)->bytes = objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
-            }
-            results[i] = std::move(*done);
-            continue;
-        }
-        write.push_back(i);
-    }
+    const auto bytes_of = [&](std::size_t i) {
+        const EntryViews e = entries_of(i);
+        return objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
+    };
+    // 1. Every object's checks.
+    const BatchChecks checks = CheckBatchLocked(objects, bytes_of, results, committed, batch);
+    const std::vector<std::size_t>& write = checks.write;
     // 2. The source objects, in one PutFilled per class, their bytes copied in parallel; the
     //    objects of a class whose PutFilled fails are committed alone below.
     std::vector<bool> written(objects.size(), false);
@@ -556,21 +539,46 @@ void SparseStore::CommitFilledLocked(std::vector<std::optional<SparseObject>>& o
     for (std::size_t i : write) {
         if (written[i]) published.push_back(i);
     }
-    PublishEachLocked(
-        objects, metadata, published, heads,
-        [&](std::size_t i) {
-            const EntryViews e = entries_of(i);
-            return objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
-        },
-        results, batch, num_threads);
+    PublishEachLocked(objects, metadata, published, checks.heads, bytes_of, results, batch,
+                      num_threads);
     for (std::size_t i : write) {
         if (!written[i]) {
             results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
         }
     }
-    for (std::size_t i : later) {
+    for (std::size_t i : checks.later) {
         results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
     }
+}
+
+SparseStore::BatchChecks SparseStore::CheckBatchLocked(
+    const std::vector<std::optional<SparseObject>>& objects,
+    const std::function<std::uint64_t(std::size_t)>& bytes_of,
+    std::vector<Result<CommitResult>>& results, std::vector<const SparseObject*>& committed,
+    CommitBatch& batch) {
+    BatchChecks out;
+    out.heads.resize(objects.size());
+    // An object whose tensor already has another generation in this batch is checked against the
+    // head the first one moves, so it is committed after them.
+    std::map<std::string_view, Generation, std::less<>> generation_of;
+    for (std::size_t i = 0; i < objects.size(); ++i) {
+        if (!objects[i]) continue;
+        const SourceDescriptor& d = objects[i]->desc;
+        committed[i] = &*objects[i];
+        auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
+        if (!fresh && it->second != d.generation) {
+            out.later.push_back(i);
+            continue;
+        }
+        if (std::optional<Result<CommitResult>> done =
+                CheckCommitLocked(*objects[i], batch, out.heads[i])) {
+            if (done->ok()) (*done)->bytes = bytes_of(i);
+            results[i] = std::move(*done);
+            continue;
+        }
+        out.write.push_back(i);
+    }
+    return out;
 }
 
 void SparseStore::CommitEachLocked(std::vector<std::optional<SparseObject>>& objects,
@@ -587,27 +595,9 @@ void SparseStore::CommitEachLocked(std::vector<std::optional<SparseObject>>& obj
         const EntryViews e = entries_of(i);
         return objects[i]->PayloadBytes() + e.indices.size() + e.values.size();
     };
-    // 1. Every object's checks (CommitFilledLocked's): a second generation of a tensor in the
-    //    batch is committed after the first one moved its head.
-    std::vector<std::size_t> write, later;
-    std::vector<std::optional<Generation>> heads(objects.size());
-    std::map<std::string_view, Generation, std::less<>> generation_of;
-    for (std::size_t i = 0; i < objects.size(); ++i) {
-        if (!objects[i]) continue;
-        const SourceDescriptor& d = objects[i]->desc;
-        committed[i] = &*objects[i];
-        auto [it, fresh] = generation_of.try_emplace(d.tensor_id, d.generation);
-        if (!fresh && it->second != d.generation) {
-            later.push_back(i);
-            continue;
-        }
-        if (std::optional<Result<CommitResult>> done = CheckCommitLocked(*objects[i], batch, heads[i])) {
-            if (done->ok()) (*done)->bytes = bytes_of(i);
-            results[i] = std::move(*done);
-            continue;
-        }
-        write.push_back(i);
-    }
+    // 1. Every object's checks.
+    const BatchChecks checks = CheckBatchLocked(objects, bytes_of, results, committed, batch);
+    const std::vector<std::size_t>& write = checks.write;
     // 2. The source objects, each alone, built side by side by the store.
     const auto put_start = std::chrono::steady_clock::now();
     std::vector<std::vector<MemberData>> members(write.size());
@@ -632,7 +622,7 @@ void SparseStore::CommitEachLocked(std::vector<std::optional<SparseObject>>& obj
     }
     // 3. Manifest entries and heads.
     const auto publish_start = std::chrono::steady_clock::now();
-    PublishEachLocked(objects, metadata, written, heads, bytes_of, results, batch, num_threads);
+    PublishEachLocked(objects, metadata, written, checks.heads, bytes_of, results, batch, num_threads);
     {
         const auto end = std::chrono::steady_clock::now();
         std::lock_guard lock(metrics_mu_);
@@ -640,7 +630,7 @@ void SparseStore::CommitEachLocked(std::vector<std::optional<SparseObject>>& obj
             std::chrono::duration<double>(publish_start - put_start).count();
         metrics_.commit_publish_seconds += std::chrono::duration<double>(end - publish_start).count();
     }
-    for (std::size_t i : later) {
+    for (std::size_t i : checks.later) {
         results[i] = CommitLocked(*objects[i], metadata[i], hard_pin[i], batch, entries_of(i));
     }
 }
@@ -1018,21 +1008,10 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
         if (external[i]) EntryBytes(objects[i]->desc, index_bytes, value_bytes);
         return objects[i]->PayloadBytes() + index_bytes + value_bytes;
     };
-    // 1. Every object's checks (CommitFilledLocked's; PutIndexedObjects took no second
-    //    generation of a tensor).
-    std::vector<std::size_t> write;
-    std::vector<std::optional<Generation>> heads(objects.size());
-    for (std::size_t i = 0; i < objects.size(); ++i) {
-        if (!objects[i]) continue;
-        committed[i] = &*objects[i];
-        std::optional<Result<CommitResult>> done = CheckCommitLocked(*objects[i], batch, heads[i]);
-        if (done) {
-            if (done->ok()) (*done)->bytes = bytes_of(i);
-            results[i] = std::move(*done);
-            continue;
-        }
-        write.push_back(i);
-    }
+    // 1. Every object's checks (PutIndexedObjects took no second generation of a tensor: none
+    //    is left for later).
+    const BatchChecks checks = CheckBatchLocked(objects, bytes_of, results, committed, batch);
+    const std::vector<std::size_t>& write = checks.write;
     // 2. The source objects, in one PutFilled per class: the objects' own members copied in
     //    parallel, the external entries written by `fill`. A failure removes what the other
     //    classes wrote, so that nothing of the call stays.
@@ -1054,7 +1033,8 @@ Status SparseStore::CommitIndexedLocked(std::vector<std::optional<SparseObject>>
         }));
     // 3. Manifest entries and heads.
     const auto publish_start = std::chrono::steady_clock::now();
-    PublishEachLocked(objects, metadata, write, heads, bytes_of, results, batch, num_threads);
+    PublishEachLocked(objects, metadata, write, checks.heads, bytes_of, results, batch,
+                      num_threads);
     const auto end = std::chrono::steady_clock::now();
     std::lock_guard lock(metrics_mu_);
     metrics_.commit_put_seconds += std::chrono::duration<double>(publish_start - put_start).count();

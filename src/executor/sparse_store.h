@@ -374,6 +374,20 @@ private:
     std::optional<Result<CommitResult>> CheckCommitLocked(const SparseObject& object,
                                                           CommitBatch& batch,
                                                           std::optional<Generation>& head);
+    /// The checks of a batch's objects with commit_mu_ held (CheckCommitLocked for each, in
+    /// order; `committed[i]` set for every object tried).
+    struct BatchChecks {
+        std::vector<std::size_t> write;  ///< To be written, checked against `heads`.
+        /// Whose tensor has another generation earlier in the batch: committed object by object
+        /// after the first one moved the head.
+        std::vector<std::size_t> later;
+        std::vector<std::optional<Generation>> heads;  ///< Per object: its tensor's head.
+    };
+    /// An idempotent retry's or a refused object's result is set, a retry's with `bytes_of(i)`.
+    BatchChecks CheckBatchLocked(const std::vector<std::optional<SparseObject>>& objects,
+                                 const std::function<std::uint64_t(std::size_t)>& bytes_of,
+                                 std::vector<Result<CommitResult>>& results,
+                                 std::vector<const SparseObject*>& committed, CommitBatch& batch);
     /// CommitLocked's writes after the source object: its manifest entry and its tensor's head
     /// (the source object is removed again when they fail).
     Result<CommitResult> PublishCommitLocked(const SparseObject& object,

@@ -22,6 +22,7 @@ namespace {
 using ::mooncake::sparse::testing::Create;
 using ::mooncake::sparse::testing::EachBatch;
 using ::mooncake::sparse::testing::ExpectPutEachIsPutInOrder;
+using ::mooncake::sparse::testing::ExpectPutEachIsPutInOrderOnFreshStores;
 using ::mooncake::sparse::testing::OwnedMember;
 using ::mooncake::sparse::testing::PatternMember;
 using ::mooncake::sparse::testing::StatusIs;
@@ -585,24 +586,11 @@ TEST(EmbeddedStoreTest, CountersTrackSuccessfulTraffic) {
 }
 
 TEST(EmbeddedStoreTest, PutEachIsPutOfEachItemInOrder) {
-    for (const std::size_t count : {std::size_t{3}, std::size_t{300}}) {
-        for (const int threads : {1, 4}) {
-            SCOPED_TRACE(std::to_string(count) + " objects on " + std::to_string(threads) +
-                         " threads");
-            auto each = MakeEmbeddedStore();
-            auto serial = MakeEmbeddedStore();
-            for (ObjectStore* s : {each.get(), serial.get()}) {
-                MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
-            }
-            std::vector<std::string> keys;
-            std::vector<std::vector<MemberData>> members;
-            std::vector<OwnedMember> owned;
-            const std::vector<EachPut> items = EachBatch(count, keys, members, owned);
-            ExpectPutEachIsPutInOrder(*each, *serial, items, threads);
-            EXPECT_EQ(each->Counters().puts, serial->Counters().puts);
-            EXPECT_EQ(each->Counters().bytes_put, serial->Counters().bytes_put);
-        }
-    }
+    ExpectPutEachIsPutInOrderOnFreshStores([] { return MakeEmbeddedStore(); },
+                                           [](ObjectStore& each, ObjectStore& serial) {
+                                               EXPECT_EQ(each.Counters().bytes_put,
+                                                         serial.Counters().bytes_put);
+                                           });
 }
 
 TEST(EmbeddedStoreCapacityTest, PutEachRefusesWhatNoLongerFitsAsPutInOrderWould) {

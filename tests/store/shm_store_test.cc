@@ -29,6 +29,7 @@ namespace {
 using ::mooncake::sparse::testing::Create;
 using ::mooncake::sparse::testing::EachBatch;
 using ::mooncake::sparse::testing::ExpectPutEachIsPutInOrder;
+using ::mooncake::sparse::testing::ExpectPutEachIsPutInOrderOnFreshStores;
 using ::mooncake::sparse::testing::OwnedMember;
 using ::mooncake::sparse::testing::Upsert;
 using ::mooncake::sparse::testing::PatternMember;
@@ -540,27 +541,11 @@ TEST(ShmStoreTest, InvalidInputIsRejected) {
 }
 
 TEST(ShmStoreTest, PutEachIsPutOfEachItemInOrder) {
-    for (const std::size_t count : {std::size_t{3}, std::size_t{300}}) {
-        for (const int threads : {1, 4}) {
-            SCOPED_TRACE(std::to_string(count) + " objects on " + std::to_string(threads) +
-                         " threads");
-            auto each = MakeStore(64 * kKiB, 2);
-            auto serial = MakeStore(64 * kKiB, 2);
-            ASSERT_NE(each, nullptr);
-            ASSERT_NE(serial, nullptr);
-            for (ObjectStore* s : {static_cast<ObjectStore*>(each.get()),
-                                   static_cast<ObjectStore*>(serial.get())}) {
-                MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
-            }
-            std::vector<std::string> keys;
-            std::vector<std::vector<MemberData>> members;
-            std::vector<OwnedMember> owned;
-            const std::vector<EachPut> items = EachBatch(count, keys, members, owned);
-            ExpectPutEachIsPutInOrder(*each, *serial, items, threads);
-            EXPECT_EQ(each->Stats().objects, serial->Stats().objects);
-            EXPECT_EQ(each->Counters().puts, serial->Counters().puts);
-        }
-    }
+    ExpectPutEachIsPutInOrderOnFreshStores([] { return MakeStore(64 * kKiB, 2); },
+                                           [](ShmStore& each, ShmStore& serial) {
+                                               EXPECT_EQ(each.Stats().objects,
+                                                         serial.Stats().objects);
+                                           });
 }
 
 TEST(ShmStoreTest, PutEachRefusesWhatPassesTheMetadataBoundAndFreesItsExtent) {

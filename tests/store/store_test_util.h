@@ -219,4 +219,32 @@ inline void ExpectPutEachIsPutInOrder(ObjectStore& each, ObjectStore& serial,
     }
 }
 
+/// ExpectPutEachIsPutInOrder on pairs of fresh stores from `make` (each holding "held" first),
+/// for a small and a large EachBatch on one and four threads; `also(each, serial)` checks what
+/// else the two stores must agree on.
+template <typename Make, typename Also>
+void ExpectPutEachIsPutInOrderOnFreshStores(Make make, Also also) {
+    for (const std::size_t count : {std::size_t{3}, std::size_t{300}}) {
+        for (const int threads : {1, 4}) {
+            SCOPED_TRACE(std::to_string(count) + " objects on " + std::to_string(threads) +
+                         " threads");
+            auto each = make();
+            auto serial = make();
+            ASSERT_NE(each, nullptr);
+            ASSERT_NE(serial, nullptr);
+            for (ObjectStore* s : {static_cast<ObjectStore*>(each.get()),
+                                   static_cast<ObjectStore*>(serial.get())}) {
+                MCS_ASSERT_OK(s->Put("held", "before", {}, Create()));
+            }
+            std::vector<std::string> keys;
+            std::vector<std::vector<MemberData>> members;
+            std::vector<OwnedMember> owned;
+            const std::vector<EachPut> items = EachBatch(count, keys, members, owned);
+            ExpectPutEachIsPutInOrder(*each, *serial, items, threads);
+            EXPECT_EQ(each->Counters().puts, serial->Counters().puts);
+            also(*each, *serial);
+        }
+    }
+}
+
 }  // namespace mooncake::sparse::testing
