@@ -16,14 +16,18 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "bind_common.h"
 #include "executor/sparse_store.h"
+#include "transport/cuda_runtime.h"  // kCudaPerThreadStream
 #include "transport/host_copy.h"
 #include "transport/parallel_for.h"
 
@@ -42,6 +46,7 @@ namespace {
 struct DeviceCommitCounters {
     std::atomic<std::uint64_t> batches{0};  ///< Commits of batches that took the direct path.
     std::atomic<std::uint64_t> objects{0};  ///< Updates indexed on the GPU and committed so.
+    std::atomic<std::uint64_t> groups{0};   ///< Groups of their checks (DeviceCommitGroups).
     std::atomic<std::uint64_t> bytes{0};    ///< Entry bytes copied from the device by a fill.
     // Where the direct path's time goes (ns, summed over batches): the whole call, the GPU's
     // check/index/checksum pass with its planning, the commit (PutIndexedObjects), and the fill
@@ -61,6 +66,15 @@ DeviceCommitCounters& DirectCounters() {
     return *c;
 }
 
+/// Entry bytes of the first group of a commit checked on the GPU (DeviceCommitGroups: each next
+/// group three times the one before, checked while the one before it is copied into the
+/// store); 0 (the default until it is measured on a GPU): one group.
+/// _set_device_commit_group_bytes sets it for the process.
+std::atomic<std::uint64_t>& DeviceCommitGroupBytes() {
+    static std::atomic<std::uint64_t> bytes{0};
+    return bytes;
+}
+
 }  // namespace
 
 void RegisterGpuCommit(pyb::module_& m) {
@@ -70,6 +84,7 @@ void RegisterGpuCommit(pyb::module_& m) {
             pyb::dict d;
             d["batches"] = DirectCounters().batches.load();
             d["objects"] = DirectCounters().objects.load();
+            d["groups"] = DirectCounters().groups.load();
             d["bytes"] = DirectCounters().bytes.load();
             d["total_seconds"] = double(DirectCounters().total_ns.load()) * 1e-9;
             d["index_seconds"] = double(DirectCounters().index_ns.load()) * 1e-9;
@@ -80,12 +95,22 @@ void RegisterGpuCommit(pyb::module_& m) {
             return d;
         },
         "What put_sparse_objects committed in this process by indexing on the GPU and copying "
-        "entries straight into the embedded store (monotonic): batches, objects, bytes, and the "
+        "entries straight into the embedded store (monotonic): batches, objects, groups (of "
+        "their GPU checks, each after the first checked while the one before it is copied), "
+        "bytes, and the "
         "seconds of those batches: total_seconds (the calls), index_seconds (planning and the "
         "GPU's checks, tile index and checksums), commit_seconds (the store's commit), "
         "fill_seconds (the copies from the device, inside the commit), prepare_seconds (the "
         "commit before its first fill: checks, metadata, allocation) and publish_seconds (after "
         "its last fill: manifest entries, heads, results).");
+    m.def(
+        "_set_device_commit_group_bytes",
+        [](std::uint64_t bytes) { return DeviceCommitGroupBytes().exchange(bytes); },
+        pyb::arg("bytes"),
+        "Entry bytes of the first group of a commit from CUDA memory checked on the GPU in this "
+        "process (each next group three times the one before, checked while the one before it "
+        "is copied into the store; 0: the whole commit checked before any of it is copied); "
+        "returns the previous value.");
 }
 
 #if MCS_PY_WITH_GPU_CODEC
@@ -253,80 +278,92 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
         item_of.push_back(k);
     }
     if (items.empty()) return std::nullopt;
-    Result<std::vector<cuda::IndexResult>> indexed = Internal("unset");
-    {
-        pyb::gil_scoped_release nogil;
-        indexed = cuda::IndexCanonicalBatch(items, stream);
+    // The check in groups of items (DeviceCommitGroups): the first on the caller's stream, then
+    // each next one on a worker thread's stream while the one before it is copied into the
+    // store (the check takes the GPU's SMs, the copies the copy engine and PCIe).
+    std::vector<std::uint64_t> item_bytes(items.size());
+    for (std::size_t t = 0; t < items.size(); ++t) {
+        const ParsedPut& p = *puts[item_of[t]];
+        item_bytes[t] = p.device_indices->bytes + p.device_values->bytes;
     }
-    if (!indexed.ok()) return std::nullopt;  // the staging path reports what is wrong, if anything
-    const std::uint64_t index_ns = NanosSince(t_index);
+    const std::vector<std::size_t> bounds =
+        DeviceCommitGroups(item_bytes, DeviceCommitGroupBytes().load(std::memory_order_relaxed));
+    const std::size_t groups = bounds.size() - 1;
     std::vector<std::optional<SparseObject>> objects(n);
-    {
-        // Each object from its tile index (its tile checksums, its descriptor's checks) on its
-        // own: in parallel, a layer's large tensors have thousands of tiles each.
-        pyb::gil_scoped_release nogil;
+    // Group g's check and objects (each from its tile index, its tile checksums and its
+    // descriptor's checks, in parallel: a layer's large tensors have thousands of tiles each);
+    // false when the GPU pass failed (its items take the staging path).
+    const auto check = [&](std::size_t g, std::uintptr_t on) -> bool {
+        const std::size_t lo = bounds[g], hi = bounds[g + 1];
+        Result<std::vector<cuda::IndexResult>> indexed =
+            cuda::IndexCanonicalBatch(std::span<const cuda::IndexItem>(items).subspan(lo, hi - lo), on);
+        if (!indexed.ok()) return false;
         internal::ParallelFor(
-            num_threads, items.size(),
-            [&](std::size_t t) {
-                cuda::IndexResult& r = (*indexed)[t];
+            num_threads, hi - lo,
+            [&](std::size_t j) {
+                cuda::IndexResult& r = (*indexed)[j];
                 if (!r.canonical) return;
-                const std::size_t k = item_of[t];
+                const std::size_t k = item_of[lo + j];
                 objects[k] = FinishCanonicalEntries(std::move(*plans[k]), std::move(r.tile_coords),
                                                     std::move(r.tile_ptr), r.checksum_indices,
                                                     r.checksum_values);
             },
             /*chunk=*/0);
-    }
-    std::vector<bool> on_device(n, false);
-    for (std::size_t k = 0; k < n; ++k) on_device[k] = objects[k].has_value();
-    if (std::find(on_device.begin(), on_device.end(), true) == on_device.end()) {
-        return std::nullopt;
-    }
-    // The others through the host's encode, on staged copies of their members.
-    std::vector<Status> errors(n);
-    std::vector<ParsedPut*> rest;
-    for (std::size_t k = 0; k < n; ++k) {
-        if (!on_device[k]) rest.push_back(puts[k]);
-    }
-    if (!rest.empty()) {
-        std::shared_ptr<void> staged = StageDeviceMembers(rest, stream);
-        pyb::gil_scoped_release nogil;
-        internal::ParallelFor(num_threads, n, [&](std::size_t k) {
-            if (on_device[k]) return;
-            Result<SparseObject> built = BuildSourceObject(puts[k]->request);
-            if (built.ok()) {
-                objects[k] = std::move(built).value();
-            } else {
-                errors[k] = built.status();
-            }
-        });
-        staged.reset();  // the objects own their entries now
-    }
-    // One commit of every object; the device objects' entries land in the store from the GPU.
-    std::vector<SparseObject> batch;
-    std::vector<bool> hard_pin;
-    std::vector<std::size_t> batch_of;
-    DeviceEntries entries;
-    entries.device = device;
-    entries.stream = stream;
-    for (std::size_t k = 0; k < n; ++k) {
-        if (!objects[k]) continue;
-        batch_of.push_back(k);
-        hard_pin.push_back(puts[k]->request.hard_pin);
-        batch.push_back(std::move(*objects[k]));
-        entries.indices.push_back(on_device[k] ? &*puts[k]->device_indices : nullptr);
-        entries.values.push_back(on_device[k] ? &*puts[k]->device_values : nullptr);
-    }
-    Result<std::vector<Result<CommitResult>>> committed = Internal("unset");
+        return true;
+    };
+    bool first_checked = false;
     {
         pyb::gil_scoped_release nogil;
-        // Entries bound for pageable store memory go through pinned staging, leased before the
-        // commit as the staging path leases it: the small members of every device object (the
-        // store keeps small objects out of its pinned pool), and every member when the store
-        // has no page-locked memory for its objects.
+        first_checked = check(0, stream);
+    }
+    if (!first_checked) return std::nullopt;  // the staging path reports what is wrong, if anything
+    std::uint64_t index_ns = NanosSince(t_index);
+    std::vector<std::promise<bool>> promised(groups);
+    std::vector<std::future<bool>> checked(groups);
+    for (std::size_t g = 0; g < groups; ++g) checked[g] = promised[g].get_future();
+    promised[0].set_value(true);
+    std::jthread worker;
+    if (groups > 1) {
+        // The first check synchronized the caller's stream: the work queued there before this
+        // call (the members' encode) is complete, and the worker's stream may read them.
+        worker = std::jthread([&] {
+            for (std::size_t g = 1; g < groups; ++g) {
+                promised[g].set_value(check(g, kCudaPerThreadStream));
+            }
+        });
+    }
+    std::vector<Result<CommitResult>> results(n, Internal("unset"));
+    std::vector<bool> done(n, false);
+    // Entries bound for pageable store memory go through pinned staging, leased before each
+    // commit as the staging path leases it: the small members of every device object (the
+    // store keeps small objects out of its pinned pool), and every member when the store has no
+    // page-locked memory for its objects.
+    const auto* sparse_store = dynamic_cast<const SparseStore*>(&service);
+    const bool stage_large = sparse_store == nullptr ||
+                             sparse_store->options().pinned_quota_bytes == 0;
+    std::size_t committed_batches = 0;
+    // One commit of the objects `ks` (updates), the device ones' entries landing in the store
+    // from the GPU; false when it failed whole (nothing of it committed). Without the GIL.
+    const auto commit = [&](const std::vector<std::size_t>& ks, const std::vector<bool>& on_device)
+        -> Result<bool> {
+        std::vector<SparseObject> batch;
+        std::vector<bool> hard_pin;
+        std::vector<std::size_t> batch_of;
+        DeviceEntries entries;
+        entries.device = device;
+        entries.stream = stream;
+        entries.stage_large = stage_large;
+        for (std::size_t k : ks) {
+            if (!objects[k]) continue;
+            batch_of.push_back(k);
+            hard_pin.push_back(puts[k]->request.hard_pin);
+            batch.push_back(std::move(*objects[k]));
+            objects[k].reset();
+            entries.indices.push_back(on_device[k] ? &*puts[k]->device_indices : nullptr);
+            entries.values.push_back(on_device[k] ? &*puts[k]->device_values : nullptr);
+        }
+        if (batch.empty()) return true;
         std::optional<cuda::PinnedStaging::Lease> lease;
-        const auto* store = dynamic_cast<const SparseStore*>(&service);
-        entries.stage_large = store == nullptr || store->options().pinned_quota_bytes == 0;
         const std::uint64_t bytes = StagingBytes(entries);
         if (bytes > 0) {
             Result<cuda::PinnedStaging::Lease> l = cuda::PinnedStaging::Acquire(bytes);
@@ -344,25 +381,106 @@ std::optional<std::vector<Result<CommitResult>>> CommitDeviceBatch(
             return filled;
         };
         const auto t_commit = std::chrono::steady_clock::now();
-        committed = service.PutIndexedObjects(std::move(batch), hard_pin, fill, num_threads);
+        Result<std::vector<Result<CommitResult>>> committed =
+            service.PutIndexedObjects(std::move(batch), hard_pin, fill, num_threads);
         const auto t_end = std::chrono::steady_clock::now();
         DirectCounters().commit_ns.fetch_add(Nanos(t_end - t_commit), std::memory_order_relaxed);
         if (first_fill && last_fill) {
             DirectCounters().prepare_ns.fetch_add(Nanos(*first_fill - t_commit),
                                                   std::memory_order_relaxed);
-            DirectCounters().publish_ns.fetch_add(Nanos(t_end - *last_fill), std::memory_order_relaxed);
+            DirectCounters().publish_ns.fetch_add(Nanos(t_end - *last_fill),
+                                                  std::memory_order_relaxed);
+        }
+        if (!committed.ok()) return committed.status();
+        ++committed_batches;
+        for (std::size_t b = 0; b < batch_of.size(); ++b) {
+            results[batch_of[b]] = std::move((*committed)[b]);
+            done[batch_of[b]] = true;
+        }
+        return true;
+    };
+    std::vector<bool> on_device(n, false);
+    std::uint64_t device_objects = 0;
+    // Groups after the first: each committed alone, once checked (a group whose check or
+    // commit failed whole takes the staging path with the rest). The first group, and the
+    // updates the GPU does not take, are committed together at the end as one batch (the whole
+    // commit when there is one group).
+    std::vector<std::size_t> first_ks;
+    for (std::size_t t = bounds[0]; t < bounds[1]; ++t) first_ks.push_back(item_of[t]);
+    for (std::size_t k : first_ks) on_device[k] = objects[k].has_value();
+    {
+        pyb::gil_scoped_release nogil;
+        for (std::size_t g = 0; g < groups; ++g) {
+            std::vector<std::size_t> ks;
+            if (g == 0) {
+                if (groups == 1) break;
+                // The first group alone, so that its copies overlap the next group's check.
+                ks = first_ks;
+            } else {
+                const auto waited = std::chrono::steady_clock::now();
+                const bool ok = checked[g].get();
+                index_ns += NanosSince(waited);
+                if (!ok) continue;
+                for (std::size_t t = bounds[g]; t < bounds[g + 1]; ++t) ks.push_back(item_of[t]);
+                for (std::size_t k : ks) on_device[k] = objects[k].has_value();
+            }
+            Result<bool> c = commit(ks, on_device);
+            if (!c.ok()) {
+                // Its updates take the staging path (their objects are gone with the batch).
+                for (std::size_t k : ks) on_device[k] = false;
+                continue;
+            }
+            for (std::size_t k : ks) device_objects += on_device[k] && done[k];
         }
     }
-    if (!committed.ok()) return std::nullopt;  // nothing was committed
-    DirectCounters().batches.fetch_add(1, std::memory_order_relaxed);
-    DirectCounters().index_ns.fetch_add(index_ns, std::memory_order_relaxed);
-    DirectCounters().objects.fetch_add(
-        std::uint64_t(std::count(on_device.begin(), on_device.end(), true)),
-        std::memory_order_relaxed);
-    std::vector<Result<CommitResult>> results(n, Internal("unset"));
-    for (std::size_t b = 0; b < batch_of.size(); ++b) {
-        results[batch_of[b]] = std::move((*committed)[b]);
+    if (worker.joinable()) worker.join();
+    if (groups == 1 && std::find(on_device.begin(), on_device.end(), true) == on_device.end()) {
+        return std::nullopt;
     }
+    // The others through the host's encode, on staged copies of their members (with the first
+    // group's objects when there is one group).
+    std::vector<Status> errors(n);
+    std::vector<ParsedPut*> rest;
+    std::vector<std::size_t> rest_ks, last_ks;
+    for (std::size_t k = 0; k < n; ++k) {
+        if (done[k]) continue;
+        last_ks.push_back(k);
+        if (!objects[k]) {
+            on_device[k] = false;
+            rest.push_back(puts[k]);
+            rest_ks.push_back(k);
+        }
+    }
+    if (!rest.empty()) {
+        std::shared_ptr<void> staged = StageDeviceMembers(rest, stream);
+        pyb::gil_scoped_release nogil;
+        internal::ParallelFor(num_threads, rest.size(), [&](std::size_t r) {
+            const std::size_t k = rest_ks[r];
+            Result<SparseObject> built = BuildSourceObject(puts[k]->request);
+            if (built.ok()) {
+                objects[k] = std::move(built).value();
+            } else {
+                errors[k] = built.status();
+            }
+        });
+        staged.reset();  // the objects own their entries now
+    }
+    Result<bool> last = true;
+    {
+        pyb::gil_scoped_release nogil;
+        last = commit(last_ks, on_device);
+    }
+    if (!last.ok()) {
+        if (committed_batches == 0) return std::nullopt;  // nothing was committed
+        for (std::size_t k : last_ks) {
+            if (errors[k].ok()) errors[k] = last.status();
+        }
+    }
+    for (std::size_t k : last_ks) device_objects += on_device[k] && done[k];
+    DirectCounters().batches.fetch_add(1, std::memory_order_relaxed);
+    DirectCounters().groups.fetch_add(groups, std::memory_order_relaxed);
+    DirectCounters().index_ns.fetch_add(index_ns, std::memory_order_relaxed);
+    DirectCounters().objects.fetch_add(device_objects, std::memory_order_relaxed);
     for (std::size_t k = 0; k < n; ++k) {
         if (!errors[k].ok()) results[k] = errors[k];
         if (!results[k].ok()) {

@@ -18,6 +18,7 @@
 #include <charconv>
 #include <chrono>
 #include <initializer_list>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -1091,6 +1092,28 @@ Result<std::vector<SourceDescriptor>> SparseStore::ManifestWithEntries(
         for (auto& entry : entries) kept_entries->push_back(std::move(entry.second));
     }
     return out;
+}
+
+std::vector<std::size_t> DeviceCommitGroups(std::span<const std::uint64_t> bytes,
+                                            std::uint64_t first_bytes) {
+    std::vector<std::size_t> bounds{0};
+    if (first_bytes > 0) {
+        std::uint64_t rest = 0;
+        for (std::uint64_t b : bytes) rest += b;
+        std::uint64_t target = first_bytes, held = 0;
+        for (std::size_t i = 0; i + 1 < bytes.size(); ++i) {
+            held += bytes[i];
+            rest -= bytes[i];
+            if (held < target || rest < target) continue;
+            bounds.push_back(i + 1);
+            held = 0;
+            target = target > std::numeric_limits<std::uint64_t>::max() / 3
+                         ? std::numeric_limits<std::uint64_t>::max()
+                         : 3 * target;
+        }
+    }
+    bounds.push_back(bytes.size());
+    return bounds;
 }
 
 }  // namespace mooncake::sparse

@@ -629,6 +629,17 @@ std::optional<SparseObject> IndexSourceObject(const PutSparseRequest& request);
 std::optional<SourceDescriptor> PlanIndexedSource(const PutSparseRequest& request,
                                                   const CooLayout& entries);
 
+/// How a commit checked on the GPU splits its items (entry bytes `bytes`, in order) into groups
+/// whose checks overlap the copies of the group before into the store (the node daemon's
+/// device commits, the embedded store's commits from CUDA memory): the bounds [0, b1, ..., n]
+/// of consecutive groups. A group closes at the first item at which it holds at least its
+/// target bytes, when the items after it hold at least as many; targets start at `first_bytes`
+/// and grow threefold (the copies over PCIe are several times slower than the check, so each
+/// group's check ends before the copies of the one before it). `first_bytes` 0 (or fewer than
+/// two items): one group, [0, n].
+std::vector<std::size_t> DeviceCommitGroups(std::span<const std::uint64_t> bytes,
+                                            std::uint64_t first_bytes);
+
 /// "base-delta": how a generation appears in keys.
 std::string GenerationTag(Generation generation);
 /// The generation of a GenerationTag, or nullopt for text that is not one.

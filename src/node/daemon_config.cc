@@ -171,6 +171,8 @@ Status SetConfigKey(NodeDaemonConfig& c, std::string_view key, std::string_view 
         }
     } else if (key == "commit_staging_pinned_bytes") {
         return bytes(c.commit_staging_pinned_bytes);
+    } else if (key == "device_commit_group_bytes") {
+        return bytes(c.device_commit_group_bytes);
     } else if (key == "device_gather_engine_bytes") {
         return bytes(c.device_gather_engine_bytes);
     } else if (key == "prepare_threads") {
@@ -253,6 +255,7 @@ Result<NodeServerOptions> ToServerOptions(const NodeDaemonConfig& c) {
                          : std::clamp<std::uint32_t>(std::thread::hardware_concurrency(), 1, 8);
     o.read_in_place = c.read_in_place;
     o.commit_staging_pinned_bytes = c.commit_staging_pinned_bytes;
+    o.device_commit_group_bytes = c.device_commit_group_bytes;
     if (c.max_connections == 0) return InvalidArgument("max_connections must be positive");
     o.max_connections = c.max_connections;
     return o;
@@ -266,7 +269,8 @@ std::span<const std::string_view> ConfigKeys() {
         "read_threads",         "max_connections",  "frame_timeout",
         "idle_timeout",         "prefault_segments", "prepare_threads",
         "log_level",            "read_in_place",    "commit_staging_pinned_bytes",
-        "gpu_commit_check",     "device_gather_engine_bytes", "segment_huge_pages"};
+        "gpu_commit_check",     "device_gather_engine_bytes", "segment_huge_pages",
+        "device_commit_group_bytes"};
     return kKeys;
 }
 
@@ -327,6 +331,7 @@ std::string ConfigToJson(const NodeDaemonConfig& c) {
     j["commit_staging_pinned_bytes"] = c.commit_staging_pinned_bytes;
     j["gpu_commit_check"] = c.gpu_commit_check;
     j["device_gather_engine_bytes"] = c.device_gather_engine_bytes;
+    j["device_commit_group_bytes"] = c.device_commit_group_bytes;
     j["max_connections"] = c.max_connections;
     j["frame_timeout"] = std::to_string(c.frame_timeout.count()) + "ms";
     j["idle_timeout"] = std::to_string(c.idle_timeout.count()) + "ms";

@@ -38,6 +38,10 @@ struct NodeDaemonConfig {
     bool gpu_commit_check = true;
     /// Host bytes pinned for the commits copied from clients' CUDA memory.
     std::uint64_t commit_staging_pinned_bytes = std::uint64_t{1} << 30;
+    /// Entry bytes of the first group of a commit checked on the GPU; the groups after it grow
+    /// threefold and are checked while the one before each is copied into the store. 0: the
+    /// whole commit is checked before any of it is copied.
+    std::uint64_t device_commit_group_bytes = 0;
     /// Runs of ranges of at least this many bytes that the daemon copies into a client's GPU
     /// memory (planned device reads, tensor restores) go to the copy engine, beside one gather
     /// kernel for the rest; 0: all by the kernel (a daemon built with the GPU codec).

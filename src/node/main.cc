@@ -59,6 +59,10 @@ DEFINE_bool(gpu_commit_check, true,
             "Commits from clients' CUDA memory are checked, indexed and checksummed on their GPU "
             "in the daemon's own copy there, and copied from it into the store (a daemon built "
             "with the GPU codec); off: copied into staging memory and checked on the host.");
+DEFINE_string(device_commit_group_bytes, "0",
+              "Entry bytes of the first group of a commit checked on the GPU; the groups after "
+              "it grow threefold and are checked while the one before each is copied into the "
+              "store; 0: the whole commit is checked before any of it is copied.");
 DEFINE_string(device_gather_engine_bytes, "256KiB",
               "Runs of ranges of at least this many bytes that the daemon copies into clients' "
               "GPU memory go to the copy engine, beside one gather kernel for the rest; 0: all by "

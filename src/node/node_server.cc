@@ -721,6 +721,8 @@ std::vector<std::pair<std::string, double>> NodeServer::MetricItems() const {
          double(device_commit_copies_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_gpu_items",
          double(device_commit_gpu_items_.load(std::memory_order_relaxed))},
+        {"sparse_device_commit_check_groups",
+         double(device_commit_check_groups_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_check_seconds",
          1e-9 * double(device_commit_check_nanos_.load(std::memory_order_relaxed))},
         {"sparse_device_commit_fill_seconds",

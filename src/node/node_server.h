@@ -140,6 +140,11 @@ struct NodeServerOptions {
     /// calls (a layer step's 592 members, 262 MB, took 6.4 ms in separate copies on an H100
     /// host, 5.0 batched). Null: one copy per member.
     DeviceCopyToHostFn device_copy_to_host;
+    /// Entry bytes of the first group of a commit checked by device_index: the groups after it
+    /// are checked on a worker thread while the one before each is copied into the store, each
+    /// three times the bytes of the one before (DeviceCommitGroups). 0 (the default until it is
+    /// measured on a GPU): the whole commit is checked before any of it is copied.
+    std::uint64_t device_commit_group_bytes = 0;
     /// The copies of device reads from the segments into clients' GPU memory (LeasesToDevice,
     /// LeaseRangesToDevice): the daemon binary sets cuda::CopyRanges (src/cuda/gpu_read.h) here
     /// when it is built with the GPU codec. A read's ranges then cross PCIe in one kernel that
@@ -279,8 +284,10 @@ private:
     std::atomic<std::uint64_t> device_commit_bytes_{0};  ///< ... and their entries' bytes.
     std::atomic<std::uint64_t> device_commit_copies_{0};  ///< ... in this many D2H copies.
     std::atomic<std::uint64_t> device_commit_gpu_items_{0};  ///< ... checked on the GPU.
-    /// ... the daemon's own copy of them and the GPU check,
+    /// ... the daemon's own copy of them and the GPU check, as far as the handler waited for
+    /// it (a group checked while the one before it is copied into the store is not counted),
     std::atomic<std::uint64_t> device_commit_check_nanos_{0};
+    std::atomic<std::uint64_t> device_commit_check_groups_{0};  ///< ... in this many groups,
     std::atomic<std::uint64_t> device_commit_private_copies_{0};  ///< ... that copy's spans,
     std::atomic<std::uint64_t> device_commit_fill_nanos_{0};  ///< ... copies into the store,
     /// ... of which until the device-to-host copies had landed (the rest: host copies of the

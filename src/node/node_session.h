@@ -125,6 +125,14 @@ private:
                                const std::vector<std::array<DevicePiece, 2>>& mapped,
                                const std::vector<Status>& failed,
                                std::vector<std::optional<Result<CommitResult>>>& outcome);
+    /// One group of CommitCheckedOnDevice's checked items (`first` on): the canonical ones'
+    /// objects (`objects`, per item of the group) committed, their entries copied from `own`
+    /// (per item: the daemon's copy of its members on `device`) into the store's memory.
+    void CommitCheckedGroup(std::size_t first, std::vector<std::optional<SparseObject>> objects,
+                            const std::vector<PutSparseRequest>& requests,
+                            const std::vector<std::size_t>& item_of,
+                            const std::vector<std::array<DeviceMemory, 2>>& own, int device,
+                            std::vector<std::optional<Result<CommitResult>>>& outcome);
     Result<Reply> LeasesToDevice(const wire::LeasesToDeviceRequest& req);
     Result<Reply> LeaseRangesToDevice(const wire::LeaseRangesToDeviceRequest& req);
     /// Lease `lease_id` of this connection; InvalidArgument naming `what` when it holds none.

@@ -8,9 +8,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "codec/codec.h"
@@ -600,35 +602,88 @@ void NodeServer::Session::CommitCheckedOnDevice(
         }
         server_.device_commit_private_copies_.fetch_add(spans.size(), std::memory_order_relaxed);
     }
-    // 2. The check, on the same stream: after the copies.
-    Result<std::vector<DeviceIndexResult>> indexed =
-        server_.options_.device_index(items, kCudaPerThreadStream);
-    server_.device_commit_check_nanos_.fetch_add(NanosSince(start), std::memory_order_relaxed);
-    if (!indexed.ok()) {
-        MCS_LOG(kWarning) << "device commit: the GPU check failed ("
-                          << indexed.status().ToString() << "); checking on the host";
-        return;
+    // 2. The check, in groups of items pipelined with the copies into the store: the first group
+    //    is checked alone, on this thread's stream (after the copies above); each next one on a
+    //    worker thread, on its stream, while this thread copies the group before it into the
+    //    store. The check takes the GPU's SMs, the copies its copy engine and PCIe, several times
+    //    slower than the check: groups grow threefold (DeviceCommitGroups), so that only the
+    //    first group's check is waited for.
+    std::vector<std::uint64_t> item_bytes(items.size());
+    for (std::size_t t = 0; t < items.size(); ++t) {
+        item_bytes[t] = own[t][0].bytes + own[t][1].bytes;
     }
-    // 3. The objects, from the GPU's tile indexes and sums.
+    const std::vector<std::size_t> bounds =
+        DeviceCommitGroups(item_bytes, server_.options_.device_commit_group_bytes);
+    const std::size_t groups = bounds.size() - 1;
+    struct Checked {
+        bool ok = false;  ///< The GPU check ran (its objects: the canonical items').
+        std::vector<std::optional<SparseObject>> objects;  ///< Per item of the group.
+    };
+    const auto check = [&](std::size_t g) {
+        const std::size_t lo = bounds[g], hi = bounds[g + 1];
+        Checked c;
+        Result<std::vector<DeviceIndexResult>> indexed = server_.options_.device_index(
+            std::span<const DeviceIndexItem>(items).subspan(lo, hi - lo), kCudaPerThreadStream);
+        if (!indexed.ok()) {
+            MCS_LOG(kWarning) << "device commit: the GPU check failed ("
+                              << indexed.status().ToString() << "); checking on the host";
+            return c;
+        }
+        c.ok = true;
+        c.objects.resize(hi - lo);
+        // Each object from its tile index on its own (its tile checksums, its descriptor's
+        // checks): in parallel, a layer's large tensors have thousands of tiles each.
+        internal::ParallelFor(
+            0, hi - lo,
+            [&](std::size_t k) {
+                DeviceIndexResult& r = (*indexed)[k];
+                if (!r.canonical) return;
+                c.objects[k] = FinishCanonicalEntries(
+                    std::move(*plans[item_of[lo + k]]), std::move(r.tile_coords),
+                    std::move(r.tile_ptr), r.checksum_indices, r.checksum_values);
+            },
+            /*chunk=*/0);
+        return c;
+    };
+    std::vector<std::promise<Checked>> promised(groups);
+    std::vector<std::future<Checked>> checked(groups);
+    for (std::size_t g = 0; g < groups; ++g) checked[g] = promised[g].get_future();
+    promised[0].set_value(check(0));
+    // Joined before the scratch is let go (declared after its hold).
+    std::jthread worker;
+    if (groups > 1) {
+        // The first check synchronized this thread's stream: the copies into the scratch, which
+        // the worker's stream reads, are complete.
+        worker = std::jthread([&] {
+            for (std::size_t g = 1; g < groups; ++g) promised[g].set_value(check(g));
+        });
+    }
+    server_.device_commit_check_groups_.fetch_add(groups, std::memory_order_relaxed);
+    std::uint64_t check_nanos = NanosSince(start);
+    for (std::size_t g = 0; g < groups; ++g) {
+        const auto waited = std::chrono::steady_clock::now();
+        Checked group = checked[g].get();
+        if (g > 0) check_nanos += NanosSince(waited);
+        if (!group.ok) continue;  // its items take the host's check
+        CommitCheckedGroup(bounds[g], std::move(group.objects), requests, item_of, own, device,
+                           outcome);
+    }
+    server_.device_commit_check_nanos_.fetch_add(check_nanos, std::memory_order_relaxed);
+}
+
+void NodeServer::Session::CommitCheckedGroup(
+    std::size_t first, std::vector<std::optional<SparseObject>> objects,
+    const std::vector<PutSparseRequest>& requests, const std::vector<std::size_t>& item_of,
+    const std::vector<std::array<DeviceMemory, 2>>& own, int device,
+    std::vector<std::optional<Result<CommitResult>>>& outcome) {
+    // 3. The group's objects, from the GPU's tile indexes and sums.
     std::vector<SparseObject> batch;
     std::vector<bool> hard_pin;
     std::vector<std::size_t> batch_of, item_at;
-    // Each object from its tile index on its own (its tile checksums, its descriptor's checks):
-    // in parallel, a layer's large tensors have thousands of tiles each.
-    std::vector<std::optional<SparseObject>> finished(items.size());
-    internal::ParallelFor(
-        0, items.size(),
-        [&](std::size_t t) {
-            DeviceIndexResult& r = (*indexed)[t];
-            if (!r.canonical) return;
-            finished[t] = FinishCanonicalEntries(std::move(*plans[item_of[t]]),
-                                                 std::move(r.tile_coords), std::move(r.tile_ptr),
-                                                 r.checksum_indices, r.checksum_values);
-        },
-        /*chunk=*/0);
-    for (std::size_t t = 0; t < items.size(); ++t) {
-        std::optional<SparseObject>& object = finished[t];
+    for (std::size_t k = 0; k < objects.size(); ++k) {
+        std::optional<SparseObject>& object = objects[k];
         if (!object) continue;
+        const std::size_t t = first + k;
         const std::size_t i = item_of[t];
         batch.push_back(std::move(*object));
         hard_pin.push_back(requests[i].hard_pin);

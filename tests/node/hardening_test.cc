@@ -306,6 +306,15 @@ TEST(DaemonConfigTest, TimeoutsAndPreparationKeys) {
     EXPECT_EQ(c.device_gather_engine_bytes, 0u);
     EXPECT_NE(ConfigToJson(c).find("\"device_gather_engine_bytes\":0"), std::string::npos);
     EXPECT_FALSE(SetConfigKey(c, "device_gather_engine_bytes", "big").ok());
+    EXPECT_EQ(c.device_commit_group_bytes, 0u);
+    ASSERT_TRUE(ApplyYamlConfig("device_commit_group_bytes: 4MiB\n", c).ok());
+    EXPECT_EQ(c.device_commit_group_bytes, std::uint64_t{4} << 20);
+    ASSERT_TRUE(SetConfigKey(c, "device_commit_group_bytes", "0").ok());
+    EXPECT_EQ(c.device_commit_group_bytes, 0u);
+    EXPECT_NE(ConfigToJson(c).find("\"device_commit_group_bytes\":0"), std::string::npos);
+    EXPECT_FALSE(SetConfigKey(c, "device_commit_group_bytes", "big").ok());
+    ASSERT_TRUE(SetConfigKey(c, "device_commit_group_bytes", "1MiB").ok());
+    EXPECT_EQ(ToServerOptions(c)->device_commit_group_bytes, std::uint64_t{1} << 20);
     EXPECT_FALSE(SetConfigKey(c, "commit_staging_pinned_bytes", "lots").ok());
     EXPECT_FALSE(SetConfigKey(c, "prefault_segments", "maybe").ok());
     EXPECT_FALSE(SetConfigKey(c, "prepare_threads", "0").ok());

@@ -765,6 +765,16 @@ def counted(store):
     return {k: v for k, v in store.metrics().items() if not k.endswith("_seconds")}
 
 
+@pytest.fixture
+def commit_groups(request):
+    """This process's commits from CUDA memory checked in one group (0) or in groups, the first
+    of `request.param` entry bytes (each next one checked while the one before it is copied)."""
+    from mooncake.sparse import _core
+    previous = _core._set_device_commit_group_bytes(request.param)
+    yield request.param
+    _core._set_device_commit_group_bytes(previous)
+
+
 def host_copy(update):
     u = dict(update)
     u["indices"] = update["indices"].cpu()
@@ -834,11 +844,15 @@ def test_embedded_commit_from_the_gpu_equals_host_commit(pinned_quota):
     host_store.close()
 
 
+@pytest.mark.parametrize("commit_groups", [0, 64 << 10], ids=["one-group", "groups"],
+                         indirect=True)
 @pytest.mark.parametrize("pinned_quota", [0, 8 << 20, 512 << 20],
                          ids=["pageable", "mixed", "pinned"])
-def test_embedded_commit_from_the_gpu_of_large_and_small_members(pinned_quota):
+def test_embedded_commit_from_the_gpu_of_large_and_small_members(pinned_quota, commit_groups):
     # Members of MiBs (copy-engine transfers) beside many small ones (one kernel for all of
-    # them), into pinned and pageable store memory alike: the same commits as from host copies.
+    # them), into pinned and pageable store memory alike: the same commits as from host copies,
+    # checked in one group or in groups (the large update, then the small ones, checked while the
+    # large one is copied, in two groups or more).
     pairs = pairs_of([((1024, 2048), torch.float32)], density=0.4)
     pairs += pairs_of([((64, 64), torch.float32)] * 300 + [((128, 96), torch.bfloat16)] * 50,
                       density=0.03, seed=SEED + 1)
@@ -855,6 +869,8 @@ def test_embedded_commit_from_the_gpu_of_large_and_small_members(pinned_quota):
     host = host_store.put_sparse_objects([host_copy(u) for u in updates])
     assert all(isinstance(r, dict) for r in dev), dev
     assert after["objects"] == before["objects"] + len(updates)
+    groups = after["groups"] - before["groups"]
+    assert groups >= 2 if commit_groups else groups == 1
     same_commits(dev_store, dev, host_store, host)
     targets = whole_targets(pairs, "t")
     for (new, old), o in zip(pairs, dev_store.read_sparse_objects(dev_store.manifest((0, 1)),
@@ -866,7 +882,9 @@ def test_embedded_commit_from_the_gpu_of_large_and_small_members(pinned_quota):
     host_store.close()
 
 
-def test_embedded_commit_from_the_gpu_fails_bad_updates_alone_as_the_host_does():
+@pytest.mark.parametrize("commit_groups", [0, 1], ids=["one-group", "groups"], indirect=True)
+def test_embedded_commit_from_the_gpu_fails_bad_updates_alone_as_the_host_does(commit_groups):
+    # In one group, or in groups of about one update each (a failure in any group fails alone).
     pairs = pairs_of([((64, 48), torch.bfloat16)] * 6, density=0.2)
     coo = mcs.encode_updates(pairs)
     ups = [dict(tensor_id=f"b{i}", global_shape=(64, 48), indices=i_, values=v)
@@ -905,6 +923,8 @@ def test_embedded_commit_from_the_gpu_fails_bad_updates_alone_as_the_host_does()
     assert isinstance(dev[5], mcs.StaleGeneration)
     # b0 and the stale step took the direct way; the others the host's encode.
     assert after["objects"] - before["objects"] == 2
+    groups = after["groups"] - before["groups"]
+    assert groups >= 4 if commit_groups else groups == 1
     same_commits(dev_store, dev, host_store, host)
     assert {s.tensor_id for s in dev_store.manifest((0, 1))} == {"b0", "b1", "stale"}
     dev_store.close()
@@ -934,9 +954,12 @@ def daemon_checks_on_its_gpu(store):
 
 
 @pytest.mark.skipif(not HAVE_DAEMON, reason="mooncake_sparse_node is not built")
+@pytest.mark.parametrize("group_bytes", ["0", "64KiB"], ids=["one-group", "groups"])
 def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_updates_alone(
-        tmp_path):
+        tmp_path, group_bytes):
     # Large enough to be checked on the GPU (64 KiB of entries and more), and one small one.
+    # In one group, or in groups each checked while the one before it is copied into the store
+    # (a failure in a later group fails alone as well).
     pairs = pairs_of([((512, 384), torch.bfloat16)] * 6 + [((300, 200), torch.float32),
                                                             ((64, 48), torch.bfloat16)],
                      density=0.2)
@@ -957,7 +980,8 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
     ups[4]["global_shape"] = (320, 384)
     ups[5]["tensor_id"] = "stale"
     results = []
-    with start_node_daemon(tmp_path / "gpu", segment_size="64MiB", num_segments=2) as a, \
+    with start_node_daemon(tmp_path / "gpu", segment_size="64MiB", num_segments=2,
+                           device_commit_group_bytes=group_bytes) as a, \
             start_node_daemon(tmp_path / "host", segment_size="64MiB", num_segments=2,
                               gpu_commit_check="false") as b:
         stores = [mcs.connect(a.url), mcs.connect(b.url)]
@@ -966,14 +990,17 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
                 first = dict(ups[5], generation=g, indices=coo[0][0].cpu(), values=coo[0][1].cpu())
                 assert isinstance(s.put_sparse_objects([first])[0], dict)
         ups[5]["generation"] = (0, 3)
+        groups = stores[0].metrics().get("sparse_device_commit_check_groups", 0)
         for s in stores:
             before = s.metrics().get("sparse_device_commit_gpu_items", 0)
             results.append(s.put_sparse_objects(ups))
             results.append(s.metrics().get("sparse_device_commit_gpu_items", 0) - before)
+        groups = stores[0].metrics().get("sparse_device_commit_check_groups", 0) - groups
         dev, on_gpu, host, on_host_gpu = results
         if not daemon_checks_on_its_gpu(stores[0]):
             pytest.skip("this daemon is built without the GPU codec")
         assert on_host_gpu == 0
+        assert groups == 1 if group_bytes == "0" else groups >= 2
         # b0, the float32 one and the stale step were checked on the GPU; the others (and the
         # small b7) went through the host's check, which found what is wrong with them.
         assert on_gpu == 3
@@ -1013,16 +1040,21 @@ def test_daemon_commit_checked_on_its_gpu_equals_its_host_check_and_fails_bad_up
             s.close()
 
 
-def test_daemon_commit_of_many_large_updates_checked_on_its_gpu_equals_its_host_check(tmp_path):
+@pytest.mark.parametrize("group_bytes", ["0", "256KiB", "16MiB"],
+                         ids=["one-group", "groups", "one-large-group"])
+def test_daemon_commit_of_many_large_updates_checked_on_its_gpu_equals_its_host_check(
+        tmp_path, group_bytes):
     # Forty updates of 64 KiB of entries and more into pinned segments: the daemon checks them
-    # on its GPU and copies each from this process's memory straight into its segments, summing
-    # it on its host as it lands. The objects are those a daemon checking on its host makes.
+    # on its GPU and copies them from its copy of this process's memory into its segments, in
+    # one group or in groups (256 KiB, 768 KiB, the rest), each checked while the one before it
+    # is copied. The objects are those a daemon checking on its host makes.
     if not HAVE_DAEMON:
         pytest.skip("mooncake_sparse_node is not built")
     pairs = pairs_of([((256, 256), torch.bfloat16)] * 36 + [((384, 256), torch.float32)] * 4,
                      density=0.2)
     with start_node_daemon(tmp_path / "gpu", segment_size="64MiB", num_segments=2,
-                           pinned_quota_bytes="128MiB") as a, \
+                           pinned_quota_bytes="128MiB",
+                           device_commit_group_bytes=group_bytes) as a, \
             start_node_daemon(tmp_path / "host", segment_size="64MiB", num_segments=2,
                               gpu_commit_check="false") as b:
         stores = [mcs.connect(a.url), mcs.connect(b.url)]
@@ -1035,6 +1067,7 @@ def test_daemon_commit_of_many_large_updates_checked_on_its_gpu_equals_its_host_
             pytest.skip("this daemon is built without the GPU codec")
         m = stores[0].metrics()
         assert m["sparse_device_commit_gpu_items"] == len(pairs)
+        assert m["sparse_device_commit_check_groups"] == (3 if group_bytes == "256KiB" else 1)
         ma = sorted(stores[0].manifest((0, 1)), key=lambda x: x.source_ref)
         mb = sorted(stores[1].manifest((0, 1)), key=lambda x: x.source_ref)
         assert [repr(x) for x in ma] == [repr(x) for x in mb]
