@@ -175,6 +175,9 @@ def device_clocks() -> dict[str, float]:
         got = fn() if fn is not None else {}
         for k in keys:
             out[f"{prefix}_{k}"] = float(got.get(f"{k}_seconds", 0.0))
+    # The groups of the direct commits' GPU checks.
+    fn = getattr(mcs._core, "_device_commit_counters", None)
+    out["commit_groups"] = float((fn() if fn is not None else {}).get("groups", 0))
     return out
 
 
@@ -195,6 +198,14 @@ def requests_seconds(metrics: dict) -> float:
     return sum(v for k, v in metrics.items()
                if k.startswith("request_") and k.endswith("_seconds")
                and k != "request_metrics_seconds")
+
+
+def parse_bytes(text: str) -> int:
+    """"16MiB", "256KiB", "1GiB" or a plain number of bytes."""
+    for suffix, scale in (("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)):
+        if text.endswith(suffix):
+            return int(text[:-len(suffix)]) * scale
+    return int(text)
 
 
 def untimed(fn, device) -> tuple[float, object]:
@@ -372,6 +383,11 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             phases_commit["commit_pageable_bytes"] = (
                 mc1.get("sparse_device_commit_pageable_bytes", 0)
                 - mc0.get("sparse_device_commit_pageable_bytes", 0))
+            # Through the daemon: the groups its GPU check took (each checked while the one
+            # before it was copied into the store).
+            phases_commit["commit_check_groups"] = int(
+                mc1.get("sparse_device_commit_check_groups", 0)
+                - mc0.get("sparse_device_commit_check_groups", 0))
             bad = [r for r in res if not isinstance(r, dict)]
             if bad:
                 raise bad[0]
@@ -404,6 +420,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             # the results (the rest of commit_s is Python's, before and after the call).
             clocks.update({f"commit_call_{k}_s": dc1[f"call_{k}"] - dc0[f"call_{k}"]
                            for k in ("parse", "commit", "results")})
+            clocks["direct_commit_groups"] = int(dc1["commit_groups"] - dc0["commit_groups"])
             clocks.update({f"device_read_{k}_s": dc2[f"read_{k}"] - dc1[f"read_{k}"]
                            for k in ("total", "plan", "ranges", "filter")})
             # The read's own clocks (the store's metrics): planning, binding the ranges, and
@@ -430,7 +447,7 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
             if timing == "step":
                 # The host's time from the last call's return to the device's finishing the
                 # step's work: counted in the last phase, as the step waits for it.
-                t_tail, _ = timed(lambda: None, device)
+                t_tail, _ = untimed(lambda: sync(device), device)
                 if args.reader == "pipelined":
                     t_read += t_tail
                 else:
@@ -517,7 +534,8 @@ def run_backend(store, backend: str, args, device, dtype, rng_seed: int) -> list
                  "trainer": args.trainer, "reader": args.reader, "read_groups": args.read_groups,
                  "gather_engine_bytes": args.gather_engine_bytes,
                  "read_staging": args.read_staging,
-                 "segment_huge_pages": args.segment_huge_pages, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
+                 "segment_huge_pages": args.segment_huge_pages,
+                 "commit_group_bytes": args.commit_group_bytes, "timing": timing, "step": step, "tensors": len(specs), "targets": len(slots),
                  "experts": args.experts, "ep": args.ep, "tp": args.tp, "density": args.density,
                  "dense_bytes": dense_bytes, "node_bytes": node_bytes, "nnz": nnz,
                  "coo_bytes": coo_bytes, "read_bytes": read_bytes,
@@ -603,6 +621,13 @@ def main() -> int:
                     help="the node daemon's segment_huge_pages (transparent huge pages for its "
                          "segments where the kernel gives them to shared memory); default: the "
                          "daemon's")
+    ap.add_argument("--commit-group-bytes", default=None, metavar="BYTES",
+                    help="entry bytes of the first group of a commit from CUDA memory checked on "
+                         "the GPU (e.g. 16MiB; each next group three times the one before, checked "
+                         "while the one before it is copied into the store; 0: the whole commit "
+                         "checked before any of it is copied): the node daemon's "
+                         "device_commit_group_bytes and this process's for the embedded store; "
+                         "default: the library's")
     ap.add_argument("--wait-prepared", type=float, default=120.0, metavar="SECONDS",
                     help="before the first step, wait up to this long for the node daemon to "
                          "finish preparing (pre-faulting and pinning) its segments, as a daemon "
@@ -627,6 +652,9 @@ def main() -> int:
     staging_setter = getattr(mcs._core, "_set_device_read_staging", None)
     if args.read_staging is not None and staging_setter is not None:
         staging_setter(args.read_staging == "on")
+    group_setter = getattr(mcs._core, "_set_device_commit_group_bytes", None)
+    if args.commit_group_bytes is not None and group_setter is not None:
+        group_setter(parse_bytes(args.commit_group_bytes))
     engine_setter = getattr(mcs._core, "_set_device_gather_engine_bytes", None)
     if args.gather_engine_bytes is not None and engine_setter is not None:
         engine_setter(args.gather_engine_bytes)
@@ -672,6 +700,8 @@ def main() -> int:
                                       gpu_commit_check=str(backend == "node").lower(),
                                       **({} if args.gather_engine_bytes is None else
                                          {"device_gather_engine_bytes": args.gather_engine_bytes}),
+                                      **({} if args.commit_group_bytes is None else
+                                         {"device_commit_group_bytes": args.commit_group_bytes}),
                                       **({} if args.segment_huge_pages is None else
                                          {"segment_huge_pages":
                                           str(args.segment_huge_pages == "on").lower()})
