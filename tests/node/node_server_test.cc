@@ -21,7 +21,6 @@
 #include <cstring>
 #include <filesystem>
 #include <latch>
-#include <limits>
 #include <random>
 #include <string>
 #include <thread>
@@ -113,41 +112,6 @@ protected:
 // ---------------------------------------------------------------------------------------------
 // Object RPCs and leases.
 // ---------------------------------------------------------------------------------------------
-
-TEST(DeviceCommitGroupsTest, GroupsGrowThreefoldAndTheLastTakesTheRest) {
-    constexpr std::uint64_t M = std::uint64_t{1} << 20;
-    using Bounds = std::vector<std::size_t>;
-    // A layer's commit: 262 MB in 296 updates of about 0.9 MB -> 16, 48 MiB and the rest.
-    std::vector<std::uint64_t> layer(296, 885 * 1024);
-    const Bounds layer_bounds = DeviceCommitGroups(layer, 16 * M);
-    ASSERT_EQ(layer_bounds.size(), 4u);
-    EXPECT_EQ(layer_bounds.front(), 0u);
-    EXPECT_EQ(layer_bounds.back(), layer.size());
-    const auto bytes_of = [&](std::size_t g) {
-        std::uint64_t b = 0;
-        for (std::size_t i = layer_bounds[g]; i < layer_bounds[g + 1]; ++i) b += layer[i];
-        return b;
-    };
-    EXPECT_GE(bytes_of(0), 16 * M);
-    EXPECT_LT(bytes_of(0), 16 * M + 885 * 1024);
-    EXPECT_GE(bytes_of(1), 48 * M);
-    EXPECT_LT(bytes_of(1), 48 * M + 885 * 1024);
-    EXPECT_GE(bytes_of(2), 144 * M / 3);  // the rest, less than the third target
-    // Off, empty, one item, and a batch whose rest never reaches a group's target: one group.
-    EXPECT_EQ(DeviceCommitGroups(layer, 0), (Bounds{0, 296}));
-    EXPECT_EQ(DeviceCommitGroups({}, 16 * M), (Bounds{0, 0}));
-    EXPECT_EQ(DeviceCommitGroups(std::vector<std::uint64_t>{100 * M}, 16 * M), (Bounds{0, 1}));
-    EXPECT_EQ(DeviceCommitGroups(std::vector<std::uint64_t>{20 * M, 10 * M}, 16 * M),
-              (Bounds{0, 2}));
-    // Exact targets close a group at the item that reaches them; a large item is one group.
-    EXPECT_EQ(DeviceCommitGroups(std::vector<std::uint64_t>{8, 8, 24, 24, 200, 1}, 16),
-              (Bounds{0, 2, 4, 6}));
-    EXPECT_EQ(DeviceCommitGroups(std::vector<std::uint64_t>{1000, 1000, 5000}, 16),
-              (Bounds{0, 1, 2, 3}));
-    // No overflow of the target.
-    const std::uint64_t huge = std::numeric_limits<std::uint64_t>::max() / 2;
-    EXPECT_EQ(DeviceCommitGroups(std::vector<std::uint64_t>{1, 1, 1}, huge), (Bounds{0, 3}));
-}
 
 TEST_F(NodeServerTest, ObjectRoundTripThroughSharedMemory) {
     auto client = Client(socket_);
